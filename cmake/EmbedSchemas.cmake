@@ -1,0 +1,17 @@
+# Script mode: cmake -DSCHEMA_DIR=... -DOUT=... -P EmbedSchemas.cmake
+file(GLOB_RECURSE files RELATIVE ${SCHEMA_DIR} ${SCHEMA_DIR}/*.json)
+list(SORT files)
+set(body "// Generated from schemas/ by cmake/EmbedSchemas.cmake. Do not edit.\n")
+string(APPEND body "#include <string_view>\n#include <utility>\n#include <vector>\n\n")
+string(APPEND body "namespace diaspora::detail {\n")
+string(APPEND body "const std::vector<std::pair<std::string_view, std::string_view>>& embedded_schemas() {\n")
+string(APPEND body "  static const std::vector<std::pair<std::string_view, std::string_view>> all = {\n")
+foreach(f IN LISTS files)
+  file(READ ${SCHEMA_DIR}/${f} content)
+  # Raw string literal; the delimiter never occurs in our JSON.
+  string(APPEND body "    {\"${f}\", R\"DIASPORA_SCHEMA(${content})DIASPORA_SCHEMA\"},\n")
+endforeach()
+string(APPEND body "  };\n  return all;\n}\n}  // namespace diaspora::detail\n")
+file(WRITE ${OUT}.tmp "${body}")
+file(COPY_FILE ${OUT}.tmp ${OUT} ONLY_IF_DIFFERENT)
+file(REMOVE ${OUT}.tmp)

@@ -1,0 +1,217 @@
+// Workflow specs: the YAML file a user writes (schemas/workflow.schema.json), loaded into
+// a typed model after schema and cross-reference validation, with every error located as
+// FILE:LINE:COL.
+#pragma once
+
+#include <boost/json/value.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "diaspora/error.hpp"
+
+namespace diaspora {
+
+/// One problem found in a spec, located in its file. LINE and COL are 1-based.
+struct Diagnostic {
+  std::string file;     ///< as given to the loader (or "<string>")
+  int line = 0;         ///< 0 when unknown (e.g. an unreadable file)
+  int column = 0;
+  std::string path;     ///< key path, e.g. "sites[1].engine"; "(root)" for the document
+  std::string message;  ///< what is wrong, and how to fix it where we can tell
+
+  /// "FILE:LINE:COL: error: PATH: MESSAGE", the format compilers use, so editors jump to it.
+  std::string str() const;
+};
+
+/// Thrown by parse_spec_* when a spec has errors; carries all of them, in file order.
+class SpecError : public Error {
+ public:
+  explicit SpecError(std::vector<Diagnostic> diagnostics,
+                     std::source_location where = std::source_location::current());
+  const std::vector<Diagnostic>& diagnostics() const noexcept { return diagnostics_; }
+
+ private:
+  std::vector<Diagnostic> diagnostics_;
+};
+
+using Duration = std::chrono::duration<double>;  ///< seconds, fractional
+
+struct Location {
+  int line = 0;
+  int column = 0;
+};
+
+struct RelaySpec {
+  std::string url = "embedded";  ///< "embedded" or wss://host:port[/path]
+  std::optional<std::filesystem::path> ca_file;
+  std::optional<std::filesystem::path> token_file;
+  std::optional<std::filesystem::path> data_dir;
+  std::optional<std::string> topic_prefix;
+  bool embedded() const noexcept { return url == "embedded"; }
+};
+
+struct BatchSpec {
+  std::int64_t max_events = 512;
+  std::uint64_t max_bytes = 1u << 20;
+  Duration max_delay{0.020};
+};
+
+struct PluginSpec {
+  std::optional<std::filesystem::path> library;
+  std::filesystem::path spool_dir = ".diaspora/spool";
+  std::uint64_t spool_limit = 256ull << 20;
+  std::int64_t queue_size = 65536;
+  BatchSpec batch;
+};
+
+enum class Engine { local, dask, parsl, globus_compute, slurm };
+std::string_view to_string(Engine e) noexcept;
+
+using ScalarMap = std::map<std::string, boost::json::value>;  ///< string, number or boolean values
+
+struct SiteSpec {
+  std::string name;
+  Engine engine = Engine::local;
+  std::int64_t workers = 1;
+  std::optional<std::string> endpoint;
+  double speed = 1.0;
+  double cost = 0.0;
+  ScalarMap attributes;
+  Location location;
+};
+
+struct ResourceSpec {
+  double cpus = 1.0;
+  std::uint64_t memory = 0;  ///< bytes; 0 = unspecified
+  std::int64_t gpus = 0;
+};
+
+struct TaskSpec {
+  std::string name;
+  std::optional<std::string> command;  ///< exactly one of command / kind
+  std::optional<std::string> kind;     ///< sleep | cpu-burn | ptycho-reconstruct
+  ScalarMap args;
+  std::vector<std::string> inputs;
+  ResourceSpec resources;
+  std::optional<Duration> deadline;
+  std::vector<std::string> preferred_sites;
+  std::vector<std::string> allowed_sites;  ///< empty = any site
+  std::int64_t count = 1;
+  std::optional<double> rate;          ///< instances per second for a stream
+  std::optional<Duration> duration;    ///< how long a stream runs
+  Location location;
+};
+
+enum class ActionKind { restart, migrate, speculate, checkpoint, throttle, alert };
+std::string_view to_string(ActionKind a) noexcept;
+
+struct PolicySpec {
+  std::string name;
+  std::string signal;             ///< e.g. "task.step_time"
+  std::string detector = "ensemble";
+  std::optional<double> threshold;
+  std::int64_t for_count = 1;     ///< `for:` consecutive observations
+  Duration cooldown{60.0};
+  ActionKind action = ActionKind::alert;
+  std::vector<std::string> targets;   ///< empty = everything
+  std::vector<std::string> to_sites;  ///< empty = every other site
+  std::int64_t max_attempts = 3;
+  Location location;
+};
+
+struct RehearsalJobSpec {
+  std::string name;
+  std::optional<std::string> site;
+  std::optional<std::filesystem::path> config;
+  std::string dataset;
+  std::string strategy;
+  std::optional<std::int64_t> buffer_size;
+  std::int64_t world_size = 1;
+  std::optional<Duration> checkpoint_every;
+  ScalarMap set;
+  Location location;
+};
+
+enum class FaultKind { slow_site, kill_worker, stop_relay };
+std::string_view to_string(FaultKind f) noexcept;
+
+struct FaultSpec {
+  Duration at{0};
+  FaultKind kind = FaultKind::slow_site;
+  std::optional<std::string> site;
+  double factor = 1.0;
+  std::optional<Duration> lasts;  ///< `for:`; nullopt = until the end
+  Location location;
+};
+
+/// A validated workflow spec.
+///
+/// @par Thread Safety
+/// A plain value; safe to read concurrently once loaded.
+struct WorkflowSpec {
+  std::string file;  ///< where it was loaded from
+  int version = 1;
+  std::string name;
+  std::string description;
+  RelaySpec relay;
+  PluginSpec plugin;
+  std::vector<SiteSpec> sites;
+  std::vector<TaskSpec> tasks;
+  std::vector<PolicySpec> policies;
+  std::vector<RehearsalJobSpec> rehearsal;
+  std::vector<FaultSpec> faults;
+
+  /// The site named `name`, or nullptr.
+  const SiteSpec* find_site(std::string_view name) const noexcept;
+};
+
+/// Result of loading: the spec when there were no errors, and every diagnostic.
+struct SpecLoadResult {
+  std::optional<WorkflowSpec> spec;
+  std::vector<Diagnostic> diagnostics;
+  bool ok() const noexcept { return spec.has_value(); }
+};
+
+/// Loads and validates a spec file: YAML syntax, the schema (every error, not only the
+/// first), then cross-references (undefined sites and targets, duplicate names). Never
+/// throws; a missing or unreadable file is a diagnostic. Thread-safe.
+SpecLoadResult load_spec_file(const std::filesystem::path& file);
+
+/// Same, from YAML text; `name` is used as FILE in diagnostics.
+SpecLoadResult load_spec_string(std::string_view yaml, std::string_view name = "<string>");
+
+/// Throwing forms: return the spec or throw SpecError with all diagnostics.
+WorkflowSpec parse_spec_file(const std::filesystem::path& file);
+WorkflowSpec parse_spec_string(std::string_view yaml, std::string_view name = "<string>");
+
+/// "30s" / "250ms" / "1.5m" / "2h" -> seconds; nullopt when malformed.
+std::optional<Duration> parse_duration(std::string_view text);
+/// 4096 / "512KiB" / "64MiB" / "2GiB" / "100B" -> bytes; nullopt when malformed.
+std::optional<std::uint64_t> parse_size(const boost::json::value& v);
+
+/// A YAML document converted to JSON, with the source position of every node.
+/// Used by every YAML input of Diaspora (workflow specs, relay and rehearsal configs).
+struct YamlDocument {
+  boost::json::value root;
+  std::map<std::string, Location> value_locations;  ///< key: format_path of the node
+  std::map<std::string, Location> key_locations;    ///< key: format_path of the mapping entry
+  std::vector<Diagnostic> errors;                   ///< syntax errors, duplicate keys
+};
+
+/// Parses YAML text (YAML 1.2 core schema for plain scalars: null, booleans true/false,
+/// integers, floats; anything quoted is a string). Never throws.
+YamlDocument parse_yaml(std::string_view text, std::string_view file_name);
+
+/// Validates a YAML document against a built-in schema (e.g. "workflow.schema.json") and
+/// returns located diagnostics; used for every YAML input. Never throws.
+std::vector<Diagnostic> validate_yaml(const YamlDocument& doc, std::string_view schema_name,
+                                      std::string_view file_name);
+
+}  // namespace diaspora

@@ -1,0 +1,353 @@
+#include "diaspora/event.hpp"
+
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <random>
+
+#include "diaspora/json_schema.hpp"
+#include "diaspora/payloads.hpp"
+
+namespace diaspora {
+
+namespace json = boost::json;
+
+std::string_view to_string(EventErrc code) noexcept {
+  switch (code) {
+    case EventErrc::malformed_json: return "malformed_json";
+    case EventErrc::too_large: return "too_large";
+    case EventErrc::missing_attribute: return "missing_attribute";
+    case EventErrc::invalid_attribute: return "invalid_attribute";
+    case EventErrc::invalid_data: return "invalid_data";
+    case EventErrc::unknown_type: return "unknown_type";
+  }
+  return "unknown";
+}
+
+// ---- RFC 3339 ----------------------------------------------------------------------
+
+namespace {
+
+bool digits(std::string_view s, std::size_t pos, std::size_t n, int& out) {
+  if (pos + n > s.size()) return false;
+  out = 0;
+  for (std::size_t i = pos; i < pos + n; ++i) {
+    if (s[i] < '0' || s[i] > '9') return false;
+    out = out * 10 + (s[i] - '0');
+  }
+  return true;
+}
+
+// Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).
+long long days_from_civil(int y, unsigned m, unsigned d) {
+  y -= m <= 2;
+  const long long era = (y >= 0 ? y : y - 399) / 400;
+  const unsigned yoe = static_cast<unsigned>(y - era * 400);
+  const unsigned doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + static_cast<long long>(doe) - 719468;
+}
+
+bool leap(int y) { return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0; }
+
+}  // namespace
+
+std::optional<std::chrono::system_clock::time_point> parse_rfc3339(std::string_view s) {
+  int Y, M, D, h, m, sec;
+  if (!digits(s, 0, 4, Y) || s.size() < 20 || s[4] != '-' || !digits(s, 5, 2, M) || s[7] != '-' ||
+      !digits(s, 8, 2, D) || (s[10] != 'T' && s[10] != 't') || !digits(s, 11, 2, h) || s[13] != ':' ||
+      !digits(s, 14, 2, m) || s[16] != ':' || !digits(s, 17, 2, sec))
+    return std::nullopt;
+  static constexpr std::array<int, 12> mdays = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  if (M < 1 || M > 12 || D < 1 || D > mdays[M - 1] + (M == 2 && leap(Y) ? 1 : 0) || h > 23 || m > 59 || sec > 60)
+    return std::nullopt;
+  std::size_t pos = 19;
+  long long nanos = 0;
+  if (pos < s.size() && s[pos] == '.') {
+    ++pos;
+    std::size_t start = pos;
+    while (pos < s.size() && s[pos] >= '0' && s[pos] <= '9') {
+      if (pos - start < 9) nanos = nanos * 10 + (s[pos] - '0');
+      ++pos;
+    }
+    std::size_t n = pos - start;
+    if (n == 0 || n > 9) return std::nullopt;
+    for (std::size_t i = n; i < 9; ++i) nanos *= 10;
+  }
+  if (pos >= s.size()) return std::nullopt;
+  long long offset_s = 0;
+  if (s[pos] == 'Z' || s[pos] == 'z') {
+    ++pos;
+  } else if (s[pos] == '+' || s[pos] == '-') {
+    int oh, om;
+    if (!digits(s, pos + 1, 2, oh) || pos + 3 >= s.size() || s[pos + 3] != ':' || !digits(s, pos + 4, 2, om) ||
+        oh > 23 || om > 59)
+      return std::nullopt;
+    offset_s = (oh * 3600LL + om * 60LL) * (s[pos] == '-' ? -1 : 1);
+    pos += 6;
+  } else {
+    return std::nullopt;
+  }
+  if (pos != s.size()) return std::nullopt;
+  // A leap second (:60) is folded onto the next second, as POSIX time does.
+  long long secs = days_from_civil(Y, static_cast<unsigned>(M), static_cast<unsigned>(D)) * 86400LL + h * 3600LL +
+                   m * 60LL + sec - offset_s;
+  auto d = std::chrono::seconds(secs) + std::chrono::nanoseconds(nanos);
+  return std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(d));
+}
+
+std::string format_rfc3339(std::chrono::system_clock::time_point t) {
+  using namespace std::chrono;
+  auto us = duration_cast<microseconds>(t.time_since_epoch()).count();
+  long long secs = us / 1000000;
+  long long frac = us % 1000000;
+  if (frac < 0) {
+    frac += 1000000;
+    --secs;
+  }
+  std::time_t tt = static_cast<std::time_t>(secs);
+  std::tm tm{};
+  gmtime_r(&tt, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06lldZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, frac);
+  return buf;
+}
+
+void Event::set_time(std::chrono::system_clock::time_point t) { time = format_rfc3339(t); }
+
+std::optional<std::chrono::system_clock::time_point> Event::time_point() const {
+  if (!time) return std::nullopt;
+  auto tp = parse_rfc3339(*time);
+  if (!tp) throw EventError(EventErrc::invalid_attribute, "time: '" + *time + "' is not an RFC 3339 timestamp");
+  return tp;
+}
+
+// ---- base64 --------------------------------------------------------------------------
+
+namespace {
+constexpr char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+int b64_value(char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+') return 62;
+  if (c == '/') return 63;
+  return -1;
+}
+}  // namespace
+
+std::string base64_encode(std::string_view in) {
+  std::string out;
+  out.reserve((in.size() + 2) / 3 * 4);
+  std::size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    unsigned v = (static_cast<unsigned char>(in[i]) << 16) | (static_cast<unsigned char>(in[i + 1]) << 8) |
+                 static_cast<unsigned char>(in[i + 2]);
+    out += kB64[(v >> 18) & 63];
+    out += kB64[(v >> 12) & 63];
+    out += kB64[(v >> 6) & 63];
+    out += kB64[v & 63];
+  }
+  if (i < in.size()) {
+    unsigned v = static_cast<unsigned char>(in[i]) << 16;
+    if (i + 1 < in.size()) v |= static_cast<unsigned char>(in[i + 1]) << 8;
+    out += kB64[(v >> 18) & 63];
+    out += kB64[(v >> 12) & 63];
+    out += i + 1 < in.size() ? kB64[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+std::optional<std::string> base64_decode(std::string_view in) {
+  if (in.size() % 4 != 0) return std::nullopt;
+  std::string out;
+  out.reserve(in.size() / 4 * 3);
+  for (std::size_t i = 0; i < in.size(); i += 4) {
+    int a = b64_value(in[i]), b = b64_value(in[i + 1]);
+    bool last = i + 4 == in.size();
+    bool pad2 = last && in[i + 2] == '=' && in[i + 3] == '=';
+    bool pad1 = last && !pad2 && in[i + 3] == '=';
+    int c = pad2 ? 0 : b64_value(in[i + 2]);
+    int d = (pad1 || pad2) ? 0 : b64_value(in[i + 3]);
+    if (a < 0 || b < 0 || c < 0 || d < 0) return std::nullopt;
+    unsigned v = (a << 18) | (b << 12) | (c << 6) | d;
+    out += static_cast<char>((v >> 16) & 0xFF);
+    if (!pad2) out += static_cast<char>((v >> 8) & 0xFF);
+    if (!pad1 && !pad2) out += static_cast<char>(v & 0xFF);
+  }
+  return out;
+}
+
+std::string make_uuid() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::uint64_t hi = rng(), lo = rng();
+  hi = (hi & 0xFFFFFFFFFFFF0FFFULL) | 0x0000000000004000ULL;  // version 4
+  lo = (lo & 0x3FFFFFFFFFFFFFFFULL) | 0x8000000000000000ULL;  // variant 10
+  char buf[37];
+  std::snprintf(buf, sizeof buf, "%08x-%04x-%04x-%04x-%012llx", static_cast<unsigned>(hi >> 32),
+                static_cast<unsigned>((hi >> 16) & 0xFFFF), static_cast<unsigned>(hi & 0xFFFF),
+                static_cast<unsigned>(lo >> 48), static_cast<unsigned long long>(lo & 0xFFFFFFFFFFFFULL));
+  return buf;
+}
+
+// ---- codec ---------------------------------------------------------------------------
+
+namespace {
+
+bool valid_extension_name(std::string_view name) {
+  if (name.empty() || name.size() > 20) return false;
+  for (char c : name)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'))) return false;
+  return true;
+}
+
+[[noreturn]] void fail(EventErrc code, const std::string& message) { throw EventError(code, message); }
+
+void check_string_attr(std::string_view name, const std::string& value, std::size_t max_len) {
+  if (value.empty()) fail(EventErrc::invalid_attribute, std::string(name) + ": must not be empty");
+  if (value.size() > max_len)
+    fail(EventErrc::invalid_attribute, std::string(name) + ": longer than " + std::to_string(max_len) + " bytes");
+}
+
+void check_payload(const Event& e) {
+  if (!e.type.starts_with("org.diaspora.")) return;
+  if (!events::is_known_type(e.type))
+    fail(EventErrc::unknown_type, "type: '" + e.type + "' is not a Diaspora event type (see schemas/events/)");
+  if (e.data_binary) fail(EventErrc::invalid_data, "data_base64: " + e.type + " carries JSON data, not binary");
+  if (!e.data) fail(EventErrc::invalid_data, "data: missing; " + e.type + " requires a data object");
+  if (e.datacontenttype && *e.datacontenttype != "application/json")
+    fail(EventErrc::invalid_attribute, "datacontenttype: " + e.type + " requires 'application/json', got '" +
+                                           *e.datacontenttype + "'");
+  const schema::Schema* s = schema::builtin("events/" + e.type + ".schema.json");
+  if (!s) fail(EventErrc::unknown_type, "type: no schema for '" + e.type + "'");
+  auto issues = s->validate(*e.data);
+  if (!issues.empty()) {
+    std::string msg;
+    for (const auto& issue : issues) {
+      if (!msg.empty()) msg += "; ";
+      msg += (issue.path.empty() ? std::string("data") : "data." + schema::format_path(issue.path)) + ": " +
+             issue.message;
+    }
+    fail(EventErrc::invalid_data, msg);
+  }
+}
+
+}  // namespace
+
+void validate_event(const Event& e, const CodecOptions& options) {
+  if (e.id.empty()) fail(EventErrc::missing_attribute, "id: required attribute is missing or empty");
+  if (e.source.empty()) fail(EventErrc::missing_attribute, "source: required attribute is missing or empty");
+  if (e.type.empty()) fail(EventErrc::missing_attribute, "type: required attribute is missing or empty");
+  if (e.specversion != "1.0")
+    fail(EventErrc::invalid_attribute, "specversion: must be \"1.0\", got \"" + e.specversion + "\"");
+  check_string_attr("id", e.id, 256);
+  check_string_attr("source", e.source, 1024);
+  check_string_attr("type", e.type, 256);
+  if (e.subject) check_string_attr("subject", *e.subject, 1024);
+  if (e.datacontenttype) check_string_attr("datacontenttype", *e.datacontenttype, 256);
+  if (e.dataschema) check_string_attr("dataschema", *e.dataschema, 4096);
+  if (e.time && !parse_rfc3339(*e.time))
+    fail(EventErrc::invalid_attribute,
+         "time: must be an RFC 3339 timestamp such as 2026-11-30T07:15:38.123Z, got '" + *e.time + "'");
+  if (e.data && e.data_binary)
+    fail(EventErrc::invalid_attribute, "'data' and 'data_base64' cannot be used together");
+  for (const auto& [name, value] : e.extensions) {
+    static const std::array<std::string_view, 10> reserved = {
+        "id", "source", "specversion", "type", "subject", "time", "datacontenttype", "dataschema", "data",
+        "data_base64"};
+    if (std::find(reserved.begin(), reserved.end(), name) != reserved.end())
+      fail(EventErrc::invalid_attribute, "extension '" + name + "' shadows a context attribute");
+    if (!valid_extension_name(name))
+      fail(EventErrc::invalid_attribute, "key '" + name +
+                                             "' is not a valid CloudEvents attribute name: lower-case letters "
+                                             "and digits, at most 20");
+    bool integral_double = value.is_double() && std::isfinite(value.get_double()) &&
+                           std::floor(value.get_double()) == value.get_double();
+    if (!(value.is_string() || value.is_int64() || value.is_uint64() || value.is_bool() || integral_double))
+      fail(EventErrc::invalid_attribute,
+           name + ": extension attributes must be a string, an integer or a boolean");
+  }
+  (void)options;
+  if (options.validate_payloads) check_payload(e);
+}
+
+Event event_from_json(const json::value& v, const CodecOptions& options) {
+  if (!v.is_object()) fail(EventErrc::malformed_json, "an event must be a JSON object");
+  const json::object& o = v.get_object();
+  Event e;
+  bool have_specversion = false;
+  auto str = [&](std::string_view key, const json::value& val) -> std::string {
+    if (!val.is_string()) fail(EventErrc::invalid_attribute, std::string(key) + ": expected string");
+    return std::string(val.get_string());
+  };
+  for (const auto& kv : o) {
+    std::string_view key = kv.key();
+    const json::value& val = kv.value();
+    if (key == "id") e.id = str(key, val);
+    else if (key == "source") e.source = str(key, val);
+    else if (key == "specversion") { e.specversion = str(key, val); have_specversion = true; }
+    else if (key == "type") e.type = str(key, val);
+    else if (key == "subject") e.subject = str(key, val);
+    else if (key == "time") e.time = str(key, val);
+    else if (key == "datacontenttype") e.datacontenttype = str(key, val);
+    else if (key == "dataschema") e.dataschema = str(key, val);
+    else if (key == "data") e.data = val;
+    else if (key == "data_base64") {
+      auto bytes = base64_decode(str(key, val));
+      if (!bytes) fail(EventErrc::invalid_attribute, "data_base64: must be standard base64 (RFC 4648, with padding)");
+      e.data_binary = std::move(*bytes);
+    } else {
+      e.extensions.emplace(std::string(key), val);
+    }
+  }
+  for (std::string_view req : {"id", "source", "specversion", "type"})
+    if (!o.contains(req)) fail(EventErrc::missing_attribute, std::string(req) + ": required attribute is missing");
+  (void)have_specversion;
+  validate_event(e, options);
+  return e;
+}
+
+Event decode_event(std::string_view text, const CodecOptions& options) {
+  if (text.size() > options.max_event_bytes)
+    fail(EventErrc::too_large, "event of " + std::to_string(text.size()) + " bytes exceeds the limit of " +
+                                   std::to_string(options.max_event_bytes) + " bytes");
+  boost::system::error_code ec;
+  json::value v = json::parse(text, ec);
+  if (ec) fail(EventErrc::malformed_json, "not valid JSON: " + ec.message());
+  return event_from_json(v, options);
+}
+
+json::object event_to_json(const Event& e) {
+  validate_event(e, CodecOptions{.max_event_bytes = SIZE_MAX, .validate_payloads = false});
+  json::object o;
+  o["specversion"] = e.specversion;
+  o["id"] = e.id;
+  o["source"] = e.source;
+  o["type"] = e.type;
+  if (e.subject) o["subject"] = *e.subject;
+  if (e.time) o["time"] = *e.time;
+  if (e.datacontenttype) o["datacontenttype"] = *e.datacontenttype;
+  if (e.dataschema) o["dataschema"] = *e.dataschema;
+  for (const auto& [name, value] : e.extensions) o[name] = value;
+  if (e.data) o["data"] = *e.data;
+  if (e.data_binary) o["data_base64"] = base64_encode(*e.data_binary);
+  return o;
+}
+
+std::string encode_event(const Event& e, const CodecOptions& options) {
+  if (options.validate_payloads) check_payload(e);
+  std::string out = json::serialize(event_to_json(e));
+  if (out.size() > options.max_event_bytes)
+    fail(EventErrc::too_large, "encoded event of " + std::to_string(out.size()) + " bytes exceeds the limit of " +
+                                   std::to_string(options.max_event_bytes) + " bytes");
+  return out;
+}
+
+}  // namespace diaspora

@@ -1,0 +1,499 @@
+#include "diaspora/json_schema.hpp"
+
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <regex>
+#include <set>
+#include <unordered_map>
+
+namespace diaspora::detail {
+const std::vector<std::pair<std::string_view, std::string_view>>& embedded_schemas();
+}
+
+namespace diaspora::schema {
+
+namespace json = boost::json;
+
+std::string format_path(const Path& path) {
+  if (path.empty()) return "(root)";
+  std::string out;
+  for (const auto& seg : path) {
+    if (const auto* key = std::get_if<std::string>(&seg)) {
+      if (!out.empty()) out += '.';
+      out += *key;
+    } else {
+      out += '[' + std::to_string(std::get<std::size_t>(seg)) + ']';
+    }
+  }
+  return out;
+}
+
+namespace {
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      std::size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+      // Adjacent transposition counts as one edit ("wrokers" -> "workers").
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        cur[j] = std::min(cur[j], prev[j - 1]);  // approximation of Damerau distance
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string quote_list(const json::array& values) {
+  std::string out;
+  for (const auto& v : values) {
+    if (!out.empty()) out += ", ";
+    out += json::serialize(v);
+  }
+  return out;
+}
+
+const char* kind_name(const json::value& v) {
+  switch (v.kind()) {
+    case json::kind::null: return "null";
+    case json::kind::bool_: return "boolean";
+    case json::kind::int64:
+    case json::kind::uint64: return "integer";
+    case json::kind::double_: {
+      double d = v.get_double();
+      return (std::isfinite(d) && std::floor(d) == d) ? "integer" : "number";
+    }
+    case json::kind::string: return "string";
+    case json::kind::array: return "array";
+    case json::kind::object: return "object";
+  }
+  return "unknown";
+}
+
+bool matches_type(const json::value& v, std::string_view type) {
+  if (type == "number") return v.is_number();
+  if (type == "integer") return std::string_view(kind_name(v)) == "integer";
+  return std::string_view(kind_name(v)) == type;
+}
+
+double as_double(const json::value& v) {
+  if (v.is_int64()) return static_cast<double>(v.get_int64());
+  if (v.is_uint64()) return static_cast<double>(v.get_uint64());
+  return v.get_double();
+}
+
+std::string number_text(const json::value& v) {
+  if (v.is_double()) {
+    double d = v.get_double();
+    if (std::floor(d) == d && std::fabs(d) < 1e15) return std::to_string(static_cast<long long>(d));
+  }
+  return json::serialize(v);
+}
+
+// JSON Schema equality: numbers compare by value (1 == 1.0), containers deeply.
+bool json_equal(const json::value& a, const json::value& b) {
+  if (a.is_number() && b.is_number()) return as_double(a) == as_double(b);
+  if (a.kind() != b.kind()) return false;
+  if (a.is_array()) {
+    const auto &x = a.get_array(), &y = b.get_array();
+    if (x.size() != y.size()) return false;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      if (!json_equal(x[i], y[i])) return false;
+    return true;
+  }
+  if (a.is_object()) {
+    const auto &x = a.get_object(), &y = b.get_object();
+    if (x.size() != y.size()) return false;
+    for (const auto& kv : x) {
+      auto it = y.find(kv.key());
+      if (it == y.end() || !json_equal(kv.value(), it->value())) return false;
+    }
+    return true;
+  }
+  return a == b;
+}
+
+std::size_t utf8_length(std::string_view s) {
+  std::size_t n = 0;
+  for (unsigned char c : s)
+    if ((c & 0xC0) != 0x80) ++n;
+  return n;
+}
+
+const std::set<std::string_view>& known_keywords() {
+  static const std::set<std::string_view> k = {
+      "$schema", "$id", "$defs", "$ref", "$comment", "title", "description", "default",
+      "examples", "deprecated", "readOnly", "writeOnly", "errorMessage", "type", "enum",
+      "const", "properties", "patternProperties", "additionalProperties", "required",
+      "propertyNames", "items", "minItems", "maxItems", "uniqueItems", "minimum", "maximum",
+      "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "pattern", "allOf",
+      "anyOf", "oneOf", "not", "if", "then", "else"};
+  return k;
+}
+
+}  // namespace
+
+std::string closest_match(std::string_view word, const std::vector<std::string>& candidates) {
+  std::string best;
+  std::size_t best_d = 3;
+  for (const auto& c : candidates) {
+    std::size_t d = edit_distance(word, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  if (best.empty() && word.size() >= 3) {
+    for (const auto& c : candidates)
+      if (c.starts_with(word) || word.starts_with(c)) return c;
+  }
+  return best;
+}
+
+struct Schema::Impl {
+  json::value doc;
+  std::string name;
+  std::unordered_map<const json::string*, std::regex> regexes;  // "pattern" values
+  std::unordered_map<std::string, std::regex> key_regexes;        // "patternProperties" keys
+
+  void check(const json::value& s, const std::string& where) {
+    if (s.is_bool()) return;
+    if (!s.is_object()) throw SchemaError(name + ": " + where + ": a schema must be an object or a boolean");
+    for (const auto& kv : s.get_object()) {
+      std::string_view key = kv.key();
+      std::string here = where + "/" + std::string(key);
+      if (!known_keywords().count(key))
+        throw SchemaError(name + ": " + here + ": unsupported keyword '" + std::string(key) + "'");
+      const json::value& v = kv.value();
+      if (key == "pattern") {
+        if (!v.is_string()) throw SchemaError(name + ": " + here + ": pattern must be a string");
+        try {
+          regexes.emplace(&v.get_string(), std::regex(std::string(v.get_string()), std::regex::ECMAScript));
+        } catch (const std::regex_error& e) {
+          throw SchemaError(name + ": " + here + ": bad regular expression: " + e.what());
+        }
+      } else if (key == "properties" || key == "patternProperties" || key == "$defs") {
+        if (!v.is_object()) throw SchemaError(name + ": " + here + ": must be an object");
+        for (const auto& p : v.get_object()) {
+          if (key == "patternProperties") {
+            try {
+              key_regexes.emplace(std::string(p.key()), std::regex(std::string(p.key()), std::regex::ECMAScript));
+            } catch (const std::regex_error& e) {
+              throw SchemaError(name + ": " + here + ": bad regular expression '" + std::string(p.key()) + "': " + e.what());
+            }
+          }
+          check(p.value(), here + "/" + std::string(p.key()));
+        }
+      } else if (key == "additionalProperties" || key == "propertyNames" || key == "items" ||
+                 key == "not" || key == "if" || key == "then" || key == "else") {
+        check(v, here);
+      } else if (key == "allOf" || key == "anyOf" || key == "oneOf") {
+        if (!v.is_array() || v.get_array().empty())
+          throw SchemaError(name + ": " + here + ": must be a non-empty array");
+        std::size_t i = 0;
+        for (const auto& sub : v.get_array()) check(sub, here + "/" + std::to_string(i++));
+      } else if (key == "$ref") {
+        if (!v.is_string() || !resolve(v.get_string()))
+          throw SchemaError(name + ": " + here + ": unresolvable $ref (only local '#/$defs/...' refs are supported)");
+      } else if (key == "required" || key == "enum") {
+        if (!v.is_array()) throw SchemaError(name + ": " + here + ": must be an array");
+      }
+    }
+  }
+
+  const json::value* resolve(std::string_view ref) const {
+    if (ref == "#") return &doc;
+    if (!ref.starts_with("#/")) return nullptr;
+    const json::value* cur = &doc;
+    std::string_view rest = ref.substr(2);
+    while (!rest.empty()) {
+      auto slash = rest.find('/');
+      std::string_view token = rest.substr(0, slash);
+      rest = slash == std::string_view::npos ? std::string_view{} : rest.substr(slash + 1);
+      if (!cur->is_object()) return nullptr;
+      auto it = cur->get_object().find(token);
+      if (it == cur->get_object().end()) return nullptr;
+      cur = &it->value();
+    }
+    return cur;
+  }
+
+  bool regex_search(const json::string& pattern, std::string_view text) const {
+    auto it = regexes.find(&pattern);
+    if (it != regexes.end()) return std::regex_search(text.begin(), text.end(), it->second);
+    std::regex re(std::string(pattern), std::regex::ECMAScript);
+    return std::regex_search(text.begin(), text.end(), re);
+  }
+
+  // Validates `v` against schema `s`, appending issues under `path`.
+  void validate(const json::value& s, const json::value& v, Path& path, std::vector<Issue>& out) const {
+    if (s.is_bool()) {
+      if (!s.get_bool()) out.push_back({path, "is not allowed here", false});
+      return;
+    }
+    const json::object& so = s.get_object();
+    const json::value* custom = so.if_contains("errorMessage");
+    auto value_issue = [&](std::string generic) {
+      out.push_back({path, custom && custom->is_string() ? std::string(custom->get_string()) : std::move(generic), false});
+    };
+
+    if (const auto* ref = so.if_contains("$ref")) validate(*resolve(ref->get_string()), v, path, out);
+
+    if (const auto* t = so.if_contains("type")) {
+      bool ok = false;
+      std::string expected;
+      bool structural = false;
+      auto consider = [&](std::string_view tname) {
+        if (matches_type(v, tname)) ok = true;
+        if (!expected.empty()) expected += " or ";
+        expected += tname;
+        if (tname == "object" || tname == "array") structural = true;
+      };
+      if (t->is_string()) consider(t->get_string());
+      else for (const auto& n : t->get_array()) consider(n.get_string());
+      if (!ok) {
+        std::string generic = "expected " + expected + ", got " + kind_name(v);
+        if (structural) out.push_back({path, generic, false});
+        else value_issue(generic);
+        return;  // the other keywords would only repeat the type mismatch
+      }
+    }
+    if (const auto* e = so.if_contains("enum")) {
+      const auto& arr = e->get_array();
+      if (std::none_of(arr.begin(), arr.end(), [&](const json::value& c) { return json_equal(c, v); }))
+        value_issue("must be one of: " + quote_list(arr) + (v.is_string() ? suggestion(v.get_string(), arr) : ""));
+    }
+    if (const auto* c = so.if_contains("const")) {
+      if (!json_equal(*c, v)) value_issue("must be " + json::serialize(*c));
+    }
+    if (v.is_number()) number_keywords(so, v, value_issue);
+    if (v.is_string()) {
+      const auto& str = v.get_string();
+      std::size_t len = utf8_length(str);
+      if (const auto* m = so.if_contains("minLength"); m && len < as_double(*m))
+        value_issue(as_double(*m) == 1 ? std::string("must not be empty")
+                                       : "must be at least " + number_text(*m) + " characters long");
+      if (const auto* m = so.if_contains("maxLength"); m && len > as_double(*m))
+        value_issue("must be at most " + number_text(*m) + " characters long");
+      if (const auto* p = so.if_contains("pattern"); p && !regex_search(p->get_string(), str))
+        value_issue("must match the pattern " + json::serialize(*p));
+    }
+    if (v.is_object()) object_keywords(so, v.get_object(), path, out);
+    if (v.is_array()) array_keywords(so, v.get_array(), path, out);
+
+    if (const auto* all = so.if_contains("allOf"))
+      for (const auto& sub : all->get_array()) validate(sub, v, path, out);
+    if (const auto* any = so.if_contains("anyOf")) {
+      std::size_t best_count = SIZE_MAX;
+      std::vector<Issue> best;
+      bool matched = false;
+      for (const auto& sub : any->get_array()) {
+        std::vector<Issue> trial;
+        validate(sub, v, path, trial);
+        if (trial.empty()) { matched = true; break; }
+        if (trial.size() < best_count) { best_count = trial.size(); best = std::move(trial); }
+      }
+      if (!matched) {
+        if (custom) value_issue("");
+        else out.insert(out.end(), best.begin(), best.end());
+      }
+    }
+    if (const auto* one = so.if_contains("oneOf")) {
+      std::size_t matched = 0;
+      for (const auto& sub : one->get_array()) {
+        std::vector<Issue> trial;
+        validate(sub, v, path, trial);
+        if (trial.empty()) ++matched;
+      }
+      if (matched != 1)
+        value_issue("must match exactly one of " + std::to_string(one->get_array().size()) +
+                    " alternatives (matched " + std::to_string(matched) + ")");
+    }
+    if (const auto* n = so.if_contains("not")) {
+      std::vector<Issue> trial;
+      validate(*n, v, path, trial);
+      if (trial.empty()) out.push_back({path, not_message(*n), false});
+    }
+    if (const auto* cond = so.if_contains("if")) {
+      std::vector<Issue> trial;
+      validate(*cond, v, path, trial);
+      if (trial.empty()) {
+        if (const auto* then = so.if_contains("then")) validate(*then, v, path, out);
+      } else if (const auto* els = so.if_contains("else")) {
+        validate(*els, v, path, out);
+      }
+    }
+  }
+
+  static std::string suggestion(std::string_view word, const json::array& choices) {
+    std::vector<std::string> names;
+    for (const auto& c : choices)
+      if (c.is_string()) names.emplace_back(c.get_string());
+    std::string best = closest_match(word, names);
+    return best.empty() ? "" : "; did you mean '" + best + "'?";
+  }
+
+  static std::string not_message(const json::value& n) {
+    // {"not": {"required": ["a", "b"]}} reads better as a sentence.
+    if (n.is_object() && n.get_object().size() == 1 && n.get_object().contains("required")) {
+      std::string keys;
+      const auto& req = n.get_object().at("required").get_array();
+      for (std::size_t i = 0; i < req.size(); ++i) {
+        if (i) keys += i + 1 == req.size() ? " and " : ", ";
+        keys += "'" + std::string(req[i].get_string()) + "'";
+      }
+      return keys + " cannot be used together";
+    }
+    return "must not match the forbidden schema";
+  }
+
+  template <class Report>
+  static void number_keywords(const json::object& so, const json::value& v, Report& report) {
+    double x = as_double(v);
+    if (const auto* m = so.if_contains("minimum"); m && x < as_double(*m)) report("must be >= " + number_text(*m));
+    if (const auto* m = so.if_contains("maximum"); m && x > as_double(*m)) report("must be <= " + number_text(*m));
+    if (const auto* m = so.if_contains("exclusiveMinimum"); m && x <= as_double(*m))
+      report("must be > " + number_text(*m));
+    if (const auto* m = so.if_contains("exclusiveMaximum"); m && x >= as_double(*m))
+      report("must be < " + number_text(*m));
+  }
+
+  void object_keywords(const json::object& so, const json::object& obj, Path& path, std::vector<Issue>& out) const {
+    const json::object* props = nullptr;
+    if (const auto* p = so.if_contains("properties")) props = &p->get_object();
+    const json::object* pattern_props = nullptr;
+    if (const auto* p = so.if_contains("patternProperties")) pattern_props = &p->get_object();
+    const json::value* additional = so.if_contains("additionalProperties");
+    const json::value* names = so.if_contains("propertyNames");
+
+    for (const auto& kv : obj) {
+      std::string key(kv.key());
+      path.emplace_back(key);
+      if (names) {
+        std::vector<Issue> trial;
+        Path empty = path;
+        validate(*names, json::value(kv.key()), empty, trial);
+        for (auto& issue : trial) out.push_back({path, "key '" + key + "' " + issue.message, true});
+      }
+      bool covered = false;
+      if (props) {
+        if (const auto* sub = props->if_contains(kv.key())) {
+          covered = true;
+          validate(*sub, kv.value(), path, out);
+        }
+      }
+      if (pattern_props) {
+        for (const auto& pp : *pattern_props) {
+          if (std::regex_search(key, key_regexes.at(std::string(pp.key())))) {
+            covered = true;
+            validate(pp.value(), kv.value(), path, out);
+          }
+        }
+      }
+      if (!covered && additional) {
+        if (additional->is_bool() && !additional->get_bool()) {
+          std::string msg = "unknown key '" + key + "'";
+          if (props) {
+            std::vector<std::string> known;
+            for (const auto& p : *props) known.emplace_back(p.key());
+            std::string best = closest_match(key, known);
+            if (!best.empty()) msg += "; did you mean '" + best + "'?";
+          }
+          out.push_back({path, msg, true});
+        } else {
+          validate(*additional, kv.value(), path, out);
+        }
+      }
+      path.pop_back();
+    }
+    if (const auto* req = so.if_contains("required")) {
+      for (const auto& r : req->get_array())
+        if (!obj.contains(r.get_string()))
+          out.push_back({path, "missing required key '" + std::string(r.get_string()) + "'", false});
+    }
+  }
+
+  void array_keywords(const json::object& so, const json::array& arr, Path& path, std::vector<Issue>& out) const {
+    if (const auto* m = so.if_contains("minItems"); m && arr.size() < as_double(*m))
+      out.push_back({path, as_double(*m) == 1 ? std::string("must not be empty")
+                                              : "must have at least " + number_text(*m) + " items", false});
+    if (const auto* m = so.if_contains("maxItems"); m && arr.size() > as_double(*m))
+      out.push_back({path, "must have at most " + number_text(*m) + " items", false});
+    if (const auto* items = so.if_contains("items")) {
+      for (std::size_t i = 0; i < arr.size(); ++i) {
+        path.emplace_back(i);
+        validate(*items, arr[i], path, out);
+        path.pop_back();
+      }
+    }
+    if (const auto* u = so.if_contains("uniqueItems"); u && u->is_bool() && u->get_bool()) {
+      for (std::size_t i = 1; i < arr.size(); ++i)
+        for (std::size_t j = 0; j < i; ++j)
+          if (json_equal(arr[i], arr[j])) {
+            path.emplace_back(i);
+            out.push_back({path, "duplicate item " + json::serialize(arr[i]) + " (same as item " +
+                                     std::to_string(j) + ")", false});
+            path.pop_back();
+            break;
+          }
+    }
+  }
+};
+
+Schema::Schema(json::value document, std::string name) : self_(std::make_unique<Impl>()) {
+  self_->doc = std::move(document);
+  self_->name = std::move(name);
+  self_->check(self_->doc, "#");
+}
+Schema::~Schema() = default;
+Schema::Schema(Schema&&) noexcept = default;
+Schema& Schema::operator=(Schema&&) noexcept = default;
+
+const std::string& Schema::name() const noexcept { return self_->name; }
+
+std::vector<Issue> Schema::validate(const json::value& instance) const {
+  std::vector<Issue> out;
+  Path path;
+  self_->validate(self_->doc, instance, path, out);
+  return out;
+}
+
+namespace {
+struct Registry {
+  std::map<std::string, std::unique_ptr<Schema>, std::less<>> schemas;
+  Registry() {
+    for (const auto& [name, text] : detail::embedded_schemas()) {
+      boost::system::error_code ec;
+      json::value doc = json::parse(text, ec);
+      if (ec) throw SchemaError("built-in schema " + std::string(name) + " is not valid JSON: " + ec.message());
+      schemas.emplace(std::string(name), std::make_unique<Schema>(std::move(doc), std::string(name)));
+    }
+  }
+};
+const Registry& registry() {
+  static const Registry r;  // thread-safe initialisation (C++11 magic statics)
+  return r;
+}
+}  // namespace
+
+const Schema* builtin(std::string_view name) {
+  const auto& all = registry().schemas;
+  auto it = all.find(name);
+  return it == all.end() ? nullptr : it->second.get();
+}
+
+std::vector<std::string> builtin_names() {
+  std::vector<std::string> out;
+  for (const auto& [name, schema] : registry().schemas) out.push_back(name);
+  return out;
+}
+
+}  // namespace diaspora::schema

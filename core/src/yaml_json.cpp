@@ -1,0 +1,184 @@
+// YAML -> JSON with source positions, and schema validation with located diagnostics.
+// Every YAML input of Diaspora goes through here, so all report errors the same way.
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <regex>
+
+#include "diaspora/json_schema.hpp"
+#include "diaspora/spec.hpp"
+
+namespace diaspora {
+
+namespace json = boost::json;
+using schema::format_path;
+using schema::Path;
+
+std::string Diagnostic::str() const {
+  std::string out = file;
+  if (line > 0) out += ":" + std::to_string(line) + ":" + std::to_string(column);
+  out += ": error: ";
+  if (!path.empty()) out += path + ": ";
+  out += message;
+  return out;
+}
+
+namespace {
+
+Location location_of(const YAML::Mark& m) {
+  return {m.line >= 0 ? m.line + 1 : 1, m.column >= 0 ? m.column + 1 : 1};
+}
+
+// YAML 1.2 core schema resolution of a plain scalar.
+json::value resolve_plain(const std::string& s) {
+  static const std::regex int_re("^[-+]?[0-9]+$");
+  static const std::regex oct_re("^0o[0-7]+$");
+  static const std::regex hex_re("^0x[0-9a-fA-F]+$");
+  static const std::regex float_re("^[-+]?(\\.[0-9]+|[0-9]+(\\.[0-9]*)?)([eE][-+]?[0-9]+)?$");
+  if (s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
+  if (s == "true" || s == "True" || s == "TRUE") return true;
+  if (s == "false" || s == "False" || s == "FALSE") return false;
+  try {
+    if (std::regex_match(s, int_re)) {
+      if (s[0] == '-') return static_cast<std::int64_t>(std::stoll(s));
+      return static_cast<std::int64_t>(std::stoll(s));
+    }
+    if (std::regex_match(s, oct_re)) return static_cast<std::int64_t>(std::stoll(s.substr(2), nullptr, 8));
+    if (std::regex_match(s, hex_re)) return static_cast<std::int64_t>(std::stoll(s.substr(2), nullptr, 16));
+    if (std::regex_match(s, float_re)) return std::stod(s);
+  } catch (const std::out_of_range&) {
+    return std::stod(s);  // an integer too large for 64 bits becomes a (range-checked) number
+  }
+  if (s == ".inf" || s == ".Inf" || s == ".INF" || s == "+.inf") return HUGE_VAL;
+  if (s == "-.inf" || s == "-.Inf" || s == "-.INF") return -HUGE_VAL;
+  if (s == ".nan" || s == ".NaN" || s == ".NAN") return NAN;
+  return json::value(s);
+}
+
+json::value scalar_value(const YAML::Node& n) {
+  const std::string& tag = n.Tag();
+  const std::string& s = n.Scalar();
+  if (tag == "?") return resolve_plain(s);
+  if (tag == "tag:yaml.org,2002:int" || tag == "tag:yaml.org,2002:float" || tag == "tag:yaml.org,2002:bool" ||
+      tag == "tag:yaml.org,2002:null") {
+    json::value v = resolve_plain(s);
+    return v;
+  }
+  return json::value(s);  // "!" (quoted), !!str and any other tag: a string
+}
+
+struct Converter {
+  YamlDocument& doc;
+  std::string file;
+
+  json::value convert(const YAML::Node& n, Path& path) {
+    doc.value_locations.emplace(format_path(path), location_of(n.Mark()));
+    switch (n.Type()) {
+      case YAML::NodeType::Null:
+      case YAML::NodeType::Undefined: return nullptr;
+      case YAML::NodeType::Scalar: return scalar_value(n);
+      case YAML::NodeType::Sequence: {
+        json::array a;
+        std::size_t i = 0;
+        for (const auto& item : n) {
+          path.emplace_back(i++);
+          a.push_back(convert(item, path));
+          path.pop_back();
+        }
+        return a;
+      }
+      case YAML::NodeType::Map: {
+        json::object o;
+        for (const auto& kv : n) {
+          Location key_loc = location_of(kv.first.Mark());
+          if (!kv.first.IsScalar()) {
+            doc.errors.push_back({file, key_loc.line, key_loc.column, format_path(path),
+                                  "mapping keys must be plain strings"});
+            continue;
+          }
+          std::string key = kv.first.Scalar();
+          path.emplace_back(key);
+          std::string where = format_path(path);
+          if (o.contains(key)) {
+            Location first = doc.key_locations[where];
+            doc.errors.push_back({file, key_loc.line, key_loc.column, where,
+                                  "duplicate key '" + key + "' (first defined at " + std::to_string(first.line) +
+                                      ":" + std::to_string(first.column) + ")"});
+            path.pop_back();
+            continue;
+          }
+          doc.key_locations.emplace(where, key_loc);
+          o[key] = convert(kv.second, path);
+          path.pop_back();
+        }
+        return o;
+      }
+    }
+    return nullptr;
+  }
+};
+
+}  // namespace
+
+YamlDocument parse_yaml(std::string_view text, std::string_view file_name) {
+  YamlDocument doc;
+  std::string file(file_name);
+  try {
+    std::vector<YAML::Node> docs = YAML::LoadAll(std::string(text));
+    if (docs.empty()) {
+      doc.errors.push_back({file, 1, 1, "(root)", "the file is empty; a spec is a YAML mapping"});
+      return doc;
+    }
+    if (docs.size() > 1) {
+      Location l = location_of(docs[1].Mark());
+      doc.errors.push_back({file, l.line, l.column, "(root)",
+                            "more than one YAML document ('---'); put one spec per file"});
+    }
+    Converter c{doc, file};
+    Path path;
+    doc.root = c.convert(docs[0], path);
+  } catch (const YAML::Exception& e) {
+    Location l = location_of(e.mark);
+    doc.errors.push_back({file, l.line, l.column, "", "YAML syntax: " + e.msg});
+  }
+  return doc;
+}
+
+namespace {
+Location locate(const YamlDocument& doc, Path path, bool at_key) {
+  if (at_key) {
+    auto it = doc.key_locations.find(format_path(path));
+    if (it != doc.key_locations.end()) return it->second;
+  }
+  for (;;) {
+    auto it = doc.value_locations.find(format_path(path));
+    if (it != doc.value_locations.end()) return it->second;
+    if (path.empty()) return {1, 1};
+    path.pop_back();
+  }
+}
+}  // namespace
+
+std::vector<Diagnostic> validate_yaml(const YamlDocument& doc, std::string_view schema_name,
+                                      std::string_view file_name) {
+  std::vector<Diagnostic> out = doc.errors;
+  bool syntax_failed = std::any_of(out.begin(), out.end(), [](const Diagnostic& d) { return d.path.empty(); });
+  if (syntax_failed) return out;
+  const schema::Schema* s = schema::builtin(schema_name);
+  if (!s) {
+    out.push_back({std::string(file_name), 0, 0, "", "internal error: no built-in schema " + std::string(schema_name)});
+    return out;
+  }
+  if (doc.root.is_null()) {
+    if (out.empty()) out.push_back({std::string(file_name), 1, 1, "(root)", "the document is empty; expected a mapping"});
+    return out;
+  }
+  for (const auto& issue : s->validate(doc.root)) {
+    Location l = locate(doc, issue.path, issue.at_key);
+    out.push_back({std::string(file_name), l.line, l.column, format_path(issue.path), issue.message});
+  }
+  return out;
+}
+
+}  // namespace diaspora
