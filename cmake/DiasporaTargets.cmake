@@ -4,7 +4,7 @@
 function(diaspora_target_defaults target)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANG_AND_ID:CXX,GNU,Clang>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor
-        -Wcast-align -Wunused -Woverloaded-virtual -Wnull-dereference -Wimplicit-fallthrough>
+        -Wcast-align -Wunused -Woverloaded-virtual -Wimplicit-fallthrough>
     $<$<COMPILE_LANG_AND_ID:C,GNU,Clang>:-Wall -Wextra -Wpedantic -Wshadow>)
   if(DIASPORA_WARNINGS_AS_ERRORS)
     target_compile_options(${target} PRIVATE -Werror)

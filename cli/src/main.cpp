@@ -18,6 +18,10 @@ constexpr int kOk = 0;
 constexpr int kFailure = 1;
 constexpr int kInvalid = 2;
 
+std::string plural(std::size_t n, const std::string& one, const std::string& many = "") {
+  return std::to_string(n) + " " + (n == 1 ? one : many.empty() ? one + "s" : many);
+}
+
 int cmd_validate(const std::vector<std::string>& files, bool quiet) {
   int bad_files = 0;
   std::size_t errors = 0;
@@ -27,16 +31,16 @@ int cmd_validate(const std::vector<std::string>& files, bool quiet) {
     errors += r.diagnostics.size();
     if (r.ok()) {
       if (!quiet)
-        std::cout << f << ": ok (" << r.spec->sites.size() << " sites, " << r.spec->tasks.size() << " tasks, "
-                  << r.spec->policies.size() << " policies, " << r.spec->rehearsal.size() << " rehearsal jobs, "
-                  << r.spec->faults.size() << " faults)\n";
+        std::cout << f << ": ok (" << plural(r.spec->sites.size(), "site") << ", "
+                  << plural(r.spec->tasks.size(), "task") << ", " << plural(r.spec->policies.size(), "policy", "policies")
+                  << ", " << plural(r.spec->rehearsal.size(), "rehearsal job") << ", "
+                  << plural(r.spec->faults.size(), "fault") << ")\n";
     } else {
       ++bad_files;
     }
   }
   if (bad_files) {
-    std::cerr << errors << (errors == 1 ? " error" : " errors") << " in " << bad_files << " of " << files.size()
-              << (files.size() == 1 ? " file" : " files") << "\n";
+    std::cerr << plural(errors, "error") << " in " << bad_files << " of " << plural(files.size(), "file") << "\n";
     return kInvalid;
   }
   return kOk;
@@ -136,7 +140,12 @@ int main(int argc, char** argv) {
       c.subject = subject;
       c.scopes = scopes;
       c.issued_at = std::chrono::time_point_cast<std::chrono::seconds>(std::chrono::system_clock::now());
-      c.expires_at = c.issued_at + diaspora::parse_ttl(ttl);
+      try {
+        c.expires_at = c.issued_at + diaspora::parse_ttl(ttl);
+      } catch (const diaspora::Error& e) {
+        std::cerr << "error: --ttl: " << e.what() << "\n";
+        return kInvalid;
+      }
       if (!issuer.empty()) c.issuer = issuer;
       for (const auto& s : scopes)
         if (s != "admin" && !s.starts_with("publish:") && !s.starts_with("subscribe:")) {

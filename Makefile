@@ -1,0 +1,49 @@
+# Diaspora: the two Quickstart commands are `make demo` and `make test`.
+# Everything goes through CMake + Ninja (+ ccache); this file only sequences the steps.
+
+BUILD_DIR ?= build
+BUILD_TYPE ?= RelWithDebInfo
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+CTEST_FLAGS ?=
+
+.PHONY: all deps configure build test demo bench test-asan test-tsan clean help
+
+all: build
+
+help:
+	@echo "make demo       install what is missing, build, run the demo"
+	@echo "make test       install what is missing, build, run every test (ctest)"
+	@echo "make build      configure and build into $(BUILD_DIR)/ (bin/, lib/)"
+	@echo "make bench      build and run the benchmarks in bench/"
+	@echo "make test-asan  build into build-asan/ with ASan+UBSan and run the tests"
+	@echo "make test-tsan  build into build-tsan/ with ThreadSanitizer and run the tests"
+
+deps:
+	@bash scripts/install-deps.sh
+
+configure: deps
+	@cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS) >/dev/null
+
+build: configure
+	@cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_FLAGS)
+
+demo: build
+	@bash scripts/demo.sh $(BUILD_DIR)
+
+bench: build
+	@bash scripts/bench.sh $(BUILD_DIR)
+
+test-asan:
+	@$(MAKE) --no-print-directory test BUILD_DIR=build-asan BUILD_TYPE=Debug \
+	    CMAKE_FLAGS="-DDIASPORA_SANITIZE=address,undefined -DDIASPORA_BUILD_BENCH=OFF"
+
+test-tsan:
+	@$(MAKE) --no-print-directory test BUILD_DIR=build-tsan BUILD_TYPE=Debug \
+	    CMAKE_FLAGS="-DDIASPORA_SANITIZE=thread -DDIASPORA_BUILD_BENCH=OFF"
+
+clean:
+	rm -rf build build-asan build-tsan

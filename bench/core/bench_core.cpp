@@ -1,0 +1,68 @@
+// Costs of the core operations every event and every connection pays: decoding and
+// encoding CloudEvents (with and without typed-payload validation), verifying a token,
+// loading a workflow spec. Run: build/bin/bench_core (or `make bench`).
+#include <benchmark/benchmark.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "diaspora/core.hpp"
+
+namespace {
+
+std::string heartbeat_text() {
+  diaspora::events::TaskHeartbeat hb;
+  hb.task_id = "frames-000123";
+  hb.site = "edge";
+  hb.worker = "edge-w3";
+  hb.seq = 42;
+  hb.metrics = diaspora::events::Metrics{{"step_time_s", 0.125}, {"cpu", 0.83}, {"memory_bytes", 2.1e9}};
+  return diaspora::encode_event(diaspora::events::make_event("/diaspora/ptycho/edge", hb));
+}
+
+void BM_DecodeHeartbeat(benchmark::State& state) {
+  std::string text = heartbeat_text();
+  diaspora::CodecOptions o;
+  o.validate_payloads = state.range(0) != 0;
+  for (auto _ : state) benchmark::DoNotOptimize(diaspora::decode_event(text, o));
+  state.SetItemsProcessed(state.iterations());
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(text.size()));
+}
+BENCHMARK(BM_DecodeHeartbeat)->Arg(0)->Arg(1)->ArgName("validate_payload");
+
+void BM_EncodeHeartbeat(benchmark::State& state) {
+  diaspora::Event e = diaspora::decode_event(heartbeat_text());
+  diaspora::CodecOptions o;
+  o.validate_payloads = state.range(0) != 0;
+  for (auto _ : state) benchmark::DoNotOptimize(diaspora::encode_event(e, o));
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_EncodeHeartbeat)->Arg(0)->Arg(1)->ArgName("validate_payload");
+
+void BM_VerifyToken(benchmark::State& state) {
+  const std::string secret(48, 's');
+  diaspora::TokenClaims c;
+  c.subject = "bench";
+  c.scopes = {"publish:task.*"};
+  c.issued_at = std::chrono::time_point_cast<std::chrono::seconds>(std::chrono::system_clock::now());
+  c.expires_at = c.issued_at + std::chrono::hours(1);
+  std::string tok = diaspora::issue_token(secret, c);
+  diaspora::TokenVerifier v(secret);
+  for (auto _ : state) benchmark::DoNotOptimize(v.authorize(tok, "publish", "task.started"));
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_VerifyToken);
+
+void BM_LoadSpec(benchmark::State& state) {
+  std::ifstream in(std::string(DIASPORA_SOURCE_DIR) + "/examples/workflows/ptycho-stream.yaml");
+  std::stringstream s;
+  s << in.rdbuf();
+  std::string text = s.str();
+  for (auto _ : state) benchmark::DoNotOptimize(diaspora::load_spec_string(text, "ptycho-stream.yaml"));
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_LoadSpec);
+
+}  // namespace
+
+BENCHMARK_MAIN();

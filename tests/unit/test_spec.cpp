@@ -1,0 +1,153 @@
+#include "diaspora/spec.hpp"
+#include "test_helpers.hpp"
+
+using diaspora::load_spec_file;
+using diaspora::load_spec_string;
+
+namespace {
+
+std::string all_errors(const diaspora::SpecLoadResult& r) {
+  std::string out;
+  for (const auto& d : r.diagnostics) out += d.str() + "\n";
+  return out;
+}
+
+}  // namespace
+
+TEST(Spec, GoodCorpusAndExamplesLoad) {
+  std::vector<std::filesystem::path> files =
+      diaspora::test::files_in(diaspora::test::source_dir() / "tests/data/specs/good", ".yaml");
+  auto examples = diaspora::test::files_in(diaspora::test::source_dir() / "examples/workflows", ".yaml");
+  ASSERT_GE(examples.size(), 3u);
+  files.insert(files.end(), examples.begin(), examples.end());
+  for (const auto& f : files) {
+    auto r = load_spec_file(f);
+    EXPECT_TRUE(r.ok()) << all_errors(r);
+  }
+}
+
+// Every bad file carries "# expect: <substring>" lines the loader's output must contain
+// (the same lines are checked against the Python reference checker).
+TEST(Spec, BadCorpusReportsTheExpectedErrors) {
+  auto files = diaspora::test::files_in(diaspora::test::source_dir() / "tests/data/specs/bad", ".yaml");
+  ASSERT_GE(files.size(), 25u);
+  for (const auto& f : files) {
+    SCOPED_TRACE(f.string());
+    auto r = load_spec_file(f);
+    EXPECT_FALSE(r.ok());
+    std::string out = all_errors(r);
+    std::istringstream in(diaspora::test::read_file(f));
+    std::string line;
+    int expectations = 0;
+    while (std::getline(in, line)) {
+      if (!line.starts_with("# expect: ")) continue;
+      ++expectations;
+      EXPECT_NE(out.find(line.substr(10)), std::string::npos) << "missing '" << line.substr(10) << "' in:\n" << out;
+    }
+    EXPECT_GT(expectations, 0) << "bad corpus file without '# expect:' lines";
+    for (const auto& d : r.diagnostics) EXPECT_EQ(d.str().rfind(f.string() + ":", 0), 0u) << d.str();
+  }
+}
+
+TEST(Spec, ReportsAllErrorsInFileOrderWithPositions) {
+  auto r = load_spec_string(R"(version: 1
+name: demo
+sites:
+  - name: a
+    engine: lokal
+    wrokers: 2
+  - name: a
+    engine: local
+tasks:
+  - name: t
+    command: run.sh
+    preferred_sites: [a, b]
+    deadline: 10 minutes
+)", "demo.yaml");
+  ASSERT_FALSE(r.ok());
+  std::vector<std::string> got;
+  for (const auto& d : r.diagnostics) got.push_back(d.str());
+  std::vector<std::string> want = {
+      "demo.yaml:5:13: error: sites[0].engine: must be one of: \"local\", \"dask\", \"parsl\", \"globus-compute\", "
+      "\"slurm\"; did you mean 'local'?",
+      "demo.yaml:6:5: error: sites[0].wrokers: unknown key 'wrokers'; did you mean 'workers'?",
+      "demo.yaml:7:11: error: sites[1].name: duplicate name 'a' (first defined at 4:11)",
+      "demo.yaml:12:26: error: tasks[0].preferred_sites[1]: unknown site 'b'; did you mean 'a'?",
+      "demo.yaml:13:15: error: tasks[0].deadline: must be a duration such as 250ms, 30s, 1.5m or 2h",
+  };
+  EXPECT_EQ(got, want);
+}
+
+TEST(Spec, ModelCarriesTypedValuesAndDefaults) {
+  auto spec = diaspora::parse_spec_string(R"(version: 1
+name: typed
+relay: {url: "wss://relay.example.org:7443/fabric", ca_file: ca.pem}
+plugin: {spool_limit: 64MiB, queue_size: 1024, batch: {max_events: 100, max_delay: 5ms}}
+sites:
+  - {name: edge, engine: local, workers: 2, speed: 0.5}
+  - {name: hpc, engine: slurm, workers: 64, attributes: {partition: gpu, nodes: 4}}
+tasks:
+  - {name: frames, kind: ptycho-reconstruct, rate: 20, duration: 1.5m, deadline: 250ms,
+     resources: {cpus: 0.5, memory: 2GiB}, allowed_sites: [edge, hpc], preferred_sites: [edge]}
+policies:
+  - {name: slow, signal: task.step_time, action: migrate, for: 3, cooldown: 2m, to_sites: [hpc]}
+faults:
+  - {at: 20s, kind: slow-site, site: edge, factor: 3, for: 1h}
+)");
+  EXPECT_FALSE(spec.relay.embedded());
+  EXPECT_EQ(spec.relay.ca_file, std::filesystem::path("ca.pem"));
+  EXPECT_EQ(spec.plugin.spool_limit, 64ull << 20);
+  EXPECT_EQ(spec.plugin.batch.max_delay.count(), 0.005);
+  EXPECT_EQ(spec.plugin.batch.max_bytes, 1u << 20);  // default
+  ASSERT_EQ(spec.sites.size(), 2u);
+  EXPECT_EQ(spec.sites[1].engine, diaspora::Engine::slurm);
+  EXPECT_EQ(spec.sites[1].attributes.at("nodes"), boost::json::value(4));
+  EXPECT_EQ(spec.sites[0].location.line, 6);
+  const auto& t = spec.tasks.at(0);
+  EXPECT_EQ(t.kind, "ptycho-reconstruct");
+  EXPECT_EQ(t.rate, 20.0);
+  EXPECT_EQ(t.duration->count(), 90.0);
+  EXPECT_EQ(t.deadline->count(), 0.25);
+  EXPECT_EQ(t.resources.memory, 2ull << 30);
+  EXPECT_EQ(spec.policies[0].action, diaspora::ActionKind::migrate);
+  EXPECT_EQ(spec.policies[0].for_count, 3);
+  EXPECT_EQ(spec.policies[0].cooldown.count(), 120.0);
+  EXPECT_EQ(spec.policies[0].max_attempts, 3);  // default
+  EXPECT_EQ(spec.faults[0].kind, diaspora::FaultKind::slow_site);
+  EXPECT_EQ(spec.faults[0].lasts->count(), 3600.0);
+  EXPECT_EQ(spec.find_site("hpc")->workers, 64);
+  EXPECT_EQ(spec.find_site("nope"), nullptr);
+}
+
+TEST(Spec, YamlScalarsFollowTheCoreSchema) {
+  // Quoted numbers stay strings; plain ones are numbers.
+  auto r = load_spec_string("version: \"1\"\nname: q\nsites: [{name: a, engine: local, workers: '2'}]\n", "q.yaml");
+  std::string out = all_errors(r);
+  EXPECT_NE(out.find("q.yaml:1:10: error: version: must be 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("sites[0].workers: expected integer, got string"), std::string::npos) << out;
+}
+
+TEST(Spec, FileProblemsAreDiagnosticsNotExceptions) {
+  auto r = load_spec_file("/nonexistent/spec.yaml");
+  ASSERT_EQ(r.diagnostics.size(), 1u);
+  EXPECT_EQ(r.diagnostics[0].str(), "/nonexistent/spec.yaml: error: no such file");
+  diaspora::test::TempDir dir;
+  EXPECT_NE(all_errors(load_spec_file(dir.path())).find("is a directory"), std::string::npos);
+  auto dup = load_spec_string("version: 1\nname: a\nname: b\nsites: [{name: s, engine: local}]\n", "d.yaml");
+  EXPECT_NE(all_errors(dup).find("d.yaml:3:1: error: name: duplicate key 'name' (first defined at 2:1)"),
+            std::string::npos)
+      << all_errors(dup);
+  EXPECT_THROW(diaspora::parse_spec_string("[1, 2]"), diaspora::SpecError);
+}
+
+TEST(Spec, DurationsAndSizes) {
+  EXPECT_EQ(diaspora::parse_duration("250ms")->count(), 0.25);
+  EXPECT_EQ(diaspora::parse_duration("2h")->count(), 7200.0);
+  EXPECT_FALSE(diaspora::parse_duration("10"));
+  EXPECT_FALSE(diaspora::parse_duration("s"));
+  EXPECT_FALSE(diaspora::parse_duration("5 m"));
+  EXPECT_EQ(diaspora::parse_size(boost::json::value("512KiB")), 512u * 1024);
+  EXPECT_EQ(diaspora::parse_size(boost::json::value(4096)), 4096u);
+  EXPECT_FALSE(diaspora::parse_size(boost::json::value("5TB")));
+  EXPECT_FALSE(diaspora::parse_size(boost::json::value("99999999999999999999GiB")));
+}
