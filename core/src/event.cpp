@@ -12,6 +12,7 @@
 
 #include "diaspora/json_schema.hpp"
 #include "diaspora/payloads.hpp"
+#include "internal.hpp"
 
 namespace diaspora {
 
@@ -199,6 +200,21 @@ std::string make_uuid() {
 
 // ---- codec ---------------------------------------------------------------------------
 
+namespace detail {
+void check_payload_data(std::string_view type, const json::value& data) {
+  const schema::Schema* s = schema::builtin("events/" + std::string(type) + ".schema.json");
+  if (!s) throw EventError(EventErrc::unknown_type, "type: no schema for '" + std::string(type) + "'");
+  auto issues = s->validate(data);
+  if (issues.empty()) return;
+  std::string msg;
+  for (const auto& issue : issues) {
+    if (!msg.empty()) msg += "; ";
+    msg += (issue.path.empty() ? std::string("data") : "data." + schema::format_path(issue.path)) + ": " + issue.message;
+  }
+  throw EventError(EventErrc::invalid_data, msg);
+}
+}  // namespace detail
+
 namespace {
 
 bool valid_extension_name(std::string_view name) {
@@ -225,18 +241,7 @@ void check_payload(const Event& e) {
   if (e.datacontenttype && *e.datacontenttype != "application/json")
     fail(EventErrc::invalid_attribute, "datacontenttype: " + e.type + " requires 'application/json', got '" +
                                            *e.datacontenttype + "'");
-  const schema::Schema* s = schema::builtin("events/" + e.type + ".schema.json");
-  if (!s) fail(EventErrc::unknown_type, "type: no schema for '" + e.type + "'");
-  auto issues = s->validate(*e.data);
-  if (!issues.empty()) {
-    std::string msg;
-    for (const auto& issue : issues) {
-      if (!msg.empty()) msg += "; ";
-      msg += (issue.path.empty() ? std::string("data") : "data." + schema::format_path(issue.path)) + ": " +
-             issue.message;
-    }
-    fail(EventErrc::invalid_data, msg);
-  }
+  detail::check_payload_data(e.type, *e.data);
 }
 
 }  // namespace

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "diaspora/json_schema.hpp"
+#include "internal.hpp"
 
 namespace diaspora::events {
 
@@ -129,17 +129,7 @@ json::value to_json(const Payload& payload) {
 
 template <class Payload>
 Payload from_json(const json::value& data) {
-  const schema::Schema* s = schema::builtin("events/" + std::string(Payload::type) + ".schema.json");
-  auto issues = s->validate(data);
-  if (!issues.empty()) {
-    std::string msg;
-    for (const auto& issue : issues) {
-      if (!msg.empty()) msg += "; ";
-      msg += (issue.path.empty() ? std::string("data") : "data." + schema::format_path(issue.path)) + ": " +
-             issue.message;
-    }
-    throw EventError(EventErrc::invalid_data, msg);
-  }
+  diaspora::detail::check_payload_data(Payload::type, data);
   Payload p{};
   from_value(data, p);
   return p;
