@@ -14,7 +14,14 @@ function(diaspora_target_defaults target)
       message(FATAL_ERROR "DIASPORA_SANITIZE='${DIASPORA_SANITIZE}': use 'address,undefined' or 'thread'")
     endif()
     target_compile_options(${target} PRIVATE -fsanitize=${DIASPORA_SANITIZE} -fno-omit-frame-pointer)
-    target_link_options(${target} PRIVATE -fsanitize=${DIASPORA_SANITIZE})
+    # A sanitized static library needs the sanitizer runtime wherever it is linked,
+    # including in an installed consumer's project: make that part of its interface.
+    get_target_property(type ${target} TYPE)
+    if(type STREQUAL "STATIC_LIBRARY")
+      target_link_options(${target} INTERFACE -fsanitize=${DIASPORA_SANITIZE})
+    else()
+      target_link_options(${target} PRIVATE -fsanitize=${DIASPORA_SANITIZE})
+    endif()
   endif()
 endfunction()
 

@@ -48,7 +48,10 @@ std::optional<std::string> b64url_decode(std::string_view in) {
   }
   if (s.size() % 4 == 1) return std::nullopt;
   while (s.size() % 4) s += '=';
-  return base64_decode(s);
+  auto out = base64_decode(s);
+  // Refuse non-canonical encodings (nonzero unused bits): one token, one spelling.
+  if (out && b64url_encode(*out) != in) return std::nullopt;
+  return out;
 }
 
 std::string hmac_sha256(std::string_view key, std::string_view data) {

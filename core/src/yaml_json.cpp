@@ -3,6 +3,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cstdlib>
 #include <cmath>
 #include <regex>
 
@@ -39,17 +41,18 @@ json::value resolve_plain(const std::string& s) {
   if (s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
   if (s == "true" || s == "True" || s == "TRUE") return true;
   if (s == "false" || s == "False" || s == "FALSE") return false;
-  try {
-    if (std::regex_match(s, int_re)) {
-      if (s[0] == '-') return static_cast<std::int64_t>(std::stoll(s));
-      return static_cast<std::int64_t>(std::stoll(s));
-    }
-    if (std::regex_match(s, oct_re)) return static_cast<std::int64_t>(std::stoll(s.substr(2), nullptr, 8));
-    if (std::regex_match(s, hex_re)) return static_cast<std::int64_t>(std::stoll(s.substr(2), nullptr, 16));
-    if (std::regex_match(s, float_re)) return std::stod(s);
-  } catch (const std::out_of_range&) {
-    return std::stod(s);  // an integer too large for 64 bits becomes a (range-checked) number
+  // strtod never throws: an out-of-range value becomes +-HUGE_VAL (then range-checked by
+  // the schema) instead of an exception.
+  if (std::regex_match(s, int_re)) {
+    std::int64_t v = 0;
+    const char* first = s.data() + (s[0] == '+' ? 1 : 0);
+    auto [ptr, ec] = std::from_chars(first, s.data() + s.size(), v);
+    if (ec == std::errc() && ptr == s.data() + s.size()) return v;
+    return std::strtod(s.c_str(), nullptr);  // too large for 64 bits: a number
   }
+  if (std::regex_match(s, oct_re)) return static_cast<std::int64_t>(std::strtoull(s.c_str() + 2, nullptr, 8));
+  if (std::regex_match(s, hex_re)) return static_cast<std::int64_t>(std::strtoull(s.c_str() + 2, nullptr, 16));
+  if (std::regex_match(s, float_re)) return std::strtod(s.c_str(), nullptr);
   if (s == ".inf" || s == ".Inf" || s == ".INF" || s == "+.inf") return HUGE_VAL;
   if (s == "-.inf" || s == "-.Inf" || s == "-.INF") return -HUGE_VAL;
   if (s == ".nan" || s == ".NaN" || s == ".NAN") return NAN;

@@ -177,3 +177,23 @@ def test_token_issue_rejects_bad_input(tmp_path: Path):
     assert p.returncode == 2 and "use publish:<pattern>" in p.stderr
     p = run("token", "issue", "--secret-file", str(good), "--subject", "s", "--scope", "admin", "--ttl", "3y")
     assert p.returncode == 2 and "--ttl" in p.stderr
+
+
+def test_cpp_loader_and_python_jsonschema_agree_on_every_spec():
+    """The C++ loader (via `diaspora validate`) and the python-jsonschema reference
+    checker give the same valid/invalid verdict for every spec in the corpus."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import spec_check
+
+    specs = sorted((REPO / "tests" / "data" / "specs").glob("*/*.yaml"))
+    specs += sorted((REPO / "examples" / "workflows").glob("*.yaml"))
+    assert len(specs) > 40
+    disagreements = []
+    for spec in specs:
+        cpp_ok = run("validate", "-q", str(spec)).returncode == 0
+        py_ok = spec_check.check_spec(spec) == []
+        if cpp_ok != py_ok:
+            disagreements.append(f"{spec}: C++ {'valid' if cpp_ok else 'invalid'}, "
+                                 f"Python {'valid' if py_ok else 'invalid'}")
+    assert disagreements == []
