@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "diaspora/core.hpp"
+#include "diaspora/relay_client.hpp"
+#include "bench_relay.hpp"
+#include "net_commands.hpp"
 
 namespace {
 
@@ -108,6 +111,9 @@ int main(int argc, char** argv) {
   token_secret->add_option("file", new_secret, "Where to write it")->required();
   token_secret->add_flag("--force", secret_force, "Replace an existing secret");
 
+  auto run_net = diaspora::cli::add_net_commands(app);
+  auto run_bench = diaspora::cli::add_bench_commands(app);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -116,6 +122,8 @@ int main(int argc, char** argv) {
   }
 
   try {
+    if (int rc = run_net(); rc >= 0) return rc;
+    if (int rc = run_bench(); rc >= 0) return rc;
     if (validate->parsed()) return cmd_validate(spec_files, quiet);
     if (certs_init->parsed()) {
       for (auto& d : extra_dns) cert_opts.dns_names.push_back(d);
@@ -176,6 +184,9 @@ int main(int argc, char** argv) {
   } catch (const diaspora::TokenError& e) {
     std::cerr << "error: " << e.what() << " [" << diaspora::to_string(e.code()) << "]\n";
     return kInvalid;
+  } catch (const diaspora::RelayClientError& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return kFailure;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return kFailure;

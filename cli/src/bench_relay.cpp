@@ -1,0 +1,265 @@
+// `diaspora bench relay`: acked-publish throughput and end-to-end latency of a relay, for
+// N producers x M subscribers. Without --url it starts an embedded relay (fsync always,
+// fresh temporary data directory, development certificates) so the figure includes
+// durable group commit. Output: one human line and, with --json, one JSON object (the
+// comparison script bench/relay/compare.sh reads it).
+#include "bench_relay.hpp"
+
+#include <boost/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "diaspora/certs.hpp"
+#include "diaspora/event.hpp"
+#include "diaspora/relay.hpp"
+#include "diaspora/relay_client.hpp"
+#include "diaspora/token.hpp"
+
+namespace diaspora::cli {
+
+namespace json = boost::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct BenchArgs {
+  std::string url, ca, token, fsync = "always", data_dir;
+  int producers = 1, subscribers = 1;
+  std::uint64_t events = 200000;
+  std::size_t size = 256, batch = 500, window = 16;
+  double rate = 0;  // events/s over all producers; 0 = as fast as acks allow
+  bool json_out = false;
+};
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+// One event of about `size` bytes whose data carries the send time (ns, steady clock:
+// producers and subscribers run in this process).
+std::string make_event(int producer, std::uint64_t i, std::size_t size, std::int64_t t_ns, const std::string& pad) {
+  std::string e = R"({"specversion":"1.0","id":")" + std::to_string(i) + R"(","source":"/bench/p)" +
+                  std::to_string(producer) + R"(","type":"org.example.bench","data":{"t":)" + std::to_string(t_ns) +
+                  R"(,"pad":")";
+  std::size_t used = e.size() + 3;
+  e.append(pad, 0, size > used ? size - used : 0);
+  e += "\"}}";
+  return e;
+}
+
+double percentile(std::vector<double>& v, double p) {
+  if (v.empty()) return 0;
+  std::size_t k = std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k];
+}
+
+int run_bench(BenchArgs a) {
+  std::unique_ptr<Relay> embedded;
+  std::filesystem::path tmp;
+  if (a.url.empty()) {
+    tmp = std::filesystem::temp_directory_path() / ("diaspora-bench-" + make_uuid().substr(0, 8));
+    write_dev_certificates(tmp / "certs");
+    write_secret_file(tmp / "secret");
+    RelayConfig cfg;
+    cfg.listen = "127.0.0.1:0";
+    cfg.data_dir = a.data_dir.empty() ? tmp / "data" : std::filesystem::path(a.data_dir);
+    cfg.tls_cert = tmp / "certs/server.pem";
+    cfg.tls_key = tmp / "certs/server-key.pem";
+    cfg.auth_secret_file = tmp / "secret";
+    cfg.fsync = a.fsync;
+    cfg.validate_payloads = true;
+    embedded = std::make_unique<Relay>(cfg);
+    embedded->start();
+    a.url = "wss://127.0.0.1:" + std::to_string(embedded->port());
+    a.ca = (tmp / "certs/ca.pem").string();
+    TokenClaims c;
+    c.subject = "bench";
+    c.scopes = {"admin"};
+    c.issued_at = std::chrono::time_point_cast<std::chrono::seconds>(std::chrono::system_clock::now());
+    c.expires_at = c.issued_at + std::chrono::hours(2);
+    a.token = issue_token(load_secret_file(tmp / "secret"), c);
+  }
+  std::string topic = "bench." + make_uuid().substr(0, 8);
+  RelayClientOptions base;
+  base.url = a.url;
+  base.ca_file = a.ca;
+  base.token = a.token;
+
+  const std::uint64_t per_producer = a.events / static_cast<std::uint64_t>(a.producers);
+  const std::uint64_t total = per_producer * static_cast<std::uint64_t>(a.producers);
+  std::string pad(a.size, 'x');
+  std::mutex lat_mutex;
+  std::vector<double> latencies_us;
+  latencies_us.reserve(static_cast<std::size_t>(total) * static_cast<std::size_t>(a.subscribers));
+  std::atomic<int> subscribed{0};
+  std::atomic<bool> failed{false};
+  std::string failure;
+  auto fail = [&](const std::string& why) {
+    std::lock_guard lock(lat_mutex);
+    if (!failed.exchange(true)) failure = why;
+  };
+
+  std::vector<std::thread> subs;
+  for (int s = 0; s < a.subscribers; ++s) {
+    subs.emplace_back([&, s] {
+      try {
+        RelayClientOptions o = base;
+        o.client_id = "bench-sub-" + std::to_string(s);
+        RelayClient client(o);
+        client.send(json::serialize(json::object{{"op", "subscribe"}, {"id", s}, {"topic", topic}, {"from", "earliest"}}));
+        client.receive_json();  // subscribed
+        subscribed++;
+        std::vector<double> mine;
+        mine.reserve(static_cast<std::size_t>(total));
+        std::uint64_t got = 0;
+        while (got < total && !failed) {
+          json::object m = client.receive_json();
+          if (m["op"] != "events") continue;
+          std::int64_t t = now_ns();
+          for (const auto& e : m["events"].as_array()) {
+            const json::value& data = e.as_object().at("event").as_object().at("data");
+            mine.push_back(static_cast<double>(t - data.as_object().at("t").to_number<std::int64_t>()) / 1000.0);
+            ++got;
+          }
+        }
+        std::lock_guard lock(lat_mutex);
+        latencies_us.insert(latencies_us.end(), mine.begin(), mine.end());
+      } catch (const std::exception& e) {
+        fail(std::string("subscriber: ") + e.what());
+      }
+    });
+  }
+  auto wait_deadline = Clock::now() + std::chrono::seconds(30);
+  while (subscribed < a.subscribers && !failed && Clock::now() < wait_deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+
+  std::atomic<std::uint64_t> acked{0};
+  std::barrier start_line(a.producers + 1);
+  std::vector<std::thread> prods;
+  for (int p = 0; p < a.producers; ++p) {
+    prods.emplace_back([&, p] {
+      try {
+        RelayClientOptions o = base;
+        o.client_id = "bench-pub-" + std::to_string(p);
+        o.producer_id = "bench-" + topic + "-" + std::to_string(p);
+        RelayClient client(o);
+        start_line.arrive_and_wait();
+        const double per_producer_rate = a.rate / a.producers;
+        auto t0 = Clock::now();
+        std::uint64_t next = 0, seq = 0;
+        std::size_t inflight = 0;
+        while ((next < per_producer || inflight > 0) && !failed) {
+          while (next < per_producer && inflight < a.window) {
+            if (per_producer_rate > 0) {  // open-loop pacing for latency runs
+              auto due = t0 + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(static_cast<double>(next) / per_producer_rate));
+              if (due > Clock::now()) {
+                if (inflight > 0) break;  // collect acks meanwhile
+                std::this_thread::sleep_until(due);
+              }
+            }
+            std::uint64_t n = std::min<std::uint64_t>(a.batch, per_producer - next);
+            if (per_producer_rate > 0) {
+              // Do not batch ahead of the schedule: send what is due now.
+              auto elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+              std::uint64_t due_count = static_cast<std::uint64_t>(elapsed * per_producer_rate) + 1;
+              n = std::max<std::uint64_t>(1, std::min(n, due_count > next ? due_count - next : 1));
+            }
+            std::string frame = R"({"op":"publish","topic":")" + topic + R"(","seq":)" + std::to_string(seq++) +
+                                R"(,"events":[)";
+            std::int64_t t = now_ns();
+            for (std::uint64_t i = 0; i < n; ++i) {
+              if (i) frame += ',';
+              frame += make_event(p, next + i, a.size, t, pad);
+            }
+            frame += "]}";
+            client.send(frame);
+            next += n;
+            ++inflight;
+          }
+          if (inflight == 0) continue;
+          json::object m = client.receive_json();
+          if (m["op"] != "ack") throw Error("publish refused: " + json::serialize(m));
+          acked += m["count"].to_number<std::uint64_t>();
+          --inflight;
+        }
+      } catch (const std::exception& e) {
+        fail(std::string("producer: ") + e.what());
+        start_line.arrive_and_drop();
+      }
+    });
+  }
+  start_line.arrive_and_wait();
+  auto t_start = Clock::now();
+  for (auto& t : prods) t.join();
+  double publish_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+  for (auto& t : subs) t.join();
+  double total_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+  if (embedded) embedded->stop();
+  if (!tmp.empty()) std::filesystem::remove_all(tmp);
+  if (failed) {
+    std::cerr << "error: " << failure << "\n";
+    return 1;
+  }
+  double eps = static_cast<double>(acked) / publish_s;
+  double mbps = eps * static_cast<double>(a.size) / 1e6;
+  double p50 = percentile(latencies_us, 0.50), p99 = percentile(latencies_us, 0.99),
+         p999 = percentile(latencies_us, 0.999);
+  if (a.json_out) {
+    std::cout << json::serialize(json::object{{"system", "diaspora-relay"},
+                                              {"producers", a.producers},
+                                              {"subscribers", a.subscribers},
+                                              {"events", acked.load()},
+                                              {"size", a.size},
+                                              {"batch", a.batch},
+                                              {"rate", a.rate},
+                                              {"fsync", a.fsync},
+                                              {"events_per_s", eps},
+                                              {"mb_per_s", mbps},
+                                              {"delivery_s", total_s},
+                                              {"p50_us", p50},
+                                              {"p99_us", p99},
+                                              {"p999_us", p999}})
+              << "\n";
+  } else {
+    std::printf("diaspora-relay: %d producers x %d subscribers, %llu events of %zu B, batch %zu, fsync %s%s\n",
+                a.producers, a.subscribers, static_cast<unsigned long long>(acked.load()), a.size, a.batch,
+                a.fsync.c_str(), a.rate > 0 ? (", rate " + std::to_string(static_cast<long>(a.rate)) + "/s").c_str() : "");
+    std::printf("  acked publish: %.0f events/s, %.1f MB/s; all delivered after %.2f s\n", eps, mbps, total_s);
+    std::printf("  end-to-end latency: p50 %.0f us, p99 %.0f us, p99.9 %.0f us\n", p50, p99, p999);
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::function<int()> add_bench_commands(CLI::App& app) {
+  auto* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  auto a = std::make_shared<BenchArgs>();
+  auto* relay = bench->add_subcommand(
+      "relay", "Acked-publish throughput and end-to-end latency; without --url, against an embedded relay");
+  relay->add_option("--url", a->url, "Relay URL (default: start an embedded relay in a temporary directory)");
+  relay->add_option("--ca", a->ca, "CA certificate (with --url)");
+  relay->add_option("--token", a->token, "Token with publish and subscribe scope (with --url)");
+  relay->add_option("--fsync", a->fsync, "Embedded relay: always | never | interval:<ms>")->capture_default_str();
+  relay->add_option("--data-dir", a->data_dir, "Embedded relay: log directory (default: a temporary one)");
+  relay->add_option("--producers", a->producers, "Producer connections")->check(CLI::Range(1, 256))->capture_default_str();
+  relay->add_option("--subscribers", a->subscribers, "Subscriber connections")->check(CLI::Range(0, 256))->capture_default_str();
+  relay->add_option("--events", a->events, "Events in total")->check(CLI::Range(1ull, 1ull << 34))->capture_default_str();
+  relay->add_option("--size", a->size, "Event size in bytes")->check(CLI::Range(128, 1 << 20))->capture_default_str();
+  relay->add_option("--batch", a->batch, "Events per publish")->check(CLI::Range(1, 100000))->capture_default_str();
+  relay->add_option("--window", a->window, "Unacked publishes per producer")->check(CLI::Range(1, 10000))->capture_default_str();
+  relay->add_option("--rate", a->rate, "Target events/s over all producers (0 = as fast as possible)")->capture_default_str();
+  relay->add_flag("--json", a->json_out, "Print one JSON object");
+  return [relay, a]() -> int { return relay->parsed() ? run_bench(*a) : -1; };
+}
+
+}  // namespace diaspora::cli

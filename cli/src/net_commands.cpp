@@ -1,0 +1,241 @@
+#include "net_commands.hpp"
+
+#include <boost/json.hpp>
+
+#include <chrono>
+#include <deque>
+#include <fstream>
+#include <iostream>
+
+#include "diaspora/event.hpp"
+#include "diaspora/relay_client.hpp"
+#include "diaspora/token.hpp"
+
+namespace diaspora::cli {
+
+namespace json = boost::json;
+
+namespace {
+
+struct Connection {
+  std::string url, ca, token, token_file, client_cert, client_key;
+
+  void add(CLI::App* cmd) {
+    cmd->add_option("--url", url, "Relay URL, wss://HOST:PORT")->required();
+    cmd->add_option("--ca", ca, "CA certificate that signed the relay's certificate (PEM)");
+    cmd->add_option("--token", token, "Bearer token");
+    cmd->add_option("--token-file", token_file, "File holding the bearer token");
+    cmd->add_option("--client-cert", client_cert, "Client certificate for mutual TLS");
+    cmd->add_option("--client-key", client_key, "Client key for mutual TLS");
+  }
+  RelayClientOptions options() const {
+    RelayClientOptions o;
+    o.url = url;
+    o.ca_file = ca;
+    o.token = token;
+    if (!token_file.empty()) {
+      std::ifstream in(token_file);
+      if (!in) throw Error("--token-file " + token_file + ": cannot read");
+      std::getline(in, o.token);
+    }
+    if (!client_cert.empty()) o.client_cert = client_cert;
+    if (!client_key.empty()) o.client_key = client_key;
+    return o;
+  }
+};
+
+struct PublishArgs {
+  Connection conn;
+  std::string topic, file, producer_id;
+  std::size_t count = 0, size = 256, batch = 100, window = 16;
+};
+
+// Synthetic events of about `size` bytes each.
+std::vector<std::string> synthetic_events(std::size_t count, std::size_t size, const std::string& producer) {
+  std::vector<std::string> out;
+  out.reserve(count);
+  std::string run = make_uuid().substr(0, 8);
+  for (std::size_t i = 0; i < count; ++i) {
+    json::object e{{"specversion", "1.0"},
+                   {"id", run + "-" + std::to_string(i)},
+                   {"source", "/diaspora/cli/" + producer},
+                   {"type", "org.example.synthetic"},
+                   {"time", format_rfc3339(std::chrono::system_clock::now())},
+                   {"data", ""}};
+    std::size_t base = json::serialize(e).size();
+    e["data"] = std::string(size > base ? size - base : 0, 'x');
+    out.push_back(json::serialize(e));
+  }
+  return out;
+}
+
+std::vector<std::string> events_from_file(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) throw Error(file + ": cannot open");
+  std::vector<std::string> out;
+  std::string line;
+  std::size_t n = 0;
+  std::string errors;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      decode_event(line, CodecOptions{});
+      out.push_back(line);
+    } catch (const EventError& e) {
+      errors += file + ":" + std::to_string(n) + ": error: " + e.what() + "\n";
+    }
+  }
+  if (!errors.empty()) throw Error("invalid events, nothing was published:\n" + errors);
+  return out;
+}
+
+int run_publish(const PublishArgs& a) {
+  std::vector<std::string> events;
+  std::string producer = a.producer_id.empty() ? "cli-" + make_uuid().substr(0, 8) : a.producer_id;
+  if (!a.file.empty()) events = events_from_file(a.file);
+  else events = synthetic_events(a.count, a.size, producer);
+  if (events.empty()) {
+    std::cerr << "error: nothing to publish\n";
+    return 2;
+  }
+  RelayClientOptions o = a.conn.options();
+  o.producer_id = producer;
+  RelayClient client(o);
+  auto start = std::chrono::steady_clock::now();
+  std::uint64_t acked = 0, duplicates = 0, seq = 0;
+  std::size_t next = 0, inflight = 0;
+  std::deque<std::size_t> sizes;
+  while (next < events.size() || inflight > 0) {
+    while (next < events.size() && inflight < a.window) {
+      std::size_t n = std::min(a.batch, events.size() - next);
+      std::string frame = "{\"op\":\"publish\",\"topic\":" + json::serialize(json::string(a.topic)) +
+                          ",\"seq\":" + std::to_string(seq++) + ",\"events\":[";
+      for (std::size_t i = 0; i < n; ++i) {
+        if (i) frame += ',';
+        frame += events[next + i];
+      }
+      frame += "]}";
+      client.send(frame);
+      next += n;
+      ++inflight;
+    }
+    json::object reply = client.receive_json();
+    std::string_view op = reply["op"].as_string();
+    if (op == "ack") {
+      --inflight;
+      acked += reply["count"].to_number<std::uint64_t>();
+      duplicates += reply["duplicates"].to_number<std::uint64_t>();
+    } else if (op == "nack" || op == "error") {
+      std::cerr << "error: the relay refused batch " << json::serialize(reply["seq"]) << ": "
+                << json::serialize(reply) << "\n";
+      std::cout << "acked " << acked << " of " << events.size() << " events\n";
+      return 1;
+    }
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << "acked " << acked << " of " << events.size() << " events";
+  if (duplicates) std::cout << " (" << duplicates << " duplicates dropped)";
+  std::cout << " in " << secs << " s (" << static_cast<std::uint64_t>(events.size() / std::max(secs, 1e-9))
+            << " events/s)\n";
+  return 0;
+}
+
+struct TailArgs {
+  Connection conn;
+  std::string topic, from = "latest", group;
+  std::uint64_t count = 0;
+  bool with_offsets = false;
+};
+
+int run_tail(const TailArgs& a) {
+  RelayClient client(a.conn.options());
+  json::object sub{{"op", "subscribe"}, {"id", "tail"}, {"topic", a.topic}};
+  if (a.from == "earliest" || a.from == "latest") sub["from"] = a.from;
+  else {
+    try {
+      sub["from"] = std::stoull(a.from);
+    } catch (...) {
+      std::cerr << "error: --from must be earliest, latest or an offset\n";
+      return 2;
+    }
+  }
+  if (!a.group.empty()) sub["group"] = a.group;
+  client.send(json::serialize(sub));
+  std::uint64_t printed = 0;
+  for (;;) {
+    json::object m = client.receive_json();
+    std::string_view op = m["op"].as_string();
+    if (op == "error") {
+      std::cerr << "error: " << json::serialize(m) << "\n";
+      return 1;
+    }
+    if (op != "events") continue;
+    std::string topic(m["topic"].as_string());
+    std::uint64_t commit_to = m["next_offset"].to_number<std::uint64_t>();
+    for (const auto& item : m["events"].as_array()) {
+      const json::object& it = item.as_object();
+      if (a.with_offsets)
+        std::cout << json::serialize(json::object{{"topic", topic}, {"offset", it.at("offset")}, {"event", it.at("event")}})
+                  << "\n";
+      else
+        std::cout << json::serialize(it.at("event")) << "\n";
+      if (a.count && ++printed >= a.count) {
+        commit_to = it.at("offset").to_number<std::uint64_t>() + 1;  // exactly past the last printed event
+        break;
+      }
+    }
+    std::cout.flush();
+    if (!a.group.empty()) {
+      client.send(json::serialize(json::object{{"op", "commit"}, {"group", a.group}, {"topic", topic}, {"offset", commit_to}}));
+      for (;;) {  // wait for the commit to be confirmed before moving on
+        json::object c = client.receive_json();
+        if (c["op"] == "committed") break;
+        if (c["op"] == "error") {
+          std::cerr << "error: " << json::serialize(c) << "\n";
+          return 1;
+        }
+      }
+    }
+    if (a.count && printed >= a.count) return 0;
+  }
+}
+
+}  // namespace
+
+std::function<int()> add_net_commands(CLI::App& app) {
+  auto pa = std::make_shared<PublishArgs>();
+  auto* pub = app.add_subcommand("publish", "Publish events to a relay topic; prints how many were acked");
+  pa->conn.add(pub);
+  pub->add_option("--topic", pa->topic, "Topic")->required();
+  auto* count = pub->add_option("--count", pa->count, "Publish this many synthetic events");
+  pub->add_option("--size", pa->size, "Approximate size of each synthetic event in bytes")->capture_default_str()->needs(count);
+  auto* file = pub->add_option("--file", pa->file, "Publish the events of a JSON-lines file")->check(CLI::ExistingFile);
+  count->excludes(file);
+  pub->add_option("--batch", pa->batch, "Events per publish frame")->check(CLI::Range(1, 100000));
+  pub->add_option("--window", pa->window, "Unacked batches in flight")->check(CLI::Range(1, 10000));
+  pub->add_option("--producer-id", pa->producer_id, "Stable producer id (idempotent resends)");
+
+  auto ta = std::make_shared<TailArgs>();
+  auto* tail = app.add_subcommand("tail", "Print a topic's events as JSON lines");
+  ta->conn.add(tail);
+  tail->add_option("--topic", ta->topic, "Topic, or a pattern with '*'")->required();
+  tail->add_option("--from", ta->from, "earliest | latest | OFFSET")->capture_default_str();
+  tail->add_option("--count", ta->count, "Stop after this many events (default: run until interrupted)");
+  tail->add_option("--group", ta->group, "Consumer group: resume where it committed, commit as events are printed");
+  tail->add_flag("--offsets", ta->with_offsets, "Print {topic, offset, event} objects");
+
+  return [pub, tail, pa, ta, count, file]() -> int {
+    if (pub->parsed()) {
+      if (pa->count == 0 && pa->file.empty()) {
+        std::cerr << "error: publish needs --count N or --file events.jsonl\n";
+        return 2;
+      }
+      return run_publish(*pa);
+    }
+    if (tail->parsed()) return run_tail(*ta);
+    return -1;
+  };
+}
+
+}  // namespace diaspora::cli

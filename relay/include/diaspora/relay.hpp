@@ -1,0 +1,82 @@
+// The Diaspora relay: a TLS WebSocket + HTTPS server in front of a durable topic log.
+// `diaspora-relay` is a thin main() around this class; tests and `diaspora run` embed it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "diaspora/error.hpp"
+
+namespace diaspora {
+
+/// Everything the relay needs; every field has a documented default except the TLS and
+/// auth files. `schemas/relay.schema.json` is the YAML form (load_relay_config).
+struct RelayConfig {
+  std::string listen = "127.0.0.1:7443";      ///< HOST:PORT; port 0 picks a free port
+  std::filesystem::path data_dir = ".diaspora/relay";
+  std::filesystem::path tls_cert;             ///< server certificate chain (PEM), required
+  std::filesystem::path tls_key;              ///< its private key (PEM), required
+  std::optional<std::filesystem::path> client_ca;  ///< set = mutual TLS: clients need a cert from this CA
+  std::filesystem::path auth_secret_file;     ///< HS256 token secret, required
+  std::optional<std::filesystem::path> port_file;  ///< written with the bound port once listening
+  std::string fsync = "always";               ///< always | never | interval:<ms>
+  std::uint64_t segment_bytes = 64ull << 20;
+  std::uint64_t retention_bytes = 0;          ///< per topic; 0 = keep everything
+  std::chrono::seconds retention_age{0};      ///< 0 = keep forever
+  std::size_t max_frame_bytes = 16u << 20;    ///< largest WebSocket message accepted
+  std::size_t max_event_bytes = 1u << 20;     ///< largest single event
+  std::size_t max_batch_events = 10000;       ///< events per publish
+  std::size_t max_inflight_batches = 64;      ///< unacked publishes per connection before reads pause
+  std::size_t subscriber_queue_frames = 32;   ///< queued outgoing frames before a subscriber is paused
+  std::chrono::seconds slow_subscriber_timeout{30};  ///< paused this long => disconnected (slow_consumer)
+  std::size_t delivery_batch_events = 1000;   ///< events per `events` frame
+  std::size_t delivery_batch_bytes = 1u << 20;
+  bool validate_payloads = true;              ///< check org.diaspora.* data against its schema
+  bool public_metrics = true;                 ///< /metrics without a token (false: admin scope needed)
+  int threads = 2;                            ///< I/O threads
+};
+
+/// Loads a relay.yaml (schemas/relay.schema.json) over the defaults. Throws SpecError with
+/// FILE:LINE:COL diagnostics.
+RelayConfig load_relay_config(const std::filesystem::path& file);
+
+/// Checks that the files exist and the values are sane; throws Error naming the field.
+void validate_relay_config(const RelayConfig& config);
+
+/// A running relay.
+///
+/// @par Thread Safety
+/// start(), stop() and port() may be called from any thread; the relay runs on its own
+/// I/O threads and a log-writer thread.
+class Relay {
+ public:
+  /// Opens the log (recovering it) and the TLS context. Throws Error on bad config,
+  /// unreadable certificates or an unusable data directory.
+  explicit Relay(RelayConfig config);
+  /// Stops if running (drains connections, flushes the log).
+  ~Relay();
+  Relay(const Relay&) = delete;
+  Relay& operator=(const Relay&) = delete;
+
+  /// Binds and starts serving on the I/O threads; writes the port file. Throws Error
+  /// when the address cannot be bound.
+  void start();
+  /// The bound port (after start()).
+  std::uint16_t port() const noexcept;
+  /// Graceful shutdown: stop accepting, close WebSockets with "going away" after
+  /// pending acks are sent, flush and sync the log, join the threads. Idempotent.
+  void stop();
+  /// Blocks until stop() has completed (called from another thread).
+  void wait();
+
+  struct Impl;  ///< implementation detail (opaque; public so the server's classes can name it)
+
+ private:
+  std::shared_ptr<Impl> self_;
+};
+
+}  // namespace diaspora

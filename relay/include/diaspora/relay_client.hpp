@@ -1,0 +1,70 @@
+// A small blocking client for the relay's diaspora.v1 protocol, used by `diaspora
+// publish`, `diaspora tail`, the relay benchmark and tests. (The engine plugin has its own
+// asynchronous publisher.)
+#pragma once
+
+#include <boost/json/object.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "diaspora/error.hpp"
+
+namespace diaspora {
+
+struct RelayClientOptions {
+  std::string url;                       ///< wss://host:port[/path]; path defaults to /v1
+  std::filesystem::path ca_file;         ///< CA bundle that signed the relay's certificate
+  std::string token;                     ///< bearer token (sent on the upgrade)
+  std::optional<std::filesystem::path> client_cert, client_key;  ///< for mutual TLS
+  std::string client_id = "diaspora-cli";
+  std::string producer_id;               ///< stable id for idempotent publishing; empty = none
+  std::string subprotocol = "diaspora.v1";  ///< or "cloudevents.json" (then no hello)
+  std::chrono::milliseconds timeout{30000};  ///< per connect / receive
+};
+
+/// Thrown for connection, TLS, protocol and timeout failures. For a WebSocket close,
+/// close_code() is the code the relay sent (docs/protocol.md).
+class RelayClientError : public Error {
+ public:
+  RelayClientError(const std::string& message, int close_code = 0,
+                   std::source_location where = std::source_location::current())
+      : Error(message, where), close_code_(close_code) {}
+  int close_code() const noexcept { return close_code_; }
+
+ private:
+  int close_code_;
+};
+
+/// One connection. Not thread-safe: use from one thread.
+class RelayClient {
+ public:
+  /// Connects (TCP, TLS with certificate and host name verification, WebSocket upgrade)
+  /// and, for diaspora.v1, exchanges hello/welcome. Throws RelayClientError.
+  explicit RelayClient(RelayClientOptions options);
+  ~RelayClient();
+  RelayClient(const RelayClient&) = delete;
+  RelayClient& operator=(const RelayClient&) = delete;
+
+  /// Sends one text frame. Throws RelayClientError.
+  void send(std::string_view frame);
+  /// Receives one text frame, waiting at most the timeout. Throws RelayClientError on
+  /// timeout, close or error.
+  std::string receive();
+  /// receive() parsed as a JSON object; an {"op":"error"} frame is returned, not thrown.
+  boost::json::object receive_json();
+  /// The relay's welcome message (diaspora.v1).
+  const boost::json::object& welcome() const noexcept;
+  /// Sends a close frame and waits briefly for the reply. Never throws.
+  void close() noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> self_;
+};
+
+}  // namespace diaspora

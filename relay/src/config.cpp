@@ -1,0 +1,76 @@
+// relay.yaml -> RelayConfig, through the same located YAML validation as workflow specs.
+#include <boost/json.hpp>
+
+#include <fstream>
+#include <iterator>
+
+#include "diaspora/relay.hpp"
+#include "diaspora/spec.hpp"
+
+namespace diaspora {
+
+namespace json = boost::json;
+
+namespace {
+
+std::chrono::seconds parse_seconds(std::string_view text) {
+  std::uint64_t n = std::stoull(std::string(text.substr(0, text.size() - 1)));
+  char unit = text.back();
+  return std::chrono::seconds(n * (unit == 'm' ? 60 : unit == 'h' ? 3600 : unit == 'd' ? 86400 : 1));
+}
+
+}  // namespace
+
+RelayConfig load_relay_config(const std::filesystem::path& file) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec))
+    throw SpecError({Diagnostic{file.string(), 0, 0, "", "no such file"}});
+  std::ifstream in(file);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  YamlDocument doc = parse_yaml(text, file.string());
+  auto diags = validate_yaml(doc, "relay.schema.json", file.string());
+  if (!diags.empty()) throw SpecError(std::move(diags));
+
+  RelayConfig c;
+  const json::object& r = doc.root.get_object();
+  auto str = [](const json::object& o, std::string_view k) -> std::optional<std::string> {
+    const json::value* v = o.if_contains(k);
+    return v && v->is_string() ? std::optional<std::string>(v->get_string()) : std::nullopt;
+  };
+  auto num = [](const json::object& o, std::string_view k) -> std::optional<std::uint64_t> {
+    const json::value* v = o.if_contains(k);
+    return v && v->is_number() ? std::optional<std::uint64_t>(v->to_number<std::uint64_t>()) : std::nullopt;
+  };
+  auto sub = [](const json::object& o, std::string_view k) -> const json::object& {
+    static const json::object empty;
+    const json::value* v = o.if_contains(k);
+    return v && v->is_object() ? v->get_object() : empty;
+  };
+  if (auto v = str(r, "listen")) c.listen = *v;
+  if (auto v = str(r, "data_dir")) c.data_dir = *v;
+  const auto& tls = sub(r, "tls");
+  if (auto v = str(tls, "cert")) c.tls_cert = *v;
+  if (auto v = str(tls, "key")) c.tls_key = *v;
+  if (auto v = str(tls, "client_ca")) c.client_ca = *v;
+  if (auto v = str(sub(r, "auth"), "secret_file")) c.auth_secret_file = *v;
+  const auto& log = sub(r, "log");
+  if (auto v = str(log, "fsync")) c.fsync = *v;
+  if (const auto* v = log.if_contains("segment_bytes")) c.segment_bytes = parse_size(*v).value_or(c.segment_bytes);
+  if (const auto* v = log.if_contains("retention_bytes")) c.retention_bytes = parse_size(*v).value_or(0);
+  if (auto v = str(log, "retention_age")) c.retention_age = parse_seconds(*v);
+  const auto& lim = sub(r, "limits");
+  if (auto v = num(lim, "max_frame_bytes")) c.max_frame_bytes = *v;
+  if (auto v = num(lim, "max_event_bytes")) c.max_event_bytes = *v;
+  if (auto v = num(lim, "max_batch_events")) c.max_batch_events = *v;
+  if (auto v = num(lim, "max_inflight_batches")) c.max_inflight_batches = *v;
+  if (auto v = num(lim, "subscriber_queue_frames")) c.subscriber_queue_frames = *v;
+  if (auto v = str(lim, "slow_subscriber_timeout")) c.slow_subscriber_timeout = parse_seconds(*v);
+  if (auto v = num(lim, "delivery_batch_events")) c.delivery_batch_events = *v;
+  if (auto v = num(lim, "delivery_batch_bytes")) c.delivery_batch_bytes = *v;
+  if (const auto* v = r.if_contains("validate_payloads")) c.validate_payloads = v->as_bool();
+  if (const auto* v = r.if_contains("public_metrics")) c.public_metrics = v->as_bool();
+  if (auto v = num(r, "threads")) c.threads = static_cast<int>(*v);
+  return c;
+}
+
+}  // namespace diaspora

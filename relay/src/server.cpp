@@ -1,0 +1,1148 @@
+// The relay's network side: one TLS port serving HTTPS and WebSocket (subprotocols
+// diaspora.v1 and cloudevents.json). All Beast code of the server lives in this one
+// translation unit (Beast TLS WebSocket instantiations cost ~80 s of compile time each).
+//
+// Structure (Beast's chat-multi idiom): Listener accepts; HttpSession does the TLS
+// handshake and serves HTTP requests until one is a WebSocket upgrade, then hands the
+// stream to WsSession. Every connection runs on its own strand. The log's writer thread
+// reports commits to the Hub, which pokes the subscribed sessions (weak_ptrs copied under
+// the lock, posts made outside it).
+#include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <boost/beast/websocket.hpp>
+#include <boost/beast/websocket/ssl.hpp>
+#include <boost/json.hpp>
+#include <openssl/ssl.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "diaspora/event.hpp"
+#include "diaspora/relay.hpp"
+#include "diaspora/token.hpp"
+#include "diaspora/version.hpp"
+#include "topic_log.hpp"
+
+namespace diaspora {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace websocket = beast::websocket;
+namespace net = boost::asio;
+namespace ssl = net::ssl;
+namespace json = boost::json;
+using tcp = net::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// WebSocket close codes (4000-4999 are application codes; docs/protocol.md lists them).
+constexpr std::uint16_t kCloseUnauthorized = 4001;
+constexpr std::uint16_t kCloseForbidden = 4003;
+constexpr std::uint16_t kCloseSlowConsumer = 4008;
+constexpr std::uint16_t kCloseProtocol = 4000;
+
+std::string json_str(std::string_view s) { return json::serialize(json::string(s)); }
+
+std::string error_frame(std::string_view code, std::string_view message, const json::value* ref = nullptr) {
+  json::object o{{"op", "error"}, {"code", code}, {"message", message}};
+  if (ref) o["ref"] = *ref;
+  return json::serialize(o);
+}
+
+// Per-topic counters and connection gauges for /metrics.
+struct Metrics {
+  struct TopicCounters {
+    std::uint64_t events_in = 0, bytes_in = 0, events_out = 0, bytes_out = 0, duplicates = 0;
+  };
+  std::mutex mutex;
+  std::map<std::string, TopicCounters> topics;
+  std::atomic<std::int64_t> connections{0};
+  std::atomic<std::int64_t> websockets{0};
+  std::atomic<std::uint64_t> refused_auth{0};
+  std::atomic<std::uint64_t> slow_disconnects{0};
+
+  void in(const std::string& topic, std::uint64_t events, std::uint64_t bytes, std::uint64_t dups) {
+    std::lock_guard lock(mutex);
+    auto& t = topics[topic];
+    t.events_in += events;
+    t.bytes_in += bytes;
+    t.duplicates += dups;
+  }
+  void out(const std::string& topic, std::uint64_t events, std::uint64_t bytes) {
+    std::lock_guard lock(mutex);
+    auto& t = topics[topic];
+    t.events_out += events;
+    t.bytes_out += bytes;
+  }
+};
+
+// Parses "host:port" ("[::1]:7443" for IPv6).
+tcp::endpoint parse_listen(const std::string& text) {
+  auto colon = text.rfind(':');
+  if (colon == std::string::npos) throw Error("--listen '" + text + "': expected HOST:PORT, e.g. 127.0.0.1:7443");
+  std::string host = text.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host == "localhost") host = "127.0.0.1";
+  unsigned long port = 0;
+  try {
+    port = std::stoul(text.substr(colon + 1));
+  } catch (...) {
+    throw Error("--listen '" + text + "': the port is not a number");
+  }
+  if (port > 65535) throw Error("--listen '" + text + "': port out of range");
+  boost::system::error_code ec;
+  auto addr = net::ip::make_address(host, ec);
+  if (ec) throw Error("--listen '" + text + "': '" + host + "' is not an IP address");
+  return {addr, static_cast<unsigned short>(port)};
+}
+
+std::string percent_decode(std::string_view s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i] == '+' ? ' ' : s[i];
+    }
+  }
+  return out;
+}
+
+struct Target {
+  std::string path;
+  std::map<std::string, std::string> query;
+};
+Target parse_target(std::string_view t) {
+  Target out;
+  auto q = t.find('?');
+  out.path = percent_decode(t.substr(0, q));
+  if (q == std::string_view::npos) return out;
+  std::string_view rest = t.substr(q + 1);
+  while (!rest.empty()) {
+    auto amp = rest.find('&');
+    std::string_view kv = rest.substr(0, amp);
+    auto eq = kv.find('=');
+    out.query[percent_decode(kv.substr(0, eq))] = eq == std::string_view::npos ? "" : percent_decode(kv.substr(eq + 1));
+    rest = amp == std::string_view::npos ? std::string_view{} : rest.substr(amp + 1);
+  }
+  return out;
+}
+
+std::optional<std::string> bearer_of(const http::request<http::string_body>& req) {
+  auto it = req.find(http::field::authorization);
+  if (it == req.end()) return std::nullopt;
+  std::string_view v = it->value();
+  if (v.size() > 7 && (v.substr(0, 7) == "Bearer " || v.substr(0, 7) == "bearer ")) return std::string(v.substr(7));
+  return std::string();  // present but not a bearer token: refused as malformed
+}
+
+}  // namespace
+
+class WsSession;
+
+// ---- shared state -----------------------------------------------------------------------
+
+struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
+  RelayConfig cfg;
+  std::unique_ptr<relay::LogStore> store;
+  std::optional<TokenVerifier> verifier;
+  ssl::context tls{ssl::context::tls_server};
+  std::optional<net::io_context> ioc{std::in_place};
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
+  std::optional<tcp::acceptor> acceptor;
+  std::vector<std::thread> threads;
+  std::atomic<std::uint16_t> bound_port{0};
+  std::atomic<bool> stopping{false};
+  std::mutex stop_mutex;
+  std::condition_variable stopped_cv;
+  bool stopped = false;
+  bool started = false;
+  Metrics metrics;
+  CodecOptions codec;
+
+  // Hub: live WebSocket sessions, for commit notifications and shutdown.
+  std::mutex sessions_mutex;
+  std::vector<std::weak_ptr<WsSession>> sessions;
+
+  void add_session(const std::shared_ptr<WsSession>& s) {
+    std::lock_guard lock(sessions_mutex);
+    std::erase_if(sessions, [](const auto& w) { return w.expired(); });
+    sessions.push_back(s);
+  }
+  std::vector<std::shared_ptr<WsSession>> live_sessions() {
+    std::vector<std::shared_ptr<WsSession>> out;
+    std::lock_guard lock(sessions_mutex);
+    for (const auto& w : sessions)
+      if (auto s = w.lock()) out.push_back(std::move(s));
+    return out;
+  }
+  void on_commit(const std::string& topic);
+  void do_accept();
+  std::string metrics_text();
+};
+
+// ---- WebSocket session -------------------------------------------------------------------
+
+class WsSession : public std::enable_shared_from_this<WsSession> {
+ public:
+  enum class Mode { v1, cloudevents };
+
+  WsSession(beast::ssl_stream<beast::tcp_stream>&& stream, std::shared_ptr<Relay::Impl> relay)
+      : ws_(std::move(stream)), relay_(std::move(relay)), timer_(ws_.get_executor()) {}
+
+  ~WsSession() { relay_->metrics.websockets--; }
+
+  // Accepts the upgrade. `claims` set when the upgrade carried a valid bearer token.
+  void run(http::request<http::string_body> req, Mode mode, std::string subprotocol, std::optional<TokenClaims> claims,
+           std::string ce_topic, std::string ce_from) {
+    mode_ = mode;
+    claims_ = std::move(claims);
+    ce_topic_ = std::move(ce_topic);
+    relay_->metrics.websockets++;
+    auto timeouts = websocket::stream_base::timeout::suggested(beast::role_type::server);
+    timeouts.idle_timeout = std::chrono::seconds(60);
+    timeouts.keep_alive_pings = true;
+    ws_.set_option(timeouts);
+    ws_.set_option(websocket::stream_base::decorator([subprotocol](websocket::response_type& res) {
+      res.set(http::field::server, std::string("diaspora-relay/") + version_string);
+      if (!subprotocol.empty()) res.set(http::field::sec_websocket_protocol, subprotocol);
+    }));
+    ws_.read_message_max(relay_->cfg.max_frame_bytes);
+    ws_.async_accept(req, beast::bind_front_handler(&WsSession::on_accept, shared_from_this(), std::move(ce_from)));
+  }
+
+  // From any thread: new records were committed to `topic`.
+  void notify(const std::string& topic) {
+    net::post(ws_.get_executor(), [self = shared_from_this(), topic] { self->on_notify(topic); });
+  }
+  // From any thread: graceful close for shutdown.
+  void shutdown() {
+    net::post(ws_.get_executor(), [self = shared_from_this()] {
+      self->close(websocket::close_code::going_away, "relay shutting down");
+    });
+  }
+
+ private:
+  struct Cursor {
+    std::uint64_t next = 0;
+  };
+  struct Subscription {
+    json::value id;
+    std::string pattern;
+    std::optional<std::string> group;
+    std::map<std::string, Cursor> cursors;  // topic -> next offset
+  };
+
+  void on_accept(std::string ce_from, beast::error_code ec) {
+    if (ec) return;
+    relay_->add_session(shared_from_this());
+    if (mode_ == Mode::cloudevents) {
+      hello_done_ = true;
+      if (scopes_allow(claims_->scopes, "subscribe", ce_topic_)) {
+        Subscription sub;
+        sub.id = "ce";
+        sub.pattern = ce_topic_;
+        std::uint64_t start = ce_from == "earliest" ? relay_->store->first_offset(ce_topic_)
+                                                    : relay_->store->committed_offset(ce_topic_);
+        if (!ce_from.empty() && ce_from != "earliest" && ce_from != "latest") {
+          try {
+            start = std::stoull(ce_from);
+          } catch (...) {
+          }
+        }
+        sub.cursors[ce_topic_] = Cursor{start};
+        subs_.emplace("ce", std::move(sub));
+      }
+      pump();
+    }
+    arm_timer();
+    do_read();
+  }
+
+  void do_read() {
+    if (closing_) return;
+    if (inflight_ >= relay_->cfg.max_inflight_batches) {
+      read_paused_ = true;  // flow control: resumes when an ack frees a slot
+      return;
+    }
+    read_paused_ = false;
+    ws_.async_read(buffer_, beast::bind_front_handler(&WsSession::on_read, shared_from_this()));
+  }
+
+  void on_read(beast::error_code ec, std::size_t) {
+    if (ec) {
+      if (ec == websocket::error::message_too_big) {
+        // Beast has already failed the stream; the client sees close 1009.
+      }
+      closing_ = true;
+      timer_.cancel();
+      return;
+    }
+    if (!ws_.got_text()) {
+      buffer_.consume(buffer_.size());
+      send_error("bad_request", "binary frames are not accepted; send JSON text frames", nullptr);
+      return do_read();
+    }
+    std::string text = beast::buffers_to_string(buffer_.data());
+    buffer_.consume(buffer_.size());
+    if (close_after_drain_) return do_read();  // shutting down: nothing new is accepted
+    if (mode_ == Mode::cloudevents) handle_ce_frame(text);
+    else handle_frame(text);
+    do_read();
+  }
+
+  // ---- diaspora.v1 ----
+  void handle_frame(const std::string& text) {
+    boost::system::error_code ec;
+    json::value msg = json::parse(text, ec);
+    if (ec || !msg.is_object()) return send_error("bad_json", "frame is not a JSON object: " + ec.message(), nullptr);
+    const json::object& o = msg.get_object();
+    const json::value* opv = o.if_contains("op");
+    if (!opv || !opv->is_string()) return send_error("bad_request", "missing string field 'op'", nullptr);
+    std::string_view op = opv->get_string();
+    const json::value* ref = nullptr;
+    if (op == "publish") ref = o.if_contains("seq");
+    else if (op == "subscribe" || op == "unsubscribe") ref = o.if_contains("id");
+    if (!hello_done_ && op != "hello" && op != "ping")
+      return send_error("hello_required", "send 'hello' first", ref);
+    if (hello_done_ && claims_ && Clock::now() > token_deadline_) {
+      send_error("token_expired", "the session's token has expired; reconnect with a new token", nullptr);
+      return close(static_cast<websocket::close_code>(kCloseUnauthorized), "token expired");
+    }
+    if (op == "hello") return on_hello(o);
+    if (op == "publish") return on_publish(o);
+    if (op == "subscribe") return on_subscribe(o);
+    if (op == "unsubscribe") return on_unsubscribe(o);
+    if (op == "commit") return on_commit_offset(o);
+    if (op == "ping") {
+      json::object pong{{"op", "pong"}};
+      if (const auto* id = o.if_contains("id")) pong["id"] = *id;
+      return send(json::serialize(pong));
+    }
+    send_error("unknown_op", "unknown op '" + std::string(op) + "'", nullptr);
+  }
+
+  void on_hello(const json::object& o) {
+    if (hello_done_) return send_error("bad_request", "'hello' was already sent on this connection", nullptr);
+    auto str = [&](std::string_view k) -> std::string {
+      const json::value* v = o.if_contains(k);
+      return v && v->is_string() ? std::string(v->get_string()) : std::string();
+    };
+    std::string token = str("token");
+    if (!token.empty()) {
+      try {
+        claims_ = relay_->verifier->verify(token);
+      } catch (const TokenError& e) {
+        relay_->metrics.refused_auth++;
+        send_error(token_error_code(e.code()), e.what(), nullptr);
+        return close(static_cast<websocket::close_code>(kCloseUnauthorized), "unauthorized");
+      }
+    }
+    if (!claims_) {
+      relay_->metrics.refused_auth++;
+      send_error("unauthorized", "no token: send it in 'hello' or as 'Authorization: Bearer' on the upgrade", nullptr);
+      return close(static_cast<websocket::close_code>(kCloseUnauthorized), "unauthorized");
+    }
+    auto remaining = claims_->expires_at - std::chrono::time_point_cast<std::chrono::seconds>(std::chrono::system_clock::now());
+    token_deadline_ = Clock::now() + remaining + std::chrono::seconds(30);
+    client_id_ = str("client_id");
+    producer_id_ = str("producer_id");
+    if (producer_id_.size() > 256) return send_error("bad_request", "producer_id longer than 256 bytes", nullptr);
+    hello_done_ = true;
+    json::object w{{"op", "welcome"},
+                   {"server", std::string("diaspora-relay/") + version_string},
+                   {"protocol", "diaspora.v1"},
+                   {"subject", claims_->subject},
+                   {"max_frame_bytes", relay_->cfg.max_frame_bytes},
+                   {"max_event_bytes", relay_->cfg.max_event_bytes},
+                   {"max_batch_events", relay_->cfg.max_batch_events},
+                   {"max_inflight_batches", relay_->cfg.max_inflight_batches}};
+    send(json::serialize(w));
+  }
+
+  static std::string token_error_code(TokenErrc c) {
+    switch (c) {
+      case TokenErrc::expired: return "token_expired";
+      case TokenErrc::insufficient_scope: return "forbidden";
+      default: return "unauthorized";
+    }
+  }
+
+  bool allowed(std::string_view action, const std::string& topic, const json::value* ref) {
+    if (scopes_allow(claims_->scopes, action, topic)) return true;
+    send_error("forbidden", "token of '" + claims_->subject + "' does not grant " + std::string(action) + " on '" + topic + "'",
+               ref);
+    return false;
+  }
+
+  void nack(const json::value* seq, std::string_view code, const std::string& message,
+            std::optional<std::size_t> index = std::nullopt) {
+    json::object n{{"op", "nack"}, {"code", code}, {"message", message}};
+    n["seq"] = seq ? *seq : json::value(nullptr);
+    if (index) n["index"] = *index;
+    send(json::serialize(n));
+  }
+
+  // Validates one event (as parsed JSON) into a log record; returns an error text.
+  std::optional<std::pair<std::string, std::string>> to_record(const json::value& ev, relay::AppendRecord& rec,
+                                                              std::string& payload_out) {
+    payload_out = json::serialize(ev);
+    if (payload_out.size() > relay_->cfg.max_event_bytes)
+      return std::pair<std::string, std::string>{
+          "event_too_large", "event of " + std::to_string(payload_out.size()) + " bytes exceeds the limit of " +
+                                 std::to_string(relay_->cfg.max_event_bytes)};
+    try {
+      Event e = event_from_json(ev, relay_->codec);
+      rec.dedupe_key = e.source + '\x1f' + e.id;
+    } catch (const EventError& err) {
+      return std::pair<std::string, std::string>{"invalid_event", std::string(to_string(err.code())) + ": " + err.what()};
+    }
+    rec.payload = std::move(payload_out);
+    return std::nullopt;
+  }
+
+  void on_publish(const json::object& o) {
+    const json::value* seqv = o.if_contains("seq");
+    if (!seqv || !(seqv->is_uint64() || (seqv->is_int64() && seqv->get_int64() >= 0)))
+      return nack(seqv, "bad_request", "'seq' must be a non-negative integer");
+    std::uint64_t seq = seqv->to_number<std::uint64_t>();
+    const json::value* tv = o.if_contains("topic");
+    if (!tv || !tv->is_string() || !relay::valid_topic_name(tv->get_string()))
+      return nack(seqv, "bad_topic", "'topic' must be 1-200 characters of A-Z a-z 0-9 . _ - (not starting with '.')");
+    std::string topic(tv->get_string());
+    if (!scopes_allow(claims_->scopes, "publish", topic))
+      return nack(seqv, "forbidden", "token of '" + claims_->subject + "' does not grant publish on '" + topic + "'");
+    const json::value* evs = o.if_contains("events");
+    if (!evs || !evs->is_array() || evs->get_array().empty())
+      return nack(seqv, "bad_request", "'events' must be a non-empty array of CloudEvents");
+    const json::array& arr = evs->get_array();
+    if (arr.size() > relay_->cfg.max_batch_events)
+      return nack(seqv, "batch_too_large", "batch of " + std::to_string(arr.size()) + " events exceeds the limit of " +
+                                               std::to_string(relay_->cfg.max_batch_events));
+    std::vector<relay::AppendRecord> records(arr.size());
+    std::uint64_t bytes = 0;
+    std::string payload;
+    for (std::size_t i = 0; i < arr.size(); ++i) {
+      if (auto err = to_record(arr[i], records[i], payload)) return nack(seqv, err->first, err->second, i);
+      bytes += records[i].payload.size();
+    }
+    submit(std::move(topic), seq, std::move(records), bytes, json::value(seq));
+  }
+
+  void submit(std::string topic, std::uint64_t seq, std::vector<relay::AppendRecord> records, std::uint64_t bytes,
+              json::value seq_json) {
+    ++inflight_;
+    auto self = shared_from_this();
+    relay_->store->append(
+        topic, mode_ == Mode::v1 ? producer_id_ : std::string(), seq, std::move(records),
+        [self, topic, bytes, seq_json](const relay::AppendResult& r) {
+          net::post(self->ws_.get_executor(), [self, topic, bytes, seq_json, r] { self->on_appended(topic, bytes, seq_json, r); });
+        });
+  }
+
+  void on_appended(const std::string& topic, std::uint64_t bytes, const json::value& seq, const relay::AppendResult& r) {
+    --inflight_;
+    if (r.ok) relay_->metrics.in(topic, r.written, r.written ? bytes : 0, r.duplicates);
+    if (mode_ == Mode::v1) {
+      if (r.ok) {
+        json::object a{{"op", "ack"},          {"seq", seq},
+                       {"topic", topic},       {"first_offset", r.first_offset},
+                       {"count", r.written},   {"duplicates", r.duplicates}};
+        if (r.duplicate_batch) a["duplicate_batch"] = true;
+        send(json::serialize(a));
+      } else {
+        nack(&seq, "storage_error", r.error);
+      }
+    }
+    if (read_paused_ && !closing_ && !close_after_drain_) do_read();
+    maybe_close();
+  }
+
+  void on_subscribe(const json::object& o) {
+    const json::value* idv = o.if_contains("id");
+    if (!idv || !(idv->is_string() || idv->is_number()))
+      return send_error("bad_request", "'id' (string or number) names the subscription in 'events' frames", nullptr);
+    std::string key = json::serialize(*idv);
+    if (subs_.count(key)) return send_error("bad_request", "subscription id " + key + " is already in use", idv);
+    const json::value* tv = o.if_contains("topic");
+    if (!tv || !tv->is_string() || tv->get_string().empty())
+      return send_error("bad_request", "'topic' must be a topic name or a pattern with '*'", idv);
+    std::string pattern(tv->get_string());
+    bool is_pattern = pattern.find('*') != std::string::npos;
+    if (!is_pattern && !relay::valid_topic_name(pattern))
+      return send_error("bad_topic", "'" + pattern + "' is not a valid topic name", idv);
+    if (!allowed("subscribe", pattern, idv)) return;
+    Subscription sub;
+    sub.id = *idv;
+    sub.pattern = pattern;
+    if (const json::value* g = o.if_contains("group")) {
+      if (!g->is_string() || !relay::valid_topic_name(g->get_string()))
+        return send_error("bad_request", "'group' must be 1-200 characters of A-Z a-z 0-9 . _ -", idv);
+      sub.group = std::string(g->get_string());
+    }
+    // from: "earliest" | "latest" (default) | offset
+    std::string from = "latest";
+    std::uint64_t from_offset = 0;
+    if (const json::value* f = o.if_contains("from")) {
+      if (f->is_string() && (f->get_string() == "earliest" || f->get_string() == "latest")) from = f->get_string();
+      else if (f->is_uint64() || (f->is_int64() && f->get_int64() >= 0)) {
+        from = "offset";
+        from_offset = f->to_number<std::uint64_t>();
+      } else {
+        return send_error("bad_request", "'from' must be \"earliest\", \"latest\" or a non-negative offset", idv);
+      }
+    }
+    from_ = from;
+    json::array topics;
+    for (const auto& t : relay_->store->topics()) {
+      if (!(is_pattern ? topic_matches(pattern, t) : t == pattern)) continue;
+      if (!scopes_allow(claims_->scopes, "subscribe", t)) continue;
+      sub.cursors[t] = Cursor{start_offset(t, sub.group, from, from_offset)};
+      topics.emplace_back(t);
+    }
+    if (!is_pattern && !sub.cursors.count(pattern)) {
+      sub.cursors[pattern] = Cursor{from == "offset" ? from_offset : 0};  // topic created later: all of it
+      topics.emplace_back(pattern);
+    }
+    json::object reply{{"op", "subscribed"}, {"id", *idv}, {"topics", topics}};
+    json::object offs;
+    for (const auto& [t, c] : sub.cursors) offs[t] = c.next;
+    reply["offsets"] = std::move(offs);
+    subs_.emplace(key, std::move(sub));
+    send(json::serialize(reply));
+    pump();
+  }
+
+  std::uint64_t start_offset(const std::string& topic, const std::optional<std::string>& group, const std::string& from,
+                             std::uint64_t from_offset) {
+    if (group)
+      if (auto committed = relay_->store->group_offset(*group, topic)) return *committed;
+    if (from == "earliest") return relay_->store->first_offset(topic);
+    if (from == "offset") return from_offset;
+    return relay_->store->committed_offset(topic);
+  }
+
+  void on_unsubscribe(const json::object& o) {
+    const json::value* idv = o.if_contains("id");
+    if (!idv || !subs_.erase(json::serialize(*idv)))
+      return send_error("not_found", "no subscription with that id", idv);
+    send(json::serialize(json::object{{"op", "unsubscribed"}, {"id", *idv}}));
+  }
+
+  void on_commit_offset(const json::object& o) {
+    const json::value* g = o.if_contains("group");
+    const json::value* t = o.if_contains("topic");
+    const json::value* off = o.if_contains("offset");
+    if (!g || !g->is_string() || !relay::valid_topic_name(g->get_string()) || !t || !t->is_string() ||
+        !relay::valid_topic_name(t->get_string()) || !off || !(off->is_uint64() || (off->is_int64() && off->get_int64() >= 0)))
+      return send_error("bad_request", "commit needs 'group', 'topic' and a non-negative 'offset' (the next offset to read)",
+                        nullptr);
+    std::string topic(t->get_string());
+    if (!allowed("subscribe", topic, nullptr)) return;
+    try {
+      relay_->store->commit_group_offset(std::string(g->get_string()), topic, off->to_number<std::uint64_t>());
+    } catch (const std::exception& e) {
+      return send_error("storage_error", e.what(), nullptr);
+    }
+    send(json::serialize(json::object{{"op", "committed"}, {"group", *g}, {"topic", *t}, {"offset", *off}}));
+  }
+
+  // ---- cloudevents.json ----
+  void handle_ce_frame(const std::string& text) {
+    if (!scopes_allow(claims_->scopes, "publish", ce_topic_)) {
+      relay_->metrics.refused_auth++;
+      return close(static_cast<websocket::close_code>(kCloseForbidden), "forbidden: no publish scope for this topic");
+    }
+    boost::system::error_code ec;
+    json::value ev = json::parse(text, ec);
+    if (ec) return close(websocket::close_code::bad_payload, "not a JSON event");
+    std::vector<relay::AppendRecord> records(1);
+    std::string payload;
+    if (auto err = to_record(ev, records[0], payload)) {
+      std::string reason = err->first + ": " + err->second;
+      if (reason.size() > 120) reason.resize(120);  // a close reason is at most 123 bytes
+      return close(websocket::close_code::bad_payload, reason);
+    }
+    std::uint64_t bytes = records[0].payload.size();
+    submit(ce_topic_, 0, std::move(records), bytes, json::value(nullptr));
+  }
+
+  // ---- delivery ----
+  void on_notify(const std::string& topic) {
+    for (auto& [key, sub] : subs_) {
+      if (sub.cursors.count(topic)) continue;
+      if (sub.pattern.find('*') != std::string::npos && topic_matches(sub.pattern, topic) &&
+          scopes_allow(claims_->scopes, "subscribe", topic))
+        sub.cursors[topic] = Cursor{start_offset(topic, sub.group, "earliest", 0)};  // a new topic: all of it
+    }
+    pump();
+  }
+
+  // Fills the send queue from the log while there is room; a full queue pauses delivery.
+  void pump() {
+    if (closing_) return;
+    const auto& cfg = relay_->cfg;
+    bool progressed = true;
+    while (queue_.size() < cfg.subscriber_queue_frames && progressed) {
+      progressed = false;
+      for (auto& [key, sub] : subs_) {
+        for (auto& [topic, cursor] : sub.cursors) {
+          if (queue_.size() >= cfg.subscriber_queue_frames) break;
+          if (relay_->store->committed_offset(topic) <= cursor.next) continue;
+          auto recs = relay_->store->read(topic, cursor.next, cfg.delivery_batch_events, cfg.delivery_batch_bytes);
+          if (recs.empty()) continue;
+          cursor.next = recs.back().offset + 1;
+          std::uint64_t bytes = 0;
+          if (mode_ == Mode::cloudevents) {
+            for (auto& r : recs) {
+              bytes += r.payload.size();
+              send(std::move(r.payload));
+            }
+          } else {
+            std::string frame;
+            frame.reserve(128 + recs.size() * 32 + recs.front().payload.size() * recs.size());
+            frame += R"({"op":"events","id":)";
+            frame += json::serialize(sub.id);
+            frame += R"(,"topic":)";
+            frame += json_str(topic);
+            frame += R"(,"events":[)";
+            for (std::size_t i = 0; i < recs.size(); ++i) {
+              if (i) frame += ',';
+              frame += R"({"offset":)";
+              frame += std::to_string(recs[i].offset);
+              frame += R"(,"event":)";
+              frame += recs[i].payload;
+              frame += '}';
+              bytes += recs[i].payload.size();
+            }
+            frame += R"(],"next_offset":)";
+            frame += std::to_string(cursor.next);
+            frame += '}';
+            send(std::move(frame));
+          }
+          relay_->metrics.out(topic, recs.size(), bytes);
+          progressed = true;
+        }
+      }
+    }
+    if (queue_.size() >= cfg.subscriber_queue_frames && has_backlog()) {
+      if (!full_since_) full_since_ = Clock::now();
+    } else {
+      full_since_.reset();
+    }
+  }
+
+  bool has_backlog() const {
+    for (const auto& [key, sub] : subs_)
+      for (const auto& [topic, cursor] : sub.cursors)
+        if (relay_->store->committed_offset(topic) > cursor.next) return true;
+    return false;
+  }
+
+  // Once a second: disconnect a subscriber that stayed paused too long.
+  void arm_timer() {
+    timer_.expires_after(std::chrono::seconds(1));
+    timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (ec || self->closing_) return;
+      if (self->full_since_ && Clock::now() - *self->full_since_ > self->relay_->cfg.slow_subscriber_timeout) {
+        self->relay_->metrics.slow_disconnects++;
+        self->close(static_cast<websocket::close_code>(kCloseSlowConsumer),
+                    "slow_consumer: send queue full for longer than the slow-subscriber timeout");
+        return;
+      }
+      self->arm_timer();
+    });
+  }
+
+  // ---- writing ----
+  void send_error(std::string_view code, const std::string& message, const json::value* ref) {
+    send(error_frame(code, message, ref));
+  }
+
+  void send(std::string frame) {
+    if (closing_) return;
+    queue_.push_back(std::make_shared<const std::string>(std::move(frame)));
+    if (!writing_) do_write();
+  }
+
+  void do_write() {
+    writing_ = true;
+    ws_.text(true);
+    ws_.async_write(net::buffer(*queue_.front()), beast::bind_front_handler(&WsSession::on_write, shared_from_this()));
+  }
+
+  void on_write(beast::error_code ec, std::size_t) {
+    writing_ = false;
+    if (ec) {
+      closing_ = true;
+      queue_.clear();
+      timer_.cancel();
+      return;
+    }
+    queue_.pop_front();
+    if (close_after_drain_ && queue_.empty()) return maybe_close();
+    if (!queue_.empty()) do_write();
+    if (!close_after_drain_) pump();
+  }
+
+  // Sends what is queued (errors explaining the close), then the close frame.
+  void close(websocket::close_code code, std::string reason) {
+    if (close_after_drain_ || closing_) return;
+    close_code_ = code;
+    close_reason_ = std::move(reason);
+    close_after_drain_ = true;
+    maybe_close();
+  }
+
+  // Closes once every queued frame is written and every accepted publish is acked.
+  void maybe_close() {
+    if (close_after_drain_ && !closing_ && !writing_ && queue_.empty() && inflight_ == 0) do_close();
+  }
+
+  void do_close() {
+    closing_ = true;
+    timer_.cancel();
+    ws_.async_close(websocket::close_reason(close_code_, close_reason_), [self = shared_from_this()](beast::error_code) {});
+  }
+
+  websocket::stream<beast::ssl_stream<beast::tcp_stream>> ws_;
+  std::shared_ptr<Relay::Impl> relay_;
+  net::steady_timer timer_;
+  beast::flat_buffer buffer_;
+  std::deque<std::shared_ptr<const std::string>> queue_;
+  bool writing_ = false;
+  bool closing_ = false;
+  bool close_after_drain_ = false;
+  websocket::close_code close_code_ = websocket::close_code::normal;
+  std::string close_reason_;
+  Mode mode_ = Mode::v1;
+  bool hello_done_ = false;
+  std::optional<TokenClaims> claims_;
+  Clock::time_point token_deadline_ = Clock::time_point::max();
+  std::string client_id_, producer_id_, ce_topic_, from_;
+  std::size_t inflight_ = 0;
+  bool read_paused_ = false;
+  std::map<std::string, Subscription> subs_;
+  std::optional<Clock::time_point> full_since_;
+};
+
+void Relay::Impl::on_commit(const std::string& topic) {
+  for (auto& s : live_sessions()) s->notify(topic);
+}
+
+// ---- HTTP session -------------------------------------------------------------------------
+
+class HttpSession : public std::enable_shared_from_this<HttpSession> {
+ public:
+  HttpSession(tcp::socket&& socket, std::shared_ptr<Relay::Impl> relay)
+      : stream_(std::move(socket), relay->tls), relay_(std::move(relay)) {
+    relay_->metrics.connections++;
+  }
+  ~HttpSession() { relay_->metrics.connections--; }
+
+  void run() {
+    net::dispatch(stream_.get_executor(), beast::bind_front_handler(&HttpSession::on_run, shared_from_this()));
+  }
+
+ private:
+  void on_run() {
+    beast::get_lowest_layer(stream_).expires_after(std::chrono::seconds(10));
+    stream_.async_handshake(ssl::stream_base::server,
+                            beast::bind_front_handler(&HttpSession::on_handshake, shared_from_this()));
+  }
+
+  void on_handshake(beast::error_code ec) {
+    if (ec) return;  // e.g. a client without a trusted certificate: TLS alert, connection closed
+    do_read();
+  }
+
+  void do_read() {
+    parser_.emplace();
+    parser_->body_limit(64 * 1024);
+    parser_->header_limit(16 * 1024);
+    beast::get_lowest_layer(stream_).expires_after(std::chrono::seconds(30));
+    http::async_read(stream_, buffer_, *parser_, beast::bind_front_handler(&HttpSession::on_read, shared_from_this()));
+  }
+
+  void on_read(beast::error_code ec, std::size_t) {
+    if (ec) return shutdown();
+    auto req = parser_->release();
+    if (websocket::is_upgrade(req)) return upgrade(std::move(req));
+    handle(std::move(req));
+  }
+
+  void upgrade(http::request<http::string_body> req) {
+    Target target = parse_target(req.target());
+    std::string offered(req[http::field::sec_websocket_protocol]);
+    auto offers = [&](std::string_view p) {
+      std::string_view rest = offered;
+      while (!rest.empty()) {
+        auto comma = rest.find(',');
+        std::string_view item = rest.substr(0, comma);
+        while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+        while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+        if (item == p) return true;
+        rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+      }
+      return false;
+    };
+    std::optional<std::string> token = bearer_of(req);
+    if (!token && target.query.count("access_token")) token = target.query["access_token"];
+    std::optional<TokenClaims> claims;
+    if (token) {
+      try {
+        claims = relay_->verifier->verify(*token);
+      } catch (const TokenError& e) {
+        relay_->metrics.refused_auth++;
+        return respond(req, http::status::unauthorized, "text/plain", std::string(e.what()) + "\n", true);
+      }
+    }
+    if (target.path.starts_with("/ce/")) {
+      std::string topic = target.path.substr(4);
+      if (!relay::valid_topic_name(topic))
+        return respond(req, http::status::not_found, "text/plain", "not a valid topic name: " + topic + "\n");
+      if (!offered.empty() && !offers("cloudevents.json"))
+        return respond(req, http::status::bad_request, "text/plain", "/ce/ speaks the 'cloudevents.json' subprotocol\n");
+      if (!claims) {
+        relay_->metrics.refused_auth++;
+        return respond(req, http::status::unauthorized, "text/plain",
+                       "a bearer token is required (Authorization header or ?access_token=)\n", true);
+      }
+      if (!scopes_allow(claims->scopes, "publish", topic) && !scopes_allow(claims->scopes, "subscribe", topic)) {
+        relay_->metrics.refused_auth++;
+        return respond(req, http::status::forbidden, "text/plain",
+                       "token of '" + claims->subject + "' grants neither publish nor subscribe on '" + topic + "'\n");
+      }
+      std::string from = target.query.count("from") ? target.query["from"] : "latest";
+      auto ws = std::make_shared<WsSession>(std::move(stream_), relay_);
+      return ws->run(std::move(req), WsSession::Mode::cloudevents, offered.empty() ? "" : "cloudevents.json",
+                     std::move(claims), topic, from);
+    }
+    if (target.path != "/" && target.path != "/v1")
+      return respond(req, http::status::not_found, "text/plain", "WebSocket endpoints: /v1 (diaspora.v1), /ce/<topic>\n");
+    if (!offers("diaspora.v1"))
+      return respond(req, http::status::bad_request, "text/plain",
+                     "offer the 'diaspora.v1' subprotocol (Sec-WebSocket-Protocol)\n");
+    auto ws = std::make_shared<WsSession>(std::move(stream_), relay_);
+    ws->run(std::move(req), WsSession::Mode::v1, "diaspora.v1", std::move(claims), "", "");
+  }
+
+  // HTTPS API.
+  void handle(http::request<http::string_body> req) {
+    Target target = parse_target(req.target());
+    const std::string& path = target.path;
+    if (req.method() != http::verb::get && req.method() != http::verb::head)
+      return respond(req, http::status::method_not_allowed, "text/plain", "only GET is supported\n");
+    if (path == "/healthz") return respond(req, http::status::ok, "text/plain", "ok\n");
+    if (path == "/readyz") {
+      if (relay_->stopping) return respond(req, http::status::service_unavailable, "text/plain", "shutting down\n");
+      return respond(req, http::status::ok, "text/plain", "ready\n");
+    }
+    if (path == "/metrics") {
+      if (!relay_->cfg.public_metrics && !authorize_admin(req)) return;
+      return respond(req, http::status::ok, "text/plain; version=0.0.4", relay_->metrics_text());
+    }
+    if (path == "/api/v1/topics" || path.starts_with("/api/v1/topics/")) {
+      if (!authorize_admin(req)) return;
+      if (path == "/api/v1/topics") {
+        json::array out;
+        for (const auto& t : relay_->store->topics())
+          if (auto i = relay_->store->info(t)) out.push_back(topic_json(*i));
+        return respond(req, http::status::ok, "application/json", json::serialize(json::object{{"topics", out}}) + "\n");
+      }
+      std::string name = path.substr(std::string("/api/v1/topics/").size());
+      auto info = relay::valid_topic_name(name) ? relay_->store->info(name) : std::nullopt;
+      if (!info)
+        return respond(req, http::status::not_found, "application/json",
+                       json::serialize(json::object{{"error", "not_found"}, {"message", "no topic '" + name + "'"}}) + "\n");
+      json::object o = topic_json(*info);
+      json::array groups;
+      for (const auto& [g, t, off] : relay_->store->group_offsets())
+        if (t == name)
+          groups.push_back(json::object{{"group", g}, {"offset", off}, {"lag", info->next_offset > off ? info->next_offset - off : 0}});
+      o["groups"] = std::move(groups);
+      return respond(req, http::status::ok, "application/json", json::serialize(o) + "\n");
+    }
+    respond(req, http::status::not_found, "text/plain", "not found: " + path + "\n");
+  }
+
+  static json::object topic_json(const relay::TopicInfo& i) {
+    return json::object{{"name", i.name},
+                        {"first_offset", i.first_offset},
+                        {"next_offset", i.next_offset},
+                        {"bytes", i.bytes},
+                        {"segments", i.segments}};
+  }
+
+  bool authorize_admin(const http::request<http::string_body>& req) {
+    auto token = bearer_of(req);
+    if (!token) {
+      relay_->metrics.refused_auth++;
+      respond(req, http::status::unauthorized, "text/plain", "a bearer token with the 'admin' scope is required\n", true);
+      return false;
+    }
+    try {
+      auto c = relay_->verifier->verify(*token);
+      if (std::find(c.scopes.begin(), c.scopes.end(), "admin") == c.scopes.end()) {
+        relay_->metrics.refused_auth++;
+        respond(req, http::status::forbidden, "text/plain", "token of '" + c.subject + "' lacks the 'admin' scope\n");
+        return false;
+      }
+    } catch (const TokenError& e) {
+      relay_->metrics.refused_auth++;
+      respond(req, http::status::unauthorized, "text/plain", std::string(e.what()) + "\n", true);
+      return false;
+    }
+    return true;
+  }
+
+  void respond(const http::request<http::string_body>& req, http::status status, std::string_view type, std::string body,
+               bool challenge = false) {
+    auto res = std::make_shared<http::response<http::string_body>>(status, req.version());
+    res->set(http::field::server, std::string("diaspora-relay/") + version_string);
+    res->set(http::field::content_type, type);
+    if (challenge) res->set(http::field::www_authenticate, "Bearer");
+    res->keep_alive(req.keep_alive() && !websocket::is_upgrade(req));
+    if (req.method() != http::verb::head) res->body() = std::move(body);
+    res->prepare_payload();
+    http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, std::size_t) {
+      if (ec || !res->keep_alive()) return self->shutdown();
+      self->do_read();
+    });
+  }
+
+  void shutdown() {
+    beast::get_lowest_layer(stream_).expires_after(std::chrono::seconds(5));
+    stream_.async_shutdown([self = shared_from_this()](beast::error_code) {});
+  }
+
+  beast::ssl_stream<beast::tcp_stream> stream_;
+  std::shared_ptr<Relay::Impl> relay_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+};
+
+// ---- Relay ----------------------------------------------------------------------------------
+
+void Relay::Impl::do_accept() {
+  acceptor->async_accept(net::make_strand(*ioc), [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
+    if (self->stopping) return;
+    if (!ec) std::make_shared<HttpSession>(std::move(socket), self)->run();
+    self->do_accept();
+  });
+}
+
+std::string Relay::Impl::metrics_text() {
+  std::string out;
+  auto line = [&](const std::string& s) { out += s + "\n"; };
+  auto esc = [](const std::string& s) {
+    std::string r;
+    for (char c : s) r += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+    return r;
+  };
+  line("# HELP diaspora_relay_events_in_total Events appended per topic.");
+  line("# TYPE diaspora_relay_events_in_total counter");
+  std::map<std::string, Metrics::TopicCounters> snapshot;
+  {
+    std::lock_guard lock(metrics.mutex);
+    snapshot = metrics.topics;
+  }
+  for (const auto& [t, c] : snapshot) line("diaspora_relay_events_in_total{topic=\"" + esc(t) + "\"} " + std::to_string(c.events_in));
+  line("# HELP diaspora_relay_bytes_in_total Event bytes appended per topic.");
+  line("# TYPE diaspora_relay_bytes_in_total counter");
+  for (const auto& [t, c] : snapshot) line("diaspora_relay_bytes_in_total{topic=\"" + esc(t) + "\"} " + std::to_string(c.bytes_in));
+  line("# HELP diaspora_relay_duplicates_total Events dropped as duplicates per topic.");
+  line("# TYPE diaspora_relay_duplicates_total counter");
+  for (const auto& [t, c] : snapshot) line("diaspora_relay_duplicates_total{topic=\"" + esc(t) + "\"} " + std::to_string(c.duplicates));
+  line("# HELP diaspora_relay_events_out_total Events delivered to subscribers per topic.");
+  line("# TYPE diaspora_relay_events_out_total counter");
+  for (const auto& [t, c] : snapshot) line("diaspora_relay_events_out_total{topic=\"" + esc(t) + "\"} " + std::to_string(c.events_out));
+  line("# HELP diaspora_relay_bytes_out_total Event bytes delivered per topic.");
+  line("# TYPE diaspora_relay_bytes_out_total counter");
+  for (const auto& [t, c] : snapshot) line("diaspora_relay_bytes_out_total{topic=\"" + esc(t) + "\"} " + std::to_string(c.bytes_out));
+  line("# HELP diaspora_relay_connections Open TLS connections.");
+  line("# TYPE diaspora_relay_connections gauge");
+  line("diaspora_relay_connections " + std::to_string(metrics.connections.load()));
+  line("# HELP diaspora_relay_websockets Open WebSocket sessions.");
+  line("# TYPE diaspora_relay_websockets gauge");
+  line("diaspora_relay_websockets " + std::to_string(metrics.websockets.load()));
+  line("# HELP diaspora_relay_auth_refusals_total Requests refused for missing, invalid or insufficient tokens.");
+  line("# TYPE diaspora_relay_auth_refusals_total counter");
+  line("diaspora_relay_auth_refusals_total " + std::to_string(metrics.refused_auth.load()));
+  line("# HELP diaspora_relay_slow_consumer_disconnects_total Subscribers disconnected as too slow.");
+  line("# TYPE diaspora_relay_slow_consumer_disconnects_total counter");
+  line("diaspora_relay_slow_consumer_disconnects_total " + std::to_string(metrics.slow_disconnects.load()));
+  auto fs = store->fsync_stats();
+  line("# HELP diaspora_relay_fsync_seconds Duration of log syncs (group commits).");
+  line("# TYPE diaspora_relay_fsync_seconds histogram");
+  for (std::size_t i = 0; i < fs.bucket_bounds.size(); ++i) {
+    char le[32];
+    std::snprintf(le, sizeof le, "%g", fs.bucket_bounds[i]);
+    line(std::string("diaspora_relay_fsync_seconds_bucket{le=\"") + le + "\"} " + std::to_string(fs.bucket_counts[i]));
+  }
+  line("diaspora_relay_fsync_seconds_bucket{le=\"+Inf\"} " + std::to_string(fs.count));
+  line("diaspora_relay_fsync_seconds_sum " + std::to_string(fs.sum));
+  line("diaspora_relay_fsync_seconds_count " + std::to_string(fs.count));
+  line("# HELP diaspora_relay_consumer_lag Events between a group's committed offset and the end of the topic.");
+  line("# TYPE diaspora_relay_consumer_lag gauge");
+  for (const auto& [g, t, off] : store->group_offsets()) {
+    std::uint64_t end = store->committed_offset(t);
+    line("diaspora_relay_consumer_lag{group=\"" + esc(g) + "\",topic=\"" + esc(t) + "\"} " +
+         std::to_string(end > off ? end - off : 0));
+  }
+  return out;
+}
+
+void validate_relay_config(const RelayConfig& c) {
+  auto need_file = [](const std::filesystem::path& p, const char* what) {
+    if (p.empty()) throw Error(std::string(what) + " is required");
+    if (!std::filesystem::is_regular_file(p)) throw Error(std::string(what) + " '" + p.string() + "': no such file");
+  };
+  need_file(c.tls_cert, "--tls-cert");
+  need_file(c.tls_key, "--tls-key");
+  need_file(c.auth_secret_file, "--auth-secret-file");
+  if (c.client_ca) need_file(*c.client_ca, "--client-ca");
+  parse_listen(c.listen);
+  relay::FsyncPolicy::parse(c.fsync);
+  if (c.threads < 1 || c.threads > 64) throw Error("threads must be 1 to 64");
+  if (c.max_event_bytes > c.max_frame_bytes) throw Error("max_event_bytes must not exceed max_frame_bytes");
+  if (c.max_inflight_batches < 1 || c.subscriber_queue_frames < 1 || c.max_batch_events < 1 || c.delivery_batch_events < 1)
+    throw Error("limits must be at least 1");
+}
+
+Relay::Relay(RelayConfig config) : self_(std::make_shared<Impl>()) {
+  validate_relay_config(config);
+  self_->cfg = std::move(config);
+  const auto& cfg = self_->cfg;
+  self_->verifier.emplace(load_secret_file(cfg.auth_secret_file));
+  self_->codec.max_event_bytes = cfg.max_event_bytes;
+  self_->codec.validate_payloads = cfg.validate_payloads;
+
+  auto& tls = self_->tls;
+  tls.set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 | ssl::context::no_sslv3 |
+                  ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1 | ssl::context::single_dh_use);
+  SSL_CTX_set_min_proto_version(tls.native_handle(), TLS1_2_VERSION);
+  try {
+    tls.use_certificate_chain_file(cfg.tls_cert.string());
+    tls.use_private_key_file(cfg.tls_key.string(), ssl::context::pem);
+    if (cfg.client_ca) {
+      tls.load_verify_file(cfg.client_ca->string());
+      tls.set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
+    }
+  } catch (const boost::system::system_error& e) {
+    throw Error(std::string("TLS setup: ") + e.what() + " (check --tls-cert, --tls-key and --client-ca)");
+  }
+
+  relay::LogOptions lo;
+  lo.data_dir = cfg.data_dir;
+  lo.fsync = relay::FsyncPolicy::parse(cfg.fsync);
+  lo.segment_bytes = cfg.segment_bytes;
+  lo.retention_bytes = cfg.retention_bytes;
+  lo.retention_age = cfg.retention_age;
+  self_->store = std::make_unique<relay::LogStore>(lo);
+  std::weak_ptr<Impl> weak = self_;
+  self_->store->set_commit_listener([weak](const std::string& topic, std::uint64_t) {
+    if (auto s = weak.lock()) s->on_commit(topic);
+  });
+}
+
+Relay::~Relay() {
+  try {
+    stop();
+  } catch (...) {
+  }
+}
+
+void Relay::start() {
+  auto& s = *self_;
+  if (s.started) throw Error("relay already started");
+  tcp::endpoint ep = parse_listen(s.cfg.listen);
+  boost::system::error_code ec;
+  s.acceptor.emplace(*s.ioc);
+  s.acceptor->open(ep.protocol(), ec);
+  if (!ec) s.acceptor->set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) s.acceptor->bind(ep, ec);
+  if (!ec) s.acceptor->listen(net::socket_base::max_listen_connections, ec);
+  if (ec) throw Error("cannot listen on " + s.cfg.listen + ": " + ec.message());
+  s.bound_port = s.acceptor->local_endpoint().port();
+  s.work.emplace(s.ioc->get_executor());
+  s.do_accept();
+  for (int i = 0; i < s.cfg.threads; ++i) s.threads.emplace_back([&s] { s.ioc->run(); });
+  s.started = true;
+  if (s.cfg.port_file) {
+    auto tmp = *s.cfg.port_file;
+    tmp += ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << s.bound_port.load() << "\n";
+      if (!out) throw Error("cannot write --port-file " + s.cfg.port_file->string());
+    }
+    std::filesystem::rename(tmp, *s.cfg.port_file);
+  }
+}
+
+std::uint16_t Relay::port() const noexcept { return self_->bound_port; }
+
+void Relay::stop() {
+  auto& s = *self_;
+  {
+    std::lock_guard lock(s.stop_mutex);
+    if (s.stopped || !s.started) {
+      s.stopped = true;
+      s.stopped_cv.notify_all();
+      return;
+    }
+  }
+  s.stopping = true;
+  net::post(*s.ioc, [&s] {
+    boost::system::error_code ec;
+    s.acceptor->close(ec);
+  });
+  for (auto& ws : s.live_sessions()) ws->shutdown();
+  s.work.reset();
+  // Give sessions a moment to send their last acks and close frames, then stop hard.
+  auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (Clock::now() < deadline && !s.ioc->stopped()) {
+    bool any = false;
+    {
+      std::lock_guard lock(s.sessions_mutex);
+      for (const auto& w : s.sessions) any |= !w.expired();
+    }
+    if (!any) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  s.ioc->stop();
+  for (auto& t : s.threads)
+    if (t.joinable()) t.join();
+  s.threads.clear();
+  // The writer finishes and syncs what was appended; its completions are posted to the
+  // (stopped) io_context and destroyed with it below, which also breaks the
+  // session -> Impl -> io_context -> handler -> session ownership cycle.
+  s.store.reset();
+  s.acceptor.reset();
+  s.ioc.reset();
+  std::lock_guard lock(s.stop_mutex);
+  s.stopped = true;
+  s.stopped_cv.notify_all();
+}
+
+void Relay::wait() {
+  std::unique_lock lock(self_->stop_mutex);
+  self_->stopped_cv.wait(lock, [&] { return self_->stopped; });
+}
+
+}  // namespace diaspora

@@ -1,0 +1,1286 @@
+// The relay's durable topic log (see topic_log.hpp for the thread model).
+//
+// On disk, under data_dir:
+//   topics/<topic>/<base offset, 20 digits zero-padded>.log   segments, oldest first
+//   groups/<group>.json                                       consumer-group offsets
+//   .lock                                                     flock()ed: one LogStore per data_dir
+//
+// Record format (integers little-endian; a whole record is at most 16 MiB):
+//   u32 length        bytes after the crc field
+//   u32 crc32c        CRC32C of those `length` bytes
+//   u64 offset        consecutive per topic from 0; a segment's first record has its base offset
+//   i64 time_us       append time, microseconds since the epoch
+//   u64 producer_seq  the batch's seq
+//   u16 producer_id_len, producer id bytes
+//   u16 dedupe_key_len, dedupe key bytes
+//   payload           the rest of the record
+// Each record carries its producer id, seq and dedupe key so that both de-dupe tables can be
+// rebuilt from the log itself on recovery, with no side file to keep consistent.
+//
+// Concurrency:
+//   * queue_mu_ guards the append queue; the writer thread takes everything queued at once.
+//   * write_mu_ is held by the writer while it processes a group and by enforce_retention(),
+//     so only one of them changes segment lists and the writer-only fields at a time.
+//   * Topic::mu guards what readers see: the segment list, each segment's committed size and
+//     index, and the committed next offset. Readers copy shared_ptrs of the segments under
+//     it, then pread() without it; a segment deleted by retention meanwhile stays readable
+//     through its open fd until the last reader drops it.
+//   * topics_mu_ guards the topic map; topics are never removed, so Topic* stays valid.
+#include "topic_log.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/json.hpp>
+#include <cerrno>
+#include <charconv>
+#include <climits>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+#include <system_error>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace diaspora::relay {
+
+namespace fs = std::filesystem;
+namespace json = boost::json;
+
+namespace {
+
+constexpr std::size_t kFrameBytes = 8;                  // u32 length + u32 crc
+constexpr std::size_t kFixedBodyBytes = 8 + 8 + 8 + 2 + 2;  // offset, time, seq, two u16 lengths
+constexpr std::size_t kMaxRecordBytes = 16u << 20;      // frame included
+constexpr std::size_t kMaxFieldBytes = 0xffff;          // producer id, dedupe key
+constexpr auto kRetentionPeriod = std::chrono::seconds(5);
+constexpr std::size_t kRecoveryWindow = 1u << 20;       // read-ahead when scanning a whole segment
+
+std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+void log_line(const std::string& line) {
+  // One fprintf per line so lines from concurrent threads do not interleave.
+  std::fprintf(stderr, "diaspora-relay: log: %s\n", line.c_str());
+}
+
+void put_u16(std::string& out, std::uint16_t v) {
+  const char b[2] = {static_cast<char>(v), static_cast<char>(v >> 8)};
+  out.append(b, 2);
+}
+void put_u32(char* p, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>(v >> (8 * i));
+}
+void put_u32(std::string& out, std::uint32_t v) {
+  char b[4];
+  put_u32(b, v);
+  out.append(b, 4);
+}
+void put_u64(std::string& out, std::uint64_t v) {
+  char b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(v >> (8 * i));
+  out.append(b, 8);
+}
+std::uint16_t get_u16(const char* p) {
+  return static_cast<std::uint16_t>(static_cast<unsigned char>(p[0]) | static_cast<unsigned char>(p[1]) << 8);
+}
+std::uint32_t get_u32(const char* p) {
+  std::uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = v << 8 | static_cast<unsigned char>(p[i]);
+  return v;
+}
+std::uint64_t get_u64(const char* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = v << 8 | static_cast<unsigned char>(p[i]);
+  return v;
+}
+
+std::size_t record_size(std::string_view producer, std::string_view key, std::string_view payload) {
+  return kFrameBytes + kFixedBodyBytes + producer.size() + key.size() + payload.size();
+}
+
+void encode_record(std::string& out, std::uint64_t offset, std::int64_t time_us, std::uint64_t seq,
+                   std::string_view producer, std::string_view key, std::string_view payload) {
+  const std::size_t start = out.size();
+  const std::size_t body = record_size(producer, key, payload) - kFrameBytes;
+  put_u32(out, static_cast<std::uint32_t>(body));
+  put_u32(out, 0);  // crc, patched below once the body is in place
+  put_u64(out, offset);
+  put_u64(out, static_cast<std::uint64_t>(time_us));
+  put_u64(out, seq);
+  put_u16(out, static_cast<std::uint16_t>(producer.size()));
+  out.append(producer);
+  put_u16(out, static_cast<std::uint16_t>(key.size()));
+  out.append(key);
+  out.append(payload);
+  put_u32(out.data() + start + 4, crc32c(out.data() + start + kFrameBytes, body));
+}
+
+struct RecordView {
+  std::uint64_t offset = 0;
+  std::int64_t time_us = 0;
+  std::uint64_t seq = 0;
+  std::string_view producer, key, payload;
+};
+
+std::optional<RecordView> parse_body(const char* p, std::size_t n) {
+  if (n < kFixedBodyBytes) return std::nullopt;
+  RecordView r;
+  r.offset = get_u64(p);
+  r.time_us = static_cast<std::int64_t>(get_u64(p + 8));
+  r.seq = get_u64(p + 16);
+  std::size_t pos = 24;
+  const std::size_t plen = get_u16(p + pos);
+  pos += 2;
+  if (pos + plen + 2 > n) return std::nullopt;
+  r.producer = {p + pos, plen};
+  pos += plen;
+  const std::size_t klen = get_u16(p + pos);
+  pos += 2;
+  if (pos + klen > n) return std::nullopt;
+  r.key = {p + pos, klen};
+  pos += klen;
+  r.payload = {p + pos, n - pos};
+  return r;
+}
+
+int pwrite_all(int fd, const char* p, std::size_t n, std::uint64_t pos) {
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(pos));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (w == 0) return EIO;
+    p += w;
+    n -= static_cast<std::size_t>(w);
+    pos += static_cast<std::uint64_t>(w);
+  }
+  return 0;
+}
+
+int fsync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  const int rc = ::fsync(fd) == 0 ? 0 : errno;
+  ::close(fd);
+  return rc;
+}
+
+std::int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string segment_name(std::uint64_t base) {
+  char name[32];
+  std::snprintf(name, sizeof name, "%020llu.log", static_cast<unsigned long long>(base));
+  return name;
+}
+
+std::optional<std::uint64_t> parse_segment_name(const std::string& name) {
+  if (name.size() != 24 || name.compare(20, 4, ".log") != 0) return std::nullopt;
+  std::uint64_t v = 0;
+  auto [end, ec] = std::from_chars(name.data(), name.data() + 20, v);
+  if (ec != std::errc() || end != name.data() + 20) return std::nullopt;
+  return v;
+}
+
+/// Reads records sequentially from [pos, end) of a segment file through a read-ahead
+/// window, verifying frame bounds and CRC. Never returns a record whose CRC fails.
+class RecordScanner {
+ public:
+  enum class Status { record, end, bad, io_error };
+
+  RecordScanner(int fd, std::uint64_t pos, std::uint64_t end, std::size_t window)
+      : fd_(fd), pos_(pos), end_(end), window_(window) {}
+
+  Status next() {
+    if (pos_ >= end_) return Status::end;
+    if (end_ - pos_ < kFrameBytes) return bad("torn record header (" + std::to_string(end_ - pos_) + " trailing bytes)");
+    const char* p = fetch(pos_, kFrameBytes);
+    if (!p) return Status::io_error;
+    const std::uint32_t length = get_u32(p);
+    const std::uint32_t crc = get_u32(p + 4);
+    if (length < kFixedBodyBytes || length > kMaxRecordBytes - kFrameBytes)
+      return bad("bad record length " + std::to_string(length));
+    if (end_ - pos_ - kFrameBytes < length)
+      return bad("torn record (" + std::to_string(kFrameBytes + length) + " bytes, " + std::to_string(end_ - pos_) +
+                 " left)");
+    p = fetch(pos_, kFrameBytes + length);
+    if (!p) return Status::io_error;
+    if (crc32c(p + kFrameBytes, length) != crc) return bad("CRC mismatch");
+    auto r = parse_body(p + kFrameBytes, length);
+    if (!r) return bad("malformed record fields");
+    record_ = *r;
+    record_pos_ = pos_;
+    pos_ += kFrameBytes + length;
+    return Status::record;
+  }
+
+  const RecordView& record() const { return record_; }
+  std::uint64_t record_pos() const { return record_pos_; }
+  /// After next(): the end of the returned record, or where the bad record starts.
+  std::uint64_t pos() const { return pos_; }
+  const std::string& reason() const { return reason_; }
+
+ private:
+  Status bad(std::string why) {
+    reason_ = std::move(why);
+    return Status::bad;
+  }
+
+  // Makes [pos, pos + n) available in buf_ (pos + n <= end_); nullptr on a read error.
+  const char* fetch(std::uint64_t pos, std::size_t n) {
+    if (pos >= buf_start_ && pos + n <= buf_start_ + buf_len_) return buf_.data() + (pos - buf_start_);
+    const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(std::max(n, window_), end_ - pos));
+    if (buf_.size() < want) buf_.resize(want);
+    std::size_t got = 0;
+    while (got < want) {
+      const ssize_t r = ::pread(fd_, buf_.data() + got, want - got, static_cast<off_t>(pos + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) {
+        reason_ = "read error: " + errno_text(errno);
+        buf_len_ = 0;
+        return nullptr;
+      }
+      if (r == 0) {
+        reason_ = "file shorter than expected";
+        buf_len_ = 0;
+        return nullptr;
+      }
+      got += static_cast<std::size_t>(r);
+    }
+    buf_start_ = pos;
+    buf_len_ = got;
+    return buf_.data();
+  }
+
+  int fd_;
+  std::uint64_t pos_;
+  std::uint64_t end_;
+  std::size_t window_;
+  std::vector<char> buf_;
+  std::uint64_t buf_start_ = 0;
+  std::size_t buf_len_ = 0;
+  RecordView record_;
+  std::uint64_t record_pos_ = 0;
+  std::string reason_;
+};
+
+struct IndexEntry {
+  std::uint64_t offset;
+  std::uint64_t pos;
+};
+
+struct Segment {
+  std::uint64_t base = 0;
+  fs::path path;
+  int fd = -1;  // set before the segment is published, then constant until destruction
+
+  // Guarded by Topic::mu.
+  std::uint64_t committed_size = 0;
+  std::vector<IndexEntry> index;
+  std::int64_t max_time_us = INT64_MIN;  // newest record; INT64_MIN while empty
+
+  // Writer-only (under write_mu_).
+  std::uint64_t written_size = 0;
+  std::uint64_t last_index_pos = 0;
+  bool has_index = false;
+  bool tail_dirty = false;  // a rollback's ftruncate failed: retry before the next write
+  bool sync_pending = false;
+
+  Segment() = default;
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+  ~Segment() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+struct Topic {
+  std::string name;
+  fs::path dir;
+
+  mutable std::mutex mu;
+  // Guarded by mu.
+  std::vector<std::shared_ptr<Segment>> segments;
+  std::uint64_t committed_next = 0;
+  std::uint64_t bytes = 0;
+
+  // Writer-only (under write_mu_). Mutations of `segments` also hold write_mu_, so the
+  // writer may read `segments` without mu.
+  std::uint64_t next_offset = 0;
+  std::unordered_map<std::string, std::uint64_t> producer_seqs;
+  std::deque<std::string> key_fifo;  // oldest first; deque keeps elements in place, so
+  std::unordered_set<std::string_view> key_set;  // the views into it stay valid
+
+  void remember_key(std::string_view key, std::size_t window) {
+    if (window == 0 || key_set.count(key)) return;
+    key_fifo.emplace_back(key);
+    key_set.insert(key_fifo.back());
+    while (key_fifo.size() > window) {
+      key_set.erase(key_fifo.front());
+      key_fifo.pop_front();
+    }
+  }
+};
+
+struct Pending {
+  std::string topic;
+  std::string producer;
+  std::uint64_t seq = 0;
+  std::vector<AppendRecord> records;
+  LogStore::Completion done;
+};
+
+/// What one group commit writes to one segment file.
+struct Chunk {
+  std::shared_ptr<Segment> seg;
+  bool created = false;   // a new segment file (roll or first segment)
+  bool attempted = false; // the file was touched, so a failure must undo it
+  std::uint64_t start = 0;
+  std::string buf;
+  std::vector<IndexEntry> index;
+  std::uint64_t last_index_pos = 0;
+  bool has_index = false;
+  std::int64_t max_time_us = INT64_MIN;
+};
+
+/// One topic's share of a group commit; nothing reaches the Topic until publish.
+struct TopicWork {
+  Topic* topic = nullptr;
+  std::vector<std::size_t> batches;  // indexes into the group
+  std::vector<std::size_t> to_finish; // batches whose outcome depends on the write
+  std::vector<Chunk> chunks;
+  std::uint64_t next = 0;
+  std::unordered_map<std::string_view, std::uint64_t> seq_overlay;
+  std::vector<std::string_view> new_keys;  // views into the group's records
+  std::unordered_set<std::string_view> new_key_set;
+  bool rolled = false;
+  bool failed = false;
+  std::string error;
+};
+
+const std::vector<double> kFsyncBounds = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                          0.025,  0.05,    0.1,    0.25,  0.5,   1};
+
+}  // namespace
+
+bool valid_topic_name(std::string_view name) noexcept {
+  if (name.empty() || name.size() > 200 || name.front() == '.') return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+           c == '-';
+  });
+}
+
+FsyncPolicy FsyncPolicy::parse(std::string_view text) {
+  FsyncPolicy p;
+  if (text == "always") return p;
+  if (text == "never") {
+    p.mode = Mode::never;
+    return p;
+  }
+  constexpr std::string_view prefix = "interval:";
+  if (text.substr(0, prefix.size()) == prefix && text.size() > prefix.size()) {
+    std::uint32_t ms = 0;
+    const char* first = text.data() + prefix.size();
+    const char* last = text.data() + text.size();
+    auto [end, ec] = std::from_chars(first, last, ms);
+    if (ec == std::errc() && end == last) {
+      p.mode = Mode::interval;
+      p.interval = std::chrono::milliseconds(ms);
+      return p;
+    }
+  }
+  throw Error("bad fsync policy '" + std::string(text) + "': use always, never or interval:<ms>");
+}
+
+struct LogStore::Impl {
+  explicit Impl(LogOptions options);
+  ~Impl();
+
+  // ---- writer ----
+  void writer_loop();
+  std::optional<std::chrono::steady_clock::time_point> next_wakeup() const;
+  void run_group(std::vector<Pending>& batches, const std::shared_ptr<const CommitListener>& listener);
+  void process_locked(std::vector<Pending>& batches, std::vector<AppendResult>& results,
+                      std::vector<std::pair<std::string, std::uint64_t>>& notify);
+  void encode(TopicWork& w, std::vector<Pending>& batches, std::vector<AppendResult>& results);
+  Chunk& chunk_for(TopicWork& w, std::size_t size, std::uint64_t offset);
+  void write(TopicWork& w);
+  void sync(TopicWork& w);
+  void rollback(TopicWork& w, const std::string& why);
+  void publish(TopicWork& w);
+  void sync_dirty();
+  int timed_fdatasync(int fd);
+  Topic* get_or_create_topic(const std::string& name, std::string& error);
+  void enforce_retention_locked();
+
+  // ---- recovery and lookup ----
+  void recover_topic(const std::string& name);
+  void load_groups();
+  Topic* find_topic(const std::string& name) const;
+  std::vector<Topic*> all_topics() const;
+
+  LogOptions opt_;
+  fs::path topics_dir_;
+  fs::path groups_dir_;
+  int lock_fd_ = -1;
+
+  mutable std::shared_mutex topics_mu_;
+  std::map<std::string, std::unique_ptr<Topic>> topics_;
+
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::vector<Pending> queue_;
+  bool stop_ = false;
+  std::shared_ptr<const CommitListener> listener_;  // guarded by queue_mu_
+
+  std::mutex write_mu_;
+
+  mutable std::mutex stats_mu_;
+  FsyncStats stats_;
+
+  mutable std::mutex groups_mu_;
+  std::map<std::string, std::map<std::string, std::uint64_t>> groups_;
+  std::mutex group_write_mu_;  // serializes group file writes (and their read-modify-write)
+
+  // Writer-thread only.
+  std::vector<std::shared_ptr<Segment>> dirty_;  // interval mode: written, not yet synced
+  std::chrono::steady_clock::time_point last_sync_;
+  std::chrono::steady_clock::time_point last_retention_;
+
+  std::thread writer_;
+};
+
+LogStore::Impl::Impl(LogOptions options) : opt_(std::move(options)) {
+  if (opt_.data_dir.empty()) throw Error("log data directory not set");
+  if (opt_.segment_bytes == 0) throw Error("segment_bytes must be positive");
+  topics_dir_ = opt_.data_dir / "topics";
+  groups_dir_ = opt_.data_dir / "groups";
+  std::error_code ec;
+  fs::create_directories(topics_dir_, ec);
+  if (!ec) fs::create_directories(groups_dir_, ec);
+  if (ec) throw Error("cannot create log directory under " + opt_.data_dir.string() + ": " + ec.message());
+
+  // Two relays appending to one directory would interleave offsets and corrupt segments.
+  const fs::path lock_path = opt_.data_dir / ".lock";
+  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0) throw Error("cannot open " + lock_path.string() + ": " + errno_text(errno));
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(lock_fd_);
+    throw Error("log directory " + opt_.data_dir.string() + " is in use by another process (" + errno_text(err) + ")");
+  }
+
+  stats_.bucket_bounds = kFsyncBounds;
+  stats_.bucket_counts.assign(kFsyncBounds.size(), 0);
+
+  try {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(topics_dir_)) {
+      if (!e.is_directory()) continue;
+      std::string name = e.path().filename().string();
+      if (!valid_topic_name(name)) {
+        log_line("ignoring " + e.path().string() + ": not a valid topic name");
+        continue;
+      }
+      names.push_back(std::move(name));
+    }
+    for (const auto& n : names) recover_topic(n);
+    load_groups();
+  } catch (const fs::filesystem_error& e) {
+    ::close(lock_fd_);
+    throw Error(std::string("cannot read log directory: ") + e.what());
+  } catch (...) {
+    ::close(lock_fd_);
+    throw;
+  }
+
+  last_sync_ = last_retention_ = std::chrono::steady_clock::now();
+  writer_ = std::thread([this] { writer_loop(); });
+}
+
+LogStore::Impl::~Impl() {
+  {
+    std::lock_guard lk(queue_mu_);
+    stop_ = true;
+  }
+  queue_cv_.notify_one();
+  if (writer_.joinable()) writer_.join();
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+// ---------------------------------------------------------------------------------------
+// Recovery
+
+void LogStore::Impl::recover_topic(const std::string& name) {
+  auto t = std::make_unique<Topic>();
+  t->name = name;
+  t->dir = topics_dir_ / name;
+
+  std::vector<std::pair<std::uint64_t, fs::path>> files;
+  for (const auto& e : fs::directory_iterator(t->dir)) {
+    if (!e.is_regular_file()) continue;
+    if (auto base = parse_segment_name(e.path().filename().string())) files.emplace_back(*base, e.path());
+  }
+  std::sort(files.begin(), files.end());
+
+  std::optional<std::uint64_t> last_offset;
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    auto seg = std::make_shared<Segment>();
+    seg->base = files[i].first;
+    seg->path = files[i].second;
+    seg->fd = ::open(seg->path.c_str(), O_RDWR | O_CLOEXEC);
+    if (seg->fd < 0) throw Error("cannot open segment " + seg->path.string() + ": " + errno_text(errno));
+    struct stat st {};
+    if (::fstat(seg->fd, &st) != 0) throw Error("cannot stat " + seg->path.string() + ": " + errno_text(errno));
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    const std::uint64_t next_base = i + 1 < files.size() ? files[i + 1].first : UINT64_MAX;
+
+    RecordScanner sc(seg->fd, 0, size, kRecoveryWindow);
+    std::uint64_t expected = seg->base;
+    std::uint64_t good_end = 0;
+    std::string reason;
+    for (;;) {
+      const auto status = sc.next();
+      if (status == RecordScanner::Status::end) break;
+      if (status == RecordScanner::Status::io_error)
+        throw Error("cannot read segment " + seg->path.string() + ": " + sc.reason());
+      if (status == RecordScanner::Status::bad) {
+        reason = sc.reason();
+        break;
+      }
+      const RecordView& r = sc.record();
+      if (r.offset != expected) {
+        reason = "offset " + std::to_string(r.offset) + " where " + std::to_string(expected) + " was expected";
+        break;
+      }
+      if (r.offset >= next_base) {
+        reason = "offset " + std::to_string(r.offset) + " reaches the next segment's base";
+        break;
+      }
+      const std::uint64_t pos = sc.record_pos();
+      if (!seg->has_index || pos - seg->last_index_pos >= opt_.index_interval_bytes) {
+        seg->index.push_back({r.offset, pos});
+        seg->last_index_pos = pos;
+        seg->has_index = true;
+      }
+      seg->max_time_us = std::max(seg->max_time_us, r.time_us);
+      if (!r.producer.empty()) {
+        auto [it, inserted] = t->producer_seqs.try_emplace(std::string(r.producer), r.seq);
+        if (!inserted) it->second = std::max(it->second, r.seq);
+      }
+      if (!r.key.empty()) t->remember_key(r.key, opt_.dedupe_window);
+      last_offset = r.offset;
+      ++expected;
+      good_end = sc.pos();
+    }
+    if (!reason.empty()) {
+      // Everything from the first bad record on is unreachable: offsets must stay
+      // consecutive and a torn tail is what an interrupted write leaves.
+      if (::ftruncate(seg->fd, static_cast<off_t>(good_end)) != 0 || ::fsync(seg->fd) != 0)
+        throw Error("cannot truncate damaged segment " + seg->path.string() + ": " + errno_text(errno));
+      log_line("recovery: truncated " + seg->path.string() + " at byte " + std::to_string(good_end) + " of " +
+               std::to_string(size) + " (" + reason + ")");
+    }
+    seg->committed_size = seg->written_size = good_end;
+    t->bytes += good_end;
+    t->segments.push_back(std::move(seg));
+  }
+
+  std::uint64_t next = last_offset ? *last_offset + 1 : 0;
+  // An empty last segment (e.g. created just before a crash, or truncated to nothing)
+  // fixes the next offset at its base so that segment names stay ordered.
+  if (!t->segments.empty()) next = std::max(next, t->segments.back()->base);
+  t->next_offset = t->committed_next = next;
+  topics_.emplace(name, std::move(t));
+}
+
+void LogStore::Impl::load_groups() {
+  for (const auto& e : fs::directory_iterator(groups_dir_)) {
+    const std::string file = e.path().filename().string();
+    if (file.size() > 9 && file.ends_with(".json.tmp")) {  // an interrupted commit: the old file is intact
+      std::error_code ec;
+      fs::remove(e.path(), ec);
+      continue;
+    }
+    if (!e.is_regular_file() || !file.ends_with(".json")) continue;
+    const std::string group = file.substr(0, file.size() - 5);
+    auto reject = [&](const std::string& why) { log_line("ignoring consumer group file " + e.path().string() + ": " + why); };
+    if (!valid_topic_name(group)) {
+      reject("not a valid group name");
+      continue;
+    }
+    std::string text;
+    {
+      const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) {
+        reject(errno_text(errno));
+        continue;
+      }
+      char buf[65536];
+      ssize_t n;
+      while ((n = ::read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
+      ::close(fd);
+      if (n < 0) {
+        reject(errno_text(errno));
+        continue;
+      }
+    }
+    boost::system::error_code ec;
+    json::value v = json::parse(text, ec);
+    if (ec) {
+      reject("bad JSON: " + ec.message());
+      continue;
+    }
+    const json::object* o = v.if_object();
+    const json::value* offs = o ? o->if_contains("offsets") : nullptr;
+    if (!offs || !offs->is_object()) {
+      reject("no \"offsets\" object");
+      continue;
+    }
+    std::map<std::string, std::uint64_t> offsets;
+    std::string problem;
+    for (const auto& [topic, off] : offs->get_object()) {
+      if (!valid_topic_name(topic)) {
+        problem = "bad topic name";
+        break;
+      }
+      if (off.is_uint64()) {
+        offsets[std::string(topic)] = off.get_uint64();
+      } else if (off.is_int64() && off.get_int64() >= 0) {
+        offsets[std::string(topic)] = static_cast<std::uint64_t>(off.get_int64());
+      } else {
+        problem = "offset of topic '" + std::string(topic) + "' is not a non-negative integer";
+        break;
+      }
+    }
+    if (!problem.empty()) {
+      reject(problem);
+      continue;
+    }
+    groups_[group] = std::move(offsets);
+  }
+}
+
+Topic* LogStore::Impl::find_topic(const std::string& name) const {
+  std::shared_lock lk(topics_mu_);
+  auto it = topics_.find(name);
+  return it == topics_.end() ? nullptr : it->second.get();
+}
+
+std::vector<Topic*> LogStore::Impl::all_topics() const {
+  std::shared_lock lk(topics_mu_);
+  std::vector<Topic*> out;
+  out.reserve(topics_.size());
+  for (const auto& [name, t] : topics_) out.push_back(t.get());
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Writer
+
+std::optional<std::chrono::steady_clock::time_point> LogStore::Impl::next_wakeup() const {
+  std::optional<std::chrono::steady_clock::time_point> at;
+  if (opt_.fsync.mode == FsyncPolicy::Mode::interval && !dirty_.empty()) at = last_sync_ + opt_.fsync.interval;
+  if (opt_.retention_bytes > 0 || opt_.retention_age.count() > 0) {
+    const auto r = last_retention_ + kRetentionPeriod;
+    at = at ? std::min(*at, r) : r;
+  }
+  return at;
+}
+
+void LogStore::Impl::writer_loop() {
+  for (;;) {
+    std::vector<Pending> batches;
+    std::shared_ptr<const CommitListener> listener;
+    bool exiting = false;
+    {
+      std::unique_lock lk(queue_mu_);
+      auto ready = [&] { return stop_ || !queue_.empty(); };
+      if (auto at = next_wakeup())
+        queue_cv_.wait_until(lk, *at, ready);
+      else
+        queue_cv_.wait(lk, ready);
+      exiting = stop_ && queue_.empty();
+      batches.swap(queue_);
+      listener = listener_;
+    }
+    if (!batches.empty()) run_group(batches, listener);
+
+    const auto now = std::chrono::steady_clock::now();
+    if (!dirty_.empty() && (exiting || now >= last_sync_ + opt_.fsync.interval)) {
+      std::lock_guard wl(write_mu_);
+      sync_dirty();
+    }
+    if ((opt_.retention_bytes > 0 || opt_.retention_age.count() > 0) && now >= last_retention_ + kRetentionPeriod) {
+      std::lock_guard wl(write_mu_);
+      enforce_retention_locked();
+      last_retention_ = now;
+    }
+    if (exiting) return;
+  }
+}
+
+void LogStore::Impl::run_group(std::vector<Pending>& batches, const std::shared_ptr<const CommitListener>& listener) {
+  std::vector<AppendResult> results(batches.size());
+  std::vector<std::pair<std::string, std::uint64_t>> notify;
+  {
+    std::lock_guard wl(write_mu_);
+    try {
+      process_locked(batches, results, notify);
+    } catch (const std::exception& e) {
+      // Only reachable on allocation failure and the like: fail whatever is not settled
+      // rather than let the writer thread die with batches never completed.
+      log_line(std::string("writer: ") + e.what());
+      for (auto& r : results)
+        if (!r.ok && r.error.empty()) r.error = std::string("internal error: ") + e.what();
+    }
+  }
+  // Outside write_mu_, so a completion may call back into the store.
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    if (!batches[i].done) continue;
+    try {
+      batches[i].done(results[i]);
+    } catch (const std::exception& e) {
+      log_line(std::string("append completion threw: ") + e.what());
+    } catch (...) {
+      log_line("append completion threw");
+    }
+  }
+  if (listener && *listener) {
+    for (const auto& [topic, next] : notify) {
+      try {
+        (*listener)(topic, next);
+      } catch (...) {
+        log_line("commit listener threw");
+      }
+    }
+  }
+}
+
+void LogStore::Impl::process_locked(std::vector<Pending>& batches, std::vector<AppendResult>& results,
+                                    std::vector<std::pair<std::string, std::uint64_t>>& notify) {
+  std::map<std::string_view, TopicWork> work;
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    if (!valid_topic_name(batches[i].topic)) {
+      results[i].error = "invalid topic name";
+      continue;
+    }
+    work[batches[i].topic].batches.push_back(i);
+  }
+
+  bool rolled = false;
+  for (auto& [name, w] : work) {
+    try {
+      std::string error;
+      w.topic = get_or_create_topic(std::string(name), error);
+      if (!w.topic) {
+        w.failed = true;
+        w.error = error;
+        w.to_finish = w.batches;
+        continue;
+      }
+      encode(w, batches, results);
+      write(w);
+    } catch (const std::exception& e) {
+      // Settle every batch of the topic that passed validation, encoded or not yet.
+      w.to_finish.clear();
+      for (std::size_t i : w.batches)
+        if (results[i].error.empty()) w.to_finish.push_back(i);
+      const std::string why = std::string("internal error: ") + e.what();
+      if (w.topic) {
+        rollback(w, why);
+      } else {
+        w.failed = true;
+        w.error = why;
+      }
+    }
+  }
+  if (opt_.fsync.mode == FsyncPolicy::Mode::always) {
+    for (auto& [name, w] : work)
+      if (!w.failed) sync(w);
+  }
+  for (auto& [name, w] : work) {
+    if (w.failed) {
+      for (std::size_t i : w.to_finish) {
+        results[i] = AppendResult{};
+        results[i].error = w.error;
+      }
+      continue;
+    }
+    publish(w);
+    for (std::size_t i : w.to_finish) results[i].ok = true;
+    rolled = rolled || w.rolled;
+    notify.emplace_back(std::string(name), w.next);
+  }
+  if (rolled && (opt_.retention_bytes > 0 || opt_.retention_age.count() > 0)) enforce_retention_locked();
+}
+
+Topic* LogStore::Impl::get_or_create_topic(const std::string& name, std::string& error) {
+  if (Topic* t = find_topic(name)) return t;
+  auto t = std::make_unique<Topic>();
+  t->name = name;
+  t->dir = topics_dir_ / name;
+  std::error_code ec;
+  fs::create_directory(t->dir, ec);
+  if (ec) {
+    error = "cannot create topic directory " + t->dir.string() + ": " + ec.message();
+    return nullptr;
+  }
+  if (int err = fsync_dir(topics_dir_)) {
+    error = "cannot sync " + topics_dir_.string() + ": " + errno_text(err);
+    return nullptr;
+  }
+  std::unique_lock lk(topics_mu_);
+  return topics_.emplace(name, std::move(t)).first->second.get();
+}
+
+void LogStore::Impl::encode(TopicWork& w, std::vector<Pending>& batches, std::vector<AppendResult>& results) {
+  Topic& t = *w.topic;
+  w.next = t.next_offset;
+  for (std::size_t i : w.batches) {
+    Pending& b = batches[i];
+    AppendResult& r = results[i];
+
+    // Validate the whole batch first: it is written entirely or not at all.
+    if (b.producer.size() > kMaxFieldBytes) {
+      r.error = "producer id longer than " + std::to_string(kMaxFieldBytes) + " bytes";
+      continue;
+    }
+    for (const auto& rec : b.records) {
+      if (rec.dedupe_key.size() > kMaxFieldBytes) {
+        r.error = "dedupe key longer than " + std::to_string(kMaxFieldBytes) + " bytes";
+        break;
+      }
+      if (record_size(b.producer, rec.dedupe_key, rec.payload) > kMaxRecordBytes) {
+        r.error = "record larger than " + std::to_string(kMaxRecordBytes) + " bytes";
+        break;
+      }
+    }
+    if (!r.error.empty()) continue;
+
+    w.to_finish.push_back(i);
+    r.first_offset = w.next;
+    if (!b.producer.empty()) {
+      std::optional<std::uint64_t> last;
+      if (auto o = w.seq_overlay.find(b.producer); o != w.seq_overlay.end())
+        last = o->second;
+      else if (auto s = t.producer_seqs.find(b.producer); s != t.producer_seqs.end())
+        last = s->second;
+      if (last && b.seq <= *last) {
+        r.duplicate_batch = true;
+        continue;
+      }
+      w.seq_overlay[b.producer] = b.seq;
+    }
+
+    const std::int64_t time = now_us();
+    for (const auto& rec : b.records) {
+      if (!rec.dedupe_key.empty() && opt_.dedupe_window > 0) {
+        const std::string_view key = rec.dedupe_key;
+        if (t.key_set.count(key) || w.new_key_set.count(key)) {
+          ++r.duplicates;
+          continue;
+        }
+        w.new_key_set.insert(key);
+        w.new_keys.push_back(key);
+      }
+      const std::size_t size = record_size(b.producer, rec.dedupe_key, rec.payload);
+      Chunk& c = chunk_for(w, size, w.next);
+      const std::uint64_t pos = c.start + c.buf.size();
+      if (!c.has_index || pos - c.last_index_pos >= opt_.index_interval_bytes) {
+        c.index.push_back({w.next, pos});
+        c.last_index_pos = pos;
+        c.has_index = true;
+      }
+      encode_record(c.buf, w.next, time, b.seq, b.producer, rec.dedupe_key, rec.payload);
+      c.max_time_us = std::max(c.max_time_us, time);
+      ++w.next;
+      ++r.written;
+    }
+  }
+}
+
+Chunk& LogStore::Impl::chunk_for(TopicWork& w, std::size_t size, std::uint64_t offset) {
+  auto new_chunk = [&]() -> Chunk& {
+    Chunk c;
+    c.seg = std::make_shared<Segment>();
+    c.seg->base = offset;
+    c.seg->path = w.topic->dir / segment_name(offset);
+    c.created = true;
+    w.chunks.push_back(std::move(c));
+    return w.chunks.back();
+  };
+  if (w.chunks.empty()) {
+    const auto& segs = w.topic->segments;
+    // Reuse the active segment unless it is empty with another base (a recovered gap),
+    // which would break "a segment's first record has its base offset".
+    if (segs.empty() || (segs.back()->written_size == 0 && segs.back()->base != offset)) return new_chunk();
+    const auto& active = segs.back();
+    Chunk c;
+    c.seg = active;
+    c.start = active->written_size;
+    c.last_index_pos = active->last_index_pos;
+    c.has_index = active->has_index;
+    w.chunks.push_back(std::move(c));
+  }
+  Chunk& c = w.chunks.back();
+  const std::uint64_t used = c.start + c.buf.size();
+  if (used > 0 && used + size > opt_.segment_bytes) {
+    w.rolled = true;
+    return new_chunk();
+  }
+  return c;
+}
+
+void LogStore::Impl::write(TopicWork& w) {
+  for (Chunk& c : w.chunks) {
+    c.attempted = true;
+    Segment& s = *c.seg;
+    if (c.created) {
+      s.fd = ::open(s.path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (s.fd < 0) return rollback(w, "cannot create " + s.path.string() + ": " + errno_text(errno));
+      // The new name must survive a crash as much as the data written into it.
+      if (int err = fsync_dir(w.topic->dir)) return rollback(w, "cannot sync " + w.topic->dir.string() + ": " + errno_text(err));
+    } else if (s.tail_dirty) {
+      if (::ftruncate(s.fd, static_cast<off_t>(c.start)) != 0)
+        return rollback(w, "cannot truncate " + s.path.string() + ": " + errno_text(errno));
+      s.tail_dirty = false;
+    }
+    if (c.buf.empty()) continue;
+    if (int err = pwrite_all(s.fd, c.buf.data(), c.buf.size(), c.start))
+      return rollback(w, "cannot write " + s.path.string() + ": " + errno_text(err));
+  }
+}
+
+void LogStore::Impl::sync(TopicWork& w) {
+  for (Chunk& c : w.chunks) {
+    if (c.buf.empty()) continue;
+    if (int err = timed_fdatasync(c.seg->fd)) return rollback(w, "cannot sync " + c.seg->path.string() + ": " + errno_text(err));
+  }
+}
+
+void LogStore::Impl::rollback(TopicWork& w, const std::string& why) {
+  // Put every touched file back as it was so that the topic stays a clean, consecutive log
+  // and a retry can succeed; the batches fail with `why`.
+  for (Chunk& c : w.chunks) {
+    if (!c.attempted) continue;
+    Segment& s = *c.seg;
+    if (c.created) {
+      if (s.fd >= 0) {
+        ::close(s.fd);
+        s.fd = -1;
+        std::error_code ec;
+        fs::remove(s.path, ec);
+      }
+    } else if (::ftruncate(s.fd, static_cast<off_t>(c.start)) != 0) {
+      s.tail_dirty = true;
+      log_line("cannot truncate " + s.path.string() + " back to " + std::to_string(c.start) + ": " + errno_text(errno));
+    }
+  }
+  w.chunks.clear();
+  w.failed = true;
+  w.error = why;
+  log_line("append to topic '" + w.topic->name + "' failed: " + why);
+}
+
+void LogStore::Impl::publish(TopicWork& w) {
+  Topic& t = *w.topic;
+  {
+    std::lock_guard lk(t.mu);
+    for (Chunk& c : w.chunks) {
+      Segment& s = *c.seg;
+      if (c.created) t.segments.push_back(c.seg);
+      s.committed_size = c.start + c.buf.size();
+      s.index.insert(s.index.end(), c.index.begin(), c.index.end());
+      s.max_time_us = std::max(s.max_time_us, c.max_time_us);
+      t.bytes += c.buf.size();
+    }
+    t.committed_next = w.next;
+  }
+  for (Chunk& c : w.chunks) {
+    Segment& s = *c.seg;
+    s.written_size = c.start + c.buf.size();
+    s.last_index_pos = c.last_index_pos;
+    s.has_index = c.has_index;
+    if (opt_.fsync.mode == FsyncPolicy::Mode::interval && !c.buf.empty() && !s.sync_pending) {
+      s.sync_pending = true;
+      dirty_.push_back(c.seg);
+    }
+  }
+  t.next_offset = w.next;
+  for (const auto& [producer, seq] : w.seq_overlay) t.producer_seqs[std::string(producer)] = seq;
+  for (std::string_view key : w.new_keys) t.remember_key(key, opt_.dedupe_window);
+}
+
+int LogStore::Impl::timed_fdatasync(int fd) {
+  const auto start = std::chrono::steady_clock::now();
+  const int rc = ::fdatasync(fd) == 0 ? 0 : errno;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::lock_guard lk(stats_mu_);
+  ++stats_.count;
+  stats_.sum += secs;
+  for (std::size_t i = 0; i < stats_.bucket_bounds.size(); ++i)
+    if (secs <= stats_.bucket_bounds[i]) ++stats_.bucket_counts[i];
+  return rc;
+}
+
+void LogStore::Impl::sync_dirty() {
+  // Interval mode has acked these records already; a failure can only be reported.
+  for (const auto& s : dirty_) {
+    s->sync_pending = false;
+    if (int err = timed_fdatasync(s->fd)) log_line("cannot sync " + s->path.string() + ": " + errno_text(err));
+  }
+  dirty_.clear();
+  last_sync_ = std::chrono::steady_clock::now();
+}
+
+void LogStore::Impl::enforce_retention_locked() {
+  const std::int64_t now = now_us();
+  const std::int64_t age_us = std::chrono::duration_cast<std::chrono::microseconds>(opt_.retention_age).count();
+  for (Topic* t : all_topics()) {
+    std::vector<std::shared_ptr<Segment>> removed;
+    {
+      std::lock_guard lk(t->mu);
+      // The active (last) segment always stays: it is where the next record goes.
+      while (t->segments.size() > 1) {
+        const auto& s = t->segments.front();
+        const bool too_big = opt_.retention_bytes > 0 && t->bytes > opt_.retention_bytes;
+        const bool too_old = age_us > 0 && s->max_time_us < now - age_us;
+        if (!too_big && !too_old) break;
+        t->bytes -= s->committed_size;
+        removed.push_back(s);
+        t->segments.erase(t->segments.begin());
+      }
+    }
+    for (const auto& s : removed) {
+      // Readers holding the segment keep reading through its open fd.
+      if (::unlink(s->path.c_str()) != 0)
+        log_line("retention: cannot delete " + s->path.string() + ": " + errno_text(errno));
+    }
+    if (!removed.empty()) (void)fsync_dir(t->dir);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// LogStore
+
+LogStore::LogStore(LogOptions options) : self_(std::make_unique<Impl>(std::move(options))) {}
+
+LogStore::~LogStore() = default;
+
+void LogStore::append(std::string topic, std::string producer_id, std::uint64_t seq, std::vector<AppendRecord> records,
+                      Completion done) {
+  {
+    std::lock_guard lk(self_->queue_mu_);
+    self_->queue_.push_back(Pending{std::move(topic), std::move(producer_id), seq, std::move(records), std::move(done)});
+  }
+  self_->queue_cv_.notify_one();
+}
+
+std::vector<StoredRecord> LogStore::read(const std::string& topic, std::uint64_t from, std::size_t max_records,
+                                         std::size_t max_bytes) const {
+  std::vector<StoredRecord> out;
+  Topic* t = self_->find_topic(topic);
+  if (!t || max_records == 0) return out;
+
+  struct Part {
+    std::shared_ptr<Segment> seg;
+    std::uint64_t start;
+    std::uint64_t end;
+  };
+  std::vector<Part> parts;
+  {
+    std::lock_guard lk(t->mu);
+    if (from >= t->committed_next || t->segments.empty()) return out;
+    const auto& segs = t->segments;
+    auto it = std::upper_bound(segs.begin(), segs.end(), from,
+                               [](std::uint64_t f, const std::shared_ptr<Segment>& s) { return f < s->base; });
+    std::size_t first = it == segs.begin() ? 0 : static_cast<std::size_t>(it - segs.begin()) - 1;
+    for (std::size_t i = first; i < segs.size(); ++i) {
+      std::uint64_t start = 0;
+      if (i == first) {
+        const auto& idx = segs[i]->index;
+        auto e = std::upper_bound(idx.begin(), idx.end(), from,
+                                  [](std::uint64_t f, const IndexEntry& x) { return f < x.offset; });
+        if (e != idx.begin()) start = std::prev(e)->pos;
+      }
+      parts.push_back({segs[i], start, segs[i]->committed_size});
+    }
+  }
+
+  std::size_t bytes = 0;
+  const std::size_t window = std::clamp<std::size_t>(max_bytes + 4096, 64u << 10, 4u << 20);
+  for (const Part& part : parts) {
+    RecordScanner sc(part.seg->fd, part.start, part.end, window);
+    for (;;) {
+      const auto status = sc.next();
+      if (status == RecordScanner::Status::end) break;
+      if (status != RecordScanner::Status::record) {
+        // Committed data went bad after recovery (disk corruption): never serve it.
+        log_line("read: " + part.seg->path.string() + " byte " + std::to_string(sc.pos()) + ": " + sc.reason() +
+                 "; skipping the rest of the segment");
+        break;
+      }
+      const RecordView& r = sc.record();
+      if (r.offset < from) continue;
+      if (!out.empty() && bytes + r.payload.size() > max_bytes) return out;
+      out.push_back(StoredRecord{r.offset, r.time_us, std::string(r.payload)});
+      bytes += r.payload.size();
+      if (out.size() >= max_records) return out;
+    }
+  }
+  return out;
+}
+
+std::uint64_t LogStore::committed_offset(const std::string& topic) const {
+  Topic* t = self_->find_topic(topic);
+  if (!t) return 0;
+  std::lock_guard lk(t->mu);
+  return t->committed_next;
+}
+
+std::uint64_t LogStore::first_offset(const std::string& topic) const {
+  Topic* t = self_->find_topic(topic);
+  if (!t) return 0;
+  std::lock_guard lk(t->mu);
+  return t->segments.empty() ? t->committed_next : t->segments.front()->base;
+}
+
+std::vector<std::string> LogStore::topics() const {
+  std::shared_lock lk(self_->topics_mu_);
+  std::vector<std::string> out;
+  out.reserve(self_->topics_.size());
+  for (const auto& [name, t] : self_->topics_) out.push_back(name);
+  return out;  // std::map: already sorted
+}
+
+std::optional<TopicInfo> LogStore::info(const std::string& topic) const {
+  Topic* t = self_->find_topic(topic);
+  if (!t) return std::nullopt;
+  std::lock_guard lk(t->mu);
+  TopicInfo i;
+  i.name = t->name;
+  i.first_offset = t->segments.empty() ? t->committed_next : t->segments.front()->base;
+  i.next_offset = t->committed_next;
+  i.bytes = t->bytes;
+  i.segments = t->segments.size();
+  return i;
+}
+
+void LogStore::set_commit_listener(CommitListener listener) {
+  auto p = std::make_shared<const CommitListener>(std::move(listener));
+  std::lock_guard lk(self_->queue_mu_);
+  self_->listener_ = std::move(p);
+}
+
+LogStore::FsyncStats LogStore::fsync_stats() const {
+  std::lock_guard lk(self_->stats_mu_);
+  return self_->stats_;
+}
+
+void LogStore::enforce_retention() {
+  std::lock_guard wl(self_->write_mu_);
+  self_->enforce_retention_locked();
+}
+
+void LogStore::commit_group_offset(const std::string& group, const std::string& topic, std::uint64_t offset) {
+  if (!valid_topic_name(group)) throw Error("invalid consumer group name '" + group + "'");
+  if (!valid_topic_name(topic)) throw Error("invalid topic name '" + topic + "'");
+  std::lock_guard wl(self_->group_write_mu_);
+  std::map<std::string, std::uint64_t> offsets;
+  {
+    std::lock_guard lk(self_->groups_mu_);
+    if (auto it = self_->groups_.find(group); it != self_->groups_.end()) offsets = it->second;
+  }
+  offsets[topic] = offset;
+
+  json::object offs;
+  for (const auto& [t, o] : offsets) offs[t] = o;
+  const std::string text = json::serialize(json::object{{"group", group}, {"offsets", std::move(offs)}}) + "\n";
+
+  // tmp + fsync + rename + fsync(dir): after a crash the file is the old or the new one.
+  const fs::path path = self_->groups_dir_ / (group + ".json");
+  const fs::path tmp = self_->groups_dir_ / (group + ".json.tmp");
+  auto fail = [&](const std::string& what, int err) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw Error("cannot save consumer group '" + group + "' (" + what + "): " + errno_text(err));
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("open", errno);
+  int err = pwrite_all(fd, text.data(), text.size(), 0);
+  if (!err && ::fsync(fd) != 0) err = errno;
+  ::close(fd);
+  if (err) fail("write", err);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename", errno);
+  if (int e = fsync_dir(self_->groups_dir_)) fail("sync directory", e);
+
+  std::lock_guard lk(self_->groups_mu_);
+  self_->groups_[group] = std::move(offsets);
+}
+
+std::optional<std::uint64_t> LogStore::group_offset(const std::string& group, const std::string& topic) const {
+  std::lock_guard lk(self_->groups_mu_);
+  auto g = self_->groups_.find(group);
+  if (g == self_->groups_.end()) return std::nullopt;
+  auto t = g->second.find(topic);
+  if (t == g->second.end()) return std::nullopt;
+  return t->second;
+}
+
+std::vector<std::tuple<std::string, std::string, std::uint64_t>> LogStore::group_offsets() const {
+  std::lock_guard lk(self_->groups_mu_);
+  std::vector<std::tuple<std::string, std::string, std::uint64_t>> out;
+  for (const auto& [g, offs] : self_->groups_)
+    for (const auto& [t, o] : offs) out.emplace_back(g, t, o);
+  return out;
+}
+
+std::vector<std::string> LogStore::verify() const {
+  std::vector<std::string> problems;
+  for (Topic* t : self_->all_topics()) {
+    std::vector<std::pair<std::shared_ptr<Segment>, std::uint64_t>> segs;
+    {
+      std::lock_guard lk(t->mu);
+      for (const auto& s : t->segments) segs.emplace_back(s, s->committed_size);
+    }
+    for (std::size_t i = 0; i < segs.size(); ++i) {
+      const Segment& s = *segs[i].first;
+      const std::uint64_t next_base = i + 1 < segs.size() ? segs[i + 1].first->base : UINT64_MAX;
+      const std::string where = t->name + "/" + s.path.filename().string();
+      RecordScanner sc(s.fd, 0, segs[i].second, kRecoveryWindow);
+      std::uint64_t expected = s.base;
+      for (;;) {
+        const auto status = sc.next();
+        if (status == RecordScanner::Status::end) break;
+        if (status != RecordScanner::Status::record) {
+          problems.push_back(where + ": byte " + std::to_string(sc.pos()) + ": " + sc.reason());
+          break;
+        }
+        const RecordView& r = sc.record();
+        if (r.offset != expected)
+          problems.push_back(where + ": byte " + std::to_string(sc.record_pos()) + ": offset " +
+                             std::to_string(r.offset) + " where " + std::to_string(expected) + " was expected");
+        if (r.offset >= next_base)
+          problems.push_back(where + ": byte " + std::to_string(sc.record_pos()) + ": offset " +
+                             std::to_string(r.offset) + " reaches the next segment's base");
+        expected = r.offset + 1;
+      }
+    }
+  }
+  return problems;
+}
+
+}  // namespace diaspora::relay

@@ -1,0 +1,176 @@
+"""Helpers for tests that run real `diaspora-relay` processes on 127.0.0.1 with real TLS.
+
+Written from docs/protocol.md with Python's `websockets` (asyncio), not from the relay's
+code. Every network wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import os
+import signal
+import ssl
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import websockets
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("DIASPORA_BIN_DIR", REPO / "build" / "bin"))
+DIASPORA = BIN / "diaspora"
+RELAY = BIN / "diaspora-relay"
+TIMEOUT = 20.0  # seconds, any single network wait
+
+
+def sh(*args, check=True) -> subprocess.CompletedProcess:
+    p = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=60)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{args} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+class Credentials:
+    """Certificates, a signing secret and tokens in a directory."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.certs = root / "certs"
+        sh(DIASPORA, "certs", "init", self.certs)
+        self.secret_file = root / "auth-secret"
+        sh(DIASPORA, "token", "secret", self.secret_file)
+        self.secret = self.secret_file.read_text().strip().encode()
+        self.ca = self.certs / "ca.pem"
+
+    def token(self, *scopes: str, subject: str = "tester", ttl: str = "1h") -> str:
+        args = [DIASPORA, "token", "issue", "--secret-file", self.secret_file, "--subject", subject, "--ttl", ttl]
+        for s in scopes:
+            args += ["--scope", s]
+        return sh(*args).stdout.strip()
+
+    def forge(self, claims: dict, header: dict | None = None, secret: bytes | None = None) -> str:
+        """A token signed here (for expired / not-yet-valid / wrong-key cases)."""
+        enc = lambda d: base64.urlsafe_b64encode(json.dumps(d).encode()).rstrip(b"=").decode()
+        signing = f"{enc(header or {'alg': 'HS256', 'typ': 'JWT'})}.{enc(claims)}"
+        sig = hmac.new(secret or self.secret, signing.encode(), hashlib.sha256).digest()
+        return f"{signing}.{base64.urlsafe_b64encode(sig).rstrip(b'=').decode()}"
+
+    def client_ssl(self, with_cert: bool = False) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.ca))
+        if with_cert:
+            ctx.load_cert_chain(str(self.certs / "client.pem"), str(self.certs / "client-key.pem"))
+        return ctx
+
+
+class RelayProcess:
+    """A diaspora-relay child process; restartable on the same data directory."""
+
+    def __init__(self, creds: Credentials, data_dir: Path, config: dict | None = None, mtls: bool = False,
+                 fsync: str = "always"):
+        self.creds = creds
+        self.data_dir = data_dir
+        self.config = config
+        self.mtls = mtls
+        self.fsync = fsync
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+        self.log = data_dir.parent / f"{data_dir.name}.relay.log"
+
+    def start(self) -> "RelayProcess":
+        port_file = self.data_dir.parent / f"{self.data_dir.name}.port"
+        if port_file.exists():
+            port_file.unlink()
+        args = [RELAY, "--listen", "127.0.0.1:0", "--data-dir", self.data_dir,
+                "--tls-cert", self.creds.certs / "server.pem", "--tls-key", self.creds.certs / "server-key.pem",
+                "--auth-secret-file", self.creds.secret_file, "--port-file", port_file, "--fsync", self.fsync]
+        if self.mtls:
+            args += ["--client-ca", self.creds.ca]
+        if self.config is not None:
+            cfg = self.data_dir.parent / f"{self.data_dir.name}.relay.yaml"
+            cfg.write_text(json.dumps(self.config))  # JSON is YAML
+            args += ["--config", cfg]
+        logf = open(self.log, "ab")
+        self.proc = subprocess.Popen([str(a) for a in args], stdout=logf, stderr=logf)
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            if port_file.exists() and port_file.read_text().strip():
+                self.port = int(port_file.read_text())
+                return self
+            if self.proc.poll() is not None:
+                raise AssertionError(f"relay exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            time.sleep(0.02)
+        raise AssertionError("relay did not start in time")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=TIMEOUT)
+
+    def stop(self) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=TIMEOUT)
+
+    @property
+    def url(self) -> str:
+        return f"wss://127.0.0.1:{self.port}"
+
+
+async def connect(relay: RelayProcess, token: str | None = None, path: str = "/v1",
+                  subprotocol: str = "diaspora.v1", header_token: bool = True, ssl_ctx=None, **kw):
+    headers = {"Authorization": f"Bearer {token}"} if token and header_token else {}
+    return await asyncio.wait_for(websockets.connect(
+        relay.url + path, ssl=ssl_ctx or relay.creds.client_ssl(), subprotocols=[subprotocol],
+        extra_headers=headers, max_size=64 * 2**20, open_timeout=TIMEOUT, **kw), TIMEOUT)
+
+
+async def request(ws, msg: dict) -> dict:
+    await ws.send(json.dumps(msg))
+    return await recv(ws)
+
+
+async def recv(ws) -> dict:
+    return json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))
+
+
+async def session(relay: RelayProcess, token: str, producer_id: str | None = None, **kw):
+    """A diaspora.v1 connection after hello/welcome."""
+    ws = await connect(relay, token, **kw)
+    hello = {"op": "hello", "client_id": "pytest"}
+    if producer_id:
+        hello["producer_id"] = producer_id
+    welcome = await request(ws, hello)
+    assert welcome["op"] == "welcome", welcome
+    return ws
+
+
+def event(i: int | str, source: str = "/pytest", type_: str = "org.example.test", data=None) -> dict:
+    return {"specversion": "1.0", "id": str(i), "source": source, "type": type_,
+            "data": data if data is not None else {"i": i}}
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+async def collect_all(relay: RelayProcess, token: str, topic: str, n: int):
+    """Subscribes from earliest and returns [(offset, event)] once n events arrived."""
+    ws = await session(relay, token)
+    await ws.send(json.dumps({"op": "subscribe", "id": "all", "topic": topic, "from": "earliest"}))
+    out = []
+    while len(out) < n:
+        m = await recv(ws)
+        if m["op"] == "events":
+            out += [(e["offset"], e["event"]) for e in m["events"]]
+    await ws.close()
+    return out

@@ -1,0 +1,393 @@
+"""The relay end to end: real diaspora-relay processes on 127.0.0.1, real TLS, a client
+written from docs/protocol.md with Python's websockets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import subprocess
+import time
+import urllib.request
+
+import pytest
+import websockets
+
+from relay_harness import (DIASPORA, Credentials, RelayProcess, connect, event, new_id, recv, request, run,
+                           session, sh)
+
+
+@pytest.fixture(scope="module")
+def creds(tmp_path_factory):
+    return Credentials(tmp_path_factory.mktemp("creds"))
+
+
+@pytest.fixture()
+def relay(creds, tmp_path):
+    r = RelayProcess(creds, tmp_path / "data").start()
+    yield r
+    assert r.stop() == 0, r.log.read_text()
+
+
+def admin(creds):
+    return creds.token("admin")
+
+
+async def publish(ws, topic, seq, events):
+    return await request(ws, {"op": "publish", "topic": topic, "seq": seq, "events": events})
+
+
+async def collect(ws, n, sub_id=None):
+    """Receive `events` frames until n events arrived; returns [(topic, offset, event)]."""
+    out = []
+    while len(out) < n:
+        m = await recv(ws)
+        if m["op"] != "events" or (sub_id is not None and m["id"] != sub_id):
+            continue
+        out += [(m["topic"], e["offset"], e["event"]) for e in m["events"]]
+    return out
+
+
+# ---- publish, subscribe, replay ----------------------------------------------------------
+
+def test_publish_ack_and_replay_from_each_start(relay, creds):
+    async def go():
+        ws = await session(relay, admin(creds), producer_id="p1")
+        ack = await publish(ws, "jobs", 0, [event(i) for i in range(5)])
+        assert ack == {"op": "ack", "seq": 0, "topic": "jobs", "first_offset": 0, "count": 5, "duplicates": 0}
+        ack = await publish(ws, "jobs", 1, [event(i) for i in range(5, 8)])
+        assert ack["first_offset"] == 5 and ack["count"] == 3
+
+        sub = await connect(relay, admin(creds))
+        await request(sub, {"op": "hello"})
+        r = await request(sub, {"op": "subscribe", "id": "a", "topic": "jobs", "from": "earliest"})
+        assert r["op"] == "subscribed" and r["offsets"] == {"jobs": 0}
+        got = await collect(sub, 8)
+        assert [o for _, o, _ in got] == list(range(8))
+        assert [e["id"] for _, _, e in got] == [str(i) for i in range(8)]
+
+        r = await request(sub, {"op": "subscribe", "id": "b", "topic": "jobs", "from": 6})
+        assert r["offsets"] == {"jobs": 6}
+        assert [o for _, o, _ in await collect(sub, 2, "b")] == [6, 7]
+
+        r = await request(sub, {"op": "subscribe", "id": "c", "topic": "jobs", "from": "latest"})
+        assert r["offsets"] == {"jobs": 8}
+        await publish(ws, "jobs", 2, [event("late")])
+        got = await collect(sub, 1, "c")
+        assert got[0][1] == 8 and got[0][2]["id"] == "late"
+        await ws.close()
+        await sub.close()
+    run(go())
+
+
+def test_pattern_subscription_includes_topics_created_later(relay, creds):
+    async def go():
+        ws = await session(relay, admin(creds))
+        await publish(ws, "task.a", 0, [event("a0")])
+        await publish(ws, "other", 1, [event("x")])
+        sub = await session(relay, creds.token("subscribe:task.*"))
+        r = await request(sub, {"op": "subscribe", "id": 1, "topic": "task.*", "from": "earliest"})
+        assert r["topics"] == ["task.a"]
+        await publish(ws, "task.b", 2, [event("b0")])
+        got = await collect(sub, 2)
+        assert sorted((t, e["id"]) for t, _, e in got) == [("task.a", "a0"), ("task.b", "b0")]
+        # other topics never arrive
+        await publish(ws, "other", 3, [event("y")])
+        await publish(ws, "task.a", 4, [event("a1")])
+        got = await collect(sub, 1)
+        assert got[0][2]["id"] == "a1"
+    run(go())
+
+
+def test_consumer_group_resumes_where_it_committed(relay, creds):
+    async def go():
+        ws = await session(relay, admin(creds))
+        await publish(ws, "g", 0, [event(i) for i in range(10)])
+        c1 = await session(relay, admin(creds))
+        await request(c1, {"op": "subscribe", "id": "s", "topic": "g", "from": "earliest", "group": "console"})
+        got = await collect(c1, 10)
+        r = await request(c1, {"op": "commit", "group": "console", "topic": "g", "offset": got[3][1] + 1})
+        assert r == {"op": "committed", "group": "console", "topic": "g", "offset": 4}
+        await c1.close()
+        c2 = await session(relay, admin(creds))
+        r = await request(c2, {"op": "subscribe", "id": "s", "topic": "g", "from": "latest", "group": "console"})
+        assert r["offsets"] == {"g": 4}  # the commit wins over from
+        got = await collect(c2, 6)
+        assert [o for _, o, _ in got] == list(range(4, 10))
+        # The lag is visible to an admin.
+        body = https_get(relay, "/api/v1/topics/g", admin(creds))
+        assert json.loads(body)["groups"] == [{"group": "console", "offset": 4, "lag": 6}]
+    run(go())
+
+
+# ---- idempotence ------------------------------------------------------------------------
+
+def test_duplicates_dropped_by_producer_seq_and_event_id_across_restart(relay, creds):
+    async def go(expect_first):
+        ws = await session(relay, admin(creds), producer_id="prod-7")
+        ack = await publish(ws, "d", 0, [event("e0"), event("e1")])
+        assert ack["count"] == expect_first
+        again = await publish(ws, "d", 0, [event("e0"), event("e1")])
+        assert again["count"] == 0 and again.get("duplicate_batch") is True
+        mixed = await publish(ws, "d", 1 if expect_first else 2, [event("e1"), event("e2")])
+        await ws.close()
+        return mixed
+    mixed = run(go(2))
+    assert mixed["count"] == 1 and mixed["duplicates"] == 1
+    relay.stop()
+    relay.start()
+    mixed = run(go(0))  # after a restart: the batch and the events are still known
+    assert mixed["count"] == 0 and mixed["duplicates"] == 2
+    async def count():
+        sub = await session(relay, admin(creds))
+        await request(sub, {"op": "subscribe", "id": 1, "topic": "d", "from": "earliest"})
+        got = await collect(sub, 3)
+        return [e["id"] for _, _, e in got]
+    assert run(count()) == ["e0", "e1", "e2"]
+
+
+# ---- bad input ----------------------------------------------------------------------------
+
+def test_bad_frames_get_documented_errors_and_the_relay_keeps_serving(relay, creds):
+    async def go():
+        good = await session(relay, admin(creds), producer_id="good")
+        assert (await publish(good, "safe", 0, [event("kept")]))["op"] == "ack"
+
+        ws = await connect(relay, admin(creds))
+        assert (await request(ws, {"op": "publish", "topic": "t", "seq": 0, "events": [event(1)]}))["code"] == "hello_required"
+        await ws.send("{not json")
+        assert (await recv(ws))["code"] == "bad_json"
+        await ws.send(json.dumps({"op": "hello"}))
+        assert (await recv(ws))["op"] == "welcome"
+        assert (await request(ws, {"op": "frobnicate"}))["code"] == "unknown_op"
+        await ws.send(b"\x00binary")
+        assert (await recv(ws))["code"] == "bad_request"
+        nack = await publish(ws, "t", 1, [event(1), {"specversion": "1.0", "id": "x", "type": "t"}])
+        assert nack["op"] == "nack" and nack["code"] == "invalid_event" and nack["index"] == 1
+        assert "source" in nack["message"]
+        nack = await publish(ws, "t", 2, [event(2, data="y" * (1 << 20))])
+        assert nack["code"] == "event_too_large"
+        nack = await publish(ws, "bad topic!", 3, [event(3)])
+        assert nack["code"] == "bad_topic"
+        nack = await publish(ws, "t", 4, [event(4, type_="org.diaspora.task.started", data={"nope": 1})])
+        assert nack["code"] == "invalid_event" and "task_id" in nack["message"]
+        nack = await publish(ws, "t", 5, [])
+        assert nack["code"] == "bad_request"
+        # Nothing of a nacked batch was written.
+        r = await request(ws, {"op": "subscribe", "id": 1, "topic": "t", "from": "earliest"})
+        assert r["offsets"] == {"t": 0}
+        # A frame over max_frame_bytes (16 MiB) closes the connection with 1009.
+        await ws.send(json.dumps({"op": "ping", "pad": "z" * (17 << 20)}))
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await recv(ws)
+        assert closed.value.code == 1009
+
+        # The good client is unaffected and its data is intact.
+        assert (await publish(good, "safe", 1, [event("kept2")]))["count"] == 1
+        sub = await session(relay, admin(creds))
+        await request(sub, {"op": "subscribe", "id": 1, "topic": "safe", "from": "earliest"})
+        assert [e["id"] for _, _, e in await collect(sub, 2)] == ["kept", "kept2"]
+    run(go())
+
+
+def test_tokens_missing_expired_tampered_and_wrong_scope(relay, creds):
+    async def go():
+        now = int(time.time())
+        # No token anywhere: hello is refused, close 4001.
+        ws = await connect(relay, None)
+        r = await request(ws, {"op": "hello"})
+        assert r["code"] == "unauthorized"
+        with pytest.raises(websockets.ConnectionClosed) as c:
+            await recv(ws)
+        assert c.value.code == 4001
+        # Expired / tampered / wrong key / alg none on the upgrade: HTTP 401.
+        bad = {
+            "expired": creds.forge({"sub": "x", "scope": ["admin"], "exp": now - 3600}),
+            "tampered": creds.token("subscribe:*")[:-3] + "AAA",
+            "other key": creds.forge({"sub": "x", "scope": ["admin"], "exp": now + 3600}, secret=b"k" * 40),
+            "alg none": creds.forge({"sub": "x", "scope": ["admin"], "exp": now + 3600}, header={"alg": "none"}),
+        }
+        for name, tok in bad.items():
+            with pytest.raises(websockets.InvalidStatusCode) as e:
+                await connect(relay, tok)
+            assert e.value.status_code == 401, name
+        # The same expired token in hello: token_expired.
+        ws = await connect(relay, None)
+        r = await request(ws, {"op": "hello", "token": bad["expired"]})
+        assert r["code"] == "token_expired"
+        # Wrong scope: forbidden, connection stays open.
+        ws = await session(relay, creds.token("subscribe:task.*"))
+        nack = await publish(ws, "task.x", 0, [event(1)])
+        assert nack["code"] == "forbidden"
+        r = await request(ws, {"op": "subscribe", "id": 1, "topic": "control.x"})
+        assert r["code"] == "forbidden"
+        r = await request(ws, {"op": "subscribe", "id": 2, "topic": "*"})
+        assert r["code"] == "forbidden"
+        assert (await request(ws, {"op": "ping", "id": 9})) == {"op": "pong", "id": 9}
+    run(go())
+
+
+def test_mutual_tls_refuses_a_client_without_a_trusted_certificate(creds, tmp_path):
+    relay = RelayProcess(creds, tmp_path / "mtls", mtls=True).start()
+    try:
+        async def go():
+            with pytest.raises((ssl.SSLError, OSError, websockets.InvalidHandshake, asyncio.TimeoutError,
+                                websockets.ConnectionClosed)):
+                ws = await connect(relay, admin(creds))
+                await request(ws, {"op": "hello"})
+            ws = await session(relay, admin(creds), ssl_ctx=creds.client_ssl(with_cert=True))
+            assert (await publish(ws, "m", 0, [event(1)]))["count"] == 1
+        run(go())
+        # An untrusted server certificate is refused by our own CLI client too.
+        other = Credentials(tmp_path / "other")
+        p = sh(DIASPORA, "publish", "--url", relay.url, "--ca", other.ca, "--token", admin(creds),
+               "--topic", "m", "--count", "1", check=False)
+        assert p.returncode == 1 and "TLS handshake" in p.stderr
+    finally:
+        assert relay.stop() == 0
+
+
+# ---- cloudevents.json ----------------------------------------------------------------------
+
+def test_cloudevents_binding_publish_and_listen(relay, creds):
+    async def go():
+        listener = await connect(relay, creds.token("subscribe:ce.*"), path="/ce/ce.demo",
+                                 subprotocol="cloudevents.json")
+        assert listener.subprotocol == "cloudevents.json"
+        pub = await connect(relay, None, path=f"/ce/ce.demo?access_token={creds.token('publish:ce.*')}",
+                            subprotocol="cloudevents.json")
+        for i in range(3):
+            await pub.send(json.dumps(event(f"ce{i}", source="/ce-client")))
+        got = [json.loads(await asyncio.wait_for(listener.recv(), 20)) for _ in range(3)]
+        assert [e["id"] for e in got] == ["ce0", "ce1", "ce2"]
+        assert got[0]["source"] == "/ce-client" and got[0]["specversion"] == "1.0"
+        # The events are in the log for diaspora.v1 clients too.
+        sub = await session(relay, admin(creds))
+        await request(sub, {"op": "subscribe", "id": 1, "topic": "ce.demo", "from": "earliest"})
+        assert len(await collect(sub, 3)) == 3
+        # An invalid event closes the publisher with 1007; a publisher without scope with 4003.
+        await pub.send(json.dumps({"id": "no-source"}))
+        with pytest.raises(websockets.ConnectionClosed) as c:
+            await asyncio.wait_for(pub.recv(), 20)
+        assert c.value.code == 1007
+        await listener.send(json.dumps(event("x")))
+        with pytest.raises(websockets.ConnectionClosed) as c:
+            await asyncio.wait_for(listener.recv(), 20)
+        assert c.value.code == 4003
+        with pytest.raises(websockets.InvalidStatusCode) as e:
+            await connect(relay, None, path="/ce/ce.demo", subprotocol="cloudevents.json")
+        assert e.value.status_code == 401
+        with pytest.raises(websockets.InvalidStatusCode) as e:
+            await connect(relay, creds.token("subscribe:zzz"), path="/ce/ce.demo", subprotocol="cloudevents.json")
+        assert e.value.status_code == 403
+    run(go())
+
+
+# ---- HTTPS ----------------------------------------------------------------------------------
+
+def https_get(relay, path, token=None):
+    req = urllib.request.Request(f"https://127.0.0.1:{relay.port}{path}")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    ctx = relay.creds.client_ssl()
+    with urllib.request.urlopen(req, context=ctx, timeout=20) as r:
+        return r.read().decode()
+
+
+def https_status(relay, path, token=None):
+    try:
+        https_get(relay, path, token)
+        return 200
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_https_endpoints(relay, creds):
+    async def go():
+        ws = await session(relay, admin(creds))
+        await publish(ws, "m.a", 0, [event(i) for i in range(4)])
+    run(go())
+    assert https_get(relay, "/healthz") == "ok\n"
+    assert https_get(relay, "/readyz") == "ready\n"
+    metrics = https_get(relay, "/metrics")
+    assert 'diaspora_relay_events_in_total{topic="m.a"} 4' in metrics
+    assert "diaspora_relay_fsync_seconds_count" in metrics
+    assert "# TYPE diaspora_relay_fsync_seconds histogram" in metrics
+    assert https_status(relay, "/api/v1/topics") == 401
+    assert https_status(relay, "/api/v1/topics", creds.token("subscribe:*")) == 403
+    topics = json.loads(https_get(relay, "/api/v1/topics", admin(creds)))["topics"]
+    assert {"name": "m.a", "first_offset": 0, "next_offset": 4} == {k: topics[0][k] for k in ("name", "first_offset", "next_offset")}
+    assert https_status(relay, "/api/v1/topics/nope", admin(creds)) == 404
+    assert https_status(relay, "/nothing") == 404
+
+
+# ---- the CLI against a real relay ---------------------------------------------------------
+
+def test_cli_publish_and_tail(relay, creds, tmp_path):
+    tok = admin(creds)
+    p = sh(DIASPORA, "publish", "--url", relay.url, "--ca", creds.ca, "--token", tok, "--topic", "cli",
+           "--count", "500", "--size", "300", "--batch", "64")
+    assert p.stdout.startswith("acked 500 of 500 events"), p.stdout
+    lines = tmp_path / "events.jsonl"
+    lines.write_text("\n".join(json.dumps(event(f"f{i}", source="/file")) for i in range(3)) + "\n")
+    p = sh(DIASPORA, "publish", "--url", relay.url, "--ca", creds.ca, "--token", tok, "--topic", "cli", "--file", lines)
+    assert p.stdout.startswith("acked 3 of 3 events")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(event("ok")) + "\n" + '{"id":"x"}\n')
+    p = sh(DIASPORA, "publish", "--url", relay.url, "--ca", creds.ca, "--token", tok, "--topic", "cli", "--file", bad,
+           check=False)
+    assert p.returncode == 1 and f"{bad}:2: error:" in p.stderr
+    p = sh(DIASPORA, "tail", "--url", relay.url.replace("127.0.0.1", "localhost"), "--ca", creds.ca, "--token", tok,
+           "--topic", "cli", "--from", "500", "--count", "3")
+    assert [json.loads(l)["id"] for l in p.stdout.splitlines()] == ["f0", "f1", "f2"]
+    # A group: two tails of 2 continue each other.
+    tail = [DIASPORA, "tail", "--url", relay.url, "--ca", creds.ca, "--token", tok, "--topic", "cli",
+            "--from", "earliest", "--count", "2", "--group", "g1", "--offsets"]
+    first = [json.loads(l)["offset"] for l in sh(*tail).stdout.splitlines()]
+    second = [json.loads(l)["offset"] for l in sh(*tail).stdout.splitlines()]
+    assert first == [0, 1] and second == [2, 3]
+
+
+# ---- shutdown and slow consumers ------------------------------------------------------------
+
+def test_sigterm_drains_and_exits_zero(creds, tmp_path):
+    relay = RelayProcess(creds, tmp_path / "term").start()
+    async def go():
+        ws = await session(relay, admin(creds), producer_id="t")
+        for s in range(20):
+            await ws.send(json.dumps({"op": "publish", "topic": "t", "seq": s, "events": [event(f"{s}-{i}") for i in range(50)]}))
+        acks = 0
+        while acks < 20:
+            m = await recv(ws)
+            acks += m["op"] == "ack"
+        relay.proc.send_signal(15)
+        with pytest.raises(websockets.ConnectionClosed) as c:
+            await asyncio.wait_for(ws.recv(), 20)
+        assert c.value.code == 1001
+    run(go())
+    assert relay.proc.wait(timeout=20) == 0
+    assert "stopped cleanly" in relay.log.read_text()
+
+
+def test_slow_subscriber_is_disconnected_with_4008(creds, tmp_path):
+    relay = RelayProcess(creds, tmp_path / "slow", config={
+        "limits": {"subscriber_queue_frames": 2, "slow_subscriber_timeout": "2s", "delivery_batch_events": 50}}).start()
+    try:
+        tok = admin(creds)
+        sh(DIASPORA, "publish", "--url", relay.url, "--ca", creds.ca, "--token", tok, "--topic", "big",
+           "--count", "20000", "--size", "2048", "--batch", "500")
+        async def go():
+            ws = await session(relay, tok, max_queue=1, read_limit=2**16, write_limit=2**16)
+            await ws.send(json.dumps({"op": "subscribe", "id": 1, "topic": "big", "from": "earliest"}))
+            await asyncio.sleep(6)  # never read: the relay's queue fills and stays full
+            with pytest.raises(websockets.ConnectionClosed) as c:
+                for _ in range(100000):
+                    await asyncio.wait_for(ws.recv(), 20)
+            assert c.value.code == 4008
+            # Other clients are unaffected.
+            ok = await session(relay, tok)
+            assert (await request(ok, {"op": "ping", "id": 1}))["op"] == "pong"
+        run(go())
+        assert "diaspora_relay_slow_consumer_disconnects_total 1" in https_get(relay, "/metrics")
+    finally:
+        assert relay.stop() == 0

@@ -1,0 +1,710 @@
+// The relay's topic log: CRC32C, append/read, group commit under concurrency, de-dupe,
+// segments and the sparse index, crash recovery, retention and consumer-group offsets.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "test_helpers.hpp"
+#include "topic_log.hpp"
+
+namespace fs = std::filesystem;
+using diaspora::relay::AppendRecord;
+using diaspora::relay::AppendResult;
+using diaspora::relay::FsyncPolicy;
+using diaspora::relay::LogOptions;
+using diaspora::relay::LogStore;
+using diaspora::relay::StoredRecord;
+using diaspora::test::TempDir;
+
+namespace {
+
+LogOptions options(const fs::path& dir, const char* fsync = "never") {
+  LogOptions o;
+  o.data_dir = dir;
+  o.fsync = FsyncPolicy::parse(fsync);
+  return o;
+}
+
+AppendResult append_sync(LogStore& s, const std::string& topic, const std::string& producer, std::uint64_t seq,
+                         std::vector<AppendRecord> records) {
+  std::promise<AppendResult> p;
+  auto f = p.get_future();
+  s.append(topic, producer, seq, std::move(records), [&p](const AppendResult& r) { p.set_value(r); });
+  return f.get();
+}
+
+std::vector<AppendRecord> payloads(const std::vector<std::string>& texts) {
+  std::vector<AppendRecord> out;
+  for (const auto& t : texts) out.push_back({"", t});
+  return out;
+}
+
+std::vector<AppendRecord> keyed(const std::vector<std::string>& keys) {
+  std::vector<AppendRecord> out;
+  for (const auto& k : keys) out.push_back({k, "{\"id\":\"" + k + "\"}"});
+  return out;
+}
+
+std::vector<std::string> texts(const std::vector<StoredRecord>& recs) {
+  std::vector<std::string> out;
+  for (const auto& r : recs) out.push_back(r.payload);
+  return out;
+}
+
+std::string numbered(int i, std::size_t width = 0) {
+  std::string s = "{\"n\":" + std::to_string(i) + "}";
+  if (s.size() < width) s.append(width - s.size(), ' ');
+  return s;
+}
+
+std::vector<fs::path> segment_files(const fs::path& data, const std::string& topic) {
+  return diaspora::test::files_in(data / "topics" / topic, ".log");
+}
+
+// Overwrites one byte of a file.
+void flip_byte(const fs::path& file, std::uint64_t pos) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(pos));
+  char c = 0;
+  f.get(c);
+  f.seekp(static_cast<std::streamoff>(pos));
+  f.put(static_cast<char>(c ^ 0x5a));
+}
+
+// Bytes one record takes on disk (frame 8 + fixed fields 28 + variable fields).
+std::uint64_t on_disk(const std::string& producer, const std::string& key, const std::string& payload) {
+  return 36 + producer.size() + key.size() + payload.size();
+}
+
+}  // namespace
+
+// ---- CRC32C ---------------------------------------------------------------------------
+
+TEST(Crc32c, KnownVectors) {
+  using diaspora::relay::crc32c;
+  using diaspora::relay::detail::crc32c_portable;
+  const std::string check = "123456789";
+  EXPECT_EQ(crc32c(check.data(), check.size()), 0xE3069283u);
+  EXPECT_EQ(crc32c_portable(check.data(), check.size()), 0xE3069283u);
+  EXPECT_EQ(crc32c(nullptr, 0), 0u);
+  // RFC 3720 (iSCSI) B.4 vectors.
+  unsigned char buf[32];
+  std::memset(buf, 0, sizeof buf);
+  EXPECT_EQ(crc32c(buf, 32), 0x8A9136AAu);
+  EXPECT_EQ(crc32c_portable(buf, 32), 0x8A9136AAu);
+  std::memset(buf, 0xff, sizeof buf);
+  EXPECT_EQ(crc32c(buf, 32), 0x62A8AB43u);
+  EXPECT_EQ(crc32c_portable(buf, 32), 0x62A8AB43u);
+  for (int i = 0; i < 32; ++i) buf[i] = static_cast<unsigned char>(i);
+  EXPECT_EQ(crc32c(buf, 32), 0x46DD794Eu);
+  EXPECT_EQ(crc32c_portable(buf, 32), 0x46DD794Eu);
+}
+
+TEST(Crc32c, IncrementalAndUnalignedAgree) {
+  using diaspora::relay::crc32c;
+  using diaspora::relay::detail::crc32c_portable;
+  std::mt19937 rng(7);
+  std::string data(1000, '\0');
+  for (char& c : data) c = static_cast<char>(rng());
+  for (std::size_t start = 0; start < 9; ++start) {
+    for (std::size_t len : {0u, 1u, 7u, 8u, 9u, 63u, 64u, 65u, 500u, 991u}) {
+      const char* p = data.data() + start;
+      const std::uint32_t whole = crc32c(p, len);
+      ASSERT_EQ(whole, crc32c_portable(p, len)) << start << "+" << len;
+      for (std::size_t cut : {std::size_t{0}, len / 3, len / 2, len}) {
+        EXPECT_EQ(crc32c(p + cut, len - cut, crc32c(p, cut)), whole);
+        EXPECT_EQ(crc32c_portable(p + cut, len - cut, crc32c_portable(p, cut)), whole);
+      }
+    }
+  }
+}
+
+// ---- basics ---------------------------------------------------------------------------
+
+TEST(TopicLog, AppendAndReadBack) {
+  TempDir dir;
+  LogStore s(options(dir.path(), "always"));
+  EXPECT_EQ(s.committed_offset("t"), 0u);
+  EXPECT_TRUE(s.read("t", 0, 10, 1 << 20).empty());
+
+  auto r = append_sync(s, "t", "p", 1, payloads({"{\"a\":1}", "{\"a\":2}", "{\"a\":3}"}));
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.first_offset, 0u);
+  EXPECT_EQ(r.written, 3u);
+  EXPECT_EQ(r.duplicates, 0u);
+  EXPECT_FALSE(r.duplicate_batch);
+  r = append_sync(s, "t", "p", 2, payloads({"{\"a\":4}"}));
+  ASSERT_TRUE(r.ok);
+  EXPECT_EQ(r.first_offset, 3u);
+  EXPECT_EQ(s.committed_offset("t"), 4u);
+  EXPECT_EQ(s.first_offset("t"), 0u);
+
+  auto recs = s.read("t", 0, 100, 1 << 20);
+  ASSERT_EQ(recs.size(), 4u);
+  for (std::size_t i = 0; i < recs.size(); ++i) {
+    EXPECT_EQ(recs[i].offset, i);
+    EXPECT_EQ(recs[i].payload, "{\"a\":" + std::to_string(i + 1) + "}");
+    EXPECT_GT(recs[i].time_us, 1'600'000'000'000'000);
+  }
+  // Limits: records, bytes (at least one), and from.
+  EXPECT_EQ(s.read("t", 0, 2, 1 << 20).size(), 2u);
+  EXPECT_EQ(s.read("t", 0, 100, 1).size(), 1u);
+  EXPECT_EQ(s.read("t", 0, 100, 14).size(), 2u);
+  EXPECT_EQ(s.read("t", 0, 0, 1 << 20).size(), 0u);
+  EXPECT_EQ(texts(s.read("t", 2, 100, 1 << 20)), (std::vector<std::string>{"{\"a\":3}", "{\"a\":4}"}));
+  EXPECT_TRUE(s.read("t", 4, 100, 1 << 20).empty());
+  EXPECT_TRUE(s.read("other", 0, 100, 1 << 20).empty());
+
+  EXPECT_EQ(s.topics(), std::vector<std::string>{"t"});
+  auto info = s.info("t");
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->next_offset, 4u);
+  EXPECT_EQ(info->segments, 1u);
+  EXPECT_EQ(info->bytes, fs::file_size(segment_files(dir.path(), "t").at(0)));
+  EXPECT_FALSE(s.info("nope"));
+  EXPECT_TRUE(s.verify().empty());
+}
+
+TEST(TopicLog, LayoutAndCommitListener) {
+  TempDir dir;
+  std::mutex mu;
+  std::vector<std::pair<std::string, std::uint64_t>> seen;
+  {
+    LogStore s(options(dir.path(), "interval:20"));
+    s.set_commit_listener([&](const std::string& t, std::uint64_t next) {
+      std::lock_guard lk(mu);
+      seen.emplace_back(t, next);
+    });
+    ASSERT_TRUE(append_sync(s, "alpha", "", 0, payloads({"1", "2"})).ok);
+    ASSERT_TRUE(append_sync(s, "beta.x_y-z", "", 0, payloads({"1"})).ok);
+    // Interval mode acks after write(); the records are readable at once.
+    EXPECT_EQ(s.read("alpha", 0, 10, 1000).size(), 2u);
+  }
+  std::lock_guard lk(mu);
+  EXPECT_EQ(seen, (std::vector<std::pair<std::string, std::uint64_t>>{{"alpha", 2}, {"beta.x_y-z", 1}}));
+  EXPECT_TRUE(fs::exists(dir.path() / "topics" / "alpha" / "00000000000000000000.log"));
+  EXPECT_TRUE(fs::exists(dir.path() / "topics" / "beta.x_y-z" / "00000000000000000000.log"));
+}
+
+TEST(TopicLog, RejectsBadInput) {
+  TempDir dir;
+  LogStore s(options(dir.path()));
+  auto r = append_sync(s, "t", std::string(70000, 'p'), 1, payloads({"{}"}));
+  EXPECT_FALSE(r.ok);
+  EXPECT_FALSE(r.error.empty());
+  r = append_sync(s, "t", "p", 1, {{std::string(70000, 'k'), "{}"}});
+  EXPECT_FALSE(r.ok);
+  r = append_sync(s, "t", "p", 1, payloads({std::string(17u << 20, 'x')}));
+  EXPECT_FALSE(r.ok);
+  r = append_sync(s, "../evil", "p", 1, payloads({"{}"}));
+  EXPECT_FALSE(r.ok);
+  EXPECT_FALSE(fs::exists(dir.path() / "evil"));
+  // Nothing was written by the refused batches; the topic still works and seq 1 is unused.
+  r = append_sync(s, "t", "p", 1, payloads({"{}"}));
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.first_offset, 0u);
+  EXPECT_EQ(r.written, 1u);
+}
+
+TEST(TopicLog, ValidTopicNames) {
+  using diaspora::relay::valid_topic_name;
+  EXPECT_TRUE(valid_topic_name("a"));
+  EXPECT_TRUE(valid_topic_name("events.v1_raw-2"));
+  EXPECT_TRUE(valid_topic_name(std::string(200, 'x')));
+  EXPECT_FALSE(valid_topic_name(std::string(201, 'x')));
+  EXPECT_FALSE(valid_topic_name(""));
+  EXPECT_FALSE(valid_topic_name(".hidden"));
+  EXPECT_FALSE(valid_topic_name(".."));
+  EXPECT_FALSE(valid_topic_name("a/b"));
+  EXPECT_FALSE(valid_topic_name("a b"));
+  EXPECT_FALSE(valid_topic_name("caf\xc3\xa9"));
+  EXPECT_FALSE(valid_topic_name(std::string("a\0b", 3)));
+}
+
+TEST(TopicLog, FsyncPolicyParse) {
+  EXPECT_EQ(FsyncPolicy::parse("always").mode, FsyncPolicy::Mode::always);
+  EXPECT_EQ(FsyncPolicy::parse("never").mode, FsyncPolicy::Mode::never);
+  auto p = FsyncPolicy::parse("interval:50");
+  EXPECT_EQ(p.mode, FsyncPolicy::Mode::interval);
+  EXPECT_EQ(p.interval, std::chrono::milliseconds(50));
+  for (const char* bad : {"", "Always", "interval", "interval:", "interval:-5", "interval:5ms", "interval:x", "sometimes",
+                          "interval:99999999999"})
+    EXPECT_THROW(FsyncPolicy::parse(bad), diaspora::Error) << bad;
+}
+
+TEST(TopicLog, FsyncStatsCountSyncs) {
+  TempDir dir;
+  LogStore s(options(dir.path(), "always"));
+  auto before = s.fsync_stats();
+  EXPECT_EQ(before.count, 0u);
+  ASSERT_EQ(before.bucket_bounds.size(), before.bucket_counts.size());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(append_sync(s, "t", "", 0, payloads({"{}"})).ok);
+  auto st = s.fsync_stats();
+  EXPECT_GE(st.count, 3u);
+  EXPECT_GT(st.sum, 0.0);
+  for (std::size_t i = 1; i < st.bucket_counts.size(); ++i) {
+    EXPECT_LT(st.bucket_bounds[i - 1], st.bucket_bounds[i]);
+    EXPECT_LE(st.bucket_counts[i - 1], st.bucket_counts[i]);  // cumulative
+  }
+  EXPECT_LE(st.bucket_counts.back(), st.count);
+}
+
+// ---- concurrency ----------------------------------------------------------------------
+
+TEST(TopicLog, ConcurrentAppendersKeepEveryRecordOnceInOrder) {
+  TempDir dir;
+  LogOptions o = options(dir.path(), "always");
+  o.segment_bytes = 16 << 10;  // several rolls along the way
+  LogStore s(o);
+  constexpr int kThreads = 4, kBatches = 150, kPerBatch = 3;
+  std::atomic<int> ok{0}, failed{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  int outstanding = kThreads * kBatches;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int b = 0; b < kBatches; ++b) {
+        std::vector<AppendRecord> recs;
+        for (int k = 0; k < kPerBatch; ++k)
+          recs.push_back({"", std::to_string(t) + ":" + std::to_string(b * kPerBatch + k)});
+        s.append("shared", "producer-" + std::to_string(t), static_cast<std::uint64_t>(b + 1), std::move(recs),
+                 [&](const AppendResult& r) {
+                   (r.ok && r.written == kPerBatch ? ok : failed)++;
+                   std::lock_guard lk(mu);
+                   if (--outstanding == 0) cv.notify_all();
+                 });
+        // Readers run concurrently with the writer.
+        if (b % 25 == 0) (void)s.read("shared", 0, 50, 1 << 20);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  {
+    std::unique_lock lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(30), [&] { return outstanding == 0; }));
+  }
+  EXPECT_EQ(ok.load(), kThreads * kBatches);
+  EXPECT_EQ(failed.load(), 0);
+  constexpr std::uint64_t total = kThreads * kBatches * kPerBatch;
+  EXPECT_EQ(s.committed_offset("shared"), total);
+
+  std::vector<StoredRecord> all;
+  for (std::uint64_t from = 0; from < total;) {
+    auto part = s.read("shared", from, 97, 1 << 20);
+    ASSERT_FALSE(part.empty());
+    from = part.back().offset + 1;
+    all.insert(all.end(), part.begin(), part.end());
+  }
+  ASSERT_EQ(all.size(), total);
+  std::vector<int> next(kThreads, 0);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    ASSERT_EQ(all[i].offset, i);
+    const auto colon = all[i].payload.find(':');
+    const int t = std::stoi(all[i].payload.substr(0, colon));
+    const int n = std::stoi(all[i].payload.substr(colon + 1));
+    EXPECT_EQ(n, next[t]) << "producer " << t << " out of order";
+    next[t] = n + 1;
+  }
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(next[t], kBatches * kPerBatch);
+  EXPECT_GT(s.info("shared")->segments, 1u);
+  EXPECT_TRUE(s.verify().empty());
+}
+
+// ---- de-dupe --------------------------------------------------------------------------
+
+TEST(TopicLog, BatchDedupeSurvivesReopen) {
+  TempDir dir;
+  {
+    LogStore s(options(dir.path()));
+    ASSERT_TRUE(append_sync(s, "t", "p1", 5, payloads({"a", "b"})).ok);
+    auto r = append_sync(s, "t", "p1", 5, payloads({"a", "b"}));
+    EXPECT_TRUE(r.ok);
+    EXPECT_TRUE(r.duplicate_batch);
+    EXPECT_EQ(r.written, 0u);
+    EXPECT_EQ(r.first_offset, 2u);
+    EXPECT_TRUE(append_sync(s, "t", "p1", 3, payloads({"old"})).duplicate_batch);
+    // Another producer, another topic, or no producer id: independent.
+    EXPECT_FALSE(append_sync(s, "t", "p2", 5, payloads({"c"})).duplicate_batch);
+    EXPECT_FALSE(append_sync(s, "u", "p1", 5, payloads({"d"})).duplicate_batch);
+    EXPECT_EQ(append_sync(s, "t", "", 0, payloads({"e"})).written, 1u);
+    EXPECT_EQ(append_sync(s, "t", "", 0, payloads({"e"})).written, 1u);
+  }
+  LogStore s(options(dir.path()));
+  EXPECT_EQ(s.committed_offset("t"), 5u);
+  auto r = append_sync(s, "t", "p1", 5, payloads({"a", "b"}));
+  EXPECT_TRUE(r.duplicate_batch);
+  EXPECT_EQ(r.first_offset, 5u);
+  EXPECT_TRUE(append_sync(s, "t", "p2", 5, payloads({"c"})).duplicate_batch);
+  r = append_sync(s, "t", "p1", 6, payloads({"f"}));
+  EXPECT_FALSE(r.duplicate_batch);
+  EXPECT_EQ(r.first_offset, 5u);
+  EXPECT_EQ(texts(s.read("t", 0, 100, 1 << 20)), (std::vector<std::string>{"a", "b", "c", "e", "e", "f"}));
+}
+
+TEST(TopicLog, EventDedupeByKey) {
+  TempDir dir;
+  {
+    LogStore s(options(dir.path()));
+    // Within one batch.
+    auto r = append_sync(s, "t", "", 0, keyed({"src\x1f" "1", "src\x1f" "2", "src\x1f" "1"}));
+    ASSERT_TRUE(r.ok);
+    EXPECT_EQ(r.written, 2u);
+    EXPECT_EQ(r.duplicates, 1u);
+    // Across batches; the first written record gets the next offset.
+    r = append_sync(s, "t", "", 0, keyed({"src\x1f" "2", "src\x1f" "3"}));
+    EXPECT_EQ(r.written, 1u);
+    EXPECT_EQ(r.duplicates, 1u);
+    EXPECT_EQ(r.first_offset, 2u);
+    // All duplicates: nothing written, first_offset is the next offset.
+    r = append_sync(s, "t", "", 0, keyed({"src\x1f" "1"}));
+    EXPECT_TRUE(r.ok);
+    EXPECT_EQ(r.written, 0u);
+    EXPECT_EQ(r.first_offset, 3u);
+    // Keys are per topic.
+    EXPECT_EQ(append_sync(s, "other", "", 0, keyed({"src\x1f" "1"})).written, 1u);
+  }
+  LogStore s(options(dir.path()));
+  auto r = append_sync(s, "t", "", 0, keyed({"src\x1f" "3", "src\x1f" "4"}));
+  EXPECT_EQ(r.written, 1u);
+  EXPECT_EQ(r.duplicates, 1u);
+  EXPECT_EQ(r.first_offset, 3u);
+  EXPECT_EQ(s.committed_offset("t"), 4u);
+}
+
+TEST(TopicLog, EventDedupeWindowEvictsOldestKeys) {
+  TempDir dir;
+  LogOptions o = options(dir.path());
+  o.dedupe_window = 2;
+  {
+    LogStore s(o);
+    EXPECT_EQ(append_sync(s, "t", "", 0, keyed({"a", "b", "c"})).written, 3u);  // "a" falls out
+    auto r = append_sync(s, "t", "", 0, keyed({"c", "a"}));
+    EXPECT_EQ(r.written, 1u);
+    EXPECT_EQ(r.duplicates, 1u);
+  }
+  LogStore s(o);  // rebuilt from the tail: {"c", "a"}
+  auto r = append_sync(s, "t", "", 0, keyed({"a", "c", "b"}));
+  EXPECT_EQ(r.written, 1u);
+  EXPECT_EQ(r.duplicates, 2u);
+}
+
+// ---- segments and index ---------------------------------------------------------------
+
+TEST(TopicLog, SegmentRollAndReadAcrossSegments) {
+  TempDir dir;
+  LogOptions o = options(dir.path());
+  o.segment_bytes = 1000;
+  const std::string producer = "p";
+  {
+    LogStore s(o);
+    for (int b = 0; b < 10; ++b) {
+      std::vector<AppendRecord> recs;
+      for (int i = 0; i < 10; ++i) recs.push_back({"", numbered(b * 10 + i, 40)});
+      ASSERT_TRUE(append_sync(s, "t", producer, static_cast<std::uint64_t>(b + 1), std::move(recs)).ok);
+    }
+    auto files = segment_files(dir.path(), "t");
+    ASSERT_GT(files.size(), 5u);
+    EXPECT_EQ(s.info("t")->segments, files.size());
+    for (const auto& f : files) EXPECT_LE(fs::file_size(f), 1000u) << f;
+    // Segment names are the base offsets, which are the offsets of their first records.
+    const std::uint64_t per_segment = 1000 / on_disk(producer, "", numbered(0, 40));
+    const std::string digits = std::to_string(per_segment);
+    EXPECT_EQ(files[1].filename().string(), std::string(20 - digits.size(), '0') + digits + ".log");
+  }
+  LogStore s(o);
+  EXPECT_EQ(s.committed_offset("t"), 100u);
+  auto all = s.read("t", 0, 1000, 1 << 20);
+  ASSERT_EQ(all.size(), 100u);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(all[i].payload, numbered(i, 40));
+  for (std::uint64_t from : {0u, 19u, 20u, 21u, 55u, 99u}) {
+    auto part = s.read("t", from, 7, 1 << 20);
+    ASSERT_FALSE(part.empty());
+    EXPECT_EQ(part.front().offset, from);
+    EXPECT_EQ(part.size(), std::min<std::size_t>(7, 100 - from));
+  }
+  auto r = append_sync(s, "t", producer, 11, payloads({numbered(100, 40)}));
+  EXPECT_EQ(r.first_offset, 100u);
+  EXPECT_TRUE(s.verify().empty());
+}
+
+TEST(TopicLog, SparseIndexReadsFromTheMiddleOfALargeSegment) {
+  TempDir dir;
+  LogOptions o = options(dir.path());
+  o.index_interval_bytes = 512;
+  constexpr int kRecords = 3000;
+  auto payload = [](int i) { return numbered(i, 20 + (i * 37) % 90); };  // uneven sizes
+  {
+    LogStore s(o);
+    for (int b = 0; b < kRecords / 500; ++b) {
+      std::vector<AppendRecord> recs;
+      for (int i = b * 500; i < (b + 1) * 500; ++i) recs.push_back({"", payload(i)});
+      ASSERT_TRUE(append_sync(s, "big", "", 0, std::move(recs)).ok);
+    }
+    ASSERT_EQ(s.info("big")->segments, 1u);
+    for (int from : {0, 1, 13, 1499, 1500, 2222, 2999}) {
+      auto got = s.read("big", static_cast<std::uint64_t>(from), 3, 1 << 20);
+      ASSERT_FALSE(got.empty()) << from;
+      EXPECT_EQ(got.front().offset, static_cast<std::uint64_t>(from));
+      EXPECT_EQ(got.front().payload, payload(from));
+    }
+  }
+  // The index rebuilt by recovery serves the same reads.
+  LogStore s(o);
+  for (int from = 0; from < kRecords; from += 211) {
+    auto got = s.read("big", static_cast<std::uint64_t>(from), 1, 1 << 20);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].offset, static_cast<std::uint64_t>(from));
+    EXPECT_EQ(got[0].payload, payload(from));
+  }
+}
+
+// ---- recovery -------------------------------------------------------------------------
+
+TEST(TopicLog, RecoveryTruncatesTornTail) {
+  TempDir dir;
+  {
+    LogStore s(options(dir.path(), "always"));
+    for (int i = 0; i < 10; ++i) ASSERT_TRUE(append_sync(s, "t", "p", static_cast<std::uint64_t>(i + 1), payloads({numbered(i)})).ok);
+  }
+  const fs::path seg = segment_files(dir.path(), "t").at(0);
+  const auto size = fs::file_size(seg);
+  fs::resize_file(seg, size - 5);  // a crash in the middle of writing the last record
+  {
+    LogStore s(options(dir.path(), "always"));
+    EXPECT_EQ(fs::file_size(seg), size - on_disk("p", "", numbered(9)));
+    EXPECT_EQ(s.committed_offset("t"), 9u);
+    auto recs = s.read("t", 0, 100, 1 << 20);
+    ASSERT_EQ(recs.size(), 9u);
+    for (int i = 0; i < 9; ++i) EXPECT_EQ(recs[i].payload, numbered(i));
+    // The lost batch (seq 10) is not a duplicate; appends continue at offset 9.
+    auto r = append_sync(s, "t", "p", 10, payloads({"again"}));
+    EXPECT_FALSE(r.duplicate_batch);
+    EXPECT_EQ(r.first_offset, 9u);
+    EXPECT_TRUE(s.verify().empty());
+  }
+  // A tail shorter than a record header is truncated too.
+  {
+    std::ofstream f(seg, std::ios::binary | std::ios::app);
+    f.write("\x10\x00\x00", 3);
+  }
+  LogStore s(options(dir.path()));
+  EXPECT_EQ(s.committed_offset("t"), 10u);
+  EXPECT_EQ(s.read("t", 9, 10, 1 << 20).at(0).payload, "again");
+  EXPECT_TRUE(s.verify().empty());
+}
+
+TEST(TopicLog, RecoveryNeverServesACorruptRecord) {
+  TempDir dir;
+  const std::string payload = numbered(0, 50);
+  {
+    LogStore s(options(dir.path()));
+    std::vector<AppendRecord> recs;
+    for (int i = 0; i < 10; ++i) recs.push_back({"k" + std::to_string(i), numbered(i, 50)});
+    ASSERT_TRUE(append_sync(s, "t", "p", 1, std::move(recs)).ok);
+  }
+  const fs::path seg = segment_files(dir.path(), "t").at(0);
+  const std::uint64_t rec = on_disk("p", "k0", payload);
+  flip_byte(seg, 5 * rec + 45);  // inside record 5's payload
+  LogStore s(options(dir.path()));
+  EXPECT_EQ(s.committed_offset("t"), 5u);
+  EXPECT_EQ(fs::file_size(seg), 5 * rec);
+  auto recs = s.read("t", 0, 100, 1 << 20);
+  ASSERT_EQ(recs.size(), 5u);
+  EXPECT_EQ(recs.back().offset, 4u);
+  EXPECT_TRUE(s.read("t", 5, 100, 1 << 20).empty());
+  EXPECT_TRUE(s.verify().empty());
+  // Dedupe keys of the dropped records are forgotten with them.
+  auto r = append_sync(s, "t", "p", 2, {{"k4", "dup"}, {"k5", "new"}});
+  EXPECT_EQ(r.first_offset, 5u);
+  EXPECT_EQ(r.written, 1u);
+  EXPECT_EQ(r.duplicates, 1u);
+}
+
+TEST(TopicLog, RecoveryKeepsLaterSegmentsAndSkipsTheGap) {
+  TempDir dir;
+  LogOptions o = options(dir.path());
+  o.segment_bytes = 600;
+  const std::string p0 = numbered(0, 60);
+  {
+    LogStore s(o);
+    for (int i = 0; i < 30; ++i) ASSERT_TRUE(append_sync(s, "t", "", 0, payloads({numbered(i, 60)})).ok);
+  }
+  auto files = segment_files(dir.path(), "t");
+  ASSERT_GE(files.size(), 3u);
+  const std::uint64_t rec = on_disk("", "", p0);
+  const std::uint64_t per_segment = 600 / rec;
+  flip_byte(files[0], 2 * rec + 30);  // record 2 of the first segment
+  LogStore s(o);
+  EXPECT_TRUE(s.verify().empty());
+  EXPECT_EQ(fs::file_size(files[0]), 2 * rec);
+  EXPECT_EQ(s.committed_offset("t"), 30u);
+  auto recs = s.read("t", 0, 100, 1 << 20);
+  ASSERT_EQ(recs.size(), 30u - (per_segment - 2));
+  EXPECT_EQ(recs[1].offset, 1u);
+  EXPECT_EQ(recs[2].offset, per_segment);
+  EXPECT_EQ(recs[2].payload, numbered(static_cast<int>(per_segment), 60));
+  // Reading from inside the gap starts at the next surviving record.
+  auto gap = s.read("t", 3, 1, 1 << 20);
+  ASSERT_EQ(gap.size(), 1u);
+  EXPECT_EQ(gap[0].offset, per_segment);
+  EXPECT_EQ(append_sync(s, "t", "", 0, payloads({"x"})).first_offset, 30u);
+}
+
+TEST(TopicLog, RecoveryOfAnEmptyTopicDirectory) {
+  TempDir dir;
+  fs::create_directories(dir.path() / "topics" / "empty");
+  fs::create_directories(dir.path() / "topics" / ".not-a-topic");
+  LogStore s(options(dir.path()));
+  EXPECT_EQ(s.topics(), std::vector<std::string>{"empty"});
+  EXPECT_EQ(s.committed_offset("empty"), 0u);
+  EXPECT_EQ(append_sync(s, "empty", "", 0, payloads({"x"})).first_offset, 0u);
+  EXPECT_EQ(s.read("empty", 0, 10, 100).size(), 1u);
+}
+
+TEST(TopicLog, WriteErrorFailsTheBatchAndKeepsTheTopicConsistent) {
+  TempDir dir;
+  LogStore s(options(dir.path(), "always"));
+  ASSERT_TRUE(append_sync(s, "t", "p", 1, {{"k0", numbered(0, 100)}}).ok);
+  const fs::path seg = segment_files(dir.path(), "t").at(0);
+  const auto size = fs::file_size(seg);
+
+  // A file size limit makes the next write stop part-way with EFBIG, like a full disk.
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit low = old;
+  low.rlim_cur = size + 50;
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &low), 0);
+  auto r = append_sync(s, "t", "p", 2, {{"k1", numbered(1, 100)}, {"k2", numbered(2, 100)}});
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+
+  EXPECT_FALSE(r.ok);
+  EXPECT_FALSE(r.error.empty());
+  EXPECT_EQ(fs::file_size(seg), size);  // the partial write was undone
+  EXPECT_EQ(s.committed_offset("t"), 1u);
+  EXPECT_EQ(s.read("t", 0, 10, 1 << 20).size(), 1u);
+  // Neither the seq nor the keys of the failed batch were remembered: the retry is written.
+  r = append_sync(s, "t", "p", 2, {{"k1", numbered(1, 100)}, {"k2", numbered(2, 100)}});
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.first_offset, 1u);
+  EXPECT_EQ(r.written, 2u);
+  EXPECT_TRUE(s.verify().empty());
+  EXPECT_EQ(texts(s.read("t", 0, 10, 1 << 20)),
+            (std::vector<std::string>{numbered(0, 100), numbered(1, 100), numbered(2, 100)}));
+}
+
+// ---- retention ------------------------------------------------------------------------
+
+TEST(TopicLog, RetentionByBytes) {
+  TempDir dir;
+  LogOptions o = options(dir.path());
+  o.segment_bytes = 500;
+  o.retention_bytes = 1500;
+  LogStore s(o);
+  for (int i = 0; i < 60; ++i) ASSERT_TRUE(append_sync(s, "t", "", 0, payloads({numbered(i, 60)})).ok);
+  s.enforce_retention();
+  auto info = s.info("t");
+  ASSERT_TRUE(info);
+  EXPECT_LE(info->bytes, 1500u);
+  EXPECT_GT(info->first_offset, 0u);
+  EXPECT_EQ(info->next_offset, 60u);
+  EXPECT_EQ(segment_files(dir.path(), "t").size(), info->segments);
+  auto recs = s.read("t", 0, 1000, 1 << 20);
+  ASSERT_FALSE(recs.empty());
+  EXPECT_EQ(recs.front().offset, info->first_offset);
+  EXPECT_EQ(recs.back().offset, 59u);
+  EXPECT_EQ(s.first_offset("t"), info->first_offset);
+  EXPECT_TRUE(s.verify().empty());
+}
+
+TEST(TopicLog, RetentionByAge) {
+  TempDir dir;
+  LogOptions o = options(dir.path());
+  o.segment_bytes = 500;
+  o.retention_age = std::chrono::seconds(1);
+  LogStore s(o);
+  for (int i = 0; i < 30; ++i) ASSERT_TRUE(append_sync(s, "t", "", 0, payloads({numbered(i, 60)})).ok);
+  const auto segments = s.info("t")->segments;
+  ASSERT_GT(segments, 2u);
+  s.enforce_retention();  // nothing is old yet
+  EXPECT_EQ(s.info("t")->segments, segments);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  s.enforce_retention();
+  auto info = s.info("t");
+  EXPECT_EQ(info->segments, 1u);  // the active segment always stays
+  EXPECT_EQ(segment_files(dir.path(), "t").size(), 1u);
+  EXPECT_EQ(info->next_offset, 30u);
+  auto recs = s.read("t", 0, 100, 1 << 20);
+  ASSERT_FALSE(recs.empty());
+  EXPECT_EQ(recs.front().offset, info->first_offset);
+  EXPECT_EQ(recs.back().offset, 29u);
+}
+
+// ---- consumer groups ------------------------------------------------------------------
+
+TEST(TopicLog, GroupOffsetsPersistAndCorruptFilesAreIgnored) {
+  TempDir dir;
+  {
+    LogStore s(options(dir.path()));
+    EXPECT_FALSE(s.group_offset("g1", "t"));
+    s.commit_group_offset("g1", "t", 42);
+    s.commit_group_offset("g1", "u", 7);
+    s.commit_group_offset("g2", "t", 1);
+    s.commit_group_offset("g1", "t", 43);
+    EXPECT_EQ(s.group_offset("g1", "t"), 43u);
+    EXPECT_THROW(s.commit_group_offset("../x", "t", 1), diaspora::Error);
+    EXPECT_THROW(s.commit_group_offset("g", "a/b", 1), diaspora::Error);
+  }
+  const fs::path groups = dir.path() / "groups";
+  EXPECT_FALSE(fs::exists(groups / "g1.json.tmp"));
+  {
+    std::ofstream(groups / "broken.json") << "{\"offsets\": {\"t\": ";
+    std::ofstream(groups / "negative.json") << "{\"offsets\": {\"t\": -1}}";
+    std::ofstream(groups / "array.json") << "[1,2,3]";
+    std::ofstream(groups / "g2.json.tmp") << "garbage";
+  }
+  LogStore s(options(dir.path()));
+  EXPECT_EQ(s.group_offset("g1", "t"), 43u);
+  EXPECT_EQ(s.group_offset("g1", "u"), 7u);
+  EXPECT_EQ(s.group_offset("g2", "t"), 1u);
+  EXPECT_FALSE(s.group_offset("broken", "t"));
+  EXPECT_FALSE(s.group_offset("negative", "t"));
+  auto all = s.group_offsets();
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(all, (std::vector<std::tuple<std::string, std::string, std::uint64_t>>{
+                     {"g1", "t", 43}, {"g1", "u", 7}, {"g2", "t", 1}}));
+  // A corrupt group can be committed afresh.
+  s.commit_group_offset("broken", "t", 5);
+  EXPECT_EQ(s.group_offset("broken", "t"), 5u);
+}
+
+TEST(TopicLog, OneStorePerDirectory) {
+  TempDir dir;
+  LogStore s(options(dir.path()));
+  EXPECT_THROW(LogStore second(options(dir.path())), diaspora::Error);
+}
+
+TEST(TopicLog, DestructorDrainsQueuedAppends) {
+  TempDir dir;
+  std::atomic<int> done{0};
+  {
+    LogStore s(options(dir.path(), "interval:1000"));
+    for (int i = 0; i < 50; ++i)
+      s.append("t", "", 0, payloads({numbered(i)}), [&](const AppendResult& r) { done += r.ok ? 1 : 0; });
+  }
+  EXPECT_EQ(done.load(), 50);
+  LogStore s(options(dir.path()));
+  EXPECT_EQ(s.committed_offset("t"), 50u);
+}
