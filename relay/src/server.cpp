@@ -213,9 +213,15 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     claims_ = std::move(claims);
     ce_topic_ = std::move(ce_topic);
     relay_->metrics.websockets++;
+    // The HTTP phase armed the TCP stream's own deadline; from here the WebSocket's
+    // timeouts govern (Beast: never use both on one stream).
+    beast::get_lowest_layer(ws_).expires_never();
     auto timeouts = websocket::stream_base::timeout::suggested(beast::role_type::server);
     timeouts.idle_timeout = std::chrono::seconds(60);
     timeouts.keep_alive_pings = true;
+    // Also bounds the closing handshake and the TLS teardown: a peer that does not answer
+    // close_notify does not keep the connection (or a graceful shutdown) waiting.
+    timeouts.handshake_timeout = std::chrono::seconds(2);
     ws_.set_option(timeouts);
     ws_.set_option(websocket::stream_base::decorator([subprotocol](websocket::response_type& res) {
       res.set(http::field::server, std::string("diaspora-relay/") + version_string);

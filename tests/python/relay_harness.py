@@ -125,9 +125,11 @@ class RelayProcess:
 async def connect(relay: RelayProcess, token: str | None = None, path: str = "/v1",
                   subprotocol: str = "diaspora.v1", header_token: bool = True, ssl_ctx=None, **kw):
     headers = {"Authorization": f"Bearer {token}"} if token and header_token else {}
-    return await asyncio.wait_for(websockets.connect(
+    ws = await asyncio.wait_for(websockets.connect(
         relay.url + path, ssl=ssl_ctx or relay.creds.client_ssl(), subprotocols=[subprotocol],
-        extra_headers=headers, max_size=64 * 2**20, open_timeout=TIMEOUT, **kw), TIMEOUT)
+        extra_headers=headers, max_size=64 * 2**20, open_timeout=TIMEOUT, close_timeout=2, **kw), TIMEOUT)
+    _open.append(ws)
+    return ws
 
 
 async def request(ws, msg: dict) -> dict:
@@ -155,8 +157,23 @@ def event(i: int | str, source: str = "/pytest", type_: str = "org.example.test"
             "data": data if data is not None else {"i": i}}
 
 
+_open: list = []  # connections made by connect(), closed when run() ends
+
+
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 120))
+    """Runs a test coroutine with a watchdog, then closes every connection it opened (an
+    unclosed websockets connection makes asyncio's shutdown wait for its close timeout)."""
+    async def main():
+        try:
+            return await asyncio.wait_for(coro, 120)
+        finally:
+            for ws in _open:
+                try:
+                    await asyncio.wait_for(ws.close(), 5)
+                except Exception:
+                    pass
+            _open.clear()
+    return asyncio.run(main())
 
 
 def new_id() -> str:

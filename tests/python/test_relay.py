@@ -391,3 +391,17 @@ def test_slow_subscriber_is_disconnected_with_4008(creds, tmp_path):
         assert "diaspora_relay_slow_consumer_disconnects_total 1" in https_get(relay, "/metrics")
     finally:
         assert relay.stop() == 0
+
+
+def test_idle_subscription_outlives_the_http_phase_deadlines(relay, creds):
+    """A subscriber idle for longer than every HTTP/TLS-phase deadline (30 s) still gets
+    events: long-lived connections are governed by WebSocket keep-alive pings only."""
+    async def go():
+        sub = await session(relay, admin(creds))
+        await request(sub, {"op": "subscribe", "id": 1, "topic": "idle", "from": "latest"})
+        await asyncio.sleep(35)
+        pub = await session(relay, admin(creds))
+        await publish(pub, "idle", 0, [event("after-idle")])
+        got = await collect(sub, 1)
+        assert got[0][2]["id"] == "after-idle"
+    run(go())
