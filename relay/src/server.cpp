@@ -314,7 +314,10 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   // ---- diaspora.v1 ----
   void handle_frame(const std::string& text) {
     boost::system::error_code ec;
-    json::value msg = json::parse(text, ec);
+    // One arena per frame: a publish of thousands of events parses without a malloc per
+    // value. Nothing parsed here outlives the frame (records copy what they keep).
+    json::monotonic_resource arena(text.size() * 2 + 1024);
+    json::value msg = json::parse(text, ec, &arena);
     if (ec || !msg.is_object()) return send_error("bad_json", "frame is not a JSON object: " + ec.message(), nullptr);
     const json::object& o = msg.get_object();
     const json::value* opv = o.if_contains("op");

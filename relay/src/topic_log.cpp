@@ -305,6 +305,121 @@ struct Segment {
   }
 };
 
+
+// ---- event de-dupe keys -------------------------------------------------------------------
+// Keys are remembered by a 128-bit fingerprint in flat open-addressing tables: the
+// (source, id) window is on the writer's hot path, where std::unordered_set of strings
+// cost a cache miss and an allocation per event. Two independent 64-bit hashes make a
+// false "duplicate" (which would drop an event) about 1e-26 likely for a full window.
+struct Fingerprint {
+  std::uint64_t a = 0, b = 0;
+  bool empty() const noexcept { return a == 0 && b == 0; }
+  bool operator==(const Fingerprint&) const = default;
+};
+
+std::uint64_t mix64(std::uint64_t x) noexcept {  // splitmix64 finaliser
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+Fingerprint fingerprint(std::string_view key) noexcept {
+  std::uint64_t fnv = 0xcbf29ce484222325ULL;  // FNV-1a, then mixed
+  for (unsigned char c : key) fnv = (fnv ^ c) * 0x100000001b3ULL;
+  Fingerprint f{std::hash<std::string_view>{}(key), mix64(fnv ^ key.size())};
+  if (f.empty()) f.b = 1;
+  return f;
+}
+
+/// A set of fingerprints: linear probing, backward-shift deletion, grows by doubling.
+class FingerprintSet {
+ public:
+  bool contains(const Fingerprint& f) const noexcept {
+    if (slots_.empty()) return false;
+    for (std::size_t i = f.a & mask_;; i = (i + 1) & mask_) {
+      if (slots_[i].empty()) return false;
+      if (slots_[i] == f) return true;
+    }
+  }
+  /// Inserts f; returns false when it was already there.
+  bool insert(const Fingerprint& f) {
+    if ((count_ + 1) * 2 > slots_.size()) grow();
+    for (std::size_t i = f.a & mask_;; i = (i + 1) & mask_) {
+      if (slots_[i].empty()) {
+        slots_[i] = f;
+        ++count_;
+        return true;
+      }
+      if (slots_[i] == f) return false;
+    }
+  }
+  bool erase(const Fingerprint& f) noexcept {
+    if (slots_.empty()) return false;
+    std::size_t i = f.a & mask_;
+    for (;; i = (i + 1) & mask_) {
+      if (slots_[i].empty()) return false;
+      if (slots_[i] == f) break;
+    }
+    // Backward shift: move later entries of the cluster into the hole when their home
+    // slot does not lie cyclically in (hole, j].
+    for (std::size_t j = (i + 1) & mask_; !slots_[j].empty(); j = (j + 1) & mask_) {
+      std::size_t home = slots_[j].a & mask_;
+      bool between = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+      if (!between) {
+        slots_[i] = slots_[j];
+        i = j;
+      }
+    }
+    slots_[i] = Fingerprint{};
+    --count_;
+    return true;
+  }
+  void clear() noexcept {
+    if (count_ == 0) return;
+    std::fill(slots_.begin(), slots_.end(), Fingerprint{});
+    count_ = 0;
+  }
+  std::size_t size() const noexcept { return count_; }
+
+ private:
+  void grow() {
+    std::vector<Fingerprint> old = std::move(slots_);
+    slots_.assign(std::max<std::size_t>(64, old.size() * 2), Fingerprint{});
+    mask_ = slots_.size() - 1;
+    count_ = 0;
+    for (const auto& f : old)
+      if (!f.empty()) insert(f);
+  }
+  std::vector<Fingerprint> slots_;
+  std::size_t mask_ = 0;
+  std::size_t count_ = 0;
+};
+
+/// The last `window` keys of a topic, oldest evicted first.
+class KeyWindow {
+ public:
+  bool contains(const Fingerprint& f) const noexcept { return set_.contains(f); }
+  /// Remembers f; returns false when it was already remembered (a duplicate).
+  bool remember(const Fingerprint& f, std::size_t window) {
+    if (window == 0) return true;
+    if (!set_.insert(f)) return false;
+    fifo_.push_back(f);
+    while (fifo_.size() > window) {
+      set_.erase(fifo_.front());
+      fifo_.pop_front();
+    }
+    return true;
+  }
+  /// Forgets f (a write that failed); its FIFO slot expires harmlessly later.
+  void forget(const Fingerprint& f) noexcept { set_.erase(f); }
+
+ private:
+  FingerprintSet set_;
+  std::deque<Fingerprint> fifo_;
+};
+
 struct Topic {
   std::string name;
   fs::path dir;
@@ -319,18 +434,9 @@ struct Topic {
   // writer may read `segments` without mu.
   std::uint64_t next_offset = 0;
   std::unordered_map<std::string, std::uint64_t> producer_seqs;
-  std::deque<std::string> key_fifo;  // oldest first; deque keeps elements in place, so
-  std::unordered_set<std::string_view> key_set;  // the views into it stay valid
+  KeyWindow keys;  // (source, id) fingerprints of the last dedupe_window events
 
-  void remember_key(std::string_view key, std::size_t window) {
-    if (window == 0 || key_set.count(key)) return;
-    key_fifo.emplace_back(key);
-    key_set.insert(key_fifo.back());
-    while (key_fifo.size() > window) {
-      key_set.erase(key_fifo.front());
-      key_fifo.pop_front();
-    }
-  }
+  void remember_key(std::string_view key, std::size_t window) { keys.remember(fingerprint(key), window); }
 };
 
 struct Pending {
@@ -362,8 +468,7 @@ struct TopicWork {
   std::vector<Chunk> chunks;
   std::uint64_t next = 0;
   std::unordered_map<std::string_view, std::uint64_t> seq_overlay;
-  std::vector<std::string_view> new_keys;  // views into the group's records
-  std::unordered_set<std::string_view> new_key_set;
+  std::vector<Fingerprint> new_keys;  // keys this group remembered; forgotten again on rollback
   bool rolled = false;
   bool failed = false;
   std::string error;
@@ -888,12 +993,11 @@ void LogStore::Impl::encode(TopicWork& w, std::vector<Pending>& batches, std::ve
     const std::int64_t time = now_us();
     for (const auto& rec : b.records) {
       if (!rec.dedupe_key.empty() && opt_.dedupe_window > 0) {
-        const std::string_view key = rec.dedupe_key;
-        if (t.key_set.count(key) || w.new_key_set.count(key)) {
+        const Fingerprint key = fingerprint(rec.dedupe_key);
+        if (!t.keys.remember(key, opt_.dedupe_window)) {  // seen before, or earlier in this group
           ++r.duplicates;
           continue;
         }
-        w.new_key_set.insert(key);
         w.new_keys.push_back(key);
       }
       const std::size_t size = record_size(b.producer, rec.dedupe_key, rec.payload);
@@ -989,6 +1093,7 @@ void LogStore::Impl::rollback(TopicWork& w, const std::string& why) {
       log_line("cannot truncate " + s.path.string() + " back to " + std::to_string(c.start) + ": " + errno_text(errno));
     }
   }
+  for (const Fingerprint& key : w.new_keys) w.topic->keys.forget(key);  // a retry must be written
   w.chunks.clear();
   w.failed = true;
   w.error = why;
@@ -1021,7 +1126,6 @@ void LogStore::Impl::publish(TopicWork& w) {
   }
   t.next_offset = w.next;
   for (const auto& [producer, seq] : w.seq_overlay) t.producer_seqs[std::string(producer)] = seq;
-  for (std::string_view key : w.new_keys) t.remember_key(key, opt_.dedupe_window);
 }
 
 int LogStore::Impl::timed_fdatasync(int fd) {

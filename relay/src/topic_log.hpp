@@ -58,7 +58,7 @@ struct LogOptions {
   std::uint64_t retention_bytes = 0;          ///< per topic; 0 = unlimited
   std::chrono::seconds retention_age{0};      ///< 0 = unlimited
   std::uint32_t index_interval_bytes = 4096;  ///< one sparse index entry per this many bytes
-  std::size_t dedupe_window = 1u << 20;       ///< remembered (source, id) keys per topic; 0 = no event dedupe
+  std::size_t dedupe_window = 1u << 18;       ///< remembered (source, id) keys per topic (32 B each); 0 = no event dedupe
 };
 
 /// One event to append. `payload` is the event's JSON text (already validated).
