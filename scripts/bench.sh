@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# `make bench`: runs every benchmark binary the build produced (build/bin/bench_*).
+# `make bench`: the core micro-benchmarks, then the relay against NATS JetStream.
 set -euo pipefail
 BUILD_DIR=${1:-build}
-shopt -s nullglob
-benches=("$BUILD_DIR"/bin/bench_*)
-if [ ${#benches[@]} -eq 0 ]; then
+cd "$(dirname "$0")/.."
+if [ ! -x "$BUILD_DIR/bin/bench_core" ]; then
   echo "no benchmarks were built (configure with -DDIASPORA_BUILD_BENCH=ON)"
   exit 1
 fi
-for b in "${benches[@]}"; do
-  echo "== $(basename "$b")"
-  "$b" --benchmark_min_time=0.2
-done
+echo "== bench_core"
+"$BUILD_DIR/bin/bench_core" --benchmark_min_time=0.2
+echo
+echo "== relay vs NATS JetStream (bench/relay/compare.sh)"
+bash bench/relay/compare.sh "$BUILD_DIR"

@@ -16,7 +16,7 @@ DEB_PACKAGES=(
   # Python side of the tests (visible to /usr/bin/python3 only)
   python3 python3-pytest python3-jsonschema python3-yaml python3-websockets
   # relay tests and benchmarks: curl for HTTPS checks, NATS JetStream as the peer
-  curl nats-server
+  curl nats-server libnats-dev
 )
 
 missing=()

@@ -112,6 +112,7 @@ struct RelayClient::Impl {
     });
     run(done, "connecting");
     if (ec) fail(ec, "connecting to " + host + ":" + port);
+    beast::get_lowest_layer(*ws).socket().set_option(tcp::no_delay(true), ec);
 
     auto& stream = ws->next_layer();
     SSL_set_tlsext_host_name(stream.native_handle(), host.c_str());

@@ -950,7 +950,12 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 void Relay::Impl::do_accept() {
   acceptor->async_accept(net::make_strand(*ioc), [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
     if (self->stopping) return;
-    if (!ec) std::make_shared<HttpSession>(std::move(socket), self)->run();
+    if (!ec) {
+      // Small frames (acks, single events) must not wait for Nagle's algorithm.
+      boost::system::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      std::make_shared<HttpSession>(std::move(socket), self)->run();
+    }
     self->do_accept();
   });
 }

@@ -1,0 +1,242 @@
+// The peer of `diaspora bench relay`: the same workload against NATS JetStream (file
+// storage, the server's defaults) through the official C client (Debian's libnats).
+// N producers (one connection each, asynchronous publish with acks, the same window of
+// unacked events) and M subscribers (ordered push consumers) move the same JSON events;
+// subscribers parse each event to read its send time, as ours do.
+//
+//   bench_jetstream --url nats://127.0.0.1:4222 --producers 4 --subscribers 1
+//                   --events 400000 --size 256 --window 8000 [--rate 20000] [--json]
+#include <nats/nats.h>
+
+#include <boost/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace json = boost::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Args {
+  std::string url = "nats://127.0.0.1:4222";
+  int producers = 1, subscribers = 1;
+  long long events = 200000;
+  std::size_t size = 256, window = 8000;
+  double rate = 0;
+  bool json_out = false;
+};
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+std::string make_event(int producer, long long i, std::size_t size, std::int64_t t_ns) {
+  std::string e = R"({"specversion":"1.0","id":")" + std::to_string(i) + R"(","source":"/bench/p)" +
+                  std::to_string(producer) + R"(","type":"org.example.bench","data":{"t":)" + std::to_string(t_ns) +
+                  R"(,"pad":")";
+  std::size_t used = e.size() + 3;
+  e.append(size > used ? size - used : 0, 'x');
+  e += "\"}}";
+  return e;
+}
+
+void check(natsStatus s, const char* what) {
+  if (s != NATS_OK) {
+    std::fprintf(stderr, "bench_jetstream: %s: %s\n", what, natsStatus_GetText(s));
+    std::exit(1);
+  }
+}
+
+struct Subscriber {
+  std::mutex mutex;
+  std::vector<double> latencies_us;
+  std::atomic<long long> received{0};
+};
+
+void on_message(natsConnection*, natsSubscription*, natsMsg* msg, void* closure) {
+  auto* sub = static_cast<Subscriber*>(closure);
+  std::int64_t t = now_ns();
+  boost::system::error_code ec;
+  json::value v = json::parse(std::string_view(natsMsg_GetData(msg), static_cast<std::size_t>(natsMsg_GetDataLength(msg))), ec);
+  if (!ec) {
+    double us = static_cast<double>(t - v.at("data").at("t").to_number<std::int64_t>()) / 1000.0;
+    std::lock_guard lock(sub->mutex);
+    sub->latencies_us.push_back(us);
+  }
+  sub->received++;
+  natsMsg_Destroy(msg);
+}
+
+std::atomic<long long> g_acked{0};
+std::atomic<long long> g_errors{0};
+
+void on_ack(jsCtx*, natsMsg* msg, jsPubAck* pa, jsPubAckErr* pae, void*) {
+  if (pa) g_acked++;
+  else if (pae) g_errors++;
+  natsMsg_Destroy(msg);
+}
+
+double percentile(std::vector<double>& v, double p) {
+  if (v.empty()) return 0;
+  std::size_t k = std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_jetstream: %s needs a value\n", k.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "--url") a.url = val();
+    else if (k == "--producers") a.producers = std::stoi(val());
+    else if (k == "--subscribers") a.subscribers = std::stoi(val());
+    else if (k == "--events") a.events = std::stoll(val());
+    else if (k == "--size") a.size = std::stoul(val());
+    else if (k == "--window") a.window = std::stoul(val());
+    else if (k == "--rate") a.rate = std::stod(val());
+    else if (k == "--json") a.json_out = true;
+    else {
+      std::fprintf(stderr, "usage: bench_jetstream [--url U] [--producers N] [--subscribers M] [--events E] [--size B] "
+                           "[--window W] [--rate R] [--json]\n");
+      return 2;
+    }
+  }
+
+  // The stream (file storage, everything else default).
+  natsConnection* admin = nullptr;
+  check(natsConnection_ConnectTo(&admin, a.url.c_str()), "connect");
+  jsCtx* ajs = nullptr;
+  check(natsConnection_JetStream(&ajs, admin, nullptr), "jetstream");
+  std::string stream = "BENCH" + std::to_string(now_ns() % 1000000000);
+  std::string subject = "bench." + stream;
+  const char* subjects[] = {subject.c_str()};
+  jsStreamConfig cfg;
+  jsStreamConfig_Init(&cfg);
+  cfg.Name = stream.c_str();
+  cfg.Subjects = subjects;
+  cfg.SubjectsLen = 1;
+  cfg.Storage = js_FileStorage;
+  jsStreamInfo* si = nullptr;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  check(js_AddStream(&si, ajs, &cfg, nullptr, &jerr), "add stream");
+  jsStreamInfo_Destroy(si);
+
+  const long long per_producer = a.events / a.producers;
+  const long long total = per_producer * a.producers;
+
+  std::vector<std::unique_ptr<Subscriber>> subs;
+  std::vector<natsConnection*> sub_conns;
+  std::vector<natsSubscription*> sub_handles;
+  for (int s = 0; s < a.subscribers; ++s) {
+    subs.push_back(std::make_unique<Subscriber>());
+    subs.back()->latencies_us.reserve(static_cast<std::size_t>(total));
+    natsConnection* nc = nullptr;
+    check(natsConnection_ConnectTo(&nc, a.url.c_str()), "subscriber connect");
+    jsCtx* js = nullptr;
+    check(natsConnection_JetStream(&js, nc, nullptr), "subscriber jetstream");
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = stream.c_str();
+    so.Ordered = true;  // ack-less, flow-controlled push consumer: the fastest reader
+    natsSubscription* sh = nullptr;
+    check(js_Subscribe(&sh, js, subject.c_str(), on_message, subs.back().get(), nullptr, &so, &jerr), "subscribe");
+    natsSubscription_SetPendingLimits(sh, -1, -1);
+    sub_conns.push_back(nc);
+    sub_handles.push_back(sh);
+  }
+
+  std::vector<std::thread> prods;
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  for (int p = 0; p < a.producers; ++p) {
+    prods.emplace_back([&, p] {
+      natsConnection* nc = nullptr;
+      check(natsConnection_ConnectTo(&nc, a.url.c_str()), "producer connect");
+      jsOptions jo;
+      jsOptions_Init(&jo);
+      jo.PublishAsync.MaxPending = static_cast<int64_t>(a.window);
+      jo.PublishAsync.AckHandler = on_ack;
+      jsCtx* js = nullptr;
+      check(natsConnection_JetStream(&js, nc, &jo), "producer jetstream");
+      ready++;
+      while (!go) std::this_thread::yield();
+      double per_rate = a.rate / a.producers;
+      auto t0 = Clock::now();
+      for (long long i = 0; i < per_producer; ++i) {
+        if (per_rate > 0) {
+          auto due = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(i / per_rate));
+          std::this_thread::sleep_until(due);
+        }
+        std::string e = make_event(p, i, a.size, now_ns());
+        check(js_PublishAsync(js, subject.c_str(), e.data(), static_cast<int>(e.size()), nullptr), "publish");
+      }
+      jsPubOptions po;
+      jsPubOptions_Init(&po);
+      po.MaxWait = 60000;
+      check(js_PublishAsyncComplete(js, &po), "publish complete");
+      jsCtx_Destroy(js);
+      natsConnection_Destroy(nc);
+    });
+  }
+  while (ready < a.producers) std::this_thread::yield();
+  auto start = Clock::now();
+  go = true;
+  for (auto& t : prods) t.join();
+  double publish_s = std::chrono::duration<double>(Clock::now() - start).count();
+  auto deadline = Clock::now() + std::chrono::seconds(120);
+  for (auto& s : subs)
+    while (s->received < total && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  double total_s = std::chrono::duration<double>(Clock::now() - start).count();
+
+  std::vector<double> lat;
+  for (auto& s : subs) lat.insert(lat.end(), s->latencies_us.begin(), s->latencies_us.end());
+  for (auto* sh : sub_handles) natsSubscription_Destroy(sh);
+  for (auto* nc : sub_conns) natsConnection_Destroy(nc);
+  js_DeleteStream(ajs, stream.c_str(), nullptr, nullptr);
+  jsCtx_Destroy(ajs);
+  natsConnection_Destroy(admin);
+
+  double eps = static_cast<double>(g_acked.load()) / publish_s;
+  double p50 = percentile(lat, 0.5), p99 = percentile(lat, 0.99), p999 = percentile(lat, 0.999);
+  if (g_errors || g_acked < total) std::fprintf(stderr, "bench_jetstream: %lld acked, %lld errors\n", g_acked.load(), g_errors.load());
+  if (a.json_out) {
+    std::printf("%s\n", json::serialize(json::object{{"system", "nats-jetstream"},
+                                                    {"producers", a.producers},
+                                                    {"subscribers", a.subscribers},
+                                                    {"events", g_acked.load()},
+                                                    {"size", a.size},
+                                                    {"rate", a.rate},
+                                                    {"events_per_s", eps},
+                                                    {"mb_per_s", eps * static_cast<double>(a.size) / 1e6},
+                                                    {"delivery_s", total_s},
+                                                    {"p50_us", p50},
+                                                    {"p99_us", p99},
+                                                    {"p999_us", p999}})
+                            .c_str());
+  } else {
+    std::printf("nats-jetstream: %d producers x %d subscribers, %lld events of %zu B\n", a.producers, a.subscribers,
+                g_acked.load(), a.size);
+    std::printf("  acked publish: %.0f events/s, %.1f MB/s; all delivered after %.2f s\n", eps,
+                eps * static_cast<double>(a.size) / 1e6, total_s);
+    std::printf("  end-to-end latency: p50 %.0f us, p99 %.0f us, p99.9 %.0f us\n", p50, p99, p999);
+  }
+  nats_Close();
+  return g_errors ? 1 : 0;
+}
