@@ -303,16 +303,18 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
       send_error("bad_request", "binary frames are not accepted; send JSON text frames", nullptr);
       return do_read();
     }
-    std::string text = beast::buffers_to_string(buffer_.data());
+    if (!close_after_drain_) {  // shutting down: nothing new is accepted
+      // A flat_buffer is contiguous: parse the frame in place, no copy.
+      std::string_view text(static_cast<const char*>(buffer_.data().data()), buffer_.size());
+      if (mode_ == Mode::cloudevents) handle_ce_frame(text);
+      else handle_frame(text);
+    }
     buffer_.consume(buffer_.size());
-    if (close_after_drain_) return do_read();  // shutting down: nothing new is accepted
-    if (mode_ == Mode::cloudevents) handle_ce_frame(text);
-    else handle_frame(text);
     do_read();
   }
 
   // ---- diaspora.v1 ----
-  void handle_frame(const std::string& text) {
+  void handle_frame(std::string_view text) {
     boost::system::error_code ec;
     // One arena per frame: a publish of thousands of events parses without a malloc per
     // value. Nothing parsed here outlives the frame (records copy what they keep).
@@ -571,7 +573,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   }
 
   // ---- cloudevents.json ----
-  void handle_ce_frame(const std::string& text) {
+  void handle_ce_frame(std::string_view text) {
     if (!scopes_allow(claims_->scopes, "publish", ce_topic_)) {
       relay_->metrics.refused_auth++;
       return close(static_cast<websocket::close_code>(kCloseForbidden), "forbidden: no publish scope for this topic");

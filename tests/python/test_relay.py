@@ -405,3 +405,22 @@ def test_idle_subscription_outlives_the_http_phase_deadlines(relay, creds):
         got = await collect(sub, 1)
         assert got[0][2]["id"] == "after-idle"
     run(go())
+
+
+def test_relay_refuses_bad_configuration_clearly(creds, tmp_path):
+    cfg = tmp_path / "relay.yaml"
+    cfg.write_text("listen: 127.0.0.1:0\nlog:\n  fsync: sometimes\nlimits:\n  max_batch_events: 0\nthreds: 2\n")
+    p = sh(DIASPORA.parent / "diaspora-relay", "--config", cfg, check=False)
+    assert p.returncode == 2
+    assert f"{cfg}:3:10: error: log.fsync: must be always, never or interval:<ms>" in p.stderr
+    assert f"{cfg}:5:21: error: limits.max_batch_events: must be >= 1" in p.stderr
+    assert f"{cfg}:6:1: error: threds: unknown key 'threds'; did you mean 'threads'?" in p.stderr
+    # Missing files are named.
+    p = sh(DIASPORA.parent / "diaspora-relay", "--listen", "127.0.0.1:0", "--tls-cert", tmp_path / "nope.pem",
+           "--tls-key", creds.certs / "server-key.pem", "--auth-secret-file", creds.secret_file, check=False)
+    assert p.returncode == 2 and "--tls-cert" in p.stderr and "no such file" in p.stderr
+    # A key that does not match the certificate is a TLS setup error, not a crash.
+    p = sh(DIASPORA.parent / "diaspora-relay", "--listen", "127.0.0.1:0", "--data-dir", tmp_path / "d",
+           "--tls-cert", creds.certs / "server.pem", "--tls-key", creds.certs / "client-key.pem",
+           "--auth-secret-file", creds.secret_file, check=False)
+    assert p.returncode == 1 and "TLS setup" in p.stderr
