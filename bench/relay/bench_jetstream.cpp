@@ -10,6 +10,8 @@
 
 #include <boost/json.hpp>
 
+#include "workload.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -34,19 +36,7 @@ struct Args {
   bool json_out = false;
 };
 
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-}
 
-std::string make_event(int producer, long long i, std::size_t size, std::int64_t t_ns) {
-  std::string e = R"({"specversion":"1.0","id":")" + std::to_string(i) + R"(","source":"/bench/p)" +
-                  std::to_string(producer) + R"(","type":"org.example.bench","data":{"t":)" + std::to_string(t_ns) +
-                  R"(,"pad":")";
-  std::size_t used = e.size() + 3;
-  e.append(size > used ? size - used : 0, 'x');
-  e += "\"}}";
-  return e;
-}
 
 void check(natsStatus s, const char* what) {
   if (s != NATS_OK) {
@@ -63,7 +53,7 @@ struct Subscriber {
 
 void on_message(natsConnection*, natsSubscription*, natsMsg* msg, void* closure) {
   auto* sub = static_cast<Subscriber*>(closure);
-  std::int64_t t = now_ns();
+  std::int64_t t = diaspora::bench::now_ns();
   boost::system::error_code ec;
   json::value v = json::parse(std::string_view(natsMsg_GetData(msg), static_cast<std::size_t>(natsMsg_GetDataLength(msg))), ec);
   if (!ec) {
@@ -84,12 +74,6 @@ void on_ack(jsCtx*, natsMsg* msg, jsPubAck* pa, jsPubAckErr* pae, void*) {
   natsMsg_Destroy(msg);
 }
 
-double percentile(std::vector<double>& v, double p) {
-  if (v.empty()) return 0;
-  std::size_t k = std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())));
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
-  return v[k];
-}
 
 }  // namespace
 
@@ -124,7 +108,7 @@ int main(int argc, char** argv) {
   check(natsConnection_ConnectTo(&admin, a.url.c_str()), "connect");
   jsCtx* ajs = nullptr;
   check(natsConnection_JetStream(&ajs, admin, nullptr), "jetstream");
-  std::string stream = "BENCH" + std::to_string(now_ns() % 1000000000);
+  std::string stream = "BENCH" + std::to_string(diaspora::bench::now_ns() % 1000000000);
   std::string subject = "bench." + stream;
   const char* subjects[] = {subject.c_str()};
   jsStreamConfig cfg;
@@ -184,7 +168,7 @@ int main(int argc, char** argv) {
           auto due = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(i / per_rate));
           std::this_thread::sleep_until(due);
         }
-        std::string e = make_event(p, i, a.size, now_ns());
+        std::string e = diaspora::bench::make_event(p, static_cast<std::uint64_t>(i), a.size, diaspora::bench::now_ns());
         check(js_PublishAsync(js, subject.c_str(), e.data(), static_cast<int>(e.size()), nullptr), "publish");
       }
       jsPubOptions po;
@@ -214,7 +198,7 @@ int main(int argc, char** argv) {
   natsConnection_Destroy(admin);
 
   double eps = static_cast<double>(g_acked.load()) / publish_s;
-  double p50 = percentile(lat, 0.5), p99 = percentile(lat, 0.99), p999 = percentile(lat, 0.999);
+  double p50 = diaspora::bench::percentile(lat, 0.5), p99 = diaspora::bench::percentile(lat, 0.99), p999 = diaspora::bench::percentile(lat, 0.999);
   if (g_errors || g_acked < total) std::fprintf(stderr, "bench_jetstream: %lld acked, %lld errors\n", g_acked.load(), g_errors.load());
   if (a.json_out) {
     std::printf("%s\n", json::serialize(json::object{{"system", "nats-jetstream"},

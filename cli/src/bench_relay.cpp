@@ -5,6 +5,8 @@
 // comparison script bench/relay/compare.sh reads it).
 #include "bench_relay.hpp"
 
+#include "workload.hpp"
+
 #include <boost/json.hpp>
 
 #include <algorithm>
@@ -37,28 +39,8 @@ struct BenchArgs {
   bool json_out = false;
 };
 
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-}
 
-// One event of about `size` bytes whose data carries the send time (ns, steady clock:
-// producers and subscribers run in this process).
-std::string make_event(int producer, std::uint64_t i, std::size_t size, std::int64_t t_ns, const std::string& pad) {
-  std::string e = R"({"specversion":"1.0","id":")" + std::to_string(i) + R"(","source":"/bench/p)" +
-                  std::to_string(producer) + R"(","type":"org.example.bench","data":{"t":)" + std::to_string(t_ns) +
-                  R"(,"pad":")";
-  std::size_t used = e.size() + 3;
-  e.append(pad, 0, size > used ? size - used : 0);
-  e += "\"}}";
-  return e;
-}
 
-double percentile(std::vector<double>& v, double p) {
-  if (v.empty()) return 0;
-  std::size_t k = std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())));
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
-  return v[k];
-}
 
 int run_bench(BenchArgs a) {
   std::unique_ptr<Relay> embedded;
@@ -94,7 +76,6 @@ int run_bench(BenchArgs a) {
 
   const std::uint64_t per_producer = a.events / static_cast<std::uint64_t>(a.producers);
   const std::uint64_t total = per_producer * static_cast<std::uint64_t>(a.producers);
-  std::string pad(a.size, 'x');
   std::mutex lat_mutex;
   std::vector<double> latencies_us;
   latencies_us.reserve(static_cast<std::size_t>(total) * static_cast<std::size_t>(a.subscribers));
@@ -122,7 +103,7 @@ int run_bench(BenchArgs a) {
         while (got < total && !failed) {
           json::object m = client.receive_json();
           if (m["op"] != "events") continue;
-          std::int64_t t = now_ns();
+          std::int64_t t = bench::now_ns();
           for (const auto& e : m["events"].as_array()) {
             const json::value& data = e.as_object().at("event").as_object().at("data");
             mine.push_back(static_cast<double>(t - data.as_object().at("t").to_number<std::int64_t>()) / 1000.0);
@@ -174,10 +155,10 @@ int run_bench(BenchArgs a) {
             }
             std::string frame = R"({"op":"publish","topic":")" + topic + R"(","seq":)" + std::to_string(seq++) +
                                 R"(,"events":[)";
-            std::int64_t t = now_ns();
+            std::int64_t t = bench::now_ns();
             for (std::uint64_t i = 0; i < n; ++i) {
               if (i) frame += ',';
-              frame += make_event(p, next + i, a.size, t, pad);
+              frame += bench::make_event(p, next + i, a.size, t);
             }
             frame += "]}";
             client.send(frame);
@@ -210,8 +191,8 @@ int run_bench(BenchArgs a) {
   }
   double eps = static_cast<double>(acked) / publish_s;
   double mbps = eps * static_cast<double>(a.size) / 1e6;
-  double p50 = percentile(latencies_us, 0.50), p99 = percentile(latencies_us, 0.99),
-         p999 = percentile(latencies_us, 0.999);
+  double p50 = bench::percentile(latencies_us, 0.50), p99 = bench::percentile(latencies_us, 0.99),
+         p999 = bench::percentile(latencies_us, 0.999);
   if (a.json_out) {
     std::cout << json::serialize(json::object{{"system", "diaspora-relay"},
                                               {"producers", a.producers},
