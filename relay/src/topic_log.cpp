@@ -71,22 +71,8 @@ void log_line(const std::string& line) {
   std::fprintf(stderr, "diaspora-relay: log: %s\n", line.c_str());
 }
 
-void put_u16(std::string& out, std::uint16_t v) {
-  const char b[2] = {static_cast<char>(v), static_cast<char>(v >> 8)};
-  out.append(b, 2);
-}
 void put_u32(char* p, std::uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<char>(v >> (8 * i));
-}
-void put_u32(std::string& out, std::uint32_t v) {
-  char b[4];
-  put_u32(b, v);
-  out.append(b, 4);
-}
-void put_u64(std::string& out, std::uint64_t v) {
-  char b[8];
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(v >> (8 * i));
-  out.append(b, 8);
 }
 std::uint16_t get_u16(const char* p) {
   return static_cast<std::uint16_t>(static_cast<unsigned char>(p[0]) | static_cast<unsigned char>(p[1]) << 8);
@@ -108,18 +94,29 @@ std::size_t record_size(std::string_view producer, std::string_view key, std::st
 
 void encode_record(std::string& out, std::uint64_t offset, std::int64_t time_us, std::uint64_t seq,
                    std::string_view producer, std::string_view key, std::string_view payload) {
+  // One resize and plain stores: this runs once per event on the writer thread.
   const std::size_t start = out.size();
-  const std::size_t body = record_size(producer, key, payload) - kFrameBytes;
-  put_u32(out, static_cast<std::uint32_t>(body));
-  put_u32(out, 0);  // crc, patched below once the body is in place
-  put_u64(out, offset);
-  put_u64(out, static_cast<std::uint64_t>(time_us));
-  put_u64(out, seq);
-  put_u16(out, static_cast<std::uint16_t>(producer.size()));
-  out.append(producer);
-  put_u16(out, static_cast<std::uint16_t>(key.size()));
-  out.append(key);
-  out.append(payload);
+  const std::size_t total = record_size(producer, key, payload);
+  const std::size_t body = total - kFrameBytes;
+  out.resize(start + total);
+  char* p = out.data() + start;
+  auto put = [&p](std::uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) *p++ = static_cast<char>(v >> (8 * i));
+  };
+  auto put_bytes = [&p](std::string_view b) {
+    if (!b.empty()) std::memcpy(p, b.data(), b.size());
+    p += b.size();
+  };
+  put(body, 4);
+  put(0, 4);  // crc, patched below once the body is in place
+  put(offset, 8);
+  put(static_cast<std::uint64_t>(time_us), 8);
+  put(seq, 8);
+  put(producer.size(), 2);
+  put_bytes(producer);
+  put(key.size(), 2);
+  put_bytes(key);
+  put_bytes(payload);
   put_u32(out.data() + start + 4, crc32c(out.data() + start + kFrameBytes, body));
 }
 
@@ -991,6 +988,11 @@ void LogStore::Impl::encode(TopicWork& w, std::vector<Pending>& batches, std::ve
     }
 
     const std::int64_t time = now_us();
+    if (!w.chunks.empty()) {  // grow the buffer once per batch, not by doubling per record
+      std::size_t need = 0;
+      for (const auto& rec : b.records) need += record_size(b.producer, rec.dedupe_key, rec.payload);
+      w.chunks.back().buf.reserve(w.chunks.back().buf.size() + need);
+    }
     for (const auto& rec : b.records) {
       if (!rec.dedupe_key.empty() && opt_.dedupe_window > 0) {
         const Fingerprint key = fingerprint(rec.dedupe_key);
