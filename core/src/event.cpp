@@ -166,10 +166,11 @@ std::string base64_encode(std::string_view in) {
   return out;
 }
 
-std::optional<std::string> base64_decode(std::string_view in) {
-  if (in.size() % 4 != 0) return std::nullopt;
-  std::string out;
-  out.reserve(in.size() / 4 * 3);
+namespace {
+// Decodes standard padded base64, handing each byte to `sink`; false when malformed.
+template <class Sink>
+bool decode_base64(std::string_view in, Sink&& sink) {
+  if (in.size() % 4 != 0) return false;
   for (std::size_t i = 0; i < in.size(); i += 4) {
     int a = b64_value(in[i]), b = b64_value(in[i + 1]);
     bool last = i + 4 == in.size();
@@ -177,14 +178,27 @@ std::optional<std::string> base64_decode(std::string_view in) {
     bool pad1 = last && !pad2 && in[i + 3] == '=';
     int c = pad2 ? 0 : b64_value(in[i + 2]);
     int d = (pad1 || pad2) ? 0 : b64_value(in[i + 3]);
-    if (a < 0 || b < 0 || c < 0 || d < 0) return std::nullopt;
+    if (a < 0 || b < 0 || c < 0 || d < 0) return false;
     unsigned v = (a << 18) | (b << 12) | (c << 6) | d;
-    out += static_cast<char>((v >> 16) & 0xFF);
-    if (!pad2) out += static_cast<char>((v >> 8) & 0xFF);
-    if (!pad1 && !pad2) out += static_cast<char>(v & 0xFF);
+    sink(static_cast<char>((v >> 16) & 0xFF));
+    if (!pad2) sink(static_cast<char>((v >> 8) & 0xFF));
+    if (!pad1 && !pad2) sink(static_cast<char>(v & 0xFF));
   }
+  return true;
+}
+}  // namespace
+
+bool base64_valid(std::string_view in) noexcept {
+  return decode_base64(in, [](char) {});
+}
+
+std::optional<std::string> base64_decode(std::string_view in) {
+  std::string out;
+  out.reserve(in.size() / 4 * 3);
+  if (!decode_base64(in, [&out](char c) { out += c; })) return std::nullopt;
   return out;
 }
+
 
 std::string make_uuid() {
   thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -226,96 +240,132 @@ bool valid_extension_name(std::string_view name) {
 
 [[noreturn]] void fail(EventErrc code, const std::string& message) { throw EventError(code, message); }
 
-void check_string_attr(std::string_view name, const std::string& value, std::size_t max_len) {
-  if (value.empty()) fail(EventErrc::invalid_attribute, std::string(name) + ": must not be empty");
-  if (value.size() > max_len)
-    fail(EventErrc::invalid_attribute, std::string(name) + ": longer than " + std::to_string(max_len) + " bytes");
-}
+constexpr std::array<std::string_view, 10> kContextAttributes = {
+    "id", "source", "specversion", "type", "subject", "time", "datacontenttype", "dataschema", "data", "data_base64"};
 
-void check_payload(const Event& e) {
-  if (!e.type.starts_with("org.diaspora.")) return;
-  if (!events::is_known_type(e.type))
-    fail(EventErrc::unknown_type, "type: '" + e.type + "' is not a Diaspora event type (see schemas/events/)");
-  if (e.data_binary) fail(EventErrc::invalid_data, "data_base64: " + e.type + " carries JSON data, not binary");
-  if (!e.data) fail(EventErrc::invalid_data, "data: missing; " + e.type + " requires a data object");
-  if (e.datacontenttype && *e.datacontenttype != "application/json")
-    fail(EventErrc::invalid_attribute, "datacontenttype: " + e.type + " requires 'application/json', got '" +
-                                           *e.datacontenttype + "'");
-  detail::check_payload_data(e.type, *e.data);
+// The JSON form of an event, unchecked (the one validator below checks it).
+json::object to_object(const Event& e) {
+  json::object o;
+  o["specversion"] = e.specversion;
+  o["id"] = e.id;
+  o["source"] = e.source;
+  o["type"] = e.type;
+  if (e.subject) o["subject"] = *e.subject;
+  if (e.time) o["time"] = *e.time;
+  if (e.datacontenttype) o["datacontenttype"] = *e.datacontenttype;
+  if (e.dataschema) o["dataschema"] = *e.dataschema;
+  for (const auto& [name, value] : e.extensions) {
+    if (std::find(kContextAttributes.begin(), kContextAttributes.end(), name) != kContextAttributes.end())
+      fail(EventErrc::invalid_attribute, "extension '" + name + "' shadows a context attribute");
+    o[name] = value;
+  }
+  if (e.data) o["data"] = *e.data;
+  if (e.data_binary) o["data_base64"] = base64_encode(*e.data_binary);
+  return o;
 }
 
 }  // namespace
 
-void validate_event(const Event& e, const CodecOptions& options) {
-  if (e.id.empty()) fail(EventErrc::missing_attribute, "id: required attribute is missing or empty");
-  if (e.source.empty()) fail(EventErrc::missing_attribute, "source: required attribute is missing or empty");
-  if (e.type.empty()) fail(EventErrc::missing_attribute, "type: required attribute is missing or empty");
-  if (e.specversion != "1.0")
-    fail(EventErrc::invalid_attribute, "specversion: must be \"1.0\", got \"" + e.specversion + "\"");
-  check_string_attr("id", e.id, 256);
-  check_string_attr("source", e.source, 1024);
-  check_string_attr("type", e.type, 256);
-  if (e.subject) check_string_attr("subject", *e.subject, 1024);
-  if (e.datacontenttype) check_string_attr("datacontenttype", *e.datacontenttype, 256);
-  if (e.dataschema) check_string_attr("dataschema", *e.dataschema, 4096);
-  if (e.time && !parse_rfc3339(*e.time))
-    fail(EventErrc::invalid_attribute,
-         "time: must be an RFC 3339 timestamp such as 2026-11-30T07:15:38.123Z, got '" + *e.time + "'");
-  if (e.data && e.data_binary)
-    fail(EventErrc::invalid_attribute, "'data' and 'data_base64' cannot be used together");
-  for (const auto& [name, value] : e.extensions) {
-    static const std::array<std::string_view, 10> reserved = {
-        "id", "source", "specversion", "type", "subject", "time", "datacontenttype", "dataschema", "data",
-        "data_base64"};
-    if (std::find(reserved.begin(), reserved.end(), name) != reserved.end())
-      fail(EventErrc::invalid_attribute, "extension '" + name + "' shadows a context attribute");
-    if (!valid_extension_name(name))
-      fail(EventErrc::invalid_attribute, "key '" + name +
-                                             "' is not a valid CloudEvents attribute name: lower-case letters "
-                                             "and digits, at most 20");
-    bool integral_double = value.is_double() && std::isfinite(value.get_double()) &&
-                           std::floor(value.get_double()) == value.get_double();
-    if (!(value.is_string() || value.is_int64() || value.is_uint64() || value.is_bool() || integral_double))
-      fail(EventErrc::invalid_attribute,
-           name + ": extension attributes must be a string, an integer or a boolean");
-  }
-  (void)options;
-  if (options.validate_payloads) check_payload(e);
-}
-
-Event event_from_json(const json::value& v, const CodecOptions& options) {
+// The single implementation of the CloudEvents rules (and the Diaspora payload rules):
+// decode, encode and the relay all go through it. Works on the parsed JSON in place.
+EventRef check_event_json(const json::value& v, const CodecOptions& options) {
   if (!v.is_object()) fail(EventErrc::malformed_json, "an event must be a JSON object");
   const json::object& o = v.get_object();
-  Event e;
-  bool have_specversion = false;
-  auto str = [&](std::string_view key, const json::value& val) -> std::string {
+  EventRef ref;
+  std::string_view specversion, datacontenttype;
+  bool has_specversion = false, has_datacontenttype = false;
+  const json::value* data = nullptr;
+  bool has_binary = false;
+  auto str = [](std::string_view key, const json::value& val, std::size_t max_len) -> std::string_view {
     if (!val.is_string()) fail(EventErrc::invalid_attribute, std::string(key) + ": expected string");
-    return std::string(val.get_string());
+    std::string_view s = val.get_string();
+    if (s.empty()) {
+      bool required = key == "id" || key == "source" || key == "type";
+      fail(required ? EventErrc::missing_attribute : EventErrc::invalid_attribute,
+           std::string(key) + (required ? ": required attribute is missing or empty" : ": must not be empty"));
+    }
+    if (s.size() > max_len)
+      fail(EventErrc::invalid_attribute, std::string(key) + ": longer than " + std::to_string(max_len) + " bytes");
+    return s;
   };
   for (const auto& kv : o) {
     std::string_view key = kv.key();
     const json::value& val = kv.value();
-    if (key == "id") e.id = str(key, val);
-    else if (key == "source") e.source = str(key, val);
-    else if (key == "specversion") { e.specversion = str(key, val); have_specversion = true; }
-    else if (key == "type") e.type = str(key, val);
-    else if (key == "subject") e.subject = str(key, val);
-    else if (key == "time") e.time = str(key, val);
-    else if (key == "datacontenttype") e.datacontenttype = str(key, val);
-    else if (key == "dataschema") e.dataschema = str(key, val);
-    else if (key == "data") e.data = val;
+    if (key == "id") ref.id = str(key, val, 256);
+    else if (key == "source") ref.source = str(key, val, 1024);
+    else if (key == "type") ref.type = str(key, val, 256);
+    else if (key == "specversion") {
+      if (!val.is_string()) fail(EventErrc::invalid_attribute, "specversion: expected string");
+      specversion = val.get_string();
+      has_specversion = true;
+    } else if (key == "subject") str(key, val, 1024);
+    else if (key == "datacontenttype") {
+      datacontenttype = str(key, val, 256);
+      has_datacontenttype = true;
+    } else if (key == "dataschema") str(key, val, 4096);
+    else if (key == "time") {
+      std::string_view t = str(key, val, 64);
+      if (!parse_rfc3339(t))
+        fail(EventErrc::invalid_attribute,
+             "time: must be an RFC 3339 timestamp such as 2026-11-30T07:15:38.123Z, got '" + std::string(t) + "'");
+    } else if (key == "data") data = &val;
     else if (key == "data_base64") {
-      auto bytes = base64_decode(str(key, val));
-      if (!bytes) fail(EventErrc::invalid_attribute, "data_base64: must be standard base64 (RFC 4648, with padding)");
-      e.data_binary = std::move(*bytes);
+      if (!val.is_string() || !base64_valid(val.get_string()))
+        fail(EventErrc::invalid_attribute, "data_base64: must be standard base64 (RFC 4648, with padding)");
+      has_binary = true;
     } else {
-      e.extensions.emplace(std::string(key), val);
+      if (!valid_extension_name(key))
+        fail(EventErrc::invalid_attribute, "key '" + std::string(key) +
+                                               "' is not a valid CloudEvents attribute name: lower-case letters "
+                                               "and digits, at most 20");
+      bool integral_double =
+          val.is_double() && std::isfinite(val.get_double()) && std::floor(val.get_double()) == val.get_double();
+      if (!(val.is_string() || val.is_int64() || val.is_uint64() || val.is_bool() || integral_double))
+        fail(EventErrc::invalid_attribute,
+             std::string(key) + ": extension attributes must be a string, an integer or a boolean");
     }
   }
   for (std::string_view req : {"id", "source", "specversion", "type"})
     if (!o.contains(req)) fail(EventErrc::missing_attribute, std::string(req) + ": required attribute is missing");
-  (void)have_specversion;
-  validate_event(e, options);
+  (void)has_specversion;
+  if (specversion != "1.0")
+    fail(EventErrc::invalid_attribute, "specversion: must be \"1.0\", got \"" + std::string(specversion) + "\"");
+  if (data && has_binary) fail(EventErrc::invalid_attribute, "'data' and 'data_base64' cannot be used together");
+  if (options.validate_payloads && ref.type.starts_with("org.diaspora.")) {
+    if (!events::is_known_type(ref.type))
+      fail(EventErrc::unknown_type,
+           "type: '" + std::string(ref.type) + "' is not a Diaspora event type (see schemas/events/)");
+    if (has_binary) fail(EventErrc::invalid_data, "data_base64: " + std::string(ref.type) + " carries JSON data, not binary");
+    if (!data) fail(EventErrc::invalid_data, "data: missing; " + std::string(ref.type) + " requires a data object");
+    if (has_datacontenttype && datacontenttype != "application/json")
+      fail(EventErrc::invalid_attribute, "datacontenttype: " + std::string(ref.type) +
+                                             " requires 'application/json', got '" + std::string(datacontenttype) + "'");
+    detail::check_payload_data(ref.type, *data);
+  }
+  return ref;
+}
+
+void validate_event(const Event& e, const CodecOptions& options) { check_event_json(to_object(e), options); }
+
+Event event_from_json(const json::value& v, const CodecOptions& options) {
+  check_event_json(v, options);
+  Event e;
+  for (const auto& kv : v.get_object()) {
+    std::string_view key = kv.key();
+    const json::value& val = kv.value();
+    auto text = [&] { return std::string(val.get_string()); };
+    if (key == "id") e.id = text();
+    else if (key == "source") e.source = text();
+    else if (key == "specversion") e.specversion = text();
+    else if (key == "type") e.type = text();
+    else if (key == "subject") e.subject = text();
+    else if (key == "time") e.time = text();
+    else if (key == "datacontenttype") e.datacontenttype = text();
+    else if (key == "dataschema") e.dataschema = text();
+    else if (key == "data") e.data = val;
+    else if (key == "data_base64") e.data_binary = base64_decode(val.get_string());
+    else e.extensions.emplace(std::string(key), val);
+  }
   return e;
 }
 
@@ -330,25 +380,15 @@ Event decode_event(std::string_view text, const CodecOptions& options) {
 }
 
 json::object event_to_json(const Event& e) {
-  validate_event(e, CodecOptions{.max_event_bytes = SIZE_MAX, .validate_payloads = false});
-  json::object o;
-  o["specversion"] = e.specversion;
-  o["id"] = e.id;
-  o["source"] = e.source;
-  o["type"] = e.type;
-  if (e.subject) o["subject"] = *e.subject;
-  if (e.time) o["time"] = *e.time;
-  if (e.datacontenttype) o["datacontenttype"] = *e.datacontenttype;
-  if (e.dataschema) o["dataschema"] = *e.dataschema;
-  for (const auto& [name, value] : e.extensions) o[name] = value;
-  if (e.data) o["data"] = *e.data;
-  if (e.data_binary) o["data_base64"] = base64_encode(*e.data_binary);
+  json::object o = to_object(e);
+  check_event_json(o, CodecOptions{.max_event_bytes = SIZE_MAX, .validate_payloads = false});
   return o;
 }
 
 std::string encode_event(const Event& e, const CodecOptions& options) {
-  if (options.validate_payloads) check_payload(e);
-  std::string out = json::serialize(event_to_json(e));
+  json::object o = to_object(e);
+  check_event_json(o, options);
+  std::string out = json::serialize(o);
   if (out.size() > options.max_event_bytes)
     fail(EventErrc::too_large, "encoded event of " + std::to_string(out.size()) + " bytes exceeds the limit of " +
                                    std::to_string(options.max_event_bytes) + " bytes");

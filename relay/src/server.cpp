@@ -150,6 +150,83 @@ std::optional<std::string> bearer_of(const http::request<http::string_body>& req
   return std::string();  // present but not a bearer token: refused as malformed
 }
 
+
+// ---- raw event text ------------------------------------------------------------------------
+// The relay stores each published event exactly as the client wrote it, instead of
+// serialising the parsed value again. These helpers locate the elements of the frame's
+// "events" array in the frame text; they run only on text Boost.JSON has already
+// accepted as valid JSON, so they need not re-check the grammar.
+
+std::size_t skip_ws(std::string_view t, std::size_t p) {
+  while (p < t.size() && (t[p] == ' ' || t[p] == '\t' || t[p] == '\n' || t[p] == '\r')) ++p;
+  return p;
+}
+
+// Position just past the JSON value that starts at p.
+std::size_t skip_value(std::string_view t, std::size_t p) {
+  if (t[p] == '"') {
+    for (++p;; ++p) {
+      if (t[p] == '\\') ++p;
+      else if (t[p] == '"') return p + 1;
+    }
+  }
+  if (t[p] == '{' || t[p] == '[') {
+    int depth = 0;
+    do {
+      if (t[p] == '"') {
+        p = skip_value(t, p);
+        continue;
+      }
+      if (t[p] == '{' || t[p] == '[') ++depth;
+      else if (t[p] == '}' || t[p] == ']') --depth;
+      ++p;
+    } while (depth > 0);
+    return p;
+  }
+  while (p < t.size() && t[p] != ',' && t[p] != '}' && t[p] != ']' && t[p] != ' ' && t[p] != '\t' && t[p] != '\n' &&
+         t[p] != '\r')
+    ++p;
+  return p;
+}
+
+// The text of each element of the top-level "events" array, or nullopt when the frame
+// has no single, plainly spelled "events" key (then the caller serialises the parsed
+// value instead, so what is stored is always what was validated).
+std::optional<std::vector<std::string_view>> event_texts(std::string_view t) {
+  std::size_t p = skip_ws(t, 0);
+  if (p >= t.size() || t[p] != '{') return std::nullopt;
+  ++p;
+  std::optional<std::string_view> array;
+  int found = 0;
+  for (;;) {
+    p = skip_ws(t, p);
+    if (t[p] == '}') break;
+    std::size_t key_end = skip_value(t, p);
+    std::string_view key = t.substr(p + 1, key_end - p - 2);
+    if (key.find('\\') != std::string_view::npos) return std::nullopt;  // escaped key: take the slow path
+    p = skip_ws(t, skip_ws(t, key_end) + 1);  // past ':'
+    std::size_t value_end = skip_value(t, p);
+    if (key == "events") {
+      ++found;
+      array = t.substr(p, value_end - p);
+    }
+    p = skip_ws(t, value_end);
+    if (t[p] == ',') ++p;
+  }
+  if (found != 1 || array->empty() || array->front() != '[') return std::nullopt;
+  std::vector<std::string_view> out;
+  std::string_view a = *array;
+  for (std::size_t q = 1;;) {
+    q = skip_ws(a, q);
+    if (a[q] == ']') break;
+    std::size_t e = skip_value(a, q);
+    out.push_back(a.substr(q, e - q));
+    q = skip_ws(a, e);
+    if (a[q] == ',') ++q;
+  }
+  return out;
+}
+
 }  // namespace
 
 class WsSession;
@@ -335,7 +412,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
       return close(static_cast<websocket::close_code>(kCloseUnauthorized), "token expired");
     }
     if (op == "hello") return on_hello(o);
-    if (op == "publish") return on_publish(o);
+    if (op == "publish") return on_publish(o, text);
     if (op == "subscribe") return on_subscribe(o);
     if (op == "unsubscribe") return on_unsubscribe(o);
     if (op == "commit") return on_commit_offset(o);
@@ -408,25 +485,25 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     send(json::serialize(n));
   }
 
-  // Validates one event (as parsed JSON) into a log record; returns an error text.
+  // Validates one event (parsed `ev`, text `text`) into a log record; returns (code, message) on error.
   std::optional<std::pair<std::string, std::string>> to_record(const json::value& ev, relay::AppendRecord& rec,
-                                                              std::string& payload_out) {
-    payload_out = json::serialize(ev);
-    if (payload_out.size() > relay_->cfg.max_event_bytes)
+                                                              std::string_view text) {
+    if (text.size() > relay_->cfg.max_event_bytes)
       return std::pair<std::string, std::string>{
-          "event_too_large", "event of " + std::to_string(payload_out.size()) + " bytes exceeds the limit of " +
+          "event_too_large", "event of " + std::to_string(text.size()) + " bytes exceeds the limit of " +
                                  std::to_string(relay_->cfg.max_event_bytes)};
     try {
-      Event e = event_from_json(ev, relay_->codec);
-      rec.dedupe_key = e.source + '\x1f' + e.id;
+      EventRef e = check_event_json(ev, relay_->codec);
+      rec.dedupe_key.reserve(e.source.size() + 1 + e.id.size());
+      rec.dedupe_key.append(e.source).append(1, '\x1f').append(e.id);
     } catch (const EventError& err) {
       return std::pair<std::string, std::string>{"invalid_event", std::string(to_string(err.code())) + ": " + err.what()};
     }
-    rec.payload = std::move(payload_out);
+    rec.payload.assign(text);
     return std::nullopt;
   }
 
-  void on_publish(const json::object& o) {
+  void on_publish(const json::object& o, std::string_view frame_text) {
     const json::value* seqv = o.if_contains("seq");
     if (!seqv || !(seqv->is_uint64() || (seqv->is_int64() && seqv->get_int64() >= 0)))
       return nack(seqv, "bad_request", "'seq' must be a non-negative integer");
@@ -446,9 +523,11 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
                                                std::to_string(relay_->cfg.max_batch_events));
     std::vector<relay::AppendRecord> records(arr.size());
     std::uint64_t bytes = 0;
-    std::string payload;
+    auto texts = event_texts(frame_text);
+    if (texts && texts->size() != arr.size()) texts.reset();
     for (std::size_t i = 0; i < arr.size(); ++i) {
-      if (auto err = to_record(arr[i], records[i], payload)) return nack(seqv, err->first, err->second, i);
+      auto err = texts ? to_record(arr[i], records[i], (*texts)[i]) : to_record(arr[i], records[i], json::serialize(arr[i]));
+      if (err) return nack(seqv, err->first, err->second, i);
       bytes += records[i].payload.size();
     }
     submit(std::move(topic), seq, std::move(records), bytes, json::value(seq));
@@ -582,8 +661,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     json::value ev = json::parse(text, ec);
     if (ec) return close(websocket::close_code::bad_payload, "not a JSON event");
     std::vector<relay::AppendRecord> records(1);
-    std::string payload;
-    if (auto err = to_record(ev, records[0], payload)) {
+    if (auto err = to_record(ev, records[0], text)) {
       std::string reason = err->first + ": " + err->second;
       if (reason.size() > 120) reason.resize(120);  // a close reason is at most 123 bytes
       return close(websocket::close_code::bad_payload, reason);

@@ -424,3 +424,29 @@ def test_relay_refuses_bad_configuration_clearly(creds, tmp_path):
            "--tls-cert", creds.certs / "server.pem", "--tls-key", creds.certs / "client-key.pem",
            "--auth-secret-file", creds.secret_file, check=False)
     assert p.returncode == 1 and "TLS setup" in p.stderr
+
+
+def test_stored_event_is_the_validated_one_whatever_the_frame_spelling(relay, creds):
+    """The relay stores the publisher's own event text, so a frame whose "events" key is
+    duplicated or escaped must never let an unvalidated array reach the log."""
+    async def go():
+        ws = await session(relay, admin(creds))
+        pretty = json.dumps(event("pretty", data={"k": [1, 2]}), indent=2)
+        await ws.send('{ "op" : "publish",\n "topic":"raw", "seq":0,\n "events" : [ ' + pretty + ' ]\n}')
+        assert (await recv(ws))["count"] == 1
+        bad = json.dumps({"id": "no-source-or-type"})
+        good = json.dumps(event("good"))
+        # Duplicate key: whatever Boost.JSON keeps is what is validated and stored.
+        await ws.send('{"op":"publish","topic":"raw","seq":1,"events":[' + bad + '],"events":[' + good + ']}')
+        r1 = await recv(ws)
+        await ws.send('{"op":"publish","topic":"raw","seq":2,"ev\\u0065nts":[' + good.replace('"good"', '"esc"') + ']}')
+        r2 = await recv(ws)
+        sub = await session(relay, admin(creds))
+        await request(sub, {"op": "subscribe", "id": 1, "topic": "raw", "from": "earliest"})
+        want = 1 + (r1["op"] == "ack") + (r2["op"] == "ack")
+        got = [e for _, _, e in await collect(sub, want)]
+        assert got[0] == event("pretty", data={"k": [1, 2]})
+        for e in got:
+            assert e.get("source") and e.get("type"), e  # never the invalid one
+        assert r1["op"] in ("ack", "nack") and r2["op"] == "ack"
+    run(go())

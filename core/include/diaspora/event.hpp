@@ -84,12 +84,22 @@ struct Event {
   friend bool operator==(const Event&, const Event&) = default;
 };
 
+/// What check_event_json found: views into the checked JSON value (valid while it lives).
+struct EventRef {
+  std::string_view id, source, type;
+};
+
+/// Checks a parsed JSON value against every CloudEvents rule and, for org.diaspora.*
+/// types, the typed payload — the one validator behind decode, encode and the relay —
+/// without copying anything. Does not check the encoded size (the caller knows it).
+/// Throws EventError. Thread-safe.
+EventRef check_event_json(const boost::json::value& v, const CodecOptions& options = {});
+
 /// Decodes one event from its JSON text, checking every CloudEvents rule and, for
 /// org.diaspora.* types, the typed payload. Throws EventError. Thread-safe.
 Event decode_event(std::string_view json_text, const CodecOptions& options = {});
 
-/// Like decode_event, from an already parsed JSON value (`approx_bytes` is checked
-/// against the size limit when nonzero).
+/// Like decode_event, from an already parsed JSON value (no size check).
 Event event_from_json(const boost::json::value& v, const CodecOptions& options = {});
 
 /// Encodes to the JSON format. Throws EventError when the event is invalid (e.g. both
@@ -113,6 +123,8 @@ std::optional<std::chrono::system_clock::time_point> parse_rfc3339(std::string_v
 std::string base64_encode(std::string_view bytes);
 /// Decodes standard padded base64; nullopt when malformed.
 std::optional<std::string> base64_decode(std::string_view text);
+/// True when `text` is standard padded base64 (no allocation).
+bool base64_valid(std::string_view text) noexcept;
 
 /// A random (version 4) UUID string, suitable as an event id. Thread-safe.
 std::string make_uuid();
