@@ -273,7 +273,7 @@ EventRef check_event_json(const json::value& v, const CodecOptions& options) {
   const json::object& o = v.get_object();
   EventRef ref;
   std::string_view specversion, datacontenttype;
-  bool has_specversion = false, has_datacontenttype = false;
+  bool has_datacontenttype = false;
   const json::value* data = nullptr;
   bool has_binary = false;
   auto str = [](std::string_view key, const json::value& val, std::size_t max_len) -> std::string_view {
@@ -297,7 +297,6 @@ EventRef check_event_json(const json::value& v, const CodecOptions& options) {
     else if (key == "specversion") {
       if (!val.is_string()) fail(EventErrc::invalid_attribute, "specversion: expected string");
       specversion = val.get_string();
-      has_specversion = true;
     } else if (key == "subject") str(key, val, 1024);
     else if (key == "datacontenttype") {
       datacontenttype = str(key, val, 256);
@@ -327,7 +326,6 @@ EventRef check_event_json(const json::value& v, const CodecOptions& options) {
   }
   for (std::string_view req : {"id", "source", "specversion", "type"})
     if (!o.contains(req)) fail(EventErrc::missing_attribute, std::string(req) + ": required attribute is missing");
-  (void)has_specversion;
   if (specversion != "1.0")
     fail(EventErrc::invalid_attribute, "specversion: must be \"1.0\", got \"" + std::string(specversion) + "\"");
   if (data && has_binary) fail(EventErrc::invalid_attribute, "'data' and 'data_base64' cannot be used together");

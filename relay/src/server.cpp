@@ -368,9 +368,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
 
   void on_read(beast::error_code ec, std::size_t) {
     if (ec) {
-      if (ec == websocket::error::message_too_big) {
-        // Beast has already failed the stream; the client sees close 1009.
-      }
+      // Includes message_too_big: Beast has already sent close 1009 to the client.
       closing_ = true;
       timer_.cancel();
       return;
@@ -596,7 +594,6 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
         return send_error("bad_request", "'from' must be \"earliest\", \"latest\" or a non-negative offset", idv);
       }
     }
-    from_ = from;
     json::array topics;
     for (const auto& t : relay_->store->topics()) {
       if (!(is_pattern ? topic_matches(pattern, t) : t == pattern)) continue;
@@ -822,7 +819,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   bool hello_done_ = false;
   std::optional<TokenClaims> claims_;
   Clock::time_point token_deadline_ = Clock::time_point::max();
-  std::string client_id_, producer_id_, ce_topic_, from_;
+  std::string client_id_, producer_id_, ce_topic_;
   std::size_t inflight_ = 0;
   bool read_paused_ = false;
   std::map<std::string, Subscription> subs_;
@@ -1048,26 +1045,23 @@ std::string Relay::Impl::metrics_text() {
     for (char c : s) r += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
     return r;
   };
-  line("# HELP diaspora_relay_events_in_total Events appended per topic.");
-  line("# TYPE diaspora_relay_events_in_total counter");
   std::map<std::string, Metrics::TopicCounters> snapshot;
   {
     std::lock_guard lock(metrics.mutex);
     snapshot = metrics.topics;
   }
-  for (const auto& [t, c] : snapshot) line("diaspora_relay_events_in_total{topic=\"" + esc(t) + "\"} " + std::to_string(c.events_in));
-  line("# HELP diaspora_relay_bytes_in_total Event bytes appended per topic.");
-  line("# TYPE diaspora_relay_bytes_in_total counter");
-  for (const auto& [t, c] : snapshot) line("diaspora_relay_bytes_in_total{topic=\"" + esc(t) + "\"} " + std::to_string(c.bytes_in));
-  line("# HELP diaspora_relay_duplicates_total Events dropped as duplicates per topic.");
-  line("# TYPE diaspora_relay_duplicates_total counter");
-  for (const auto& [t, c] : snapshot) line("diaspora_relay_duplicates_total{topic=\"" + esc(t) + "\"} " + std::to_string(c.duplicates));
-  line("# HELP diaspora_relay_events_out_total Events delivered to subscribers per topic.");
-  line("# TYPE diaspora_relay_events_out_total counter");
-  for (const auto& [t, c] : snapshot) line("diaspora_relay_events_out_total{topic=\"" + esc(t) + "\"} " + std::to_string(c.events_out));
-  line("# HELP diaspora_relay_bytes_out_total Event bytes delivered per topic.");
-  line("# TYPE diaspora_relay_bytes_out_total counter");
-  for (const auto& [t, c] : snapshot) line("diaspora_relay_bytes_out_total{topic=\"" + esc(t) + "\"} " + std::to_string(c.bytes_out));
+  auto per_topic = [&](const char* name, const char* help, std::uint64_t Metrics::TopicCounters::*field) {
+    line(std::string("# HELP ") + name + " " + help);
+    line(std::string("# TYPE ") + name + " counter");
+    for (const auto& [t, c] : snapshot) line(std::string(name) + "{topic=\"" + esc(t) + "\"} " + std::to_string(c.*field));
+  };
+  per_topic("diaspora_relay_events_in_total", "Events appended per topic.", &Metrics::TopicCounters::events_in);
+  per_topic("diaspora_relay_bytes_in_total", "Event bytes appended per topic.", &Metrics::TopicCounters::bytes_in);
+  per_topic("diaspora_relay_duplicates_total", "Events dropped as duplicates per topic.",
+            &Metrics::TopicCounters::duplicates);
+  per_topic("diaspora_relay_events_out_total", "Events delivered to subscribers per topic.",
+            &Metrics::TopicCounters::events_out);
+  per_topic("diaspora_relay_bytes_out_total", "Event bytes delivered per topic.", &Metrics::TopicCounters::bytes_out);
   line("# HELP diaspora_relay_connections Open TLS connections.");
   line("# TYPE diaspora_relay_connections gauge");
   line("diaspora_relay_connections " + std::to_string(metrics.connections.load()));
