@@ -288,6 +288,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
            std::string ce_topic, std::string ce_from) {
     mode_ = mode;
     claims_ = std::move(claims);
+    if (claims_) set_token_deadline();
     ce_topic_ = std::move(ce_topic);
     relay_->metrics.websockets++;
     // The HTTP phase armed the TCP stream's own deadline; from here the WebSocket's
@@ -443,8 +444,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
       send_error("unauthorized", "no token: send it in 'hello' or as 'Authorization: Bearer' on the upgrade", nullptr);
       return close(static_cast<websocket::close_code>(kCloseUnauthorized), "unauthorized");
     }
-    auto remaining = claims_->expires_at - std::chrono::time_point_cast<std::chrono::seconds>(std::chrono::system_clock::now());
-    token_deadline_ = Clock::now() + remaining + std::chrono::seconds(30);
+    set_token_deadline();
     client_id_ = str("client_id");
     producer_id_ = str("producer_id");
     if (producer_id_.size() > 256) return send_error("bad_request", "producer_id longer than 256 bytes", nullptr);
@@ -458,6 +458,12 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
                    {"max_batch_events", relay_->cfg.max_batch_events},
                    {"max_inflight_batches", relay_->cfg.max_inflight_batches}};
     send(json::serialize(w));
+  }
+
+  // The session ends when its token expires (plus the verifier's 30 s leeway).
+  void set_token_deadline() {
+    auto remaining = claims_->expires_at - std::chrono::time_point_cast<std::chrono::seconds>(std::chrono::system_clock::now());
+    token_deadline_ = Clock::now() + remaining + std::chrono::seconds(30);
   }
 
   static std::string token_error_code(TokenErrc c) {
@@ -744,6 +750,12 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     timer_.expires_after(std::chrono::seconds(1));
     timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
       if (ec || self->closing_) return;
+      if (self->claims_ && Clock::now() > self->token_deadline_) {  // also idle and listen-only sessions
+        if (self->mode_ == Mode::v1)
+          self->send_error("token_expired", "the session's token has expired; reconnect with a new token", nullptr);
+        self->close(static_cast<websocket::close_code>(kCloseUnauthorized), "token expired");
+        return;
+      }
       if (self->full_since_ && Clock::now() - *self->full_since_ > self->relay_->cfg.slow_subscriber_timeout) {
         self->relay_->metrics.slow_disconnects++;
         self->close(static_cast<websocket::close_code>(kCloseSlowConsumer),

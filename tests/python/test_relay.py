@@ -450,3 +450,21 @@ def test_stored_event_is_the_validated_one_whatever_the_frame_spelling(relay, cr
             assert e.get("source") and e.get("type"), e  # never the invalid one
         assert r1["op"] in ("ack", "nack") and r2["op"] == "ack"
     run(go())
+
+
+def test_sessions_end_when_their_token_expires(relay, creds):
+    """A token valid only thanks to the 30 s clock-skew leeway expires a few seconds into
+    the session: the relay closes idle and listen-only sessions too, with 4001."""
+    async def go():
+        now = int(time.time())
+        short = creds.forge({"sub": "brief", "scope": ["admin"], "exp": now - 26})
+        v1 = await session(relay, short)
+        await request(v1, {"op": "subscribe", "id": 1, "topic": "exp", "from": "latest"})
+        ce = await connect(relay, short, path="/ce/exp", subprotocol="cloudevents.json")
+        m = await asyncio.wait_for(v1.recv(), 15)
+        assert json.loads(m)["code"] == "token_expired"
+        for ws in (v1, ce):
+            with pytest.raises(websockets.ConnectionClosed) as c:
+                await asyncio.wait_for(ws.recv(), 15)
+            assert c.value.code == 4001
+    run(go())
