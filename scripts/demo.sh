@@ -29,7 +29,7 @@ echo "-- the relay: a durable, authenticated event log over TLS WebSockets"
     --tls-cert "$demo_dir/certs/server.pem" --tls-key "$demo_dir/certs/server-key.pem" \
     --auth-secret-file "$demo_dir/auth-secret" --port-file "$demo_dir/port" 2> "$demo_dir/relay.log" &
 relay_pid=$!
-trap 'kill $relay_pid 2>/dev/null; rm -rf "$demo_dir"' EXIT
+trap 'kill $relay_pid 2>/dev/null || true; rm -rf "$demo_dir"' EXIT
 for _ in $(seq 1 100); do [ -s "$demo_dir/port" ] && break; sleep 0.05; done
 url="wss://127.0.0.1:$(cat "$demo_dir/port")"
 echo "relay listening at $url"
