@@ -37,6 +37,7 @@ struct BenchArgs {
   std::size_t size = 256, batch = 500, window = 16;
   double rate = 0;  // events/s over all producers; 0 = as fast as acks allow
   bool json_out = false;
+  int threads = 2;  // embedded relay's I/O threads
 };
 
 
@@ -57,6 +58,7 @@ int run_bench(BenchArgs a) {
     cfg.auth_secret_file = tmp / "secret";
     cfg.fsync = a.fsync;
     cfg.validate_payloads = true;
+    cfg.threads = a.threads;
     embedded = std::make_unique<Relay>(cfg);
     embedded->start();
     a.url = "wss://127.0.0.1:" + std::to_string(embedded->port());
@@ -239,6 +241,7 @@ std::function<int()> add_bench_commands(CLI::App& app) {
   relay->add_option("--batch", a->batch, "Events per publish")->check(CLI::Range(1, 100000))->capture_default_str();
   relay->add_option("--window", a->window, "Unacked publishes per producer")->check(CLI::Range(1, 10000))->capture_default_str();
   relay->add_option("--rate", a->rate, "Target events/s over all producers (0 = as fast as possible)")->capture_default_str();
+  relay->add_option("--threads", a->threads, "Embedded relay: I/O threads")->check(CLI::Range(1, 64))->capture_default_str();
   relay->add_flag("--json", a->json_out, "Print one JSON object");
   return [relay, a]() -> int { return relay->parsed() ? run_bench(*a) : -1; };
 }
