@@ -131,6 +131,8 @@ struct RelayClient::Impl {
       if (!opt.token.empty()) req.set(http::field::authorization, "Bearer " + opt.token);
     }));
     ws->read_message_max(64u << 20);
+    ws->auto_fragment(false);         // one frame per message (see server.cpp)
+    ws->write_buffer_bytes(64 * 1024);  // masking buffer: large pieces, fewer TLS records
     websocket::response_type res;
     done = false;
     ws->async_handshake(res, host + ":" + port, path, [&](beast::error_code e) {

@@ -306,6 +306,10 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
       if (!subprotocol.empty()) res.set(http::field::sec_websocket_protocol, subprotocol);
     }));
     ws_.read_message_max(relay_->cfg.max_frame_bytes);
+    // One WebSocket frame per message, written in large pieces: Beast's default 4 KiB
+    // fragments cost a TLS record, a sendmsg and an epoll wakeup each.
+    ws_.auto_fragment(false);
+    ws_.write_buffer_bytes(64 * 1024);
     ws_.async_accept(req, beast::bind_front_handler(&WsSession::on_accept, shared_from_this(), std::move(ce_from)));
   }
 
