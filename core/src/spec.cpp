@@ -73,6 +73,7 @@ std::optional<Duration> parse_duration(std::string_view text) {
   if (u == "s") return Duration(value);
   if (u == "m") return Duration(value * 60.0);
   if (u == "h") return Duration(value * 3600.0);
+  if (u == "d") return Duration(value * 86400.0);
   return std::nullopt;
 }
 

@@ -13,10 +13,9 @@ namespace json = boost::json;
 
 namespace {
 
-std::chrono::seconds parse_seconds(std::string_view text) {
-  std::uint64_t n = std::stoull(std::string(text.substr(0, text.size() - 1)));
-  char unit = text.back();
-  return std::chrono::seconds(n * (unit == 'm' ? 60 : unit == 'h' ? 3600 : unit == 'd' ? 86400 : 1));
+// Durations in relay.yaml are whole numbers with s, m, h or d (the schema's patterns).
+std::chrono::seconds seconds_of(const std::string& text) {
+  return std::chrono::duration_cast<std::chrono::seconds>(parse_duration(text).value_or(Duration{0}));
 }
 
 }  // namespace
@@ -57,14 +56,14 @@ RelayConfig load_relay_config(const std::filesystem::path& file) {
   if (auto v = str(log, "fsync")) c.fsync = *v;
   if (const auto* v = log.if_contains("segment_bytes")) c.segment_bytes = parse_size(*v).value_or(c.segment_bytes);
   if (const auto* v = log.if_contains("retention_bytes")) c.retention_bytes = parse_size(*v).value_or(0);
-  if (auto v = str(log, "retention_age")) c.retention_age = parse_seconds(*v);
+  if (auto v = str(log, "retention_age")) c.retention_age = seconds_of(*v);
   const auto& lim = sub(r, "limits");
   if (auto v = num(lim, "max_frame_bytes")) c.max_frame_bytes = *v;
   if (auto v = num(lim, "max_event_bytes")) c.max_event_bytes = *v;
   if (auto v = num(lim, "max_batch_events")) c.max_batch_events = *v;
   if (auto v = num(lim, "max_inflight_batches")) c.max_inflight_batches = *v;
   if (auto v = num(lim, "subscriber_queue_frames")) c.subscriber_queue_frames = *v;
-  if (auto v = str(lim, "slow_subscriber_timeout")) c.slow_subscriber_timeout = parse_seconds(*v);
+  if (auto v = str(lim, "slow_subscriber_timeout")) c.slow_subscriber_timeout = seconds_of(*v);
   if (auto v = num(lim, "delivery_batch_events")) c.delivery_batch_events = *v;
   if (auto v = num(lim, "delivery_batch_bytes")) c.delivery_batch_bytes = *v;
   if (const auto* v = r.if_contains("validate_payloads")) c.validate_payloads = v->as_bool();

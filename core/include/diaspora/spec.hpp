@@ -191,7 +191,8 @@ SpecLoadResult load_spec_string(std::string_view yaml, std::string_view name = "
 WorkflowSpec parse_spec_file(const std::filesystem::path& file);
 WorkflowSpec parse_spec_string(std::string_view yaml, std::string_view name = "<string>");
 
-/// "30s" / "250ms" / "1.5m" / "2h" -> seconds; nullopt when malformed.
+/// "30s" / "250ms" / "1.5m" / "2h" / "7d" -> seconds; nullopt when malformed. (Each
+/// schema decides which units a field accepts; workflow specs stop at hours.)
 std::optional<Duration> parse_duration(std::string_view text);
 /// 4096 / "512KiB" / "64MiB" / "2GiB" / "100B" -> bytes; nullopt when malformed.
 std::optional<std::uint64_t> parse_size(const boost::json::value& v);
