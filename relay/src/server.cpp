@@ -1078,18 +1078,18 @@ std::string Relay::Impl::metrics_text() {
   per_topic("diaspora_relay_events_out_total", "Events delivered to subscribers per topic.",
             &Metrics::TopicCounters::events_out);
   per_topic("diaspora_relay_bytes_out_total", "Event bytes delivered per topic.", &Metrics::TopicCounters::bytes_out);
-  line("# HELP diaspora_relay_connections Open TLS connections.");
-  line("# TYPE diaspora_relay_connections gauge");
-  line("diaspora_relay_connections " + std::to_string(metrics.connections.load()));
-  line("# HELP diaspora_relay_websockets Open WebSocket sessions.");
-  line("# TYPE diaspora_relay_websockets gauge");
-  line("diaspora_relay_websockets " + std::to_string(metrics.websockets.load()));
-  line("# HELP diaspora_relay_auth_refusals_total Requests refused for missing, invalid or insufficient tokens.");
-  line("# TYPE diaspora_relay_auth_refusals_total counter");
-  line("diaspora_relay_auth_refusals_total " + std::to_string(metrics.refused_auth.load()));
-  line("# HELP diaspora_relay_slow_consumer_disconnects_total Subscribers disconnected as too slow.");
-  line("# TYPE diaspora_relay_slow_consumer_disconnects_total counter");
-  line("diaspora_relay_slow_consumer_disconnects_total " + std::to_string(metrics.slow_disconnects.load()));
+  auto single = [&](const char* name, const char* type, const char* help, std::int64_t value) {
+    line(std::string("# HELP ") + name + " " + help);
+    line(std::string("# TYPE ") + name + " " + type);
+    line(std::string(name) + " " + std::to_string(value));
+  };
+  single("diaspora_relay_connections", "gauge", "Open TLS connections.", metrics.connections.load());
+  single("diaspora_relay_websockets", "gauge", "Open WebSocket sessions.", metrics.websockets.load());
+  single("diaspora_relay_auth_refusals_total", "counter",
+         "Requests refused for missing, invalid or insufficient tokens.",
+         static_cast<std::int64_t>(metrics.refused_auth.load()));
+  single("diaspora_relay_slow_consumer_disconnects_total", "counter", "Subscribers disconnected as too slow.",
+         static_cast<std::int64_t>(metrics.slow_disconnects.load()));
   auto fs = store->fsync_stats();
   line("# HELP diaspora_relay_fsync_seconds Duration of log syncs (group commits).");
   line("# TYPE diaspora_relay_fsync_seconds histogram");
