@@ -313,8 +313,10 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     ws_.async_accept(req, beast::bind_front_handler(&WsSession::on_accept, shared_from_this(), std::move(ce_from)));
   }
 
-  // From any thread: new records were committed to `topic`.
+  // From any thread: new records were committed to `topic`. Sessions that never
+  // subscribed (publishers) are skipped: the writer calls this after every group commit.
   void notify(const std::string& topic) {
+    if (!subscribed_.load(std::memory_order_acquire)) return;
     net::post(ws_.get_executor(), [self = shared_from_this(), topic] { self->on_notify(topic); });
   }
   // From any thread: graceful close for shutdown.
@@ -354,6 +356,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
         }
         sub.cursors[ce_topic_] = Cursor{start};
         subs_.emplace("ce", std::move(sub));
+        subscribed_.store(true, std::memory_order_release);
       }
       pump();
     }
@@ -620,6 +623,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     for (const auto& [t, c] : sub.cursors) offs[t] = c.next;
     reply["offsets"] = std::move(offs);
     subs_.emplace(key, std::move(sub));
+    subscribed_.store(true, std::memory_order_release);
     send(json::serialize(reply));
     pump();
   }
@@ -839,6 +843,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   std::size_t inflight_ = 0;
   bool read_paused_ = false;
   std::map<std::string, Subscription> subs_;
+  std::atomic<bool> subscribed_{false};  // set once the session has subscribed; read by notify()
   std::optional<Clock::time_point> full_since_;
 };
 
