@@ -100,6 +100,8 @@ std::optional<std::string> subject_of(const P& p) {
   else if constexpr (std::is_same_v<P, DataArrived>) return p.stream;
   else if constexpr (std::is_same_v<P, AnomalyPredicted>) return p.task_id ? p.task_id : std::optional(p.series);
   else if constexpr (std::is_same_v<P, ActionRequested> || std::is_same_v<P, ActionDone>) return p.task_id;
+  else if constexpr (std::is_same_v<P, MetricSample>) return p.id;
+  else if constexpr (std::is_same_v<P, PluginWarning>) return p.task_id;
   else return std::nullopt;
 }
 
@@ -110,7 +112,8 @@ const std::vector<std::string_view>& all_types() {
     std::vector<std::string_view> t = {
         TaskSubmitted::type, TaskStarted::type,   TaskHeartbeat::type,  TaskProgress::type, TaskCompleted::type,
         TaskFailed::type,    TaskCancelled::type, TaskRestarted::type,  TaskMigrated::type, ResourceStatus::type,
-        DataArrived::type,   AnomalyPredicted::type, ActionRequested::type, ActionDone::type};
+        DataArrived::type,   AnomalyPredicted::type, ActionRequested::type, ActionDone::type, MetricSample::type,
+        PluginWarning::type, PluginStats::type};
     std::sort(t.begin(), t.end());
     return t;
   }();
@@ -178,5 +181,8 @@ DIASPORA_INSTANTIATE_PAYLOAD(DataArrived)
 DIASPORA_INSTANTIATE_PAYLOAD(AnomalyPredicted)
 DIASPORA_INSTANTIATE_PAYLOAD(ActionRequested)
 DIASPORA_INSTANTIATE_PAYLOAD(ActionDone)
+DIASPORA_INSTANTIATE_PAYLOAD(MetricSample)
+DIASPORA_INSTANTIATE_PAYLOAD(PluginWarning)
+DIASPORA_INSTANTIATE_PAYLOAD(PluginStats)
 
 }  // namespace diaspora::events

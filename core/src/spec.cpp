@@ -292,6 +292,10 @@ WorkflowSpec build(const YamlDocument& doc, std::string file) {
   if (auto s = opt_str(plugin, "spool_dir")) w.plugin.spool_dir = *s;
   if (const auto* v = plugin.if_contains("spool_limit")) w.plugin.spool_limit = parse_size(*v).value_or(w.plugin.spool_limit);
   w.plugin.queue_size = get_int(plugin, "queue_size", w.plugin.queue_size);
+  if (auto s = opt_str(plugin, "engine_id")) w.plugin.engine_id = *s;
+  w.plugin.max_inflight = get_int(plugin, "max_inflight", w.plugin.max_inflight);
+  if (const auto* v = plugin.if_contains("control"); v && v->is_bool()) w.plugin.control = v->get_bool();
+  w.plugin.reconnect_max = opt_dur(plugin, "reconnect_max").value_or(w.plugin.reconnect_max);
   const json::object& batch = sub(plugin, "batch");
   w.plugin.batch.max_events = get_int(batch, "max_events", w.plugin.batch.max_events);
   if (const auto* v = batch.if_contains("max_bytes")) w.plugin.batch.max_bytes = parse_size(*v).value_or(w.plugin.batch.max_bytes);

@@ -33,9 +33,20 @@ struct RelayClient::Impl {
   std::string host, port, path;
 
   // Runs the io_context until `done` or the timeout; on timeout closes the socket.
-  void run(bool& done, const char* what) {
+  // Runs handlers until `done` is set or the wait is over (a read left pending by
+  // poll_receive() keeps the io_context busy, so run_for alone would not return early).
+  void run_until(const bool& done, std::chrono::milliseconds wait) {
     ioc.restart();
-    ioc.run_for(opt.timeout);
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    while (!done) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) break;
+      if (ioc.run_one_for(deadline - now) == 0 && ioc.stopped()) break;
+    }
+  }
+
+  void run(bool& done, const char* what) {
+    run_until(done, opt.timeout);
     if (!done) {
       beast::get_lowest_layer(*ws).close();
       ioc.restart();
@@ -168,18 +179,47 @@ struct RelayClient::Impl {
     if (ec) fail(ec, "sending");
   }
 
-  std::string receive() {
-    bool done = false;
-    beast::error_code ec;
-    ws->async_read(buffer, [&](beast::error_code e, std::size_t) {
-      ec = e;
-      done = true;
+  // One read may stay pending across poll_receive() calls; its completion is recorded
+  // here, so a send() that runs the io_context can finish it too.
+  bool read_pending = false, read_done = false;
+  beast::error_code read_ec;
+
+  void start_read() {
+    if (read_pending) return;
+    read_pending = true;
+    read_done = false;
+    ws->async_read(buffer, [this](beast::error_code e, std::size_t) {
+      read_ec = e;
+      read_done = true;
     });
-    run(done, "waiting for the relay");
-    if (ec) fail(ec, "receiving");
+  }
+
+  std::string take_frame() {
+    read_pending = false;
+    if (read_ec) fail(read_ec, "receiving");
     std::string out = beast::buffers_to_string(buffer.data());
     buffer.consume(buffer.size());
     return out;
+  }
+
+  std::string receive() {
+    start_read();
+    if (!read_done) run(read_done, "waiting for the relay");
+    return take_frame();
+  }
+
+  std::optional<std::string> poll_receive(std::chrono::milliseconds wait) {
+    start_read();
+    if (!read_done) {
+      if (wait.count() > 0) {
+        run_until(read_done, wait);
+      } else {
+        ioc.restart();
+        ioc.poll();
+      }
+    }
+    if (!read_done) return std::nullopt;
+    return take_frame();
   }
 
   json::object receive_json() {
@@ -200,6 +240,9 @@ RelayClient::~RelayClient() { close(); }
 
 void RelayClient::send(std::string_view frame) { self_->send(frame); }
 std::string RelayClient::receive() { return self_->receive(); }
+std::optional<std::string> RelayClient::poll_receive(std::chrono::milliseconds wait) {
+  return self_->poll_receive(wait);
+}
 json::object RelayClient::receive_json() { return self_->receive_json(); }
 const json::object& RelayClient::welcome() const noexcept { return self_->welcome; }
 

@@ -28,6 +28,8 @@
 //   * topics_mu_ guards the topic map; topics are never removed, so Topic* stays valid.
 #include "topic_log.hpp"
 
+#include "file_io.hpp"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -146,29 +148,6 @@ std::optional<RecordView> parse_body(const char* p, std::size_t n) {
   pos += klen;
   r.payload = {p + pos, n - pos};
   return r;
-}
-
-int pwrite_all(int fd, const char* p, std::size_t n, std::uint64_t pos) {
-  while (n > 0) {
-    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(pos));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (w == 0) return EIO;
-    p += w;
-    n -= static_cast<std::size_t>(w);
-    pos += static_cast<std::uint64_t>(w);
-  }
-  return 0;
-}
-
-int fsync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return errno;
-  const int rc = ::fsync(fd) == 0 ? 0 : errno;
-  ::close(fd);
-  return rc;
 }
 
 std::int64_t now_us() {

@@ -71,8 +71,9 @@ class RelayProcess:
     """A diaspora-relay child process; restartable on the same data directory."""
 
     def __init__(self, creds: Credentials, data_dir: Path, config: dict | None = None, mtls: bool = False,
-                 fsync: str = "always"):
+                 fsync: str = "always", port: int = 0):
         self.creds = creds
+        self.listen_port = port  # 0: a free port on each start; else the same one every time
         self.data_dir = data_dir
         self.config = config
         self.mtls = mtls
@@ -85,7 +86,7 @@ class RelayProcess:
         port_file = self.data_dir.parent / f"{self.data_dir.name}.port"
         if port_file.exists():
             port_file.unlink()
-        args = [RELAY, "--listen", "127.0.0.1:0", "--data-dir", self.data_dir,
+        args = [RELAY, "--listen", f"127.0.0.1:{self.listen_port}", "--data-dir", self.data_dir,
                 "--tls-cert", self.creds.certs / "server.pem", "--tls-key", self.creds.certs / "server-key.pem",
                 "--auth-secret-file", self.creds.secret_file, "--port-file", port_file, "--fsync", self.fsync]
         if self.mtls:
@@ -174,6 +175,15 @@ def run(coro):
                     pass
             _open.clear()
     return asyncio.run(main())
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a relay that must come up
+    later on a port the client already knows)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def new_id() -> str:

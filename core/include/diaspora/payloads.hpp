@@ -175,6 +175,48 @@ struct ActionDone {
 };
 BOOST_DESCRIBE_STRUCT(ActionDone, (), (action_id, status, action, message, task_id))
 
+struct MetricSample {
+  static constexpr std::string_view type = "org.diaspora.metric";
+  std::string scope;  ///< task | site | resource
+  std::string id;     ///< the task, site or resource id, according to `scope`
+  std::string name;
+  double value = 0;
+  std::optional<std::int64_t> count;  ///< samples coalesced into this one (>= 1); absent = 1
+  std::optional<std::string> site;
+};
+BOOST_DESCRIBE_STRUCT(MetricSample, (), (scope, id, name, value, count, site))
+
+struct PluginWarning {
+  static constexpr std::string_view type = "org.diaspora.plugin.warning";
+  /// invalid_transition | metrics_coalesced | spool_over_limit | event_rejected |
+  /// action_expired | events_lost
+  std::string code;
+  std::string message;
+  std::optional<std::string> task_id;
+  std::optional<std::int64_t> count;
+  std::optional<std::string> engine;
+};
+BOOST_DESCRIBE_STRUCT(PluginWarning, (), (code, message, task_id, count, engine))
+
+struct PluginStats {
+  static constexpr std::string_view type = "org.diaspora.plugin.stats";
+  std::string engine;
+  std::int64_t events_accepted = 0;
+  std::int64_t events_acked = 0;
+  std::int64_t events_spilled = 0;
+  std::int64_t metrics_coalesced = 0;
+  std::int64_t events_lost = 0;
+  std::int64_t spool_records = 0;
+  std::int64_t spool_bytes = 0;
+  std::int64_t reconnects = 0;
+  std::int64_t invalid_transitions = 0;
+  std::int64_t actions_received = 0;
+  bool connected = false;
+};
+BOOST_DESCRIBE_STRUCT(PluginStats, (),
+                      (engine, events_accepted, events_acked, events_spilled, metrics_coalesced, events_lost,
+                       spool_records, spool_bytes, reconnects, invalid_transitions, actions_received, connected))
+
 /// Every Diaspora event type, sorted.
 const std::vector<std::string_view>& all_types();
 

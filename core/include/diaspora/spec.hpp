@@ -68,6 +68,10 @@ struct PluginSpec {
   std::filesystem::path spool_dir = ".diaspora/spool";
   std::uint64_t spool_limit = 256ull << 20;
   std::int64_t queue_size = 65536;
+  std::string engine_id = "engine";  ///< source suffix, control topic suffix, spool subdirectory
+  std::int64_t max_inflight = 16;    ///< batches sent and not yet acked
+  bool control = true;               ///< subscribe to the control topic
+  Duration reconnect_max{5.0};       ///< backoff ceiling
   BatchSpec batch;
 };
 

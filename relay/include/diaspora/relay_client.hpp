@@ -1,6 +1,6 @@
 // A small blocking client for the relay's diaspora.v1 protocol, used by `diaspora
-// publish`, `diaspora tail`, the relay benchmark and tests. (The engine plugin has its own
-// asynchronous publisher.)
+// publish`, `diaspora tail`, the relay benchmark and tests. The engine plugin's publisher
+// pipelines batches with poll_receive().
 #pragma once
 
 #include <boost/json/object.hpp>
@@ -55,6 +55,11 @@ class RelayClient {
   /// Receives one text frame, waiting at most the timeout. Throws RelayClientError on
   /// timeout, close or error.
   std::string receive();
+  /// Waits at most `wait` (0 = only what is already there) for one text frame; nullopt
+  /// when none arrived. A read left unfinished stays pending and is completed by the next
+  /// poll_receive()/receive() (or while send() waits), so no frame is lost. Throws
+  /// RelayClientError on close or error.
+  std::optional<std::string> poll_receive(std::chrono::milliseconds wait);
   /// receive() parsed as a JSON object; an {"op":"error"} frame is returned, not thrown.
   boost::json::object receive_json();
   /// The relay's welcome message (diaspora.v1).

@@ -1,0 +1,316 @@
+/*
+ * diaspora/plugin.h -- the stable C ABI of libdiaspora_plugin.so.
+ *
+ * A workflow engine (Parsl, Dask, Globus Compute, a batch wrapper, ...) loads the plugin
+ * at run time, opens one handle from a workflow spec, reports each task's lifecycle
+ * through the hook calls below and receives resilience actions back. The plugin turns
+ * every call into a CloudEvents event on the Diaspora relay (TLS WebSocket, acked), keeps
+ * events in an on-disk spool while the relay is away and replays them in order.
+ *
+ * Contract, in short (docs/plugin.md has the whole manual):
+ *  - Every function is plain C, returns a diaspora_status (or a documented value), never
+ *    throws, never aborts, and checks its arguments: NULL where a pointer is required is
+ *    DIASPORA_ERR_NULL, anything else out of range is DIASPORA_ERR_INVALID.
+ *  - Hooks (diaspora_task_*, diaspora_metric, diaspora_data_arrived,
+ *    diaspora_resource_status) may be called from any number of engine threads at once.
+ *    They copy their arguments into a bounded lock-free queue and return: no blocking,
+ *    no allocation, no system call on the fast path. Strings are copied; the caller
+ *    keeps ownership of everything it passes.
+ *  - When the queue is full, lifecycle events (task hooks, data, resource status) go to
+ *    the on-disk spool (slower, never dropped); free-form metrics are coalesced (the
+ *    latest value per series is kept and the count of merged samples published).
+ *  - Every struct passed in starts with `struct_size`, set by the caller to
+ *    sizeof(the struct) as compiled: later minor versions append fields, and the library
+ *    reads only what the caller's struct holds.
+ *
+ * Versioning: DIASPORA_ABI_VERSION is (major << 16) | minor. A library is usable by a
+ * caller compiled against this header when the majors are equal and the library's minor
+ * is at least the header's (see DIASPORA_ABI_COMPATIBLE / diaspora_abi_check).
+ */
+#ifndef DIASPORA_PLUGIN_H
+#define DIASPORA_PLUGIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define DIASPORA_API __attribute__((visibility("default")))
+#else
+#define DIASPORA_API
+#endif
+
+#define DIASPORA_ABI_VERSION_MAJOR 1
+#define DIASPORA_ABI_VERSION_MINOR 0
+#define DIASPORA_ABI_VERSION \
+  ((uint32_t)(((uint32_t)DIASPORA_ABI_VERSION_MAJOR << 16) | (uint32_t)DIASPORA_ABI_VERSION_MINOR))
+
+/* True when a library reporting ABI version `lib` (diaspora_abi_version()) serves a
+ * caller compiled against this header: same major, library minor >= header minor. */
+#define DIASPORA_ABI_COMPATIBLE(lib)                                     \
+  ((((uint32_t)(lib)) >> 16) == (uint32_t)DIASPORA_ABI_VERSION_MAJOR && \
+   (((uint32_t)(lib)) & 0xffffu) + 1u > (uint32_t)DIASPORA_ABI_VERSION_MINOR)
+
+/* Limits on strings passed in (bytes, without the terminating NUL). Longer is
+ * DIASPORA_ERR_INVALID. Strings should be UTF-8; invalid bytes are replaced by U+FFFD
+ * in the published event. */
+#define DIASPORA_MAX_ID 255       /* task, site, worker, resource, stream ids, names */
+#define DIASPORA_MAX_TEXT 4095    /* reasons, URIs, checksums */
+#define DIASPORA_MAX_METRIC_NAME 63
+#define DIASPORA_MAX_METRICS 64   /* metrics per call */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status codes --------------------------------------------------------------------- */
+
+typedef enum diaspora_status {
+  DIASPORA_OK = 0,
+  DIASPORA_ERR_NULL = 1,      /* a required pointer argument was NULL */
+  DIASPORA_ERR_INVALID = 2,   /* an argument is malformed or out of range (see last error) */
+  DIASPORA_ERR_CONFIG = 3,    /* open: the spec or the plugin configuration is invalid */
+  DIASPORA_ERR_IO = 4,        /* the spool could not be written or read (disk full, ...) */
+  DIASPORA_ERR_CLOSED = 5,    /* the handle is being closed */
+  DIASPORA_ERR_TIMEOUT = 6,   /* close: not everything was acked in time (rest is spooled) */
+  DIASPORA_ERR_NOT_FOUND = 7, /* unknown or already acknowledged action id */
+  DIASPORA_ERR_EMPTY = 8,     /* poll: no action is waiting */
+  DIASPORA_ERR_VERSION = 9,   /* ABI mismatch (diaspora_abi_check) */
+  DIASPORA_ERR_INTERNAL = 10  /* unexpected internal failure; the last error says what */
+} diaspora_status;
+
+/* Opaque handle: one per engine (or per engine process). */
+typedef struct diaspora_plugin diaspora_plugin;
+
+/* ---- version ---------------------------------------------------------------------------- */
+
+/* The library's ABI version, (major << 16) | minor. Any thread, any time. */
+DIASPORA_API uint32_t diaspora_abi_version(void);
+
+/* Checks that this library serves a caller compiled against ABI `caller_version`
+ * (pass DIASPORA_ABI_VERSION). Returns DIASPORA_OK, or DIASPORA_ERR_VERSION and writes a
+ * readable explanation ("plugin library ABI 2.0, engine built for 1.3: ...") into `errbuf`
+ * (NUL-terminated, truncated to errbuf_len; errbuf may be NULL when errbuf_len is 0).
+ * Any thread, any time. */
+DIASPORA_API int diaspora_abi_check(uint32_t caller_version, char* errbuf, size_t errbuf_len);
+
+/* The library's version string, e.g. "0.1.0". Static storage. Any thread. */
+DIASPORA_API const char* diaspora_library_version(void);
+
+/* Name of a status code ("DIASPORA_ERR_NULL", ...); "unknown status" otherwise. Static
+ * storage. Any thread. */
+DIASPORA_API const char* diaspora_status_name(int status);
+
+/* ---- open / close ----------------------------------------------------------------------- */
+
+/* Opens a handle from a workflow spec file (YAML; the `name`, `relay` and `plugin`
+ * sections are used, the rest is validated). Starts the publisher and control threads,
+ * opens the spool (replaying what a previous process left there) and begins connecting
+ * to the relay in the background: open never waits for the relay.
+ * On success returns DIASPORA_OK and stores the handle in *out. On failure returns
+ * DIASPORA_ERR_NULL (spec_path or out NULL), DIASPORA_ERR_CONFIG (every problem written
+ * to errbuf as "FILE:LINE:COL: error: ..." lines), DIASPORA_ERR_IO (spool directory not
+ * usable, or in use by another process) or DIASPORA_ERR_INTERNAL; *out is then NULL.
+ * errbuf (caller-owned, may be NULL when errbuf_len is 0) receives a NUL-terminated
+ * message, truncated to errbuf_len. Any thread; the handle may be used from any thread. */
+DIASPORA_API int diaspora_open_file(const char* spec_path, diaspora_plugin** out, char* errbuf,
+                                    size_t errbuf_len);
+
+/* Same as diaspora_open_file, from YAML text (diagnostics name the file "<yaml>"). */
+DIASPORA_API int diaspora_open_yaml(const char* yaml, diaspora_plugin** out, char* errbuf,
+                                    size_t errbuf_len);
+
+/* Flushes and closes. Waits at most flush_timeout_ms (>= 0) for queued events to be
+ * acked by the relay; what is not acked by then is written to the spool (and synced),
+ * to be replayed by the next open on the same spool directory. Stops the threads (after
+ * the action callback, if running, returns) and frees the handle in every case, except
+ * when it returns DIASPORA_ERR_NULL or DIASPORA_ERR_INVALID (negative timeout) or
+ * DIASPORA_ERR_CLOSED (called from the action callback: close from another thread).
+ * Returns DIASPORA_OK when everything was acked, DIASPORA_ERR_TIMEOUT when events
+ * remain in the spool, DIASPORA_ERR_IO when some could not be spooled either.
+ * Call it once, from any engine thread, after every other call on the handle returned. */
+DIASPORA_API int diaspora_close(diaspora_plugin* plugin, int64_t flush_timeout_ms);
+
+/* Copies the handle's last error message (NUL-terminated, truncated to buf_len) into buf
+ * and returns its full length (like snprintf); 0 when there was no error. The message is
+ * per handle, set by the most recent failing call from any thread. buf may be NULL when
+ * buf_len is 0. Returns 0 when plugin is NULL. Any thread. */
+DIASPORA_API size_t diaspora_last_error(const diaspora_plugin* plugin, char* buf, size_t buf_len);
+
+/* ---- task hooks ------------------------------------------------------------------------- */
+
+/* One metric sample: name (1..DIASPORA_MAX_METRIC_NAME bytes) and a finite value. */
+typedef struct diaspora_metric_value {
+  const char* name;
+  double value;
+} diaspora_metric_value;
+
+/* What a task hook reports. Zero-initialise, set struct_size = sizeof(diaspora_task_info)
+ * and the fields the hook uses; fields left 0 / NULL mean "not reported". */
+typedef struct diaspora_task_info {
+  size_t struct_size;
+  const char* task_id;   /* required: the engine's task id (1..DIASPORA_MAX_ID bytes) */
+  const char* site;      /* optional: site (cluster, endpoint) the task belongs to */
+  const char* worker;    /* optional: worker / node running it (started, heartbeat, ...) */
+  const char* name;      /* optional: app or function name (submitted) */
+  int64_t timestamp_us;  /* microseconds since the Unix epoch; 0 = now */
+  int32_t attempt;       /* 1 for the first try, 2 for the first retry, ...; 0 = unknown */
+  int32_t exit_code;     /* completed / failed, used when has_exit_code != 0 */
+  int32_t has_exit_code;
+  int32_t retryable;     /* failed: 1 = the engine will retry, 0 = unknown/no */
+  double progress;       /* progress hook: fraction done in [0, 1] */
+  int64_t step;          /* progress hook: step number, >= 0; -1 = none */
+  double deadline_s;     /* submitted: seconds the task should take at most; 0 = none */
+  const char* reason;    /* failed: required (1..DIASPORA_MAX_TEXT bytes); cancelled: optional */
+  const diaspora_metric_value* metrics;  /* heartbeat / progress: optional samples */
+  size_t metric_count;                   /* 0..DIASPORA_MAX_METRICS */
+} diaspora_task_info;
+
+/* The task hooks. Each validates `info`, copies it into the queue and returns at once.
+ * Returns DIASPORA_OK; DIASPORA_ERR_NULL (plugin, info or info->task_id NULL, or a
+ * metric name NULL); DIASPORA_ERR_INVALID (struct_size smaller than the first version of
+ * the struct, an empty or too long string, a non-finite number, progress outside [0, 1],
+ * a missing reason for failed); DIASPORA_ERR_CLOSED (the handle is closing);
+ * DIASPORA_ERR_IO (the queue was full and the spool could not be written: the event is
+ * lost and counted). Any thread, concurrently. Never blocks except on the spool path. */
+DIASPORA_API int diaspora_task_submitted(diaspora_plugin* plugin, const diaspora_task_info* info);
+DIASPORA_API int diaspora_task_started(diaspora_plugin* plugin, const diaspora_task_info* info);
+DIASPORA_API int diaspora_task_heartbeat(diaspora_plugin* plugin, const diaspora_task_info* info);
+DIASPORA_API int diaspora_task_progress(diaspora_plugin* plugin, const diaspora_task_info* info);
+DIASPORA_API int diaspora_task_completed(diaspora_plugin* plugin, const diaspora_task_info* info);
+DIASPORA_API int diaspora_task_failed(diaspora_plugin* plugin, const diaspora_task_info* info);
+DIASPORA_API int diaspora_task_cancelled(diaspora_plugin* plugin, const diaspora_task_info* info);
+
+/* ---- metrics, data, resources ----------------------------------------------------------- */
+
+typedef enum diaspora_scope {
+  DIASPORA_SCOPE_TASK = 1,
+  DIASPORA_SCOPE_SITE = 2,
+  DIASPORA_SCOPE_RESOURCE = 3
+} diaspora_scope;
+
+typedef struct diaspora_metric {
+  size_t struct_size;
+  int32_t scope;         /* a diaspora_scope */
+  const char* id;        /* required: the task, site or resource id */
+  const char* name;      /* required: metric name, 1..DIASPORA_MAX_METRIC_NAME bytes */
+  double value;          /* finite */
+  int64_t timestamp_us;  /* 0 = now */
+} diaspora_metric;
+
+/* A free-form metric sample, published as org.diaspora.metric. When the queue is full,
+ * samples of the same (scope, id, name) are coalesced into the latest one and the event
+ * carries how many were merged. Same errors and threading as the task hooks. */
+DIASPORA_API int diaspora_metric_sample(diaspora_plugin* plugin, const diaspora_metric* metric);
+
+typedef struct diaspora_data_info {
+  size_t struct_size;
+  const char* stream;    /* required: stream or dataset name */
+  int64_t seq;           /* required: >= 0, position in the stream */
+  int64_t bytes;         /* >= 0; -1 = unknown */
+  const char* uri;       /* optional */
+  const char* checksum;  /* optional, "<algorithm>:<hex>" */
+  const char* site;      /* optional */
+  int64_t timestamp_us;  /* 0 = now */
+} diaspora_data_info;
+
+/* Data arrival (org.diaspora.data.arrived). Same errors and threading as the task hooks. */
+DIASPORA_API int diaspora_data_arrived(diaspora_plugin* plugin, const diaspora_data_info* info);
+
+typedef struct diaspora_resource_info {
+  size_t struct_size;
+  const char* resource_id; /* required */
+  const char* kind;        /* required: site | worker | node | gpu | link | relay */
+  const char* state;       /* required: up | degraded | down | unknown */
+  const char* site;        /* optional */
+  int64_t timestamp_us;    /* 0 = now */
+  const diaspora_metric_value* metrics;
+  size_t metric_count;
+} diaspora_resource_info;
+
+/* Resource status (org.diaspora.resource.status). Same errors and threading as the task
+ * hooks; an unknown kind or state is DIASPORA_ERR_INVALID. */
+DIASPORA_API int diaspora_resource_status(diaspora_plugin* plugin, const diaspora_resource_info* info);
+
+/* ---- actions ------------------------------------------------------------------------------ */
+
+typedef enum diaspora_action_kind {
+  DIASPORA_ACTION_RESTART = 1,    /* start a new attempt of task_id */
+  DIASPORA_ACTION_MIGRATE = 2,    /* move task_id to target_site */
+  DIASPORA_ACTION_SPECULATE = 3,  /* run a copy of task_id on target_site (or anywhere) */
+  DIASPORA_ACTION_CHECKPOINT = 4, /* ask task_id to checkpoint */
+  DIASPORA_ACTION_THROTTLE = 5,   /* slow down submissions (to site, or everywhere) */
+  DIASPORA_ACTION_CANCEL = 6      /* cancel task_id */
+} diaspora_action_kind;
+
+/* An action for the engine. Strings are NUL-terminated and owned by the struct. */
+typedef struct diaspora_action {
+  size_t struct_size;               /* poll: set by the caller; callback: set by the plugin */
+  char id[DIASPORA_MAX_ID + 1];     /* acknowledge with diaspora_action_done/failed */
+  int32_t kind;                     /* a diaspora_action_kind */
+  char kind_name[16];               /* "restart", "migrate", ... */
+  char task_id[DIASPORA_MAX_ID + 1];     /* empty for throttle without a task */
+  char site[DIASPORA_MAX_ID + 1];        /* where the task is, when known */
+  char target_site[DIASPORA_MAX_ID + 1]; /* migrate (always set), speculate (optional) */
+  char reason[DIASPORA_MAX_TEXT + 1];    /* readable: what was seen and why this action */
+  char origin[16];                  /* "control" (operator via the relay) or "local" */
+  int64_t issued_us;                /* when it was decided, µs since the Unix epoch */
+} diaspora_action;
+
+/* Called for each action, on the plugin's control thread (one thread; calls are never
+ * concurrent). The pointer is valid only during the call: copy what you keep. The
+ * callback may call any function of this header on the same handle except
+ * diaspora_close and diaspora_set_action_callback. It should return quickly (hand the
+ * action to the engine's own thread); while it runs, further actions wait. */
+typedef void (*diaspora_action_callback)(const diaspora_action* action, void* user_data);
+
+/* Installs (or with callback NULL removes) the action callback. Actions that arrived
+ * while no callback was installed stay available to diaspora_poll_action; the callback
+ * receives only later ones. Returns DIASPORA_OK, DIASPORA_ERR_NULL (plugin NULL) or
+ * DIASPORA_ERR_CLOSED (called from the callback itself). Any engine thread. */
+DIASPORA_API int diaspora_set_action_callback(diaspora_plugin* plugin, diaspora_action_callback callback,
+                                              void* user_data);
+
+/* Takes the oldest waiting action (when no callback is installed) into *out, whose
+ * struct_size the caller sets. Returns DIASPORA_OK, DIASPORA_ERR_EMPTY (none waiting),
+ * DIASPORA_ERR_NULL or DIASPORA_ERR_INVALID (struct_size too small). Never blocks. Any
+ * thread. At most 4096 actions wait; older ones beyond that are failed automatically
+ * ("engine not polling") and published as such. */
+DIASPORA_API int diaspora_poll_action(diaspora_plugin* plugin, diaspora_action* out);
+
+/* Acknowledges an action: the engine carried it out (done) or could not (failed, with a
+ * reason). Published as org.diaspora.action.done with status "done" / "failed".
+ * `message` is optional for done, required for failed (1..DIASPORA_MAX_TEXT bytes).
+ * Returns DIASPORA_OK, DIASPORA_ERR_NULL, DIASPORA_ERR_INVALID, or
+ * DIASPORA_ERR_NOT_FOUND (no such action waiting for acknowledgement). Any thread. */
+DIASPORA_API int diaspora_action_done(diaspora_plugin* plugin, const char* action_id, const char* message);
+DIASPORA_API int diaspora_action_failed(diaspora_plugin* plugin, const char* action_id, const char* reason);
+
+/* ---- statistics --------------------------------------------------------------------------- */
+
+typedef struct diaspora_stats {
+  size_t struct_size;           /* set by the caller */
+  uint64_t events_accepted;     /* hook calls that returned DIASPORA_OK */
+  uint64_t events_acked;        /* events the relay acknowledged */
+  uint64_t events_spilled;      /* went to the spool because the queue was full */
+  uint64_t metrics_coalesced;   /* metric samples merged into a later one */
+  uint64_t events_lost;         /* could not be queued nor spooled (DIASPORA_ERR_IO) */
+  uint64_t spool_records;       /* events in the spool now */
+  uint64_t spool_bytes;         /* bytes in the spool now */
+  uint64_t reconnects;          /* successful connections after the first */
+  uint64_t invalid_transitions; /* task hooks out of lifecycle order (reported as events) */
+  uint64_t actions_received;    /* actions handed to the engine */
+  uint64_t events_rejected;     /* refused by the relay (nack naming the event); see last error */
+  int32_t connected;            /* 1 when the publisher holds a relay session */
+  int32_t control_connected;    /* 1 when subscribed to the control topic */
+} diaspora_stats;
+
+/* Copies the counters into *out (whose struct_size the caller sets). Returns DIASPORA_OK,
+ * DIASPORA_ERR_NULL or DIASPORA_ERR_INVALID. Any thread; the counters are read one by one
+ * (not a consistent snapshot). */
+DIASPORA_API int diaspora_get_stats(const diaspora_plugin* plugin, diaspora_stats* out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DIASPORA_PLUGIN_H */

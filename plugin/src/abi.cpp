@@ -1,0 +1,437 @@
+// The C ABI: argument checks, then the Plugin. No exception crosses this boundary: every
+// entry catches everything and returns a status.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "diaspora/plugin.h"
+#include "diaspora/spec.hpp"
+#include "diaspora/version.hpp"
+#include "plugin_impl.hpp"
+
+struct diaspora_plugin {
+  std::unique_ptr<diaspora::plugin::Plugin> impl;
+};
+
+namespace {
+
+using diaspora::plugin::Field;
+using diaspora::plugin::HookArgs;
+using diaspora::plugin::Kind;
+namespace dp = diaspora::plugin;
+
+void write_buf(char* buf, std::size_t len, std::string_view msg) noexcept {
+  if (!buf || len == 0) return;
+  const std::size_t n = std::min(msg.size(), len - 1);
+  std::memcpy(buf, msg.data(), n);
+  buf[n] = '\0';
+}
+
+// Fails a call: records the message on the handle, returns the status.
+int fail(diaspora_plugin* p, int status, const std::string& msg) noexcept {
+  if (p && p->impl) p->impl->set_error(msg);
+  return status;
+}
+
+// Checks an optional (or, with `required`, mandatory) string argument.
+int check_str(diaspora_plugin* p, const char* s, std::size_t max, bool required, const char* what,
+              std::string_view& out) noexcept {
+  if (!s) {
+    if (required) return fail(p, DIASPORA_ERR_NULL, std::string(what) + " is NULL (required)");
+    out = {};
+    return DIASPORA_OK;
+  }
+  const std::size_t n = strnlen(s, max + 1);
+  if (n > max) return fail(p, DIASPORA_ERR_INVALID, std::string(what) + " is longer than " + std::to_string(max) + " bytes");
+  if (n == 0 && required) return fail(p, DIASPORA_ERR_INVALID, std::string(what) + " is empty (required)");
+  out = std::string_view(s, n);
+  return DIASPORA_OK;
+}
+
+bool metric_name_ok(std::string_view n) noexcept {
+  for (char c : n)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == ':' || c == '-')) return false;
+  return true;
+}
+
+int check_metrics(diaspora_plugin* p, const diaspora_metric_value* m, std::size_t count, HookArgs& a) noexcept {
+  if (count == 0) return DIASPORA_OK;
+  if (!m) return fail(p, DIASPORA_ERR_NULL, "metrics is NULL but metric_count is " + std::to_string(count));
+  if (count > DIASPORA_MAX_METRICS)
+    return fail(p, DIASPORA_ERR_INVALID, "metric_count " + std::to_string(count) + " is over DIASPORA_MAX_METRICS (64)");
+  for (std::size_t i = 0; i < count; ++i) {
+    std::string_view name;
+    const std::string what = "metrics[" + std::to_string(i) + "].name";
+    if (int rc = check_str(p, m[i].name, DIASPORA_MAX_METRIC_NAME, true, what.c_str(), name)) return rc;
+    if (!metric_name_ok(name))
+      return fail(p, DIASPORA_ERR_INVALID, what + " '" + std::string(name) + "' may only hold letters, digits, '_', '.', ':' and '-'");
+    if (!std::isfinite(m[i].value)) return fail(p, DIASPORA_ERR_INVALID, "metrics[" + std::to_string(i) + "].value is not finite");
+  }
+  a.metrics = m;
+  a.metric_count = count;
+  return DIASPORA_OK;
+}
+
+int check_time(diaspora_plugin* p, std::int64_t t, HookArgs& a) noexcept {
+  if (t < 0) return fail(p, DIASPORA_ERR_INVALID, "timestamp_us is negative");
+  a.head.time_us = t == 0 ? dp::now_us() : t;
+  return DIASPORA_OK;
+}
+
+// Wraps a body so that nothing escapes as an exception.
+template <class Body>
+int guarded(diaspora_plugin* p, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return fail(p, DIASPORA_ERR_INTERNAL, std::string("internal error: ") + e.what());
+  } catch (...) {
+    return fail(p, DIASPORA_ERR_INTERNAL, "internal error");
+  }
+}
+
+#define DIASPORA_TRY(expr)         \
+  do {                             \
+    if (int rc_ = (expr)) return rc_; \
+  } while (0)
+
+int task_hook(diaspora_plugin* p, const diaspora_task_info* info, Kind kind) noexcept {
+  if (!p || !p->impl) return DIASPORA_ERR_NULL;
+  if (!info) return fail(p, DIASPORA_ERR_NULL, "info is NULL");
+  if (info->struct_size < sizeof(diaspora_task_info))
+    return fail(p, DIASPORA_ERR_INVALID, "info->struct_size is " + std::to_string(info->struct_size) +
+                                             ", expected sizeof(diaspora_task_info) = " + std::to_string(sizeof(diaspora_task_info)));
+  if (p->impl->closing()) return DIASPORA_ERR_CLOSED;
+  HookArgs a;
+  a.head.kind = kind;
+  DIASPORA_TRY(check_str(p, info->task_id, DIASPORA_MAX_ID, true, "task_id", a.strings[dp::f_key]));
+  DIASPORA_TRY(check_str(p, info->site, DIASPORA_MAX_ID, false, "site", a.strings[dp::f_site]));
+  DIASPORA_TRY(check_str(p, info->worker, DIASPORA_MAX_ID, false, "worker", a.strings[dp::f_worker]));
+  DIASPORA_TRY(check_str(p, info->name, DIASPORA_MAX_ID, false, "name", a.strings[dp::f_name]));
+  DIASPORA_TRY(check_time(p, info->timestamp_us, a));
+  if (info->attempt < 0) return fail(p, DIASPORA_ERR_INVALID, "attempt is negative");
+  a.head.attempt = info->attempt;
+  if (info->has_exit_code) {
+    a.head.flags |= dp::has_exit_code;
+    a.head.exit_code = info->exit_code;
+  }
+  switch (kind) {
+    case Kind::submitted:
+      if (!std::isfinite(info->deadline_s) || info->deadline_s < 0)
+        return fail(p, DIASPORA_ERR_INVALID, "deadline_s must be a finite number >= 0 (0 = none)");
+      if (info->deadline_s > 0) {
+        a.head.flags |= dp::has_deadline;
+        a.head.number = info->deadline_s;
+      }
+      break;
+    case Kind::progress:
+      if (!(info->progress >= 0.0 && info->progress <= 1.0))
+        return fail(p, DIASPORA_ERR_INVALID, "progress must be in [0, 1]");
+      a.head.number = info->progress;
+      if (info->step < -1) return fail(p, DIASPORA_ERR_INVALID, "step must be >= 0, or -1 for none");
+      if (info->step >= 0) {
+        a.head.flags |= dp::has_step;
+        a.head.integer = info->step;
+      }
+      [[fallthrough]];
+    case Kind::heartbeat:
+      DIASPORA_TRY(check_metrics(p, info->metrics, info->metric_count, a));
+      break;
+    case Kind::failed:
+      DIASPORA_TRY(check_str(p, info->reason, DIASPORA_MAX_TEXT, true, "reason", a.strings[dp::f_text]));
+      if (info->retryable) a.head.flags |= dp::retryable;
+      break;
+    case Kind::cancelled:
+      DIASPORA_TRY(check_str(p, info->reason, DIASPORA_MAX_TEXT, false, "reason", a.strings[dp::f_text]));
+      break;
+    default:
+      break;
+  }
+  return p->impl->enqueue(a);
+}
+
+constexpr const char* kResourceKinds[] = {"site", "worker", "node", "gpu", "link", "relay"};
+constexpr const char* kResourceStates[] = {"up", "degraded", "down", "unknown"};
+
+template <std::size_t N>
+bool one_of(std::string_view s, const char* const (&set)[N]) noexcept {
+  for (const char* x : set)
+    if (s == x) return true;
+  return false;
+}
+
+bool checksum_ok(std::string_view c) noexcept {
+  const auto colon = c.find(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == c.size()) return false;
+  for (std::size_t i = 0; i < colon; ++i)
+    if (!(std::islower(static_cast<unsigned char>(c[i])) || std::isdigit(static_cast<unsigned char>(c[i])))) return false;
+  for (std::size_t i = colon + 1; i < c.size(); ++i)
+    if (!std::isxdigit(static_cast<unsigned char>(c[i]))) return false;
+  return true;
+}
+
+}  // namespace
+
+extern "C" {
+
+DIASPORA_API uint32_t diaspora_abi_version(void) { return DIASPORA_ABI_VERSION; }
+
+DIASPORA_API const char* diaspora_library_version(void) { return diaspora::version_string; }
+
+DIASPORA_API int diaspora_abi_check(uint32_t caller_version, char* errbuf, size_t errbuf_len) {
+  if (DIASPORA_ABI_COMPATIBLE(DIASPORA_ABI_VERSION) &&
+      (caller_version >> 16) == DIASPORA_ABI_VERSION_MAJOR && (caller_version & 0xffffu) <= DIASPORA_ABI_VERSION_MINOR) {
+    write_buf(errbuf, errbuf_len, "");
+    return DIASPORA_OK;
+  }
+  char msg[256];
+  std::snprintf(msg, sizeof msg,
+                "plugin library ABI %u.%u cannot serve an engine built for ABI %u.%u: %s", DIASPORA_ABI_VERSION_MAJOR,
+                DIASPORA_ABI_VERSION_MINOR, caller_version >> 16, caller_version & 0xffffu,
+                (caller_version >> 16) != DIASPORA_ABI_VERSION_MAJOR
+                    ? "the major versions differ; load a libdiaspora_plugin.so of the engine's major version"
+                    : "the library is older than the engine's header; install a newer libdiaspora_plugin.so");
+  write_buf(errbuf, errbuf_len, msg);
+  return DIASPORA_ERR_VERSION;
+}
+
+DIASPORA_API const char* diaspora_status_name(int status) {
+  switch (status) {
+    case DIASPORA_OK: return "DIASPORA_OK";
+    case DIASPORA_ERR_NULL: return "DIASPORA_ERR_NULL";
+    case DIASPORA_ERR_INVALID: return "DIASPORA_ERR_INVALID";
+    case DIASPORA_ERR_CONFIG: return "DIASPORA_ERR_CONFIG";
+    case DIASPORA_ERR_IO: return "DIASPORA_ERR_IO";
+    case DIASPORA_ERR_CLOSED: return "DIASPORA_ERR_CLOSED";
+    case DIASPORA_ERR_TIMEOUT: return "DIASPORA_ERR_TIMEOUT";
+    case DIASPORA_ERR_NOT_FOUND: return "DIASPORA_ERR_NOT_FOUND";
+    case DIASPORA_ERR_EMPTY: return "DIASPORA_ERR_EMPTY";
+    case DIASPORA_ERR_VERSION: return "DIASPORA_ERR_VERSION";
+    case DIASPORA_ERR_INTERNAL: return "DIASPORA_ERR_INTERNAL";
+    default: return "unknown status";
+  }
+}
+
+static int open_common(const diaspora::SpecLoadResult& loaded, const std::filesystem::path& base, diaspora_plugin** out,
+                       char* errbuf, size_t errbuf_len) noexcept {
+  try {
+    if (!loaded.ok()) {
+      std::string msg;
+      for (const auto& d : loaded.diagnostics) msg += d.str() + "\n";
+      write_buf(errbuf, errbuf_len, msg);
+      return DIASPORA_ERR_CONFIG;
+    }
+    dp::Config cfg = dp::Config::from_spec(*loaded.spec, base);
+    auto handle = std::make_unique<diaspora_plugin>();
+    handle->impl = std::make_unique<dp::Plugin>(std::move(cfg));
+    *out = handle.release();
+    write_buf(errbuf, errbuf_len, "");
+    return DIASPORA_OK;
+  } catch (const dp::ConfigError& e) {
+    write_buf(errbuf, errbuf_len, std::string(loaded.spec ? loaded.spec->file : "<spec>") + ": error: " + e.what());
+    return DIASPORA_ERR_CONFIG;
+  } catch (const dp::SpoolError& e) {
+    write_buf(errbuf, errbuf_len, e.what());
+    return DIASPORA_ERR_IO;
+  } catch (const std::exception& e) {
+    write_buf(errbuf, errbuf_len, std::string("internal error: ") + e.what());
+    return DIASPORA_ERR_INTERNAL;
+  } catch (...) {
+    write_buf(errbuf, errbuf_len, "internal error");
+    return DIASPORA_ERR_INTERNAL;
+  }
+}
+
+DIASPORA_API int diaspora_open_file(const char* spec_path, diaspora_plugin** out, char* errbuf, size_t errbuf_len) {
+  if (out) *out = nullptr;
+  if (!spec_path || !out) {
+    write_buf(errbuf, errbuf_len, !out ? "out is NULL" : "spec_path is NULL");
+    return DIASPORA_ERR_NULL;
+  }
+  try {
+    const std::filesystem::path path(spec_path);
+    return open_common(diaspora::load_spec_file(path), path.parent_path(), out, errbuf, errbuf_len);
+  } catch (...) {
+    write_buf(errbuf, errbuf_len, "internal error");
+    return DIASPORA_ERR_INTERNAL;
+  }
+}
+
+DIASPORA_API int diaspora_open_yaml(const char* yaml, diaspora_plugin** out, char* errbuf, size_t errbuf_len) {
+  if (out) *out = nullptr;
+  if (!yaml || !out) {
+    write_buf(errbuf, errbuf_len, !out ? "out is NULL" : "yaml is NULL");
+    return DIASPORA_ERR_NULL;
+  }
+  try {
+    return open_common(diaspora::load_spec_string(yaml, "<yaml>"), {}, out, errbuf, errbuf_len);
+  } catch (...) {
+    write_buf(errbuf, errbuf_len, "internal error");
+    return DIASPORA_ERR_INTERNAL;
+  }
+}
+
+DIASPORA_API int diaspora_close(diaspora_plugin* plugin, int64_t flush_timeout_ms) {
+  if (!plugin || !plugin->impl) return DIASPORA_ERR_NULL;
+  if (flush_timeout_ms < 0) return fail(plugin, DIASPORA_ERR_INVALID, "flush_timeout_ms is negative");
+  if (plugin->impl->on_control_thread())
+    return fail(plugin, DIASPORA_ERR_CLOSED, "diaspora_close called from the action callback: close from another thread");
+  const int rc = plugin->impl->close(std::chrono::milliseconds(flush_timeout_ms));
+  delete plugin;
+  return rc;
+}
+
+DIASPORA_API size_t diaspora_last_error(const diaspora_plugin* plugin, char* buf, size_t buf_len) {
+  if (!plugin || !plugin->impl) {
+    write_buf(buf, buf_len, "");
+    return 0;
+  }
+  try {
+    const std::string e = plugin->impl->last_error();
+    write_buf(buf, buf_len, e);
+    return e.size();
+  } catch (...) {
+    write_buf(buf, buf_len, "");
+    return 0;
+  }
+}
+
+DIASPORA_API int diaspora_task_submitted(diaspora_plugin* p, const diaspora_task_info* i) {
+  return guarded(p, [&] { return task_hook(p, i, Kind::submitted); });
+}
+DIASPORA_API int diaspora_task_started(diaspora_plugin* p, const diaspora_task_info* i) {
+  return guarded(p, [&] { return task_hook(p, i, Kind::started); });
+}
+DIASPORA_API int diaspora_task_heartbeat(diaspora_plugin* p, const diaspora_task_info* i) {
+  return guarded(p, [&] { return task_hook(p, i, Kind::heartbeat); });
+}
+DIASPORA_API int diaspora_task_progress(diaspora_plugin* p, const diaspora_task_info* i) {
+  return guarded(p, [&] { return task_hook(p, i, Kind::progress); });
+}
+DIASPORA_API int diaspora_task_completed(diaspora_plugin* p, const diaspora_task_info* i) {
+  return guarded(p, [&] { return task_hook(p, i, Kind::completed); });
+}
+DIASPORA_API int diaspora_task_failed(diaspora_plugin* p, const diaspora_task_info* i) {
+  return guarded(p, [&] { return task_hook(p, i, Kind::failed); });
+}
+DIASPORA_API int diaspora_task_cancelled(diaspora_plugin* p, const diaspora_task_info* i) {
+  return guarded(p, [&] { return task_hook(p, i, Kind::cancelled); });
+}
+
+DIASPORA_API int diaspora_metric_sample(diaspora_plugin* p, const diaspora_metric* m) {
+  return guarded(p, [&]() -> int {
+    if (!p || !p->impl) return DIASPORA_ERR_NULL;
+    if (!m) return fail(p, DIASPORA_ERR_NULL, "metric is NULL");
+    if (m->struct_size < sizeof(diaspora_metric))
+      return fail(p, DIASPORA_ERR_INVALID, "metric->struct_size is smaller than sizeof(diaspora_metric)");
+    if (p->impl->closing()) return DIASPORA_ERR_CLOSED;
+    HookArgs a;
+    a.head.kind = Kind::metric;
+    a.coalescible = true;
+    if (m->scope < DIASPORA_SCOPE_TASK || m->scope > DIASPORA_SCOPE_RESOURCE)
+      return fail(p, DIASPORA_ERR_INVALID, "scope " + std::to_string(m->scope) + " is not a diaspora_scope (1, 2 or 3)");
+    a.head.scope = static_cast<std::uint8_t>(m->scope);
+    DIASPORA_TRY(check_str(p, m->id, DIASPORA_MAX_ID, true, "id", a.strings[dp::f_key]));
+    DIASPORA_TRY(check_str(p, m->name, DIASPORA_MAX_METRIC_NAME, true, "name", a.strings[dp::f_name]));
+    if (!metric_name_ok(a.strings[dp::f_name]))
+      return fail(p, DIASPORA_ERR_INVALID, "name '" + std::string(a.strings[dp::f_name]) + "' may only hold letters, digits, '_', '.', ':' and '-'");
+    if (!std::isfinite(m->value)) return fail(p, DIASPORA_ERR_INVALID, "value is not finite");
+    a.head.number = m->value;
+    DIASPORA_TRY(check_time(p, m->timestamp_us, a));
+    return p->impl->enqueue(a);
+  });
+}
+
+DIASPORA_API int diaspora_data_arrived(diaspora_plugin* p, const diaspora_data_info* d) {
+  return guarded(p, [&]() -> int {
+    if (!p || !p->impl) return DIASPORA_ERR_NULL;
+    if (!d) return fail(p, DIASPORA_ERR_NULL, "info is NULL");
+    if (d->struct_size < sizeof(diaspora_data_info))
+      return fail(p, DIASPORA_ERR_INVALID, "info->struct_size is smaller than sizeof(diaspora_data_info)");
+    if (p->impl->closing()) return DIASPORA_ERR_CLOSED;
+    HookArgs a;
+    a.head.kind = Kind::data;
+    DIASPORA_TRY(check_str(p, d->stream, DIASPORA_MAX_ID, true, "stream", a.strings[dp::f_key]));
+    DIASPORA_TRY(check_str(p, d->uri, DIASPORA_MAX_TEXT, false, "uri", a.strings[dp::f_text]));
+    DIASPORA_TRY(check_str(p, d->checksum, DIASPORA_MAX_ID, false, "checksum", a.strings[dp::f_extra]));
+    DIASPORA_TRY(check_str(p, d->site, DIASPORA_MAX_ID, false, "site", a.strings[dp::f_site]));
+    if (!a.strings[dp::f_extra].empty() && !checksum_ok(a.strings[dp::f_extra]))
+      return fail(p, DIASPORA_ERR_INVALID, "checksum '" + std::string(a.strings[dp::f_extra]) + "' must look like <algorithm>:<hex>, e.g. crc32c:1a2b3c4d");
+    if (d->seq < 0) return fail(p, DIASPORA_ERR_INVALID, "seq is negative");
+    a.head.integer = d->seq;
+    if (d->bytes < -1) return fail(p, DIASPORA_ERR_INVALID, "bytes must be >= 0, or -1 for unknown");
+    if (d->bytes >= 0) {
+      a.head.flags |= dp::has_bytes;
+      a.head.integer2 = d->bytes;
+    }
+    DIASPORA_TRY(check_time(p, d->timestamp_us, a));
+    return p->impl->enqueue(a);
+  });
+}
+
+DIASPORA_API int diaspora_resource_status(diaspora_plugin* p, const diaspora_resource_info* r) {
+  return guarded(p, [&]() -> int {
+    if (!p || !p->impl) return DIASPORA_ERR_NULL;
+    if (!r) return fail(p, DIASPORA_ERR_NULL, "info is NULL");
+    if (r->struct_size < sizeof(diaspora_resource_info))
+      return fail(p, DIASPORA_ERR_INVALID, "info->struct_size is smaller than sizeof(diaspora_resource_info)");
+    if (p->impl->closing()) return DIASPORA_ERR_CLOSED;
+    HookArgs a;
+    a.head.kind = Kind::resource;
+    DIASPORA_TRY(check_str(p, r->resource_id, DIASPORA_MAX_ID, true, "resource_id", a.strings[dp::f_key]));
+    DIASPORA_TRY(check_str(p, r->kind, DIASPORA_MAX_ID, true, "kind", a.strings[dp::f_name]));
+    DIASPORA_TRY(check_str(p, r->state, DIASPORA_MAX_ID, true, "state", a.strings[dp::f_extra]));
+    DIASPORA_TRY(check_str(p, r->site, DIASPORA_MAX_ID, false, "site", a.strings[dp::f_site]));
+    if (!one_of(a.strings[dp::f_name], kResourceKinds))
+      return fail(p, DIASPORA_ERR_INVALID, "kind '" + std::string(a.strings[dp::f_name]) + "' is not one of site, worker, node, gpu, link, relay");
+    if (!one_of(a.strings[dp::f_extra], kResourceStates))
+      return fail(p, DIASPORA_ERR_INVALID, "state '" + std::string(a.strings[dp::f_extra]) + "' is not one of up, degraded, down, unknown");
+    DIASPORA_TRY(check_metrics(p, r->metrics, r->metric_count, a));
+    DIASPORA_TRY(check_time(p, r->timestamp_us, a));
+    return p->impl->enqueue(a);
+  });
+}
+
+DIASPORA_API int diaspora_set_action_callback(diaspora_plugin* p, diaspora_action_callback cb, void* user) {
+  if (!p || !p->impl) return DIASPORA_ERR_NULL;
+  return p->impl->set_callback(cb, user);
+}
+
+DIASPORA_API int diaspora_poll_action(diaspora_plugin* p, diaspora_action* out) {
+  if (!p || !p->impl) return DIASPORA_ERR_NULL;
+  if (!out) return fail(p, DIASPORA_ERR_NULL, "out is NULL");
+  if (out->struct_size < sizeof(diaspora_action))
+    return fail(p, DIASPORA_ERR_INVALID, "out->struct_size is smaller than sizeof(diaspora_action)");
+  return p->impl->poll_action(out);
+}
+
+static int ack(diaspora_plugin* p, const char* id, const char* msg, bool ok) noexcept {
+  return guarded(p, [&]() -> int {
+    if (!p || !p->impl) return DIASPORA_ERR_NULL;
+    std::string_view sid, smsg;
+    DIASPORA_TRY(check_str(p, id, DIASPORA_MAX_ID, true, "action_id", sid));
+    DIASPORA_TRY(check_str(p, msg, DIASPORA_MAX_TEXT, !ok, ok ? "message" : "reason", smsg));
+    return p->impl->ack_action(sid, ok, smsg);
+  });
+}
+
+DIASPORA_API int diaspora_action_done(diaspora_plugin* p, const char* action_id, const char* message) {
+  return ack(p, action_id, message, true);
+}
+
+DIASPORA_API int diaspora_action_failed(diaspora_plugin* p, const char* action_id, const char* reason) {
+  return ack(p, action_id, reason, false);
+}
+
+DIASPORA_API int diaspora_get_stats(const diaspora_plugin* p, diaspora_stats* out) {
+  if (!p || !p->impl || !out) return DIASPORA_ERR_NULL;
+  if (out->struct_size < sizeof(diaspora_stats)) return DIASPORA_ERR_INVALID;
+  const size_t size = out->struct_size;
+  std::memset(out, 0, sizeof(diaspora_stats));
+  out->struct_size = size;
+  p->impl->stats(*out);
+  return DIASPORA_OK;
+}
+
+}  // extern "C"

@@ -1,0 +1,950 @@
+#include "plugin_impl.hpp"
+
+#include <boost/json.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "diaspora/event.hpp"
+#include "diaspora/payloads.hpp"
+#include "diaspora/relay_client.hpp"
+#include "diaspora/spec.hpp"
+
+namespace diaspora::plugin {
+
+namespace json = boost::json;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+// ---- configuration -----------------------------------------------------------------------
+
+namespace {
+
+std::filesystem::path resolve(const std::filesystem::path& p, const std::filesystem::path& base) {
+  return p.is_relative() && !base.empty() ? base / p : p;
+}
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::optional<std::string>(v) : std::nullopt;
+}
+
+std::string read_token(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) throw ConfigError("token file '" + file.string() + "' cannot be read (relay.token_file or DIASPORA_RELAY_TOKEN_FILE; make one with `diaspora token issue`)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string t = ss.str();
+  while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) t.pop_back();
+  if (t.empty()) throw ConfigError("token file '" + file.string() + "' is empty");
+  return t;
+}
+
+constexpr std::string_view kAlphabet = "0123456789abcdef";
+
+std::string random_hex(std::size_t n) {
+  std::random_device rd;
+  std::string s;
+  for (std::size_t i = 0; i < n; ++i) s += kAlphabet[rd() & 15];
+  return s;
+}
+
+void append_u64(std::string& out, std::uint64_t v) {
+  char buf[24];
+  char* e = buf + sizeof buf;
+  char* p = e;
+  do {
+    *--p = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v);
+  out.append(p, e);
+}
+
+}  // namespace
+
+Config Config::from_spec(const WorkflowSpec& spec, const std::filesystem::path& base_dir) {
+  Config c;
+  c.workflow = spec.name;
+  c.engine_id = spec.plugin.engine_id;
+  c.url = env("DIASPORA_RELAY_URL").value_or(spec.relay.url);
+  if (c.url == "embedded")
+    throw ConfigError("relay.url is 'embedded', which only `diaspora run` provides; outside it set relay.url to "
+                      "wss://HOST:PORT in the spec or DIASPORA_RELAY_URL in the environment");
+  if (!c.url.starts_with("wss://"))
+    throw ConfigError("relay URL '" + c.url + "' must start with wss:// (the relay only speaks TLS)");
+  if (auto ca = env("DIASPORA_RELAY_CA")) c.ca_file = *ca;
+  else if (spec.relay.ca_file) c.ca_file = resolve(*spec.relay.ca_file, base_dir);
+  if (auto tf = env("DIASPORA_RELAY_TOKEN_FILE")) c.token_file = *tf;
+  else if (spec.relay.token_file) c.token_file = resolve(*spec.relay.token_file, base_dir);
+  if (c.token_file.empty())
+    throw ConfigError("no token: set relay.token_file in the spec or DIASPORA_RELAY_TOKEN_FILE (make one with "
+                      "`diaspora token issue --scope publish:* --scope subscribe:*`)");
+  (void)read_token(c.token_file);  // fail at open, not later in the background
+  if (!c.ca_file.empty() && !std::filesystem::exists(c.ca_file))
+    throw ConfigError("CA file '" + c.ca_file.string() + "' does not exist (relay.ca_file or DIASPORA_RELAY_CA)");
+  const std::string prefix = spec.relay.topic_prefix.value_or(spec.name);
+  c.events_topic = prefix + ".events";
+  c.control_topic = prefix + ".control." + c.engine_id;
+  c.spool_dir = resolve(spec.plugin.spool_dir, base_dir) / c.engine_id;
+  c.spool_limit = spec.plugin.spool_limit;
+  c.queue_size = static_cast<std::size_t>(spec.plugin.queue_size);
+  c.batch_events = static_cast<std::size_t>(spec.plugin.batch.max_events);
+  c.batch_bytes = static_cast<std::size_t>(spec.plugin.batch.max_bytes);
+  c.batch_delay = std::chrono::duration_cast<std::chrono::microseconds>(spec.plugin.batch.max_delay);
+  c.max_inflight = static_cast<std::size_t>(spec.plugin.max_inflight);
+  c.control = spec.plugin.control;
+  c.reconnect_max = std::max(c.reconnect_min, std::chrono::duration_cast<std::chrono::milliseconds>(spec.plugin.reconnect_max));
+  return c;
+}
+
+// ---- construction ------------------------------------------------------------------------
+
+struct Plugin::Batch {
+  std::string body;                  ///< events joined by ','
+  std::vector<std::uint32_t> ends;   ///< end offset of each event in body
+  bool from_spool = false;
+  SpoolPosition end{};               ///< from_spool: spool position after the last event
+  std::uint64_t seq = 0;
+  Clock::time_point first{};
+
+  std::size_t count() const noexcept { return ends.size(); }
+  std::string_view event(std::size_t i) const noexcept {
+    const std::size_t b = i == 0 ? 0 : ends[i - 1] + 1;
+    return std::string_view(body).substr(b, ends[i] - b);
+  }
+  void add(std::string_view text) {
+    if (!ends.empty()) body += ',';
+    body += text;
+    ends.push_back(static_cast<std::uint32_t>(body.size()));
+  }
+};
+
+inline constexpr std::size_t kCoalesceSlots = 256;
+
+struct Plugin::Coalesced {
+  std::atomic_flag lock = ATOMIC_FLAG_INIT;
+  bool used = false;
+  std::uint64_t hash = 0;
+  std::uint64_t merged = 0;
+  RecordHead head;
+  char arena[DIASPORA_MAX_ID + DIASPORA_MAX_METRIC_NAME + 8];
+};
+
+Plugin::Plugin(Config config)
+    : cfg_(std::move(config)),
+      instance_(random_hex(16)),
+      queue_(cfg_.queue_size),
+      coalesced_(new Coalesced[kCoalesceSlots]) {
+  ctx_.workflow = cfg_.workflow;
+  ctx_.engine = cfg_.engine_id;
+  ctx_.source = "/diaspora/" + cfg_.workflow + "/" + cfg_.engine_id;
+  producer_id_ = cfg_.engine_id + "-" + instance_;
+  backoff_ = cfg_.reconnect_min;
+  SpoolOptions so;
+  so.dir = cfg_.spool_dir;
+  so.max_bytes = cfg_.spool_limit;
+  so.log = [this](const std::string& line) { set_error("spool: " + line); };  // never the engine's stderr
+  spool_ = std::make_unique<Spool>(so);
+  spool_active_ = spool_->records() > 0;
+  publisher_ = std::thread([this] { publisher_main(); });
+  control_ = std::thread([this] { control_main(); });
+}
+
+Plugin::~Plugin() { (void)close(0ms); }
+
+void Plugin::set_error(std::string message) noexcept {
+  try {
+    std::lock_guard lock(error_mu_);
+    last_error_ = std::move(message);
+  } catch (...) {
+  }
+}
+
+std::string Plugin::last_error() const {
+  std::lock_guard lock(error_mu_);
+  return last_error_;
+}
+
+// ---- hooks (engine threads) ----------------------------------------------------------------
+
+namespace {
+
+std::size_t arena_bytes(const HookArgs& a) noexcept {
+  std::size_t n = 0;
+  for (const auto& s : a.strings) n += s.size();
+  for (std::size_t i = 0; i < a.metric_count; ++i) n += metric_arena_bytes(std::strlen(a.metrics[i].name));
+  return n;
+}
+
+void pack(const HookArgs& a, RecordHead& head, char* arena) noexcept {
+  head = a.head;
+  head.arena_used = 0;
+  head.metric_count = 0;
+  ArenaWriter w{head, arena};
+  for (int f = 0; f < f_count; ++f) w.put(static_cast<Field>(f), a.strings[f]);
+  w.begin_metrics();
+  for (std::size_t i = 0; i < a.metric_count; ++i) w.metric(a.metrics[i].name, a.metrics[i].value);
+}
+
+std::uint64_t key_hash(const HookArgs& a) noexcept {
+  std::uint64_t h = 1469598103934665603ull ^ a.head.scope;  // FNV-1a over scope, id, name
+  for (std::string_view s : {a.strings[f_key], std::string_view("\0", 1), a.strings[f_name]})
+    for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+int Plugin::enqueue(const HookArgs& a) noexcept {
+  if (closing()) return DIASPORA_ERR_CLOSED;
+  const std::size_t need = arena_bytes(a);
+  if (need <= kSlotArenaBytes &&
+      queue_.try_push([&](Slot& s, std::uint64_t) { pack(a, s.head, s.arena); })) {
+    accepted_.fetch_add(1, std::memory_order_relaxed);
+    return DIASPORA_OK;
+  }
+  if (need <= kSlotArenaBytes && a.coalescible && coalesce(a)) {
+    accepted_.fetch_add(1, std::memory_order_relaxed);
+    return DIASPORA_OK;
+  }
+  return spill(a);
+}
+
+bool Plugin::coalesce(const HookArgs& a) noexcept {
+  const std::uint64_t h = key_hash(a);
+  Coalesced& c = coalesced_[h % kCoalesceSlots];
+  while (c.lock.test_and_set(std::memory_order_acquire)) {
+  }
+  bool ok = true;
+  if (!c.used) {
+    pack(a, c.head, c.arena);
+    c.used = true;
+    c.hash = h;
+    c.merged = 0;
+  } else if (c.hash == h && RecordView{&c.head, c.arena}.str(f_key) == a.strings[f_key] &&
+             RecordView{&c.head, c.arena}.str(f_name) == a.strings[f_name] && c.head.scope == a.head.scope) {
+    c.head.number = a.head.number;
+    c.head.time_us = a.head.time_us;
+    ++c.merged;
+    coalesced_count_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    ok = false;  // another series holds the slot: take the spool path
+  }
+  c.lock.clear(std::memory_order_release);
+  if (ok) coalesced_pending_.store(true, std::memory_order_release);
+  return ok;
+}
+
+int Plugin::spill(const HookArgs& a) noexcept {
+  try {
+    RecordHead head;
+    std::string arena(arena_bytes(a), '\0');
+    pack(a, head, arena.data());
+    std::string id = instance_ + "-s";
+    append_u64(id, spill_counter_.fetch_add(1, std::memory_order_relaxed));
+    std::lock_guard lock(spool_mu_);
+    if (closing()) return DIASPORA_ERR_CLOSED;
+    move_queue_to_spool_locked();  // older events first
+    std::string text;
+    append_record_event(text, RecordView{&head, arena.data()}, id, 0);
+    std::string_view v = text;
+    spool_->append(std::span<const std::string_view>(&v, 1));
+    spool_active_.store(true, std::memory_order_release);
+    spilled_.fetch_add(1, std::memory_order_relaxed);
+    accepted_.fetch_add(1, std::memory_order_relaxed);
+    return DIASPORA_OK;
+  } catch (const std::exception& e) {
+    lost_.fetch_add(1, std::memory_order_relaxed);
+    set_error(std::string("the hook queue is full and the spool failed, the event is lost: ") + e.what());
+    return DIASPORA_ERR_IO;
+  }
+}
+
+// ---- publisher thread: serialisation -------------------------------------------------------
+
+void Plugin::append_record_event(std::string& out, const RecordView& r, std::string_view id, std::uint64_t coalesced) {
+  TaskTracker::Result res = tracker_.observe(r);
+  res.derived.coalesced = coalesced;
+  if (!res.warning.empty()) invalid_.fetch_add(1, std::memory_order_relaxed);
+  append_event(out, r, id, ctx_, res.derived);
+  if (!res.warning.empty()) {
+    json::object data{{"code", "invalid_transition"}, {"message", res.warning}, {"engine", cfg_.engine_id}};
+    data["task_id"] = r.str(f_key);
+    std::string text;
+    append_event(text, "org.diaspora.plugin.warning", next_side_id(), r.str(f_key), data, ctx_, now_us());
+    add_side_event(std::move(text));
+  }
+}
+
+std::string Plugin::next_side_id() {
+  std::string id = instance_ + "-p";
+  append_u64(id, side_counter_.fetch_add(1, std::memory_order_relaxed));
+  return id;
+}
+
+void Plugin::add_side_event(std::string text) {
+  std::lock_guard lock(side_mu_);
+  side_.push_back(std::move(text));
+  side_pending_.store(true, std::memory_order_release);
+}
+
+void Plugin::drain_coalesced(std::vector<std::pair<RecordHead, std::string>>& out) {
+  if (!coalesced_pending_.exchange(false, std::memory_order_acq_rel)) return;
+  for (std::size_t i = 0; i < kCoalesceSlots; ++i) {
+    Coalesced& c = coalesced_[i];
+    if (!c.used) continue;  // racy peek; confirmed under the lock
+    while (c.lock.test_and_set(std::memory_order_acquire)) {
+    }
+    if (c.used) {
+      RecordHead h = c.head;
+      h.integer2 = static_cast<std::int64_t>(c.merged);
+      out.emplace_back(h, std::string(c.arena, c.head.arena_used));
+      c.used = false;
+    }
+    c.lock.clear(std::memory_order_release);
+  }
+}
+
+void Plugin::move_queue_to_spool_locked() {
+  std::vector<std::string> texts;
+  std::vector<std::string> droppable;
+  if (side_pending_.load(std::memory_order_acquire)) {
+    std::lock_guard lock(side_mu_);
+    texts = std::move(side_);
+    side_.clear();
+    side_pending_.store(false, std::memory_order_relaxed);
+  }
+  std::vector<std::pair<RecordHead, std::string>> merged;
+  drain_coalesced(merged);
+  for (auto& [h, arena] : merged) {
+    std::string id = instance_ + "-c";
+    append_u64(id, spill_counter_.fetch_add(1, std::memory_order_relaxed));
+    droppable.emplace_back();
+    append_record_event(droppable.back(), RecordView{&h, arena.data()}, id, static_cast<std::uint64_t>(h.integer2));
+  }
+  for (;;) {
+    std::string text;
+    const bool got = queue_.try_pop([&](Slot& s, std::uint64_t pos) {
+      std::string id = instance_ + "-";
+      append_u64(id, pos);
+      append_record_event(text, RecordView{&s.head, s.arena}, id, 0);
+    });
+    if (!got) break;
+    texts.push_back(std::move(text));
+    if (texts.size() >= 4096) {
+      std::vector<std::string_view> v(texts.begin(), texts.end());
+      spool_->append(v);
+      texts.clear();
+    }
+  }
+  // Warnings raised while serialising the queue land in side_: take them too.
+  if (side_pending_.load(std::memory_order_acquire)) {
+    std::lock_guard lock(side_mu_);
+    for (auto& t : side_) texts.push_back(std::move(t));
+    side_.clear();
+    side_pending_.store(false, std::memory_order_relaxed);
+  }
+  if (!texts.empty()) {
+    std::vector<std::string_view> v(texts.begin(), texts.end());
+    spool_->append(v);
+  }
+  if (!droppable.empty()) {
+    std::vector<std::string_view> v(droppable.begin(), droppable.end());
+    if (spool_->append(v, true) == 0) lost_.fetch_add(droppable.size(), std::memory_order_relaxed);
+  }
+  spool_active_.store(spool_->records() > 0, std::memory_order_release);
+}
+
+// ---- publisher thread: the loop ------------------------------------------------------------
+
+void Plugin::publisher_main() {
+  while (true) {
+    const bool stopping = stop_.load(std::memory_order_acquire);
+    if (stopping && (all_flushed() || Clock::now() >= flush_deadline_)) break;
+    if (!client_ && Clock::now() >= next_connect_) try_connect();
+    if (!client_) {
+      try {
+        std::lock_guard lock(spool_mu_);
+        move_queue_to_spool_locked();
+      } catch (const std::exception& e) {
+        set_error(std::string("spool: ") + e.what());
+      }
+      auto wait = std::min<Clock::duration>(5ms, std::max<Clock::duration>(0ms, next_connect_ - Clock::now()));
+      if (stopping) wait = std::min<Clock::duration>(wait, std::max<Clock::duration>(0ms, flush_deadline_ - Clock::now()));
+      std::this_thread::sleep_for(std::max<Clock::duration>(wait, 200us));
+      continue;
+    }
+    try {
+      pump();
+    } catch (const std::exception& e) {
+      on_disconnect(e.what());
+    }
+    maybe_publish_stats(false);
+  }
+  finalize();
+}
+
+void Plugin::try_connect() {
+  RelayClientOptions o;
+  o.url = cfg_.url;
+  o.ca_file = cfg_.ca_file;
+  o.client_id = "diaspora-plugin/" + cfg_.engine_id;
+  o.producer_id = producer_id_;
+  o.timeout = 5000ms;
+  try {
+    o.token = read_token(cfg_.token_file);
+    client_ = std::make_unique<RelayClient>(o);
+    connected_.store(1);
+    if (ever_connected_) reconnects_.fetch_add(1, std::memory_order_relaxed);
+    ever_connected_ = true;
+    backoff_ = cfg_.reconnect_min;
+  } catch (const std::exception& e) {
+    client_.reset();
+    thread_local std::mt19937 rng{std::random_device{}()};
+    // "Equal jitter": wait between half and all of the current backoff, then double it.
+    const auto half = backoff_.count() / 2;
+    const auto wait = std::chrono::milliseconds(half + std::uniform_int_distribution<long>(0, std::max<long>(half, 1))(rng));
+    set_error("relay " + cfg_.url + ": " + e.what() + " (retrying in " + std::to_string(wait.count()) +
+              " ms; events are kept in the spool meanwhile)");
+    next_connect_ = Clock::now() + wait;
+    backoff_ = std::min(backoff_ * 2, cfg_.reconnect_max);
+  }
+}
+
+void Plugin::on_disconnect(const std::string& why) {
+  client_.reset();
+  connected_.store(0);
+  set_error("lost the relay session: " + why + " (unacked events went back to the spool; reconnecting)");
+  std::vector<std::string_view> live;
+  for (const Batch& b : inflight_)
+    if (!b.from_spool)
+      for (std::size_t i = 0; i < b.count(); ++i) live.push_back(b.event(i));
+  if (pending_)
+    for (std::size_t i = 0; i < pending_->count(); ++i) live.push_back(pending_->event(i));
+  try {
+    std::lock_guard lock(spool_mu_);
+    spool_->rewind();
+    if (!live.empty()) spool_->prepend(live);
+    spool_active_.store(spool_->records() > 0, std::memory_order_release);
+  } catch (const std::exception& e) {
+    lost_.fetch_add(live.size(), std::memory_order_relaxed);
+    set_error(std::string("could not put unacked events back into the spool, they are lost: ") + e.what());
+  }
+  inflight_.clear();
+  pending_.reset();
+  thread_local std::mt19937 rng{std::random_device{}()};
+  next_connect_ = Clock::now() + std::chrono::milliseconds(std::uniform_int_distribution<long>(0, backoff_.count())(rng));
+  backoff_ = std::min(backoff_ * 2, cfg_.reconnect_max);
+}
+
+bool Plugin::all_flushed() {
+  return queue_.size_approx() == 0 && !side_pending_.load() && !coalesced_pending_.load() &&
+         (!pending_ || pending_->count() == 0) && inflight_.empty() && !spool_active_.load();
+}
+
+void Plugin::send_batch(Batch&& b) {
+  b.seq = next_seq_++;
+  std::string frame;
+  frame.reserve(b.body.size() + cfg_.events_topic.size() + 64);
+  frame += "{\"op\":\"publish\",\"topic\":\"";
+  frame += cfg_.events_topic;
+  frame += "\",\"seq\":";
+  append_u64(frame, b.seq);
+  frame += ",\"events\":[";
+  frame += b.body;
+  frame += "]}";
+  inflight_.push_back(std::move(b));
+  client_->send(frame);
+}
+
+bool Plugin::build_live_batch(Batch& out, bool flush_now) {
+  {
+    std::lock_guard lock(spool_mu_);
+    if (spool_active_.load(std::memory_order_acquire)) return false;
+    if (!pending_) {
+      pending_ = std::make_unique<Batch>();
+      pending_->body.reserve(std::min<std::size_t>(cfg_.batch_bytes, cfg_.batch_events * 400));
+    }
+    Batch& b = *pending_;
+    auto full = [&] { return b.count() >= cfg_.batch_events || b.body.size() >= cfg_.batch_bytes; };
+    if (side_pending_.load(std::memory_order_acquire)) {
+      std::vector<std::string> side;
+      {
+        std::lock_guard l2(side_mu_);
+        side.swap(side_);
+        side_pending_.store(false, std::memory_order_relaxed);
+      }
+      for (auto& t : side) b.add(t);
+    }
+    std::vector<std::pair<RecordHead, std::string>> merged;
+    drain_coalesced(merged);
+    std::string text;
+    for (auto& [h, arena] : merged) {
+      text.clear();
+      std::string id = instance_ + "-c";
+      append_u64(id, spill_counter_.fetch_add(1, std::memory_order_relaxed));
+      append_record_event(text, RecordView{&h, arena.data()}, id, static_cast<std::uint64_t>(h.integer2));
+      b.add(text);
+    }
+    while (!full()) {
+      const bool got = queue_.try_pop([&](Slot& s, std::uint64_t pos) {
+        char id[64];
+        std::memcpy(id, instance_.data(), instance_.size());
+        std::size_t n = instance_.size();
+        id[n++] = '-';
+        auto r = std::to_chars(id + n, id + sizeof id, pos);
+        if (!b.ends.empty()) b.body += ',';
+        append_record_event(b.body, RecordView{&s.head, s.arena}, std::string_view(id, static_cast<std::size_t>(r.ptr - id)), 0);
+        b.ends.push_back(static_cast<std::uint32_t>(b.body.size()));
+      });
+      if (!got) break;
+    }
+    if (b.count() == 0) return false;
+    if (b.first == Clock::time_point{}) b.first = Clock::now();  // linger starts with the first event
+    const bool ready = full() || flush_now || Clock::now() - b.first >= cfg_.batch_delay;
+    if (!ready) return false;
+  }
+  out = std::move(*pending_);
+  pending_.reset();
+  return true;
+}
+
+bool Plugin::build_spool_batch(Batch& b) {
+  std::vector<std::string> records;
+  {
+    std::lock_guard lock(spool_mu_);
+    move_queue_to_spool_locked();
+    if (!spool_->has_unread()) return false;
+    spool_->read(records, cfg_.batch_events, cfg_.batch_bytes, b.end);
+  }
+  b.from_spool = true;
+  for (const auto& r : records) b.add(r);
+  return b.count() > 0;
+}
+
+void Plugin::pump() {
+  while (auto f = client_->poll_receive(0ms)) handle_frame(*f);
+  const bool stopping = stop_.load(std::memory_order_acquire);
+  while (client_ && inflight_.size() < cfg_.max_inflight) {
+    Batch b;
+    if (spool_active_.load(std::memory_order_acquire)) {
+      if (pending_ && pending_->count() > 0) {  // older than anything in the spool: send first
+        b = std::move(*pending_);
+        pending_.reset();
+      } else if (!build_spool_batch(b)) {
+        break;
+      }
+    } else if (!build_live_batch(b, stopping)) {
+      break;
+    }
+    send_batch(std::move(b));
+  }
+  if (!client_) return;
+  if (!inflight_.empty()) {
+    const auto wait = inflight_.size() >= cfg_.max_inflight ? 20ms : 1ms;
+    if (auto f = client_->poll_receive(wait)) handle_frame(*f);
+  } else {
+    std::this_thread::sleep_for(stopping ? 200us : 1ms);
+  }
+}
+
+void Plugin::handle_frame(const std::string& frame) {
+  boost::system::error_code ec;
+  json::value v = json::parse(frame, ec);
+  if (ec || !v.is_object()) throw RelayClientError("the relay sent a frame that is not a JSON object");
+  const json::object& m = v.get_object();
+  const json::value* op = m.if_contains("op");
+  if (!op || !op->is_string()) return;
+  const std::string_view o = op->get_string();
+  if (o == "ack" || o == "nack") {
+    const json::value* seq = m.if_contains("seq");
+    if (inflight_.empty() || !seq || !seq->is_number() || seq->to_number<std::uint64_t>() != inflight_.front().seq)
+      throw RelayClientError("the relay acknowledged a batch out of order: " + frame.substr(0, 200));
+    Batch b = std::move(inflight_.front());
+    inflight_.pop_front();
+    if (o == "nack") {
+      const json::value* index = m.if_contains("index");
+      const std::string message = json::serialize(m);
+      if (!index || !index->is_number() || index->to_number<std::uint64_t>() >= b.count()) {
+        inflight_.push_front(std::move(b));
+        throw RelayClientError("the relay refused a batch: " + message);
+      }
+      // One event is refused (a bug or a relay limit): drop it, resend the rest.
+      const auto bad = index->to_number<std::size_t>();
+      set_error("the relay refused an event, it is dropped: " + message);
+      Batch rest;
+      rest.from_spool = b.from_spool;
+      rest.end = b.end;
+      for (std::size_t i = 0; i < b.count(); ++i)
+        if (i != bad) rest.add(b.event(i));
+      json::object data{{"code", "event_rejected"}, {"message", message.substr(0, 4000)}, {"engine", cfg_.engine_id}};
+      std::string text;
+      append_event(text, "org.diaspora.plugin.warning", next_side_id(), std::nullopt, data, ctx_, now_us());
+      add_side_event(std::move(text));
+      rejected_.fetch_add(1, std::memory_order_relaxed);
+      if (rest.count() > 0) send_batch(std::move(rest));
+      else if (b.from_spool) {
+        std::lock_guard lock(spool_mu_);
+        spool_->commit(b.end);
+        spool_active_.store(spool_->records() > 0, std::memory_order_release);
+      }
+      return;
+    }
+    acked_.fetch_add(b.count(), std::memory_order_relaxed);
+    if (b.from_spool) {
+      std::lock_guard lock(spool_mu_);
+      spool_->commit(b.end);
+      spool_active_.store(spool_->records() > 0, std::memory_order_release);
+    }
+    return;
+  }
+  if (o == "error") throw RelayClientError("the relay reported an error: " + frame.substr(0, 400));
+}
+
+void Plugin::maybe_publish_stats(bool force) {
+  const auto now = Clock::now();
+  if (!force && now - last_stats_ < cfg_.stats_interval) return;
+  last_stats_ = now;
+  diaspora_stats s{};
+  s.struct_size = sizeof s;
+  stats(s);
+  const std::uint64_t sig = s.events_spilled + s.metrics_coalesced * 3 + s.events_lost * 7 + s.reconnects * 11 +
+                            s.invalid_transitions * 13 + s.actions_received * 17 + s.events_rejected * 19;
+  if (!force && sig == last_stats_sig_) return;
+  last_stats_sig_ = sig;
+  json::object data{{"engine", cfg_.engine_id},
+                    {"events_accepted", s.events_accepted},
+                    {"events_acked", s.events_acked},
+                    {"events_spilled", s.events_spilled},
+                    {"metrics_coalesced", s.metrics_coalesced},
+                    {"events_lost", s.events_lost},
+                    {"spool_records", s.spool_records},
+                    {"spool_bytes", s.spool_bytes},
+                    {"reconnects", s.reconnects},
+                    {"invalid_transitions", s.invalid_transitions},
+                    {"actions_received", s.actions_received},
+                    {"connected", s.connected != 0}};
+  std::string text;
+  append_event(text, "org.diaspora.plugin.stats", next_side_id(), std::nullopt, data, ctx_, now_us());
+  add_side_event(std::move(text));
+}
+
+void Plugin::finalize() {
+  // Whatever is not acked now goes to the spool, synced, for the next open to replay.
+  if (client_ && !all_flushed()) on_disconnect("closing with unacked events");
+  if (client_) {
+    client_->close();
+    client_.reset();
+  }
+  connected_.store(0);
+  try {
+    std::lock_guard lock(spool_mu_);
+    move_queue_to_spool_locked();
+    spool_->sync();
+    close_status_ = spool_->records() > 0 ? DIASPORA_ERR_TIMEOUT : DIASPORA_OK;
+  } catch (const std::exception& e) {
+    set_error(std::string("closing: the spool failed: ") + e.what());
+    close_status_ = DIASPORA_ERR_IO;
+  }
+}
+
+// ---- close ---------------------------------------------------------------------------------
+
+int Plugin::close(std::chrono::milliseconds timeout) noexcept {
+  std::lock_guard lock(close_mu_);
+  if (closed_) return close_status_;
+  closed_ = true;
+  try {
+    maybe_publish_stats(true);
+  } catch (...) {
+  }
+  flush_deadline_ = Clock::now() + timeout;
+  closing_.store(true);
+  stop_.store(true, std::memory_order_release);
+  {
+    std::lock_guard l(action_mu_);
+    action_cv_.notify_all();
+  }
+  if (publisher_.joinable()) publisher_.join();
+  if (control_.joinable()) control_.join();
+  if (close_status_ == DIASPORA_OK && lost_.load() > 0) close_status_ = DIASPORA_ERR_IO;
+  return close_status_;
+}
+
+// ---- statistics ------------------------------------------------------------------------------
+
+void Plugin::stats(diaspora_stats& s) const noexcept {
+  s.events_accepted = accepted_.load(std::memory_order_relaxed);
+  s.events_acked = acked_.load(std::memory_order_relaxed);
+  s.events_spilled = spilled_.load(std::memory_order_relaxed);
+  s.metrics_coalesced = coalesced_count_.load(std::memory_order_relaxed);
+  s.events_lost = lost_.load(std::memory_order_relaxed);
+  {
+    std::lock_guard lock(spool_mu_);
+    s.spool_records = spool_->records();
+    s.spool_bytes = spool_->bytes();
+  }
+  s.reconnects = reconnects_.load(std::memory_order_relaxed);
+  s.invalid_transitions = invalid_.load(std::memory_order_relaxed);
+  s.actions_received = actions_received_.load(std::memory_order_relaxed);
+  s.events_rejected = rejected_.load(std::memory_order_relaxed);
+  s.connected = connected_.load(std::memory_order_relaxed);
+  s.control_connected = control_connected_.load(std::memory_order_relaxed);
+}
+
+// ---- actions ---------------------------------------------------------------------------------
+
+namespace {
+
+constexpr std::pair<std::string_view, int> kActionKinds[] = {
+    {"restart", DIASPORA_ACTION_RESTART},     {"migrate", DIASPORA_ACTION_MIGRATE},
+    {"speculate", DIASPORA_ACTION_SPECULATE}, {"checkpoint", DIASPORA_ACTION_CHECKPOINT},
+    {"throttle", DIASPORA_ACTION_THROTTLE},   {"cancel", DIASPORA_ACTION_CANCEL}};
+
+constexpr std::size_t kMaxPollQueue = 4096;
+constexpr std::size_t kMaxUnacked = 65536;
+
+template <std::size_t N>
+void copy_str(char (&dst)[N], std::string_view s) {
+  const std::size_t n = std::min(s.size(), N - 1);
+  std::memcpy(dst, s.data(), n);
+  dst[n] = '\0';
+}
+
+void fill(diaspora_action& out, const Action& a) {
+  copy_str(out.id, a.id);
+  out.kind = a.kind;
+  copy_str(out.kind_name, a.kind_name);
+  copy_str(out.task_id, a.task_id);
+  copy_str(out.site, a.site);
+  copy_str(out.target_site, a.target_site);
+  copy_str(out.reason, a.reason);
+  copy_str(out.origin, a.origin);
+  out.issued_us = a.issued_us;
+}
+
+}  // namespace
+
+std::string Plugin::action_done_event(const Action& a, bool ok, std::string_view message) {
+  json::object data{{"action_id", a.id}, {"status", ok ? "done" : "failed"}, {"action", a.kind_name}};
+  if (!message.empty()) data["message"] = message;
+  if (!a.task_id.empty()) data["task_id"] = a.task_id;
+  std::string text;
+  append_event(text, "org.diaspora.action.done", next_side_id(),
+               a.task_id.empty() ? std::nullopt : std::optional<std::string_view>(a.task_id), data, ctx_, now_us());
+  return text;
+}
+
+int Plugin::set_callback(diaspora_action_callback cb, void* user) noexcept {
+  if (on_control_thread()) return DIASPORA_ERR_CLOSED;
+  std::lock_guard lock(action_mu_);
+  callback_ = cb;
+  callback_user_ = user;
+  action_cv_.notify_all();
+  return DIASPORA_OK;
+}
+
+int Plugin::poll_action(diaspora_action* out) noexcept {
+  try {
+    std::lock_guard lock(action_mu_);
+    if (poll_queue_.empty()) return DIASPORA_ERR_EMPTY;
+    Action a = std::move(poll_queue_.front());
+    poll_queue_.pop_front();
+    fill(*out, a);
+    unacked_order_.push_back(a.id);
+    unacked_.emplace(a.id, std::move(a));
+    return DIASPORA_OK;
+  } catch (const std::exception& e) {
+    set_error(std::string("poll: ") + e.what());
+    return DIASPORA_ERR_INTERNAL;
+  }
+}
+
+int Plugin::ack_action(std::string_view id, bool ok, std::string_view message) noexcept {
+  try {
+    Action a;
+    {
+      std::lock_guard lock(action_mu_);
+      auto it = unacked_.find(std::string(id));
+      if (it == unacked_.end()) {
+        set_error("action '" + std::string(id) + "' is not waiting for an acknowledgement (unknown, or already acknowledged)");
+        return DIASPORA_ERR_NOT_FOUND;
+      }
+      a = std::move(it->second);
+      unacked_.erase(it);
+    }
+    add_side_event(action_done_event(a, ok, message));
+    return DIASPORA_OK;
+  } catch (const std::exception& e) {
+    set_error(std::string("action ack: ") + e.what());
+    return DIASPORA_ERR_INTERNAL;
+  }
+}
+
+void Plugin::dispatch_local(Action a) {
+  a.origin = "local";
+  if (a.issued_us == 0) a.issued_us = now_us();
+  json::object data{{"action_id", a.id}, {"action", a.kind_name}, {"reason", a.reason}};
+  if (!a.task_id.empty()) data["task_id"] = a.task_id;
+  if (!a.site.empty()) data["site"] = a.site;
+  if (!a.target_site.empty()) data["target_site"] = a.target_site;
+  std::string text;
+  append_event(text, "org.diaspora.action.requested", next_side_id(),
+               a.task_id.empty() ? std::nullopt : std::optional<std::string_view>(a.task_id), data, ctx_, a.issued_us);
+  add_side_event(std::move(text));
+  std::lock_guard lock(action_mu_);
+  to_deliver_.push_back(std::move(a));
+  actions_received_.fetch_add(1, std::memory_order_relaxed);
+  action_cv_.notify_all();
+}
+
+void Plugin::handle_action_event(const json::value& ev) {
+  const json::object* o = ev.if_object();
+  if (!o) return;
+  const json::value* type = o->if_contains("type");
+  if (!type || !type->is_string() || type->get_string() != events::ActionRequested::type) return;
+  const json::value* data = o->if_contains("data");
+  events::ActionRequested req;
+  try {
+    if (!data) throw Error("data: missing");
+    req = events::from_json<events::ActionRequested>(*data);
+  } catch (const std::exception& e) {
+    set_error(std::string("control topic: an invalid action.requested event was ignored: ") + e.what());
+    return;
+  }
+  Action a;
+  for (auto [name, kind] : kActionKinds)
+    if (req.action == name) a.kind = kind;
+  if (a.kind == 0) return;  // alert: for people, not for the engine
+  a.id = req.action_id;
+  a.kind_name = req.action;
+  a.task_id = req.task_id.value_or("");
+  a.site = req.site.value_or("");
+  a.target_site = req.target_site.value_or("");
+  a.reason = req.reason;
+  a.origin = "control";
+  a.issued_us = now_us();
+  std::lock_guard lock(action_mu_);
+  to_deliver_.push_back(std::move(a));
+  actions_received_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Plugin::deliver_actions() {
+  std::deque<Action> batch;
+  diaspora_action_callback cb;
+  void* user;
+  std::vector<std::string> expired_events;
+  {
+    std::lock_guard lock(action_mu_);
+    cb = callback_;
+    user = callback_user_;
+    if (!cb) {
+      for (auto& a : to_deliver_) poll_queue_.push_back(std::move(a));
+      to_deliver_.clear();
+      while (poll_queue_.size() > kMaxPollQueue) {
+        expired_events.push_back(action_done_event(poll_queue_.front(), false, "the engine did not poll for it (4096 actions waiting)"));
+        poll_queue_.pop_front();
+      }
+    } else {
+      batch.swap(to_deliver_);
+      for (const auto& a : batch) {
+        unacked_order_.push_back(a.id);
+        unacked_.emplace(a.id, a);
+      }
+    }
+    while (unacked_.size() > kMaxUnacked && !unacked_order_.empty()) {
+      auto it = unacked_.find(unacked_order_.front());
+      if (it != unacked_.end()) {
+        expired_events.push_back(action_done_event(it->second, false, "never acknowledged by the engine"));
+        unacked_.erase(it);
+      }
+      unacked_order_.pop_front();
+    }
+    if (unacked_order_.size() > 2 * kMaxUnacked) std::erase_if(unacked_order_, [&](const std::string& id) { return !unacked_.contains(id); });
+  }
+  for (auto& t : expired_events) add_side_event(std::move(t));
+  if (!cb) return;
+  for (const auto& a : batch) {
+    auto out = std::make_unique<diaspora_action>();
+    std::memset(out.get(), 0, sizeof *out);
+    out->struct_size = sizeof *out;
+    fill(*out, a);
+    cb(out.get(), user);  // a C callback: nothing can be thrown through it
+  }
+}
+
+void Plugin::control_main() {
+  std::unique_ptr<RelayClient> c;
+  auto next = Clock::now();
+  std::chrono::milliseconds backoff = cfg_.reconnect_min;
+  std::mt19937 rng{std::random_device{}()};
+  while (!stop_.load(std::memory_order_acquire)) {
+    deliver_actions();
+    if (cfg_.control && !c && Clock::now() >= next) {
+      try {
+        RelayClientOptions o;
+        o.url = cfg_.url;
+        o.ca_file = cfg_.ca_file;
+        o.client_id = "diaspora-plugin-control/" + cfg_.engine_id;
+        o.timeout = 5000ms;
+        o.token = read_token(cfg_.token_file);
+        c = std::make_unique<RelayClient>(o);
+        c->send(json::serialize(json::object{{"op", "subscribe"}, {"id", "control"}, {"topic", cfg_.control_topic},
+                                             {"from", "latest"}, {"group", cfg_.engine_id}}));
+        backoff = cfg_.reconnect_min;
+      } catch (const std::exception& e) {
+        c.reset();
+        set_error(std::string("control topic: ") + e.what());
+        const auto half = backoff.count() / 2;
+        next = Clock::now() + std::chrono::milliseconds(half + std::uniform_int_distribution<long>(0, std::max<long>(half, 1))(rng));
+        backoff = std::min(backoff * 2, cfg_.reconnect_max);
+      }
+    }
+    if (!c) {
+      std::unique_lock lock(action_mu_);
+      action_cv_.wait_for(lock, 20ms, [&] { return stop_.load() || (!to_deliver_.empty() && callback_); });
+      continue;
+    }
+    try {
+      auto frame = c->poll_receive(20ms);
+      if (!frame) continue;
+      boost::system::error_code ec;
+      json::value v = json::parse(*frame, ec);
+      if (ec || !v.is_object()) continue;
+      const json::object& m = v.get_object();
+      const json::value* op = m.if_contains("op");
+      if (!op || !op->is_string()) continue;
+      if (op->get_string() == "subscribed") {
+        control_connected_.store(1);
+      } else if (op->get_string() == "events") {
+        if (const json::value* evs = m.if_contains("events"); evs && evs->is_array())
+          for (const auto& item : evs->get_array())
+            if (const json::object* io = item.if_object())
+              if (const json::value* ev = io->if_contains("event")) handle_action_event(*ev);
+        const json::value* next_offset = m.if_contains("next_offset");
+        const json::value* topic = m.if_contains("topic");
+        if (next_offset && topic)
+          c->send(json::serialize(json::object{{"op", "commit"}, {"group", cfg_.engine_id}, {"topic", *topic},
+                                               {"offset", *next_offset}}));
+      } else if (op->get_string() == "error") {
+        set_error("control topic: the relay reported " + *frame);
+      }
+    } catch (const std::exception& e) {
+      c.reset();
+      control_connected_.store(0);
+      set_error(std::string("control topic: ") + e.what());
+      next = Clock::now() + backoff;
+      backoff = std::min(backoff * 2, cfg_.reconnect_max);
+    }
+  }
+  deliver_actions();
+  control_connected_.store(0);
+  if (c) c->close();
+}
+
+}  // namespace diaspora::plugin

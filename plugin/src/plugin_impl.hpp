@@ -1,0 +1,209 @@
+// The engine plugin's engine room, behind the C ABI (abi.cpp):
+//   engine threads --hooks--> SlotQueue --publisher thread--> tracker, serialiser,
+//   batches over an acked diaspora.v1 session; the Spool holds events while the relay is
+//   away (and when the queue overflows) and is replayed first, in order;
+//   control thread <--control topic-- relay: operator actions to the engine.
+//
+// Ordering invariant: events leave in the order they entered, per engine thread. The
+// publisher sends "live" batches (straight from the queue) only while the spool holds no
+// record; as soon as it does, queue contents are appended to the spool and batches are
+// read from it. So in-flight batches are always some live ones followed by some spool
+// ones, and when a connection drops the live ones are put back at the head of the spool.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "diaspora/error.hpp"
+#include "diaspora/plugin.h"
+#include "record.hpp"
+#include "serialize.hpp"
+#include "spool.hpp"
+#include "tracker.hpp"
+
+namespace diaspora {
+class RelayClient;
+struct WorkflowSpec;
+}  // namespace diaspora
+
+namespace diaspora::plugin {
+
+/// A configuration problem found when opening (message is user-facing).
+class ConfigError : public Error {
+  using Error::Error;
+};
+
+/// Everything the plugin needs, resolved from the spec and the environment.
+struct Config {
+  std::string workflow, engine_id;
+  std::string url;  ///< wss://...
+  std::filesystem::path ca_file, token_file;
+  std::string events_topic, control_topic;
+  std::filesystem::path spool_dir;
+  std::uint64_t spool_limit = 256ull << 20;
+  std::size_t queue_size = 65536;
+  std::size_t batch_events = 512, batch_bytes = 1u << 20;
+  std::chrono::microseconds batch_delay{20000};
+  std::size_t max_inflight = 16;
+  bool control = true;
+  std::chrono::milliseconds reconnect_min{100}, reconnect_max{5000};
+  std::chrono::milliseconds stats_interval{10000};
+
+  /// Resolves a loaded spec: relay URL/CA/token (environment variables
+  /// DIASPORA_RELAY_URL, DIASPORA_RELAY_CA, DIASPORA_RELAY_TOKEN_FILE override the spec,
+  /// and are required when relay.url is "embedded"), relative paths against `base_dir`.
+  /// Throws ConfigError.
+  static Config from_spec(const WorkflowSpec& spec, const std::filesystem::path& base_dir);
+};
+
+/// A hook call, validated by the ABI layer, ready to be packed into a record.
+struct HookArgs {
+  RecordHead head;
+  std::string_view strings[f_count];
+  const diaspora_metric_value* metrics = nullptr;
+  std::size_t metric_count = 0;
+  bool coalescible = false;  ///< free-form metric: may be merged when the queue is full
+};
+
+/// An action as the engine sees it (the C struct's content).
+struct Action {
+  std::string id, kind_name, task_id, site, target_site, reason, origin;
+  int kind = 0;
+  std::int64_t issued_us = 0;
+};
+
+class Plugin {
+ public:
+  /// Opens the spool (taking its lock), starts the publisher and control threads.
+  /// Throws ConfigError or SpoolError.
+  explicit Plugin(Config config);
+  /// Same as close(0) when close was not called. Never throws.
+  ~Plugin();
+  Plugin(const Plugin&) = delete;
+  Plugin& operator=(const Plugin&) = delete;
+
+  /// Hook entry (any thread). Returns a diaspora_status.
+  int enqueue(const HookArgs& args) noexcept;
+
+  /// Flushes for at most `timeout` and stops the threads. Returns a diaspora_status.
+  int close(std::chrono::milliseconds timeout) noexcept;
+
+  int set_callback(diaspora_action_callback cb, void* user) noexcept;
+  int poll_action(diaspora_action* out) noexcept;
+  int ack_action(std::string_view id, bool ok, std::string_view message) noexcept;
+  /// Queues an action decided inside the process (the resilience engine): published as
+  /// org.diaspora.action.requested and delivered like an operator's.
+  void dispatch_local(Action action);
+
+  void stats(diaspora_stats& out) const noexcept;
+  bool closing() const noexcept { return closing_.load(std::memory_order_relaxed); }
+  bool on_control_thread() const noexcept { return std::this_thread::get_id() == control_.get_id(); }
+
+  /// Per-handle last error (any thread).
+  void set_error(std::string message) noexcept;
+  std::string last_error() const;
+
+ private:
+  struct Batch;
+  struct Coalesced;
+
+  // publisher thread
+  void publisher_main();
+  void try_connect();
+  void on_disconnect(const std::string& why);
+  void pump();
+  bool build_live_batch(Batch& out, bool flush_now);
+  bool build_spool_batch(Batch& b);
+  void send_batch(Batch&& b);
+  void handle_frame(const std::string& frame);
+  void move_queue_to_spool_locked();
+  void drain_coalesced(std::vector<std::pair<RecordHead, std::string>>& out);
+  void append_record_event(std::string& out, const RecordView& r, std::string_view id, std::uint64_t coalesced);
+  void add_side_event(std::string text);
+  std::string next_side_id();
+  void maybe_publish_stats(bool force);
+  bool all_flushed();
+  void finalize();
+
+  // control thread
+  void control_main();
+  void deliver_actions();
+  void handle_action_event(const boost::json::value& ev);
+  std::string action_done_event(const Action& a, bool ok, std::string_view message);
+
+  int spill(const HookArgs& args) noexcept;
+  bool coalesce(const HookArgs& args) noexcept;
+
+  Config cfg_;
+  EventContext ctx_;
+  std::string instance_;     ///< random, per open: event ids are "<instance>-<n>"
+  std::string producer_id_;  ///< <engine id>-<instance>
+
+  SlotQueue queue_;
+  std::atomic<std::uint64_t> spill_counter_{0};
+
+  // Spool, guarded by spool_mu_ (publisher, and hooks on the spill path).
+  mutable std::mutex spool_mu_;
+  std::unique_ptr<Spool> spool_;
+  std::atomic<bool> spool_active_{false};  ///< the spool holds at least one record
+
+  // Coalesced metrics (hooks with a full queue -> publisher).
+  std::unique_ptr<Coalesced[]> coalesced_;
+  std::atomic<bool> coalesced_pending_{false};
+
+  // Events the plugin itself produces (any thread -> publisher).
+  std::mutex side_mu_;
+  std::vector<std::string> side_;
+  std::atomic<bool> side_pending_{false};
+  std::atomic<std::uint64_t> side_counter_{0};
+
+  // Publisher thread state.
+  std::unique_ptr<RelayClient> client_;
+  std::deque<Batch> inflight_;
+  std::unique_ptr<Batch> pending_;  ///< live batch being filled (linger)
+  std::uint64_t next_seq_ = 0;
+  std::chrono::steady_clock::time_point next_connect_{};
+  std::chrono::milliseconds backoff_{};
+  bool ever_connected_ = false;
+  TaskTracker tracker_;
+  std::chrono::steady_clock::time_point last_stats_{};
+  std::uint64_t last_stats_sig_ = 0;
+
+  // Actions.
+  mutable std::mutex action_mu_;
+  diaspora_action_callback callback_ = nullptr;
+  void* callback_user_ = nullptr;
+  std::deque<Action> to_deliver_;   ///< waiting for the callback (control thread)
+  std::deque<Action> poll_queue_;   ///< waiting for diaspora_poll_action
+  std::unordered_map<std::string, Action> unacked_;  ///< delivered, waiting for done/failed
+  std::deque<std::string> unacked_order_;
+  std::condition_variable action_cv_;
+
+  // Counters.
+  std::atomic<std::uint64_t> accepted_{0}, acked_{0}, spilled_{0}, coalesced_count_{0}, lost_{0}, reconnects_{0},
+      actions_received_{0}, rejected_{0}, invalid_{0};
+  std::atomic<int> connected_{0}, control_connected_{0};
+
+  mutable std::mutex error_mu_;
+  std::string last_error_;
+
+  std::atomic<bool> closing_{false}, stop_{false};
+  std::chrono::steady_clock::time_point flush_deadline_{};
+  int close_status_ = DIASPORA_OK;
+  std::thread publisher_, control_;
+  std::mutex close_mu_;
+  bool closed_ = false;
+};
+
+}  // namespace diaspora::plugin

@@ -1,0 +1,173 @@
+"""ctypes binding of libdiaspora_plugin.so, written from plugin/include/diaspora/plugin.h,
+for tests that drive the plugin from Python (and from child processes that get killed).
+
+Run as a script it is a tiny engine used by the crash tests:
+    python3 plugin_ctypes.py SPEC TASKS [--kill-when-spooled N] [--close-timeout-ms MS]
+It reports TASKS tasks (submitted, started, 3 heartbeats, completed = 6 events each), then
+either SIGKILLs itself once N events are in the spool or closes, and prints a JSON line of
+its statistics.
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("DIASPORA_BIN_DIR", REPO / "build" / "bin"))
+LIB = BIN.parent / "lib" / "libdiaspora_plugin.so"
+
+OK, ERR_NULL, ERR_INVALID, ERR_CONFIG, ERR_IO, ERR_CLOSED, ERR_TIMEOUT, ERR_NOT_FOUND, ERR_EMPTY = range(9)
+MAX_ID, MAX_TEXT = 255, 4095
+
+
+class MetricValue(C.Structure):
+    _fields_ = [("name", C.c_char_p), ("value", C.c_double)]
+
+
+class TaskInfo(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("task_id", C.c_char_p), ("site", C.c_char_p),
+                ("worker", C.c_char_p), ("name", C.c_char_p), ("timestamp_us", C.c_int64),
+                ("attempt", C.c_int32), ("exit_code", C.c_int32), ("has_exit_code", C.c_int32),
+                ("retryable", C.c_int32), ("progress", C.c_double), ("step", C.c_int64),
+                ("deadline_s", C.c_double), ("reason", C.c_char_p),
+                ("metrics", C.POINTER(MetricValue)), ("metric_count", C.c_size_t)]
+
+
+class Action(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("id", C.c_char * (MAX_ID + 1)), ("kind", C.c_int32),
+                ("kind_name", C.c_char * 16), ("task_id", C.c_char * (MAX_ID + 1)),
+                ("site", C.c_char * (MAX_ID + 1)), ("target_site", C.c_char * (MAX_ID + 1)),
+                ("reason", C.c_char * (MAX_TEXT + 1)), ("origin", C.c_char * 16), ("issued_us", C.c_int64)]
+
+
+class Stats(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t)] + [(n, C.c_uint64) for n in (
+        "events_accepted", "events_acked", "events_spilled", "metrics_coalesced", "events_lost",
+        "spool_records", "spool_bytes", "reconnects", "invalid_transitions", "actions_received",
+        "events_rejected")] + [("connected", C.c_int32), ("control_connected", C.c_int32)]
+
+
+ACTION_CB = C.CFUNCTYPE(None, C.POINTER(Action), C.c_void_p)
+
+
+def load(path: Path = LIB) -> C.CDLL:
+    lib = C.CDLL(str(path))
+    lib.diaspora_abi_version.restype = C.c_uint32
+    lib.diaspora_open_file.argtypes = [C.c_char_p, C.POINTER(C.c_void_p), C.c_char_p, C.c_size_t]
+    lib.diaspora_open_yaml.argtypes = [C.c_char_p, C.POINTER(C.c_void_p), C.c_char_p, C.c_size_t]
+    lib.diaspora_close.argtypes = [C.c_void_p, C.c_int64]
+    lib.diaspora_last_error.argtypes = [C.c_void_p, C.c_char_p, C.c_size_t]
+    lib.diaspora_last_error.restype = C.c_size_t
+    for hook in ("submitted", "started", "heartbeat", "progress", "completed", "failed", "cancelled"):
+        getattr(lib, f"diaspora_task_{hook}").argtypes = [C.c_void_p, C.POINTER(TaskInfo)]
+    lib.diaspora_poll_action.argtypes = [C.c_void_p, C.POINTER(Action)]
+    lib.diaspora_set_action_callback.argtypes = [C.c_void_p, ACTION_CB, C.c_void_p]
+    lib.diaspora_action_done.argtypes = [C.c_void_p, C.c_char_p, C.c_char_p]
+    lib.diaspora_action_failed.argtypes = [C.c_void_p, C.c_char_p, C.c_char_p]
+    lib.diaspora_get_stats.argtypes = [C.c_void_p, C.POINTER(Stats)]
+    lib.diaspora_status_name.restype = C.c_char_p
+    return lib
+
+
+class Plugin:
+    """One open handle."""
+
+    def __init__(self, spec: str | Path, lib: C.CDLL | None = None):
+        self.lib = lib or load()
+        self.h = C.c_void_p()
+        err = C.create_string_buffer(8192)
+        if isinstance(spec, Path):
+            rc = self.lib.diaspora_open_file(str(spec).encode(), C.byref(self.h), err, len(err))
+        else:
+            rc = self.lib.diaspora_open_yaml(spec.encode(), C.byref(self.h), err, len(err))
+        if rc != OK:
+            raise RuntimeError(f"open failed ({rc}): {err.value.decode()}")
+
+    def task(self, hook: str, task_id: str, **fields) -> int:
+        info = TaskInfo(struct_size=C.sizeof(TaskInfo), task_id=task_id.encode(), step=-1)
+        metrics = fields.pop("metrics", None)
+        for k, v in fields.items():
+            setattr(info, k, v.encode() if isinstance(v, str) else v)
+        if metrics:
+            arr = (MetricValue * len(metrics))(*[MetricValue(k.encode(), v) for k, v in metrics.items()])
+            info.metrics = C.cast(arr, C.POINTER(MetricValue))
+            info.metric_count = len(metrics)
+        return getattr(self.lib, f"diaspora_task_{hook}")(self.h, C.byref(info))
+
+    def stats(self) -> dict:
+        s = Stats(struct_size=C.sizeof(Stats))
+        assert self.lib.diaspora_get_stats(self.h, C.byref(s)) == OK
+        return {name: getattr(s, name) for name, _ in Stats._fields_ if name != "struct_size"}
+
+    def last_error(self) -> str:
+        buf = C.create_string_buffer(8192)
+        self.lib.diaspora_last_error(self.h, buf, len(buf))
+        return buf.value.decode()
+
+    def poll_action(self) -> dict | None:
+        a = Action(struct_size=C.sizeof(Action))
+        rc = self.lib.diaspora_poll_action(self.h, C.byref(a))
+        if rc == ERR_EMPTY:
+            return None
+        assert rc == OK, rc
+        return {k: (getattr(a, k).decode() if isinstance(getattr(a, k), bytes) else getattr(a, k))
+                for k, _ in Action._fields_ if k != "struct_size"}
+
+    def action_done(self, action_id: str, message: str | None = None) -> int:
+        return self.lib.diaspora_action_done(self.h, action_id.encode(), message.encode() if message else None)
+
+    def close(self, timeout_ms: int = 10000) -> int:
+        rc = self.lib.diaspora_close(self.h, timeout_ms)
+        self.h = None
+        return rc
+
+
+def wait_for(cond, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def report_tasks(p: Plugin, tasks: int, prefix: str = "task") -> int:
+    """Reports `tasks` full lifecycles; each task's heartbeats carry seq metrics 0..2 so
+    that order can be checked on the relay. Returns the number of events."""
+    for t in range(tasks):
+        tid = f"{prefix}-{t}"
+        assert p.task("submitted", tid, site="local", attempt=1) == OK
+        assert p.task("started", tid, site="local", worker="w0") == OK
+        for k in range(3):
+            assert p.task("heartbeat", tid, metrics={"k": float(k)}) == OK
+        assert p.task("completed", tid, has_exit_code=1, exit_code=0) == OK
+    return tasks * 6
+
+
+def main(argv: list[str]) -> int:
+    spec, tasks = Path(argv[0]), int(argv[1])
+    kill_when = None
+    close_ms = 10000
+    if "--kill-when-spooled" in argv:
+        kill_when = int(argv[argv.index("--kill-when-spooled") + 1])
+    if "--close-timeout-ms" in argv:
+        close_ms = int(argv[argv.index("--close-timeout-ms") + 1])
+    p = Plugin(spec)
+    n = report_tasks(p, tasks)
+    if kill_when is not None:
+        wait_for(lambda: p.stats()["spool_records"] >= kill_when, 60, "events in the spool")
+        print(json.dumps(p.stats()), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    rc = p.close(close_ms)
+    print(json.dumps({"events": n, "close": rc}), flush=True)
+    return 0 if rc == OK else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,365 @@
+// The engine plugin's parts: the serialiser (every record kind yields a valid event), the
+// task tracker, the lock-free slot queue under contention, and the whole plugin with many
+// engine threads against an embedded relay (real TLS on 127.0.0.1) -- the test that also
+// runs under ThreadSanitizer (make test-tsan).
+#include <boost/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "diaspora/certs.hpp"
+#include "diaspora/event.hpp"
+#include "diaspora/plugin.h"
+#include "diaspora/relay.hpp"
+#include "diaspora/relay_client.hpp"
+#include "diaspora/token.hpp"
+#include "record.hpp"
+#include "serialize.hpp"
+#include "test_helpers.hpp"
+#include "tracker.hpp"
+
+namespace dp = diaspora::plugin;
+namespace json = boost::json;
+using diaspora::test::TempDir;
+
+namespace {
+
+// A record built the way the hooks build one.
+struct TestRecord {
+  dp::RecordHead head;
+  char arena[4096];
+
+  TestRecord(dp::Kind kind, std::string_view key, std::int64_t t = 1'700'000'000'000'000) {
+    head.kind = kind;
+    head.time_us = t;
+    put(dp::f_key, key);
+  }
+  TestRecord& put(dp::Field f, std::string_view s) {
+    dp::ArenaWriter{head, arena}.put(f, s);
+    return *this;
+  }
+  TestRecord& metric(std::string_view name, double v) {
+    dp::ArenaWriter w{head, arena};
+    if (head.metric_count == 0) w.begin_metrics();
+    w.metric(name, v);
+    return *this;
+  }
+  dp::RecordView view() const { return {&head, arena}; }
+};
+
+json::object serialize_and_check(const dp::RecordView& r, const dp::Derived& d = {}) {
+  dp::EventContext ctx{"/diaspora/wf/engine-1", "wf", "engine-1"};
+  std::string text;
+  dp::append_event(text, r, "id-1", ctx, d);
+  json::value v = json::parse(text);
+  EXPECT_NO_THROW(diaspora::check_event_json(v)) << text;  // CloudEvents rules + payload schema
+  return v.as_object();
+}
+
+}  // namespace
+
+TEST(PluginSerialize, EveryKindIsAValidEvent) {
+  using K = dp::Kind;
+  for (K k : {K::submitted, K::started, K::heartbeat, K::progress, K::completed, K::failed, K::cancelled}) {
+    TestRecord r(k, "task-1");
+    r.put(dp::f_site, "edge").put(dp::f_worker, "w-3").put(dp::f_name, "reconstruct").put(dp::f_text, "worker lost");
+    r.head.attempt = 2;
+    r.head.flags = dp::has_exit_code | dp::retryable | dp::has_step | dp::has_deadline;
+    r.head.exit_code = 137;
+    r.head.number = k == K::progress ? 0.25 : 30.0;
+    r.head.integer = 12;
+    r.metric("step_time_s", 0.125).metric("memory_bytes", 3e9);
+    dp::Derived d;
+    d.queue_wait_s = 1.5;
+    d.runtime_s = 9.25;
+    d.heartbeat_seq = 4;
+    json::object e = serialize_and_check(r.view(), d);
+    EXPECT_EQ(e["subject"], "task-1");
+    EXPECT_EQ(e["source"], "/diaspora/wf/engine-1");
+    EXPECT_EQ(e["time"], "2023-11-14T22:13:20.000000Z");
+    json::object& data = e["data"].as_object();
+    EXPECT_EQ(data["task_id"], "task-1");
+    EXPECT_EQ(data["workflow"], "wf");
+    EXPECT_EQ(data["attempt"], 2);
+    if (k == K::started) {
+      EXPECT_EQ(data["queue_wait_s"], 1.5);
+    }
+    if (k == K::completed) {
+      EXPECT_EQ(data["runtime_s"], 9.25);
+    }
+    if (k == K::failed) {
+      EXPECT_EQ(data["reason"], "worker lost");
+    }
+    if (k == K::failed) {
+      EXPECT_EQ(data["retryable"], true);
+    }
+    if (k == K::heartbeat) {
+      EXPECT_EQ(data["seq"], 4);
+    }
+    if (k == K::progress) {
+      EXPECT_EQ(data["progress"], 0.25);
+    }
+    if (k == K::heartbeat || k == K::progress) {
+      EXPECT_EQ(data["metrics"].as_object()["memory_bytes"], 3e9);
+    }
+  }
+  TestRecord m(K::metric, "edge");
+  m.put(dp::f_name, "queue_length");
+  m.head.scope = DIASPORA_SCOPE_SITE;
+  m.head.number = 7;
+  dp::Derived d;
+  d.coalesced = 4;
+  json::object e = serialize_and_check(m.view(), d);
+  EXPECT_EQ(e["data"].as_object()["count"], 5);  // the kept sample plus 4 merged into it
+  EXPECT_EQ(e["data"].as_object()["scope"], "site");
+
+  TestRecord data(K::data, "detector-0");
+  data.put(dp::f_text, "file:///data/f.h5").put(dp::f_extra, "crc32c:1a2b3c4d").put(dp::f_site, "edge");
+  data.head.flags = dp::has_bytes;
+  data.head.integer = 41;
+  data.head.integer2 = 1 << 20;
+  e = serialize_and_check(data.view());
+  EXPECT_EQ(e["data"].as_object()["seq"], 41);
+
+  TestRecord res(K::resource, "node-7");
+  res.put(dp::f_name, "node").put(dp::f_extra, "degraded").metric("load", 3.5);
+  e = serialize_and_check(res.view());
+  EXPECT_EQ(e["data"].as_object()["state"], "degraded");
+}
+
+TEST(PluginSerialize, HostileStringsStayValidJson) {
+  const std::string nasty = std::string("q\"uote\\ back\nline\ttab\x01\x7f ") + "\xff\xfe bad utf8 \xe2\x82 end é€😀";
+  TestRecord r(dp::Kind::failed, nasty);
+  r.put(dp::f_text, nasty);
+  json::object e = serialize_and_check(r.view());
+  const std::string reason(e["data"].as_object()["reason"].as_string());
+  EXPECT_NE(reason.find("q\"uote\\ back\nline\ttab\x01"), std::string::npos);
+  EXPECT_NE(reason.find("\xEF\xBF\xBD"), std::string::npos);  // U+FFFD for the invalid bytes
+  EXPECT_NE(reason.find("é€😀"), std::string::npos);           // valid multi-byte text kept
+}
+
+TEST(PluginSerialize, TimesAreRfc3339WithMicroseconds) {
+  std::string out;
+  dp::append_time(out, 1'764'496'800'123'456);  // 2025-11-30T10:00:00.123456Z
+  EXPECT_EQ(out, "\"2025-11-30T10:00:00.123456Z\"");
+  out.clear();
+  dp::append_time(out, 0);
+  EXPECT_EQ(out, "\"1970-01-01T00:00:00.000000Z\"");
+}
+
+TEST(PluginTracker, LifecycleDerivedSeriesAndInvalidTransitions) {
+  dp::TaskTracker tracker;
+  std::vector<std::pair<std::string, double>> seen;
+  tracker.sink = [&](const dp::Observation& o) { seen.emplace_back(std::string(o.series), o.value); };
+  const std::int64_t t0 = 1'000'000'000;
+  EXPECT_TRUE(tracker.observe(TestRecord(dp::Kind::submitted, "a", t0).view()).warning.empty());
+  auto started = tracker.observe(TestRecord(dp::Kind::started, "a", t0 + 2'500'000).view());
+  ASSERT_TRUE(started.derived.queue_wait_s);
+  EXPECT_DOUBLE_EQ(*started.derived.queue_wait_s, 2.5);
+  EXPECT_EQ(tracker.observe(TestRecord(dp::Kind::heartbeat, "a", t0 + 3'500'000).view()).derived.heartbeat_seq, 0);
+  EXPECT_EQ(tracker.observe(TestRecord(dp::Kind::heartbeat, "a", t0 + 4'000'000).view()).derived.heartbeat_seq, 1);
+  TestRecord p1(dp::Kind::progress, "a", t0 + 5'000'000), p2(dp::Kind::progress, "a", t0 + 7'000'000);
+  p1.head.number = 0.2;
+  p2.head.number = 0.6;
+  tracker.observe(p1.view());
+  tracker.observe(p2.view());
+  auto done = tracker.observe(TestRecord(dp::Kind::completed, "a", t0 + 12'500'000).view());
+  ASSERT_TRUE(done.derived.runtime_s);
+  EXPECT_DOUBLE_EQ(*done.derived.runtime_s, 10.0);
+  EXPECT_EQ(tracker.state("a"), dp::TaskState::completed);
+
+  std::map<std::string, double> last;
+  for (auto& [s, v] : seen) last[s] = v;
+  EXPECT_DOUBLE_EQ(last["task.queue_wait_s"], 2.5);
+  EXPECT_DOUBLE_EQ(last["task.runtime_s"], 10.0);
+  EXPECT_DOUBLE_EQ(last["task.progress_rate"], 0.2);  // 0.4 in 2 s
+  EXPECT_DOUBLE_EQ(last["task.heartbeat_gap_s"], 2.0);
+
+  // Out of order: reported, counted, state still follows the engine.
+  auto bad = tracker.observe(TestRecord(dp::Kind::started, "a", t0 + 13'000'000).view());
+  EXPECT_NE(bad.warning.find("'started' while completed"), std::string::npos) << bad.warning;
+  EXPECT_TRUE(tracker.observe(TestRecord(dp::Kind::heartbeat, "b").view()).warning.size() > 0);
+  EXPECT_EQ(tracker.invalid_transitions(), 2u);
+  // A failed task may be submitted again (a retry).
+  tracker.observe(TestRecord(dp::Kind::submitted, "c").view());
+  tracker.observe(TestRecord(dp::Kind::failed, "c").view());
+  EXPECT_TRUE(tracker.observe(TestRecord(dp::Kind::submitted, "c").view()).warning.empty());
+}
+
+TEST(PluginTracker, MemoryIsBounded) {
+  dp::TaskTracker tracker(100);
+  for (int i = 0; i < 1000; ++i) {
+    const std::string id = "t" + std::to_string(i);
+    tracker.observe(TestRecord(dp::Kind::submitted, id).view());
+    if (i % 2 == 0) tracker.observe(TestRecord(dp::Kind::cancelled, id).view());
+  }
+  EXPECT_LE(tracker.size(), 100u);
+}
+
+TEST(PluginQueue, ManyProducersManyConsumersEachItemOnce) {
+  dp::SlotQueue q(1024);
+  constexpr int producers = 4, per = 50000;
+  std::atomic<int> consumed{0};
+  std::vector<std::vector<int>> seen(producers);
+  std::mutex mu;
+  std::vector<std::thread> threads;
+  for (int p = 0; p < producers; ++p)
+    threads.emplace_back([&, p] {
+      for (int i = 0; i < per;) {
+        if (q.try_push([&](dp::Slot& s, std::uint64_t) {
+              s.head.attempt = p;
+              s.head.integer = i;
+            }))
+          ++i;
+        else
+          std::this_thread::yield();
+      }
+    });
+  for (int c = 0; c < 2; ++c)
+    threads.emplace_back([&] {
+      std::vector<std::pair<int, int>> mine;
+      while (consumed.load() < producers * per) {
+        if (q.try_pop([&](dp::Slot& s, std::uint64_t) {
+              mine.emplace_back(s.head.attempt, static_cast<int>(s.head.integer));
+            }))
+          consumed++;
+        else
+          std::this_thread::yield();
+      }
+      std::lock_guard lock(mu);
+      for (auto [p, i] : mine) seen[static_cast<std::size_t>(p)].push_back(i);
+    });
+  for (auto& t : threads) t.join();
+  for (auto& s : seen) {
+    std::sort(s.begin(), s.end());
+    ASSERT_EQ(s.size(), static_cast<std::size_t>(per));
+    for (int i = 0; i < per; ++i) ASSERT_EQ(s[static_cast<std::size_t>(i)], i);
+  }
+  EXPECT_EQ(q.size_approx(), 0u);
+}
+
+// ---- the whole plugin, many engine threads, a real relay -------------------------------------
+
+namespace {
+
+struct EmbeddedRelay {
+  TempDir dir;
+  std::unique_ptr<diaspora::Relay> relay;
+  std::string url, token;
+
+  EmbeddedRelay() {
+    diaspora::write_dev_certificates(dir.path() / "certs");
+    diaspora::write_secret_file(dir.path() / "secret");
+    diaspora::RelayConfig cfg;
+    cfg.listen = "127.0.0.1:0";
+    cfg.data_dir = dir.path() / "data";
+    cfg.tls_cert = dir.path() / "certs/server.pem";
+    cfg.tls_key = dir.path() / "certs/server-key.pem";
+    cfg.auth_secret_file = dir.path() / "secret";
+    cfg.fsync = "never";
+    relay = std::make_unique<diaspora::Relay>(cfg);
+    relay->start();
+    url = "wss://127.0.0.1:" + std::to_string(relay->port());
+    diaspora::TokenClaims c;
+    c.subject = "test";
+    c.scopes = {"publish:*", "subscribe:*"};
+    c.issued_at = std::chrono::time_point_cast<std::chrono::seconds>(std::chrono::system_clock::now());
+    c.expires_at = c.issued_at + std::chrono::hours(1);
+    token = diaspora::issue_token(diaspora::load_secret_file(dir.path() / "secret"), c);
+    std::ofstream(dir.path() / "token") << token << "\n";
+  }
+
+  std::string spec(const std::string& extra_plugin = "") const {
+    return "version: 1\nname: conc\nrelay: {url: '" + url + "', ca_file: '" + (dir.path() / "certs/ca.pem").string() +
+           "', token_file: '" + (dir.path() / "token").string() + "'}\nplugin: {spool_dir: '" +
+           (dir.path() / "spool").string() + "', control: false" + extra_plugin +
+           "}\nsites: [{name: local, engine: local}]\n";
+  }
+
+  // Every event of the topic, read from the start until `n` task events arrived.
+  std::vector<json::object> read(std::size_t n) const {
+    diaspora::RelayClientOptions o;
+    o.url = url;
+    o.ca_file = dir.path() / "certs/ca.pem";
+    o.token = token;
+    diaspora::RelayClient c(o);
+    c.send(R"({"op":"subscribe","id":"t","topic":"conc.events","from":"earliest"})");
+    std::vector<json::object> out;
+    std::size_t tasks = 0;
+    while (tasks < n) {
+      json::object m = c.receive_json();
+      if (m["op"] != "events") continue;
+      for (auto& e : m["events"].as_array()) {
+        json::object ev = e.as_object()["event"].as_object();
+        if (ev["type"].as_string().starts_with("org.diaspora.task.")) ++tasks;
+        out.push_back(std::move(ev));
+      }
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST(PluginConcurrency, ManyEngineThreadsEveryEventOnceInOrderPerThread) {
+  EmbeddedRelay relay;
+  diaspora_plugin* h = nullptr;
+  char err[2048];
+  // A small queue so that hooks also take the spill path while the publisher drains.
+  ASSERT_EQ(diaspora_open_yaml(relay.spec(", queue_size: 64").c_str(), &h, err, sizeof err), DIASPORA_OK) << err;
+  constexpr int threads = 4, tasks = 500;
+  std::vector<std::thread> engine;
+  std::atomic<int> failures{0};
+  for (int k = 0; k < threads; ++k)
+    engine.emplace_back([&, k] {
+      for (int t = 0; t < tasks; ++t) {
+        const std::string id = "th" + std::to_string(k) + "-" + std::to_string(t);
+        diaspora_task_info info{};
+        info.struct_size = sizeof info;
+        info.task_id = id.c_str();
+        info.step = -1;
+        diaspora_metric_value m{"k", 0};
+        failures += diaspora_task_submitted(h, &info) != DIASPORA_OK;
+        failures += diaspora_task_started(h, &info) != DIASPORA_OK;
+        info.metrics = &m;
+        info.metric_count = 1;
+        for (int b = 0; b < 3; ++b) {
+          m.value = b;
+          failures += diaspora_task_heartbeat(h, &info) != DIASPORA_OK;
+        }
+        info.metrics = nullptr;
+        info.metric_count = 0;
+        failures += diaspora_task_completed(h, &info) != DIASPORA_OK;
+        diaspora_metric sample{sizeof(diaspora_metric), DIASPORA_SCOPE_SITE, "local", "load", 1.0 * t, 0};
+        failures += diaspora_metric_sample(h, &sample) != DIASPORA_OK;
+      }
+    });
+  for (auto& t : engine) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  diaspora_stats st{};
+  st.struct_size = sizeof st;
+  ASSERT_EQ(diaspora_get_stats(h, &st), DIASPORA_OK);
+  EXPECT_EQ(st.events_accepted, static_cast<std::uint64_t>(threads * tasks * 7));
+  ASSERT_EQ(diaspora_close(h, 60000), DIASPORA_OK);
+
+  const auto events = relay.read(static_cast<std::size_t>(threads * tasks * 6));
+  std::set<std::string> ids;
+  std::map<std::string, std::vector<std::string>> per_task;
+  std::vector<int> last_task(threads, -1);
+  for (const auto& e : events) {
+    EXPECT_TRUE(ids.insert(std::string(e.at("id").as_string())).second) << "duplicate " << e.at("id");
+    const std::string type(e.at("type").as_string());
+    if (!type.starts_with("org.diaspora.task.")) continue;
+    const std::string task(e.at("data").at("task_id").as_string());
+    const int k = std::stoi(task.substr(2, task.find('-') - 2)), t = std::stoi(task.substr(task.find('-') + 1));
+    EXPECT_GE(t, last_task[static_cast<std::size_t>(k)]) << "thread " << k << ": task order broken at " << task;
+    last_task[static_cast<std::size_t>(k)] = t;
+    per_task[task].push_back(type.substr(type.rfind('.') + 1));
+  }
+  ASSERT_EQ(per_task.size(), static_cast<std::size_t>(threads * tasks));
+  const std::vector<std::string> lifecycle{"submitted", "started", "heartbeat", "heartbeat", "heartbeat", "completed"};
+  for (const auto& [task, kinds] : per_task) EXPECT_EQ(kinds, lifecycle) << task;
+}
