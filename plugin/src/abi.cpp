@@ -1,5 +1,6 @@
 // The C ABI: argument checks, then the Plugin. No exception crosses this boundary: every
 // entry catches everything and returns a status.
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -49,9 +50,18 @@ int check_str(diaspora_plugin* p, const char* s, std::size_t max, bool required,
   return DIASPORA_OK;
 }
 
+// [A-Za-z0-9_.:-], by table (no locale-aware call per character on the hook path).
+constexpr auto kNameChars = [] {
+  std::array<bool, 256> t{};
+  for (int c = 0; c < 256; ++c)
+    t[static_cast<std::size_t>(c)] = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                                     c == '_' || c == '.' || c == ':' || c == '-';
+  return t;
+}();
+
 bool metric_name_ok(std::string_view n) noexcept {
   for (char c : n)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == ':' || c == '-')) return false;
+    if (!kNameChars[static_cast<unsigned char>(c)]) return false;
   return true;
 }
 

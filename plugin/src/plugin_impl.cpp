@@ -205,11 +205,10 @@ int Plugin::enqueue(const HookArgs& a) noexcept {
   const std::size_t need = arena_bytes(a);
   if (need <= kSlotArenaBytes &&
       queue_.try_push([&](Slot& s, std::uint64_t) { pack(a, s.head, s.arena); })) {
-    accepted_.fetch_add(1, std::memory_order_relaxed);
     return DIASPORA_OK;
   }
   if (need <= kSlotArenaBytes && a.coalescible && coalesce(a)) {
-    accepted_.fetch_add(1, std::memory_order_relaxed);
+    slow_accepted_.fetch_add(1, std::memory_order_relaxed);
     return DIASPORA_OK;
   }
   return spill(a);
@@ -256,7 +255,7 @@ int Plugin::spill(const HookArgs& a) noexcept {
     spool_->append(std::span<const std::string_view>(&v, 1));
     spool_active_.store(true, std::memory_order_release);
     spilled_.fetch_add(1, std::memory_order_relaxed);
-    accepted_.fetch_add(1, std::memory_order_relaxed);
+    slow_accepted_.fetch_add(1, std::memory_order_relaxed);
     return DIASPORA_OK;
   } catch (const std::exception& e) {
     lost_.fetch_add(1, std::memory_order_relaxed);
@@ -679,7 +678,7 @@ int Plugin::close(std::chrono::milliseconds timeout) noexcept {
 // ---- statistics ------------------------------------------------------------------------------
 
 void Plugin::stats(diaspora_stats& s) const noexcept {
-  s.events_accepted = accepted_.load(std::memory_order_relaxed);
+  s.events_accepted = queue_.pushed() + slow_accepted_.load(std::memory_order_relaxed);
   s.events_acked = acked_.load(std::memory_order_relaxed);
   s.events_spilled = spilled_.load(std::memory_order_relaxed);
   s.metrics_coalesced = coalesced_count_.load(std::memory_order_relaxed);

@@ -190,15 +190,19 @@ class Plugin {
   std::deque<std::string> unacked_order_;
   std::condition_variable action_cv_;
 
-  // Counters.
-  std::atomic<std::uint64_t> accepted_{0}, acked_{0}, spilled_{0}, coalesced_count_{0}, lost_{0}, reconnects_{0},
+  // Counters. Events accepted on the fast path are counted by the queue itself (its tail
+  // position): a shared counter bumped by every hook would bounce a cache line between
+  // engine threads. The others are written off the fast path, on their own line.
+  alignas(64) std::atomic<std::uint64_t> slow_accepted_{0};  ///< spilled or coalesced
+  std::atomic<std::uint64_t> acked_{0}, spilled_{0}, coalesced_count_{0}, lost_{0}, reconnects_{0},
       actions_received_{0}, rejected_{0}, invalid_{0};
   std::atomic<int> connected_{0}, control_connected_{0};
 
   mutable std::mutex error_mu_;
   std::string last_error_;
 
-  std::atomic<bool> closing_{false}, stop_{false};
+  alignas(64) std::atomic<bool> closing_{false};  ///< read by every hook: a line of its own
+  alignas(64) std::atomic<bool> stop_{false};
   std::chrono::steady_clock::time_point flush_deadline_{};
   int close_status_ = DIASPORA_OK;
   std::thread publisher_, control_;

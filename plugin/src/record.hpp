@@ -151,6 +151,11 @@ class SlotQueue {
       const auto dif = static_cast<std::int64_t>(seq - pos);
       if (dif == 0) {
         if (tail_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+          // The ring is larger than the caches: fetch the next slots' first lines now, so
+          // the next push (on this or another engine thread) does not wait on memory.
+          const char* next = reinterpret_cast<const char*>(&slots_[(pos + 2) & mask_]);
+          __builtin_prefetch(next, 1, 3);
+          __builtin_prefetch(next + 64, 1, 3);
           fill(s, pos);
           s.seq.store(pos + 1, std::memory_order_release);
           return true;
@@ -189,6 +194,9 @@ class SlotQueue {
       }
     }
   }
+
+  /// Number of successful pushes so far.
+  std::uint64_t pushed() const noexcept { return tail_.load(std::memory_order_acquire); }
 
   /// Approximate number of filled slots (exact when no push/pop runs concurrently).
   std::size_t size_approx() const noexcept {
