@@ -96,8 +96,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (load(lib) != 0) return 1;
-  char err[4096];
-  if (!DIASPORA_ABI_COMPATIBLE(api.abi_version()) || api.abi_check(DIASPORA_ABI_VERSION, err, sizeof err) != DIASPORA_OK) {
+  char err[4096] = "";
+  if (!DIASPORA_ABI_COMPATIBLE(api.abi_version())) {
+    fprintf(stderr, "minimal: the plugin's ABI %u.%u does not serve this engine (built for %u.%u)\n",
+            (unsigned)(api.abi_version() >> 16), (unsigned)(api.abi_version() & 0xffff),
+            (unsigned)DIASPORA_ABI_VERSION_MAJOR, (unsigned)DIASPORA_ABI_VERSION_MINOR);
+    return 1;
+  }
+  if (api.abi_check(DIASPORA_ABI_VERSION, err, sizeof err) != DIASPORA_OK) {
     fprintf(stderr, "minimal: %s\n", err);
     return 1;
   }
@@ -110,7 +116,7 @@ int main(int argc, char** argv) {
   }
 
   int handled = 0;
-  for (int t = 0; t < tasks; ++t) {
+  for (int t = 0; t < tasks && rc == DIASPORA_OK; ++t) {
     char id[32];
     snprintf(id, sizeof id, "task-%d", t);
     diaspora_task_info info;
@@ -120,22 +126,22 @@ int main(int argc, char** argv) {
     info.site = "local";
     info.attempt = 1;
     info.step = -1;
-    if ((rc = api.submitted(h, &info)) != DIASPORA_OK) break;
+    rc = api.submitted(h, &info);
     info.worker = "worker-0";
-    if ((rc = api.started(h, &info)) != DIASPORA_OK) break;
-    for (int step = 1; step <= 4; ++step) {
+    if (rc == DIASPORA_OK) rc = api.started(h, &info);
+    for (int step = 1; step <= 4 && rc == DIASPORA_OK; ++step) {
       diaspora_metric_value m[1] = {{"step_time_s", 0.01 * step}};
       info.progress = step / 4.0;
       info.step = step;
       info.metrics = m;
       info.metric_count = 1;
-      if ((rc = api.progress(h, &info)) != DIASPORA_OK) break;
+      rc = api.progress(h, &info);
     }
     info.metrics = NULL;
     info.metric_count = 0;
     info.has_exit_code = 1;
     info.exit_code = 0;
-    if ((rc = api.completed(h, &info)) != DIASPORA_OK) break;
+    if (rc == DIASPORA_OK) rc = api.completed(h, &info);
     handled += handle_actions(h);
   }
   if (rc != DIASPORA_OK) {

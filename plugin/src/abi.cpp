@@ -17,6 +17,23 @@ struct diaspora_plugin {
 
 namespace {
 
+// The sizes of the ABI 1.0 structs. A caller's struct_size must be at least these; a
+// later minor version that appends fields reads them only when struct_size covers them,
+// so callers built against an older header keep working. Changing a 1.0 struct breaks
+// these assertions on purpose.
+// Frozen for LP64 (x86-64, aarch64); other data models use the current sizes.
+template <class T>
+constexpr std::size_t v1_size(std::size_t lp64) {
+  return sizeof(void*) == 8 ? lp64 : sizeof(T);
+}
+constexpr std::size_t kTaskInfoV1 = v1_size<diaspora_task_info>(112), kMetricV1 = v1_size<diaspora_metric>(48),
+                      kDataInfoV1 = v1_size<diaspora_data_info>(64), kResourceInfoV1 = v1_size<diaspora_resource_info>(64),
+                      kActionV1 = v1_size<diaspora_action>(5176), kStatsV1 = v1_size<diaspora_stats>(104);
+static_assert(sizeof(diaspora_task_info) == kTaskInfoV1 && sizeof(diaspora_metric) == kMetricV1 &&
+                  sizeof(diaspora_data_info) == kDataInfoV1 && sizeof(diaspora_resource_info) == kResourceInfoV1 &&
+                  sizeof(diaspora_action) == kActionV1 && sizeof(diaspora_stats) == kStatsV1,
+              "an ABI 1.0 struct changed size: append fields only, and keep the V1 sizes here");
+
 using diaspora::plugin::Field;
 using diaspora::plugin::HookArgs;
 using diaspora::plugin::Kind;
@@ -83,8 +100,13 @@ int check_metrics(diaspora_plugin* p, const diaspora_metric_value* m, std::size_
   return DIASPORA_OK;
 }
 
+// 9999-12-31T23:59:59.999999Z: the last time an RFC 3339 timestamp can hold.
+constexpr std::int64_t kMaxTimeUs = 253402300799999999;
+
 int check_time(diaspora_plugin* p, std::int64_t t, HookArgs& a) noexcept {
   if (t < 0) return fail(p, DIASPORA_ERR_INVALID, "timestamp_us is negative");
+  if (t > kMaxTimeUs)
+    return fail(p, DIASPORA_ERR_INVALID, "timestamp_us is after the year 9999 (microseconds expected, not nanoseconds?)");
   a.head.time_us = t == 0 ? dp::now_us() : t;
   return DIASPORA_OK;
 }
@@ -109,7 +131,7 @@ int guarded(diaspora_plugin* p, Body&& body) noexcept {
 int task_hook(diaspora_plugin* p, const diaspora_task_info* info, Kind kind) noexcept {
   if (!p || !p->impl) return DIASPORA_ERR_NULL;
   if (!info) return fail(p, DIASPORA_ERR_NULL, "info is NULL");
-  if (info->struct_size < sizeof(diaspora_task_info))
+  if (info->struct_size < kTaskInfoV1)
     return fail(p, DIASPORA_ERR_INVALID, "info->struct_size is " + std::to_string(info->struct_size) +
                                              ", expected sizeof(diaspora_task_info) = " + std::to_string(sizeof(diaspora_task_info)));
   if (p->impl->closing()) return DIASPORA_ERR_CLOSED;
@@ -333,7 +355,7 @@ DIASPORA_API int diaspora_metric_sample(diaspora_plugin* p, const diaspora_metri
   return guarded(p, [&]() -> int {
     if (!p || !p->impl) return DIASPORA_ERR_NULL;
     if (!m) return fail(p, DIASPORA_ERR_NULL, "metric is NULL");
-    if (m->struct_size < sizeof(diaspora_metric))
+    if (m->struct_size < kMetricV1)
       return fail(p, DIASPORA_ERR_INVALID, "metric->struct_size is smaller than sizeof(diaspora_metric)");
     if (p->impl->closing()) return DIASPORA_ERR_CLOSED;
     HookArgs a;
@@ -357,7 +379,7 @@ DIASPORA_API int diaspora_data_arrived(diaspora_plugin* p, const diaspora_data_i
   return guarded(p, [&]() -> int {
     if (!p || !p->impl) return DIASPORA_ERR_NULL;
     if (!d) return fail(p, DIASPORA_ERR_NULL, "info is NULL");
-    if (d->struct_size < sizeof(diaspora_data_info))
+    if (d->struct_size < kDataInfoV1)
       return fail(p, DIASPORA_ERR_INVALID, "info->struct_size is smaller than sizeof(diaspora_data_info)");
     if (p->impl->closing()) return DIASPORA_ERR_CLOSED;
     HookArgs a;
@@ -384,7 +406,7 @@ DIASPORA_API int diaspora_resource_status(diaspora_plugin* p, const diaspora_res
   return guarded(p, [&]() -> int {
     if (!p || !p->impl) return DIASPORA_ERR_NULL;
     if (!r) return fail(p, DIASPORA_ERR_NULL, "info is NULL");
-    if (r->struct_size < sizeof(diaspora_resource_info))
+    if (r->struct_size < kResourceInfoV1)
       return fail(p, DIASPORA_ERR_INVALID, "info->struct_size is smaller than sizeof(diaspora_resource_info)");
     if (p->impl->closing()) return DIASPORA_ERR_CLOSED;
     HookArgs a;
@@ -411,7 +433,7 @@ DIASPORA_API int diaspora_set_action_callback(diaspora_plugin* p, diaspora_actio
 DIASPORA_API int diaspora_poll_action(diaspora_plugin* p, diaspora_action* out) {
   if (!p || !p->impl) return DIASPORA_ERR_NULL;
   if (!out) return fail(p, DIASPORA_ERR_NULL, "out is NULL");
-  if (out->struct_size < sizeof(diaspora_action))
+  if (out->struct_size < kActionV1)
     return fail(p, DIASPORA_ERR_INVALID, "out->struct_size is smaller than sizeof(diaspora_action)");
   return p->impl->poll_action(out);
 }
@@ -436,7 +458,7 @@ DIASPORA_API int diaspora_action_failed(diaspora_plugin* p, const char* action_i
 
 DIASPORA_API int diaspora_get_stats(const diaspora_plugin* p, diaspora_stats* out) {
   if (!p || !p->impl || !out) return DIASPORA_ERR_NULL;
-  if (out->struct_size < sizeof(diaspora_stats)) return DIASPORA_ERR_INVALID;
+  if (out->struct_size < kStatsV1) return DIASPORA_ERR_INVALID;
   const size_t size = out->struct_size;
   std::memset(out, 0, sizeof(diaspora_stats));
   out->struct_size = size;

@@ -145,6 +145,9 @@ Plugin::Plugin(Config config)
   ctx_.source = "/diaspora/" + cfg_.workflow + "/" + cfg_.engine_id;
   producer_id_ = cfg_.engine_id + "-" + instance_;
   backoff_ = cfg_.reconnect_min;
+  batch_events_ = cfg_.batch_events;
+  batch_bytes_ = cfg_.batch_bytes;
+  max_inflight_ = cfg_.max_inflight;
   SpoolOptions so;
   so.dir = cfg_.spool_dir;
   so.max_bytes = cfg_.spool_limit;
@@ -337,7 +340,12 @@ void Plugin::move_queue_to_spool_locked() {
     texts.push_back(std::move(text));
     if (texts.size() >= 4096) {
       std::vector<std::string_view> v(texts.begin(), texts.end());
-      spool_->append(v);
+      try {
+        spool_->append(v);
+      } catch (...) {
+        lost_.fetch_add(texts.size(), std::memory_order_relaxed);
+        throw;
+      }
       texts.clear();
     }
   }
@@ -350,7 +358,12 @@ void Plugin::move_queue_to_spool_locked() {
   }
   if (!texts.empty()) {
     std::vector<std::string_view> v(texts.begin(), texts.end());
-    spool_->append(v);
+    try {
+      spool_->append(v);
+    } catch (...) {
+      lost_.fetch_add(texts.size(), std::memory_order_relaxed);  // taken from the queue, not written
+      throw;
+    }
   }
   if (!droppable.empty()) {
     std::vector<std::string_view> v(droppable.begin(), droppable.end());
@@ -359,11 +372,29 @@ void Plugin::move_queue_to_spool_locked() {
   spool_active_.store(spool_->records() > 0, std::memory_order_release);
 }
 
+// The id of an event text written by append_event ({"specversion":"1.0","id":"...",...).
+std::string Plugin::event_id(std::string_view text) {
+  static constexpr std::string_view prefix = "{\"specversion\":\"1.0\",\"id\":\"";
+  if (!text.starts_with(prefix)) return {};
+  const std::size_t end = text.find('"', prefix.size());
+  return end == std::string_view::npos ? std::string() : std::string(text.substr(prefix.size(), end - prefix.size()));
+}
+
+bool Plugin::rejected(std::string_view text) {
+  std::lock_guard lock(rejected_mu_);
+  return !rejected_ids_.empty() && rejected_ids_.contains(event_id(text));
+}
+
 // ---- publisher thread: the loop ------------------------------------------------------------
 
 void Plugin::publisher_main() {
+  bool final_stats = false;
   while (true) {
     const bool stopping = stop_.load(std::memory_order_acquire);
+    if (stopping && !final_stats) {  // the closing counters, flushed with the rest
+      final_stats = true;
+      maybe_publish_stats(true);
+    }
     if (stopping && (all_flushed() || Clock::now() >= flush_deadline_)) break;
     if (!client_ && Clock::now() >= next_connect_) try_connect();
     if (!client_) {
@@ -398,6 +429,16 @@ void Plugin::try_connect() {
   try {
     o.token = read_token(cfg_.token_file);
     client_ = std::make_unique<RelayClient>(o);
+    // Never exceed what this relay accepts (its welcome announces the limits).
+    const json::object& w = client_->welcome();
+    auto limit = [&](const char* key, std::size_t mine) {
+      const json::value* v = w.if_contains(key);
+      return v && v->is_number() ? std::min(mine, v->to_number<std::size_t>()) : mine;
+    };
+    batch_events_ = std::max<std::size_t>(1, limit("max_batch_events", cfg_.batch_events));
+    const std::size_t frame = limit("max_frame_bytes", cfg_.batch_bytes + 65536);
+    batch_bytes_ = std::max<std::size_t>(1, std::min(cfg_.batch_bytes, frame > 65536 ? frame - 65536 : frame / 2));
+    max_inflight_ = std::max<std::size_t>(1, limit("max_inflight_batches", cfg_.max_inflight));
     connected_.store(1);
     if (ever_connected_) reconnects_.fetch_add(1, std::memory_order_relaxed);
     ever_connected_ = true;
@@ -411,7 +452,7 @@ void Plugin::try_connect() {
     set_error("relay " + cfg_.url + ": " + e.what() + " (retrying in " + std::to_string(wait.count()) +
               " ms; events are kept in the spool meanwhile)");
     next_connect_ = Clock::now() + wait;
-    backoff_ = std::min(backoff_ * 2, cfg_.reconnect_max);
+    backoff_ = std::clamp(backoff_ * 2, cfg_.reconnect_min, cfg_.reconnect_max);
   }
 }
 
@@ -422,7 +463,8 @@ void Plugin::on_disconnect(const std::string& why) {
   std::vector<std::string_view> live;
   for (const Batch& b : inflight_)
     if (!b.from_spool)
-      for (std::size_t i = 0; i < b.count(); ++i) live.push_back(b.event(i));
+      for (std::size_t i = 0; i < b.count(); ++i)
+        if (!rejected(b.event(i))) live.push_back(b.event(i));
   if (pending_)
     for (std::size_t i = 0; i < pending_->count(); ++i) live.push_back(pending_->event(i));
   try {
@@ -438,7 +480,7 @@ void Plugin::on_disconnect(const std::string& why) {
   pending_.reset();
   thread_local std::mt19937 rng{std::random_device{}()};
   next_connect_ = Clock::now() + std::chrono::milliseconds(std::uniform_int_distribution<long>(0, backoff_.count())(rng));
-  backoff_ = std::min(backoff_ * 2, cfg_.reconnect_max);
+  backoff_ = std::clamp(backoff_ * 2, cfg_.reconnect_min, cfg_.reconnect_max);
 }
 
 bool Plugin::all_flushed() {
@@ -467,10 +509,10 @@ bool Plugin::build_live_batch(Batch& out, bool flush_now) {
     if (spool_active_.load(std::memory_order_acquire)) return false;
     if (!pending_) {
       pending_ = std::make_unique<Batch>();
-      pending_->body.reserve(std::min<std::size_t>(cfg_.batch_bytes, cfg_.batch_events * 400));
+      pending_->body.reserve(std::min<std::size_t>(batch_bytes_, batch_events_ * 400));
     }
     Batch& b = *pending_;
-    auto full = [&] { return b.count() >= cfg_.batch_events || b.body.size() >= cfg_.batch_bytes; };
+    auto full = [&] { return b.count() >= batch_events_ || b.body.size() >= batch_bytes_; };
     if (side_pending_.load(std::memory_order_acquire)) {
       std::vector<std::string> side;
       {
@@ -519,17 +561,24 @@ bool Plugin::build_spool_batch(Batch& b) {
     std::lock_guard lock(spool_mu_);
     move_queue_to_spool_locked();
     if (!spool_->has_unread()) return false;
-    spool_->read(records, cfg_.batch_events, cfg_.batch_bytes, b.end);
+    spool_->read(records, batch_events_, batch_bytes_, b.end);
   }
   b.from_spool = true;
-  for (const auto& r : records) b.add(r);
+  for (const auto& r : records)
+    if (!rejected(r)) b.add(r);
+  if (b.count() == 0 && !records.empty()) {  // only refused events: done with them
+    std::lock_guard lock(spool_mu_);
+    spool_->commit(b.end);
+    spool_active_.store(spool_->records() > 0, std::memory_order_release);
+    return build_spool_batch(b);
+  }
   return b.count() > 0;
 }
 
 void Plugin::pump() {
   while (auto f = client_->poll_receive(0ms)) handle_frame(*f);
   const bool stopping = stop_.load(std::memory_order_acquire);
-  while (client_ && inflight_.size() < cfg_.max_inflight) {
+  while (client_ && inflight_.size() < max_inflight_) {
     Batch b;
     if (spool_active_.load(std::memory_order_acquire)) {
       if (pending_ && pending_->count() > 0) {  // older than anything in the spool: send first
@@ -545,7 +594,7 @@ void Plugin::pump() {
   }
   if (!client_) return;
   if (!inflight_.empty()) {
-    const auto wait = inflight_.size() >= cfg_.max_inflight ? 20ms : 1ms;
+    const auto wait = inflight_.size() >= max_inflight_ ? 20ms : 1ms;
     if (auto f = client_->poll_receive(wait)) handle_frame(*f);
   } else {
     std::this_thread::sleep_for(stopping ? 200us : 1ms);
@@ -573,26 +622,26 @@ void Plugin::handle_frame(const std::string& frame) {
         inflight_.push_front(std::move(b));
         throw RelayClientError("the relay refused a batch: " + message);
       }
-      // One event is refused (a bug or a relay limit): drop it, resend the rest.
-      const auto bad = index->to_number<std::size_t>();
-      set_error("the relay refused an event, it is dropped: " + message);
-      Batch rest;
-      rest.from_spool = b.from_spool;
-      rest.end = b.end;
-      for (std::size_t i = 0; i < b.count(); ++i)
-        if (i != bad) rest.add(b.event(i));
-      json::object data{{"code", "event_rejected"}, {"message", message.substr(0, 4000)}, {"engine", cfg_.engine_id}};
+      // One event is refused (a bug or a relay limit). Remember its id and start the
+      // session over: the unacked batches go back to the spool in order, and the event
+      // is left out when they are sent again (so order holds and nothing else is lost).
+      const std::string_view bad = b.event(index->to_number<std::size_t>());
+      const std::string id = event_id(bad);
+      {
+        std::lock_guard lock(rejected_mu_);
+        if (rejected_ids_.size() > 1024) rejected_ids_.clear();
+        rejected_ids_.insert(id);
+      }
+      rejected_.fetch_add(1, std::memory_order_relaxed);
+      json::object data{{"code", "event_rejected"},
+                        {"message", ("event " + id + " was refused by the relay and dropped: " + message).substr(0, 4000)},
+                        {"engine", cfg_.engine_id}};
       std::string text;
       append_event(text, "org.diaspora.plugin.warning", next_side_id(), std::nullopt, data, ctx_, now_us());
       add_side_event(std::move(text));
-      rejected_.fetch_add(1, std::memory_order_relaxed);
-      if (rest.count() > 0) send_batch(std::move(rest));
-      else if (b.from_spool) {
-        std::lock_guard lock(spool_mu_);
-        spool_->commit(b.end);
-        spool_active_.store(spool_->records() > 0, std::memory_order_release);
-      }
-      return;
+      inflight_.push_front(std::move(b));
+      backoff_ = std::chrono::milliseconds(0);  // reconnect at once
+      throw RelayClientError("the relay refused event " + id + ", which is dropped: " + message);
     }
     acked_.fetch_add(b.count(), std::memory_order_relaxed);
     if (b.from_spool) {
@@ -658,19 +707,18 @@ int Plugin::close(std::chrono::milliseconds timeout) noexcept {
   std::lock_guard lock(close_mu_);
   if (closed_) return close_status_;
   closed_ = true;
-  try {
-    maybe_publish_stats(true);
-  } catch (...) {
-  }
   flush_deadline_ = Clock::now() + timeout;
   closing_.store(true);
-  stop_.store(true, std::memory_order_release);
+  // The control thread first (after a running callback returns), so that outcomes it
+  // publishes last are flushed by the publisher.
+  control_stop_.store(true, std::memory_order_release);
   {
     std::lock_guard l(action_mu_);
     action_cv_.notify_all();
   }
-  if (publisher_.joinable()) publisher_.join();
   if (control_.joinable()) control_.join();
+  stop_.store(true, std::memory_order_release);
+  if (publisher_.joinable()) publisher_.join();
   if (close_status_ == DIASPORA_OK && lost_.load() > 0) close_status_ = DIASPORA_ERR_IO;
   return close_status_;
 }
@@ -820,6 +868,20 @@ void Plugin::handle_action_event(const json::value& ev) {
   for (auto [name, kind] : kActionKinds)
     if (req.action == name) a.kind = kind;
   if (a.kind == 0) return;  // alert: for people, not for the engine
+  auto too_long = [](const std::optional<std::string>& v, std::size_t max) { return v && v->size() > max; };
+  if (req.action_id.size() > DIASPORA_MAX_ID || too_long(req.task_id, DIASPORA_MAX_ID) ||
+      too_long(req.site, DIASPORA_MAX_ID) || too_long(req.target_site, DIASPORA_MAX_ID) ||
+      req.reason.size() > DIASPORA_MAX_TEXT) {
+    Action refused;
+    refused.id = req.action_id;
+    refused.kind_name = req.action;
+    refused.task_id = req.task_id.value_or("");
+    set_error("control topic: action '" + req.action_id.substr(0, 64) + "' refused: an id is longer than 255 bytes");
+    if (req.action_id.size() <= 256)  // else no valid action.done can name it
+      add_side_event(action_done_event(refused, false, "refused by the plugin: action_id, task_id, site and target_site "
+                                                       "must be at most 255 bytes, reason at most 4095"));
+    return;
+  }
   a.id = req.action_id;
   a.kind_name = req.action;
   a.task_id = req.task_id.value_or("");
@@ -882,7 +944,7 @@ void Plugin::control_main() {
   auto next = Clock::now();
   std::chrono::milliseconds backoff = cfg_.reconnect_min;
   std::mt19937 rng{std::random_device{}()};
-  while (!stop_.load(std::memory_order_acquire)) {
+  while (!control_stop_.load(std::memory_order_acquire)) {
     deliver_actions();
     if (cfg_.control && !c && Clock::now() >= next) {
       try {
@@ -901,12 +963,12 @@ void Plugin::control_main() {
         set_error(std::string("control topic: ") + e.what());
         const auto half = backoff.count() / 2;
         next = Clock::now() + std::chrono::milliseconds(half + std::uniform_int_distribution<long>(0, std::max<long>(half, 1))(rng));
-        backoff = std::min(backoff * 2, cfg_.reconnect_max);
+        backoff = std::clamp(backoff * 2, cfg_.reconnect_min, cfg_.reconnect_max);
       }
     }
     if (!c) {
       std::unique_lock lock(action_mu_);
-      action_cv_.wait_for(lock, 20ms, [&] { return stop_.load() || (!to_deliver_.empty() && callback_); });
+      action_cv_.wait_for(lock, 20ms, [&] { return control_stop_.load() || (!to_deliver_.empty() && callback_); });
       continue;
     }
     try {
@@ -937,8 +999,9 @@ void Plugin::control_main() {
       c.reset();
       control_connected_.store(0);
       set_error(std::string("control topic: ") + e.what());
-      next = Clock::now() + backoff;
-      backoff = std::min(backoff * 2, cfg_.reconnect_max);
+      const auto half = backoff.count() / 2;
+      next = Clock::now() + std::chrono::milliseconds(half + std::uniform_int_distribution<long>(0, std::max<long>(half, 1))(rng));
+      backoff = std::clamp(backoff * 2, cfg_.reconnect_min, cfg_.reconnect_max);
     }
   }
   deliver_actions();

@@ -23,6 +23,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "diaspora/error.hpp"
@@ -131,6 +132,8 @@ class Plugin {
   void drain_coalesced(std::vector<std::pair<RecordHead, std::string>>& out);
   void append_record_event(std::string& out, const RecordView& r, std::string_view id, std::uint64_t coalesced);
   void add_side_event(std::string text);
+  static std::string event_id(std::string_view text);
+  bool rejected(std::string_view text);
   std::string next_side_id();
   void maybe_publish_stats(bool force);
   bool all_flushed();
@@ -170,9 +173,12 @@ class Plugin {
 
   // Publisher thread state.
   std::unique_ptr<RelayClient> client_;
+  std::mutex rejected_mu_;
+  std::unordered_set<std::string> rejected_ids_;  ///< events the relay refused: never sent again
   std::deque<Batch> inflight_;
   std::unique_ptr<Batch> pending_;  ///< live batch being filled (linger)
   std::uint64_t next_seq_ = 0;
+  std::size_t batch_events_ = 512, batch_bytes_ = 1u << 20, max_inflight_ = 16;  ///< config, capped by the relay
   std::chrono::steady_clock::time_point next_connect_{};
   std::chrono::milliseconds backoff_{};
   bool ever_connected_ = false;
@@ -202,7 +208,8 @@ class Plugin {
   std::string last_error_;
 
   alignas(64) std::atomic<bool> closing_{false};  ///< read by every hook: a line of its own
-  alignas(64) std::atomic<bool> stop_{false};
+  alignas(64) std::atomic<bool> stop_{false};  ///< publisher: flush and stop
+  std::atomic<bool> control_stop_{false};
   std::chrono::steady_clock::time_point flush_deadline_{};
   int close_status_ = DIASPORA_OK;
   std::thread publisher_, control_;

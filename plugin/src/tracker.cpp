@@ -109,6 +109,8 @@ TaskTracker::Result TaskTracker::observe(const RecordView& r) {
       task.beats = 0;
       break;
     case Kind::started:
+      // A new attempt that starts without being submitted again has no queue wait.
+      if (task.state != TaskState::submitted) task.submitted_us = 0;
       task.state = TaskState::running;
       task.started_us = task.last_beat_us = t;
       if (task.submitted_us > 0 && t >= task.submitted_us) {

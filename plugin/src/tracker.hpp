@@ -33,8 +33,8 @@ struct Observation {
 /// Not thread-safe: used by the publisher thread only.
 class TaskTracker {
  public:
-  /// `max_tasks` bounds memory: beyond it, the oldest finished tasks are forgotten first,
-  /// then the oldest of any state.
+  /// `max_tasks` bounds memory: beyond it, the tasks that finished longest ago are
+  /// forgotten first; if every task is still active, an arbitrary one is.
   explicit TaskTracker(std::size_t max_tasks = 100000) : max_tasks_(max_tasks) {}
 
   /// Receives every derived observation (the resilience engine plugs in here).

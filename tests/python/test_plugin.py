@@ -281,3 +281,32 @@ def test_many_engine_threads_at_once(creds, token_file, tmp_path):
             check_exactly_once_in_order(mine, per, prefix=f"th{k}-task")
     finally:
         relay.stop()
+
+
+def test_an_event_the_relay_refuses_is_dropped_alone_and_reported(creds, token_file, tmp_path):
+    # The relay accepts events of at most 2 KiB; one failure reason is 3,000 bytes (that
+    # call also takes the spool path: it does not fit a queue slot).
+    relay = RelayProcess(creds, tmp_path / "data", config={"limits": {"max_event_bytes": 2048}}).start()
+    try:
+        spec = write_spec(tmp_path, creds, token_file, relay.port)
+        p = pc.Plugin(spec)
+        tasks = 20
+        for t in range(tasks):
+            tid = f"task-{t}"
+            assert p.task("submitted", tid) == pc.OK
+            assert p.task("started", tid) == pc.OK
+            if t == 7:
+                assert p.task("failed", tid, reason="x" * 3000) == pc.OK
+            else:
+                assert p.task("completed", tid) == pc.OK
+        assert p.close(30000) == pc.OK, p.last_error()
+        evs = relay_events(relay, creds.token("subscribe:*"), tasks * 3 - 1)
+        got = [(e["data"]["task_id"], e["type"].rsplit(".", 1)[1]) for e in task_events(evs)]
+        want = [(f"task-{t}", k) for t in range(tasks) for k in ("submitted", "started", "completed") if (t, k) != (7, "completed")]
+        assert got == want
+        warnings = [e["data"] for e in evs if e["type"] == "org.diaspora.plugin.warning"]
+        assert any(w["code"] == "event_rejected" for w in warnings), warnings
+        stats = [e["data"] for e in evs if e["type"] == "org.diaspora.plugin.stats"]
+        assert stats and stats[-1]["events_spilled"] >= 1
+    finally:
+        relay.stop()

@@ -54,7 +54,7 @@
  * DIASPORA_ERR_INVALID. Strings should be UTF-8; invalid bytes are replaced by U+FFFD
  * in the published event. */
 #define DIASPORA_MAX_ID 255       /* task, site, worker, resource, stream ids, names */
-#define DIASPORA_MAX_TEXT 4095    /* reasons, URIs, checksums */
+#define DIASPORA_MAX_TEXT 4095    /* reasons, URIs (checksums: DIASPORA_MAX_ID) */
 #define DIASPORA_MAX_METRIC_NAME 63
 #define DIASPORA_MAX_METRICS 64   /* metrics per call */
 
@@ -88,7 +88,8 @@ DIASPORA_API uint32_t diaspora_abi_version(void);
 
 /* Checks that this library serves a caller compiled against ABI `caller_version`
  * (pass DIASPORA_ABI_VERSION). Returns DIASPORA_OK, or DIASPORA_ERR_VERSION and writes a
- * readable explanation ("plugin library ABI 2.0, engine built for 1.3: ...") into `errbuf`
+ * readable explanation ("plugin library ABI 1.0 cannot serve an engine built for ABI 2.0: ...")
+ * into `errbuf`
  * (NUL-terminated, truncated to errbuf_len; errbuf may be NULL when errbuf_len is 0).
  * Any thread, any time. */
 DIASPORA_API int diaspora_abi_check(uint32_t caller_version, char* errbuf, size_t errbuf_len);
@@ -107,8 +108,9 @@ DIASPORA_API const char* diaspora_status_name(int status);
  * opens the spool (replaying what a previous process left there) and begins connecting
  * to the relay in the background: open never waits for the relay.
  * On success returns DIASPORA_OK and stores the handle in *out. On failure returns
- * DIASPORA_ERR_NULL (spec_path or out NULL), DIASPORA_ERR_CONFIG (every problem written
- * to errbuf as "FILE:LINE:COL: error: ..." lines), DIASPORA_ERR_IO (spool directory not
+ * DIASPORA_ERR_NULL (spec_path or out NULL), DIASPORA_ERR_CONFIG (every problem of the
+ * spec written to errbuf as "FILE:LINE:COL: error: ..." lines; a problem found after
+ * loading, such as an unreadable token file, as "FILE: error: ..."), DIASPORA_ERR_IO (spool directory not
  * usable, or in use by another process) or DIASPORA_ERR_INTERNAL; *out is then NULL.
  * errbuf (caller-owned, may be NULL when errbuf_len is 0) receives a NUL-terminated
  * message, truncated to errbuf_len. Any thread; the handle may be used from any thread. */
@@ -119,21 +121,25 @@ DIASPORA_API int diaspora_open_file(const char* spec_path, diaspora_plugin** out
 DIASPORA_API int diaspora_open_yaml(const char* yaml, diaspora_plugin** out, char* errbuf,
                                     size_t errbuf_len);
 
-/* Flushes and closes. Waits at most flush_timeout_ms (>= 0) for queued events to be
- * acked by the relay; what is not acked by then is written to the spool (and synced),
+/* Flushes and closes. Waits about flush_timeout_ms (>= 0) for queued events to be acked
+ * by the relay (a connection attempt or a blocked send in progress may add up to its own
+ * 5 s timeout); what is not acked by then is written to the spool (and synced),
  * to be replayed by the next open on the same spool directory. Stops the threads (after
  * the action callback, if running, returns) and frees the handle in every case, except
  * when it returns DIASPORA_ERR_NULL or DIASPORA_ERR_INVALID (negative timeout) or
  * DIASPORA_ERR_CLOSED (called from the action callback: close from another thread).
  * Returns DIASPORA_OK when everything was acked, DIASPORA_ERR_TIMEOUT when events
- * remain in the spool, DIASPORA_ERR_IO when some could not be spooled either.
+ * remain in the spool (with timeout 0 this is the usual result: it only spools), and
+ * DIASPORA_ERR_IO when the spool failed at close or, with everything else acked, some
+ * event was lost during the handle's life (events_lost in the statistics).
  * Call it once, from any engine thread, after every other call on the handle returned. */
 DIASPORA_API int diaspora_close(diaspora_plugin* plugin, int64_t flush_timeout_ms);
 
 /* Copies the handle's last error message (NUL-terminated, truncated to buf_len) into buf
- * and returns its full length (like snprintf); 0 when there was no error. The message is
- * per handle, set by the most recent failing call from any thread. buf may be NULL when
- * buf_len is 0. Returns 0 when plugin is NULL. Any thread. */
+ * and returns its full length (like snprintf); 0 when nothing has gone wrong yet. The
+ * message is per handle and never cleared: the most recent problem, from a failing call
+ * on any thread or from the plugin's own threads (relay unreachable, spool trouble,
+ * refused events). buf may be NULL when buf_len is 0. Returns 0 when plugin is NULL. */
 DIASPORA_API size_t diaspora_last_error(const diaspora_plugin* plugin, char* buf, size_t buf_len);
 
 /* ---- task hooks ------------------------------------------------------------------------- */
@@ -169,9 +175,12 @@ typedef struct diaspora_task_info {
  * Returns DIASPORA_OK; DIASPORA_ERR_NULL (plugin, info or info->task_id NULL, or a
  * metric name NULL); DIASPORA_ERR_INVALID (struct_size smaller than the first version of
  * the struct, an empty or too long string, a non-finite number, progress outside [0, 1],
- * a missing reason for failed); DIASPORA_ERR_CLOSED (the handle is closing);
+ * an empty reason for failed); DIASPORA_ERR_CLOSED (the handle is closing);
  * DIASPORA_ERR_IO (the queue was full and the spool could not be written: the event is
- * lost and counted). Any thread, concurrently. Never blocks except on the spool path. */
+ * lost and counted). A NULL reason for failed is DIASPORA_ERR_NULL. Any thread,
+ * concurrently. Never blocks except on the spool path, taken when the queue is full or
+ * when the call's strings and metrics exceed 424 bytes (a slot's room): then the call
+ * writes to the spool under a lock and the publisher replays from disk for a while. */
 DIASPORA_API int diaspora_task_submitted(diaspora_plugin* plugin, const diaspora_task_info* info);
 DIASPORA_API int diaspora_task_started(diaspora_plugin* plugin, const diaspora_task_info* info);
 DIASPORA_API int diaspora_task_heartbeat(diaspora_plugin* plugin, const diaspora_task_info* info);
@@ -253,7 +262,7 @@ typedef struct diaspora_action {
   char target_site[DIASPORA_MAX_ID + 1]; /* migrate (always set), speculate (optional) */
   char reason[DIASPORA_MAX_TEXT + 1];    /* readable: what was seen and why this action */
   char origin[16];                  /* "control" (operator via the relay) or "local" */
-  int64_t issued_us;                /* when it was decided, µs since the Unix epoch */
+  int64_t issued_us;                /* when the plugin received it, µs since the Unix epoch */
 } diaspora_action;
 
 /* Called for each action, on the plugin's control thread (one thread; calls are never
@@ -270,11 +279,12 @@ typedef void (*diaspora_action_callback)(const diaspora_action* action, void* us
 DIASPORA_API int diaspora_set_action_callback(diaspora_plugin* plugin, diaspora_action_callback callback,
                                               void* user_data);
 
-/* Takes the oldest waiting action (when no callback is installed) into *out, whose
+/* Takes the oldest action waiting for polling (one that arrived while no callback was
+ * installed) into *out, whose
  * struct_size the caller sets. Returns DIASPORA_OK, DIASPORA_ERR_EMPTY (none waiting),
  * DIASPORA_ERR_NULL or DIASPORA_ERR_INVALID (struct_size too small). Never blocks. Any
  * thread. At most 4096 actions wait; older ones beyond that are failed automatically
- * ("engine not polling") and published as such. */
+ * ("the engine did not poll for it") and published as such. */
 DIASPORA_API int diaspora_poll_action(diaspora_plugin* plugin, diaspora_action* out);
 
 /* Acknowledges an action: the engine carried it out (done) or could not (failed, with a
@@ -291,14 +301,14 @@ typedef struct diaspora_stats {
   size_t struct_size;           /* set by the caller */
   uint64_t events_accepted;     /* hook calls that returned DIASPORA_OK */
   uint64_t events_acked;        /* events the relay acknowledged */
-  uint64_t events_spilled;      /* went to the spool because the queue was full */
+  uint64_t events_spilled;      /* went to the spool: queue full, or too large for a slot */
   uint64_t metrics_coalesced;   /* metric samples merged into a later one */
   uint64_t events_lost;         /* could not be queued nor spooled (DIASPORA_ERR_IO) */
   uint64_t spool_records;       /* events in the spool now */
   uint64_t spool_bytes;         /* bytes in the spool now */
   uint64_t reconnects;          /* successful connections after the first */
   uint64_t invalid_transitions; /* task hooks out of lifecycle order (reported as events) */
-  uint64_t actions_received;    /* actions handed to the engine */
+  uint64_t actions_received;    /* actions received for the engine (delivered or waiting) */
   uint64_t events_rejected;     /* refused by the relay (nack naming the event); see last error */
   int32_t connected;            /* 1 when the publisher holds a relay session */
   int32_t control_connected;    /* 1 when subscribed to the control topic */
