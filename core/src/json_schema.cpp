@@ -7,6 +7,9 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <bitset>
+#include <cstring>
+#include <optional>
 #include <regex>
 #include <set>
 #include <unordered_map>
@@ -158,11 +161,144 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
   return best;
 }
 
+// A compiled "pattern". The schemas' patterns are mostly a run of character classes and
+// literals with counts (^[A-Za-z0-9_.:-]{1,128}$): those are matched here directly, by a
+// small backtracking matcher over (byte set, min, max) atoms; std::regex (slow: it showed
+// in the relay's profile) serves the rest (groups, alternation, '.', \s ...). Both work
+// on bytes, as std::regex over char does.
+class Pattern {
+ public:
+  explicit Pattern(const std::string& source) {
+    if (!compile(source)) regex_.emplace(source, std::regex::ECMAScript);
+  }
+
+  bool fast() const noexcept { return !regex_; }
+
+  bool search(std::string_view text) const {
+    if (regex_) return std::regex_search(text.begin(), text.end(), *regex_);
+    if (anchored_start_) return match(0, text, 0);
+    for (std::size_t start = 0; start <= text.size(); ++start)
+      if (match(0, text, start)) return true;
+    return false;
+  }
+
+ private:
+  struct Atom {
+    std::bitset<256> set;
+    std::size_t min = 1, max = 1;
+  };
+
+  bool compile(std::string_view p) {
+    std::size_t i = 0;
+    if (i < p.size() && p[i] == '^') {
+      anchored_start_ = true;
+      ++i;
+    }
+    while (i < p.size()) {
+      const char c = p[i];
+      if (c == '$' && i + 1 == p.size()) {
+        anchored_end_ = true;
+        return true;
+      }
+      Atom a;
+      if (c == '[') {
+        ++i;
+        if (i < p.size() && p[i] == '^') return false;  // negated: bytes vs characters differ
+        bool closed = false;
+        while (i < p.size()) {
+          char x = p[i];
+          if (x == ']') {
+            closed = true;
+            ++i;
+            break;
+          }
+          if (x == '\\') {
+            if (i + 1 >= p.size() || std::isalnum(static_cast<unsigned char>(p[i + 1]))) return false;
+            x = p[++i];
+          }
+          if (i + 2 < p.size() && p[i + 1] == '-' && p[i + 2] != ']') {
+            char hi = p[i + 2];
+            if (hi == '\\') return false;
+            for (int ch = static_cast<unsigned char>(x); ch <= static_cast<unsigned char>(hi); ++ch) a.set.set(static_cast<std::size_t>(ch));
+            i += 3;
+          } else {
+            a.set.set(static_cast<unsigned char>(x));
+            ++i;
+          }
+        }
+        if (!closed) return false;
+      } else if (c == '\\') {
+        if (i + 1 >= p.size() || std::isalnum(static_cast<unsigned char>(p[i + 1]))) return false;  // \s, \d, ...
+        a.set.set(static_cast<unsigned char>(p[i + 1]));
+        i += 2;
+      } else if (std::strchr("()|.*+?{}[]^$", c)) {
+        return false;
+      } else {
+        a.set.set(static_cast<unsigned char>(c));
+        ++i;
+      }
+      if (i < p.size()) {  // quantifier
+        if (p[i] == '+') {
+          a.max = std::string_view::npos;
+          ++i;
+        } else if (p[i] == '*') {
+          a.min = 0;
+          a.max = std::string_view::npos;
+          ++i;
+        } else if (p[i] == '?') {
+          a.min = 0;
+          ++i;
+        } else if (p[i] == '{') {
+          const auto close = p.find('}', i);
+          if (close == std::string_view::npos) return false;
+          const std::string_view body = p.substr(i + 1, close - i - 1);
+          const auto comma = body.find(',');
+          auto num = [](std::string_view d, std::size_t& out) {
+            if (d.empty() || d.size() > 6) return false;
+            out = 0;
+            for (char ch : d) {
+              if (ch < '0' || ch > '9') return false;
+              out = out * 10 + static_cast<std::size_t>(ch - '0');
+            }
+            return true;
+          };
+          if (comma == std::string_view::npos) {
+            if (!num(body, a.min)) return false;
+            a.max = a.min;
+          } else {
+            if (!num(body.substr(0, comma), a.min)) return false;
+            if (comma + 1 == body.size()) a.max = std::string_view::npos;
+            else if (!num(body.substr(comma + 1), a.max) || a.max < a.min) return false;
+          }
+          i = close + 1;
+        }
+      }
+      atoms_.push_back(a);
+    }
+    return true;
+  }
+
+  bool match(std::size_t k, std::string_view t, std::size_t pos) const {
+    if (k == atoms_.size()) return !anchored_end_ || pos == t.size();
+    const Atom& a = atoms_[k];
+    std::size_t n = 0;  // greedy, then give back
+    while (n < a.max && pos + n < t.size() && a.set.test(static_cast<unsigned char>(t[pos + n]))) ++n;
+    if (n < a.min) return false;
+    for (std::size_t c = n + 1; c-- > a.min;)
+      if (match(k + 1, t, pos + c)) return true;
+    return false;
+  }
+
+  std::vector<Atom> atoms_;
+  bool anchored_start_ = false, anchored_end_ = false;
+  std::optional<std::regex> regex_;
+};
+
 struct Schema::Impl {
   json::value doc;
   std::string name;
-  std::unordered_map<const json::string*, std::regex> regexes;  // "pattern" values
-  std::unordered_map<std::string, std::regex> key_regexes;        // "patternProperties" keys
+  std::unordered_map<const json::string*, Pattern> regexes;  // "pattern" values
+  std::unordered_map<std::string, Pattern> key_regexes;        // "patternProperties" keys
 
   void check(const json::value& s, const std::string& where) {
     if (s.is_bool()) return;
@@ -176,7 +312,7 @@ struct Schema::Impl {
       if (key == "pattern") {
         if (!v.is_string()) throw SchemaError(name + ": " + here + ": pattern must be a string");
         try {
-          regexes.emplace(&v.get_string(), std::regex(std::string(v.get_string()), std::regex::ECMAScript));
+          regexes.emplace(&v.get_string(), Pattern(std::string(v.get_string())));
         } catch (const std::regex_error& e) {
           throw SchemaError(name + ": " + here + ": bad regular expression: " + e.what());
         }
@@ -185,7 +321,7 @@ struct Schema::Impl {
         for (const auto& p : v.get_object()) {
           if (key == "patternProperties") {
             try {
-              key_regexes.emplace(std::string(p.key()), std::regex(std::string(p.key()), std::regex::ECMAScript));
+              key_regexes.emplace(std::string(p.key()), Pattern(std::string(p.key())));
             } catch (const std::regex_error& e) {
               throw SchemaError(name + ": " + here + ": bad regular expression '" + std::string(p.key()) + "': " + e.what());
             }
@@ -228,9 +364,8 @@ struct Schema::Impl {
 
   bool regex_search(const json::string& pattern, std::string_view text) const {
     auto it = regexes.find(&pattern);
-    if (it != regexes.end()) return std::regex_search(text.begin(), text.end(), it->second);
-    std::regex re(std::string(pattern), std::regex::ECMAScript);
-    return std::regex_search(text.begin(), text.end(), re);
+    if (it != regexes.end()) return it->second.search(text);
+    return Pattern(std::string(pattern)).search(text);
   }
 
   // Validates `v` against schema `s`, appending issues under `path`.
@@ -392,7 +527,7 @@ struct Schema::Impl {
       }
       if (pattern_props) {
         for (const auto& pp : *pattern_props) {
-          if (std::regex_search(key, key_regexes.at(std::string(pp.key())))) {
+          if (key_regexes.at(std::string(pp.key())).search(key)) {
             covered = true;
             validate(pp.value(), kv.value(), path, out);
           }
@@ -494,6 +629,12 @@ std::vector<std::string> builtin_names() {
   std::vector<std::string> out;
   for (const auto& [name, schema] : registry().schemas) out.push_back(name);
   return out;
+}
+
+bool pattern_search(const std::string& pattern, std::string_view text, bool* fast) {
+  Pattern p(pattern);
+  if (fast) *fast = p.fast();
+  return p.search(text);
 }
 
 }  // namespace diaspora::schema

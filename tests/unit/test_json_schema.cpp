@@ -1,5 +1,8 @@
 #include <boost/json/parse.hpp>
 
+#include <random>
+#include <regex>
+
 #include "diaspora/json_schema.hpp"
 #include "test_helpers.hpp"
 
@@ -95,4 +98,32 @@ TEST(JsonSchema, ClosestMatch) {
   EXPECT_EQ(diaspora::schema::closest_match("wrokers", c), "workers");
   EXPECT_EQ(diaspora::schema::closest_match("engin", c), "engine");
   EXPECT_EQ(diaspora::schema::closest_match("xyzzy", c), "");
+}
+
+// The fast pattern matcher must agree with std::regex on every pattern our schemas use
+// (and a few more shapes), over random and edge-case strings.
+TEST(JsonSchemaPattern, FastMatcherAgreesWithStdRegex) {
+  std::vector<std::string> patterns = {"^[A-Za-z0-9_.:-]{1,128}$", "^[a-z0-9]+:[0-9a-fA-F]+$", "^org\\.diaspora\\.",
+                                       "^[A-Za-z][A-Za-z0-9_.-]{0,63}$", "ab*c?d+", "^x{2,}$", "[0-9]{3}", "^a?a?a?aaa$",
+                                       "^[0-9]+(s|m|h|d)$", "^(always|never|interval:[0-9]{1,7})$"};
+  std::mt19937 rng(7);
+  const std::string alphabet = "aAbcdxz09:.-_/ \xc3\xa9odrg";
+  int fast_count = 0;
+  for (const auto& p : patterns) {
+    bool fast = false;
+    diaspora::schema::pattern_search(p, "", &fast);
+    fast_count += fast;
+    const std::regex re(p, std::regex::ECMAScript);
+    std::vector<std::string> texts = {"", "a", "org.diaspora.task", "crc32c:1a2B", "x", "xx", "aaa", "12s", "never",
+                                      std::string(128, 'a'), std::string(129, 'a'), "abbbcdd", "zz123zz"};
+    for (int k = 0; k < 400; ++k) {
+      std::string t;
+      const int n = static_cast<int>(rng() % 12);
+      for (int j = 0; j < n; ++j) t += alphabet[rng() % alphabet.size()];
+      texts.push_back(t);
+    }
+    for (const auto& t : texts)
+      EXPECT_EQ(diaspora::schema::pattern_search(p, t), std::regex_search(t, re)) << "pattern " << p << " text '" << t << "'";
+  }
+  EXPECT_GE(fast_count, 8);  // all but the two with groups take the fast path
 }

@@ -80,4 +80,10 @@ std::vector<std::string> builtin_names();
 /// `word` within distance 2 (or of which `word` is a prefix), or an empty string.
 std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);
 
+/// Whether `text` contains a match of the ECMAScript regular expression `pattern`, as the
+/// "pattern" keyword decides it (simple patterns take a fast matcher, the rest
+/// std::regex). `fast` is set to whether the fast matcher was used. Throws
+/// std::regex_error for a malformed pattern. For tests; thread-safe.
+bool pattern_search(const std::string& pattern, std::string_view text, bool* fast = nullptr);
+
 }  // namespace diaspora::schema
