@@ -180,7 +180,7 @@ namespace {
 std::size_t arena_bytes(const HookArgs& a) noexcept {
   std::size_t n = 0;
   for (const auto& s : a.strings) n += s.size();
-  for (std::size_t i = 0; i < a.metric_count; ++i) n += metric_arena_bytes(std::strlen(a.metrics[i].name));
+  for (std::size_t i = 0; i < a.metric_count; ++i) n += metric_arena_bytes(a.metric_len[i]);
   return n;
 }
 
@@ -191,7 +191,8 @@ void pack(const HookArgs& a, RecordHead& head, char* arena) noexcept {
   ArenaWriter w{head, arena};
   for (int f = 0; f < f_count; ++f) w.put(static_cast<Field>(f), a.strings[f]);
   w.begin_metrics();
-  for (std::size_t i = 0; i < a.metric_count; ++i) w.metric(a.metrics[i].name, a.metrics[i].value);
+  for (std::size_t i = 0; i < a.metric_count; ++i)
+    w.metric(std::string_view(a.metrics[i].name, a.metric_len[i]), a.metrics[i].value);
 }
 
 std::uint64_t key_hash(const HookArgs& a) noexcept {
@@ -336,7 +337,14 @@ void Plugin::move_queue_to_spool_locked() {
       append_u64(id, pos);
       append_record_event(text, RecordView{&s.head, s.arena}, id, 0);
     });
-    if (!got) break;
+    if (!got) {
+      // Empty, or the next slot is reserved by an engine thread still copying into it.
+      // In the second case later slots may hold older events of other threads (and of
+      // the thread that is spilling now): wait for the writer, which never blocks.
+      if (queue_.size_approx() == 0) break;
+      std::this_thread::yield();
+      continue;
+    }
     texts.push_back(std::move(text));
     if (texts.size() >= 4096) {
       std::vector<std::string_view> v(texts.begin(), texts.end());

@@ -74,6 +74,7 @@ struct HookArgs {
   std::string_view strings[f_count];
   const diaspora_metric_value* metrics = nullptr;
   std::size_t metric_count = 0;
+  std::uint8_t metric_len[DIASPORA_MAX_METRICS];  ///< name lengths, measured once (left uninitialised)
   bool coalescible = false;  ///< free-form metric: may be merged when the queue is full
 };
 

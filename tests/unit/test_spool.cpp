@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <deque>
+#include <random>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -656,4 +658,50 @@ TEST(Spool, EveryAppendedRecordSurvivesSigkill) {
   ASSERT_EQ(out.size(), static_cast<std::size_t>(kAppended - kCommitted));
   for (int i = kCommitted; i < kAppended; ++i)
     ASSERT_EQ(out[static_cast<std::size_t>(i - kCommitted)], record(i)) << i;
+}
+
+// The plugin's usage pattern, randomised: appends interleaved with batched reads, acks
+// (commits) of earlier reads in order, rewinds and prepends, over many small segments.
+// A model says what must be unread and in which order; records() must count exactly
+// what is not yet committed, and has_unread() must be true while anything is unread.
+TEST(Spool, RandomisedAppendReadCommitAgreesWithAModel) {
+  TempDir dir;
+  Spool spool(options(dir.path(), 2048));
+  std::mt19937 rng(11);
+  std::deque<std::string> model;  // committed < ... : every record not yet committed, in order
+  std::size_t unread_from = 0;    // index into model of the first unread record
+  std::deque<std::pair<SpoolPosition, std::size_t>> reads;  // (end, records) not yet committed
+  int next = 0;
+  for (int step = 0; step < 4000; ++step) {
+    const int op = static_cast<int>(rng() % 10);
+    if (op < 4) {  // append 1..5 records
+      std::vector<std::string> recs;
+      for (int k = 0, n = 1 + static_cast<int>(rng() % 5); k < n; ++k)
+        recs.push_back("r" + std::to_string(next++) + std::string(rng() % 300, 'x'));
+      std::vector<std::string_view> v(recs.begin(), recs.end());
+      spool.append(v);
+      for (auto& r : recs) model.push_back(r);
+    } else if (op < 7) {  // read a batch
+      std::vector<std::string> out;
+      SpoolPosition end;
+      const std::size_t n = spool.read(out, 1 + rng() % 6, 1000, end);
+      ASSERT_EQ(n, out.size());
+      for (std::size_t k = 0; k < n; ++k) ASSERT_EQ(out[k], model[unread_from + k]) << "step " << step;
+      if (n) reads.emplace_back(end, n);
+      unread_from += n;
+    } else if (op < 9) {  // ack the oldest read batch
+      if (!reads.empty()) {
+        spool.commit(reads.front().first);
+        for (std::size_t k = 0; k < reads.front().second; ++k) model.pop_front();
+        unread_from -= reads.front().second;
+        reads.pop_front();
+      }
+    } else {  // the connection drops: everything unacked is read again
+      spool.rewind();
+      reads.clear();
+      unread_from = 0;
+    }
+    ASSERT_EQ(spool.records(), model.size()) << "step " << step;
+    ASSERT_EQ(spool.has_unread(), unread_from < model.size()) << "step " << step;
+  }
 }
