@@ -112,11 +112,12 @@ struct Env {
     std::filesystem::remove_all(dir, ec);
   }
 
-  diaspora_plugin* open(const std::string& name) const {
+  diaspora_plugin* open(const std::string& name, std::size_t queue_size = 65536) const {
     const std::string spec = "version: 1\nname: " + name + "\nrelay: {url: '" + url + "', ca_file: '" + ca.string() +
                              "', token_file: '" + token_file.string() + "'}\nplugin: {spool_dir: '" +
                              (dir / ("spool-" + name)).string() +
-                             "', control: false, batch: {max_events: 1000, max_delay: 5ms}}\nsites: [{name: local, engine: local}]\n";
+                             "', control: false, queue_size: " + std::to_string(queue_size) +
+                             ", batch: {max_events: 1000, max_delay: 5ms}}\nsites: [{name: local, engine: local}]\n";
     diaspora_plugin* h = nullptr;
     char err[2048];
     if (diaspora_open_yaml(spec.c_str(), &h, err, sizeof err) != DIASPORA_OK) {
@@ -345,12 +346,15 @@ double direct_producer(std::uint64_t events) {
 
 int main(int argc, char** argv) {
   std::uint64_t e2e_events = 1000000;
-  for (int i = 1; i < argc; ++i)
+  std::size_t hook_queue = 65536;
+  for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]).rfind("--e2e-events=", 0) == 0) e2e_events = std::stoull(argv[i] + 13);
+    if (std::string(argv[i]).rfind("--hook-queue=", 0) == 0) hook_queue = std::stoull(argv[i] + 13);
+  }
   benchmark::Initialize(&argc, argv);
   Env env;
   g_env = &env;
-  g_plugin = env.open("hooks");
+  g_plugin = env.open("hooks", hook_queue);
   {
     const auto deadline = Clock::now() + std::chrono::seconds(30);
     while (stats(g_plugin).connected == 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));

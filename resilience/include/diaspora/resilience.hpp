@@ -1,0 +1,439 @@
+// Diaspora's resilience engine, detection part: streaming anomaly detectors, an ensemble
+// that turns them into one anomaly score in [0, 1] per series with an explanation, a
+// phi-accrual failure detector, and forecasts (completion time, threshold crossing).
+//
+// Pure computation: no I/O, no threads, no clocks. Every time is a `double` number of
+// seconds (any epoch; the seasonal model reads the hour of day and the day of week of
+// Unix time, so pass seconds since 1970-01-01 in the series' local time for calendars to
+// line up).
+//
+// Cost model: every update() is O(1) time, does not allocate and does not throw; each
+// object has a fixed size (no heap). Objects are plain values: copy one to snapshot it.
+//
+// @par Thread Safety
+// None of these classes locks. Distinct objects may be used from distinct threads; one
+// object must not be used from two threads at once without outside synchronisation.
+// const member functions on an object nobody is updating are safe to call concurrently.
+//
+// Errors: constructors validate their Config and throw diaspora::Error naming the bad
+// field; nothing else throws. Non-finite inputs (NaN, ±inf) are ignored by update()
+// (the state does not change and the returned score is 0), so one bad reading cannot
+// poison a detector.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace diaspora::resilience {
+
+// =========================================================================================
+// Building blocks
+// =========================================================================================
+
+/// Robust level and scale of a series: an exponentially weighted mean whose updates are
+/// clipped (Huber) at `clip` scales, and an exponentially weighted mean absolute
+/// deviation (a streaming stand-in for median/MAD: for Gaussian noise scale() ~ 0.8 sigma,
+/// z() divides by 1.25 * scale()). A spike moves the level by at most clip*alpha scales.
+class RobustLevel {
+ public:
+  struct Config {
+    double alpha = 0.05;       ///< level smoothing, (0, 1]
+    double scale_alpha = 0.02; ///< scale smoothing, (0, 1]
+    double clip = 4.0;         ///< Huber clip, in scales (> 0)
+  };
+  RobustLevel() : RobustLevel(Config{}) {}
+  /// Throws diaspora::Error if a field is out of range.
+  explicit RobustLevel(const Config& config);
+
+  /// Feeds one value; returns its z-score against the state *before* the update
+  /// (0 for the first value or a non-finite one).
+  double update(double x) noexcept;
+  double level() const noexcept { return level_; }
+  /// Mean absolute deviation around the level (0 until two values were seen).
+  double scale() const noexcept { return scale_; }
+  /// z-score of x against the current state, without updating.
+  double z(double x) const noexcept;
+  std::uint64_t count() const noexcept { return n_; }
+
+ private:
+  Config c_;
+  double level_ = 0, scale_ = 0, abs_mean_ = 0;
+  std::uint64_t n_ = 0;
+};
+
+/// A forecast with a central prediction interval.
+struct Forecast {
+  double mean = 0;
+  double lower = 0;  ///< interval bounds (mean -/+ z * sigma; see Config::interval_z)
+  double upper = 0;
+};
+
+/// Seasonality-aware forecaster with prediction intervals. Three one-step forecasts
+/// compete and the one with the smallest exponentially weighted absolute error is used
+/// (that error, x1.25, is also its sigma):
+///  - Holt-Winters (additive, no trend) whose seasonal terms are calendar buckets rather
+///    than a period in observations: a half-hour-of-day profile (48 terms), a weekend
+///    correction to it (48) and a day-of-week offset (7), so any sampling rate and
+///    irregular sampling work and memory is fixed;
+///  - the level alone (no seasonality);
+///  - the last value plus the seasonal change since it (a random walk, for series that
+///    wander).
+/// Each profile term starts as the mean of its first visits, then is smoothed with
+/// gamma_day per visit; the weekend correction and weekday offsets start at 0.
+/// Seasonal terms are only used after `min_days` days of data.
+class SeasonalForecaster {
+ public:
+  struct Config {
+    double alpha = 0.05;        ///< level smoothing, per observation
+    double gamma_day = 0.2;     ///< half-hour-of-day term smoothing, per visit
+    double gamma_weekend = 0.1; ///< weekend correction smoothing, per visit
+    double gamma_week = 0.1;    ///< day-of-week offset smoothing, per day of data
+    double error_alpha = 0.01;  ///< smoothing of the competing models' absolute errors
+    double clip = 8.0;          ///< Huber clip of the learning residual, in sigmas
+    double interval_z = 3.0;    ///< half-width of forecast() intervals, in sigmas
+    double min_days = 1.0;      ///< days of history before seasonal terms may be used
+    bool random_walk = false;   ///< let the random-walk model compete (off: it explains
+                                ///< away pattern changes, which hurts detection)
+  };
+  /// The competing models (see model()).
+  enum class Model : std::uint8_t { kSeasonal, kLevel, kRandomWalk };
+
+  SeasonalForecaster() : SeasonalForecaster(Config{}) {}
+  /// Throws diaspora::Error if a field is out of range.
+  explicit SeasonalForecaster(const Config& config);
+
+  /// Forecast for time t by the current best model (no update). Before the first
+  /// value: {0, 0, 0}.
+  Forecast forecast(double t) const noexcept;
+  /// Feeds (t, x); returns the standardized one-step residual (x - forecast) / sigma of
+  /// the model that was best before the update (0 for the first two values).
+  double update(double t, double x) noexcept;
+  /// Residual sigma of the current best model (1.25 x its mean absolute error), with a
+  /// floor of 1e-3 of the series' typical spread.
+  double sigma() const noexcept;
+  Model model() const noexcept { return best_; }
+  std::uint64_t count() const noexcept { return n_; }
+
+ private:
+  double seasonal(int bucket, int weekday) const noexcept;
+  bool seasonal_ready() const noexcept;
+  Config c_;
+  double level_ = 0, last_x_ = 0, last_season_ = 0, first_t_ = 0, last_t_ = 0, gap_ = 0;
+  double err_[3] = {0, 0, 0};
+  double spread_ = 0;
+  std::uint64_t n_ = 0;
+  Model best_ = Model::kLevel;
+  std::array<float, 48> day_{};
+  std::array<float, 48> weekend_{};
+  std::array<float, 7> week_{};
+  std::array<std::uint16_t, 48> visits_{};
+};
+
+/// Two-sided CUSUM change-point detector on standardized residuals (z, clipped at
+/// +-clip): S+ = max(0, S+ + z - k), S- = max(0, S- - z - k). An alarm is raised when
+/// either side reaches h; both sides then restart from 0. For N(0,1) input the
+/// statistic's stationary tail is about exp(-2kS), so surprise() = 2kS nats.
+class Cusum {
+ public:
+  struct Config {
+    double k = 0.5;    ///< allowance (half the shift to detect, in sigmas), > 0
+    double h = 12.0;   ///< alarm level, > 0
+    double clip = 4.0; ///< input clip, > k
+  };
+  Cusum() : Cusum(Config{}) {}
+  explicit Cusum(const Config& config);
+  /// Feeds one z; returns +1 (alarm, upward change), -1 (downward) or 0.
+  int update(double z) noexcept;
+  double upper() const noexcept { return up_; }
+  double lower() const noexcept { return down_; }
+  /// -ln of the approximate tail probability of the larger side, 2 k max(S+, S-), as it
+  /// was at the last update before any alarm reset.
+  double surprise() const noexcept { return peak_; }
+
+ private:
+  Config c_;
+  double up_ = 0, down_ = 0, peak_ = 0;
+};
+
+/// Numenta-style anomaly likelihood: how unusual the recent mean of a raw score in [0, 1]
+/// is against that mean's long-run distribution. Keeps a ring of the last `window` raw
+/// scores (window <= 32) and exponentially weighted mean/variance of their mean
+/// (time constant `history` observations). surprise() is -ln of the Gaussian upper tail.
+class AnomalyLikelihood {
+ public:
+  struct Config {
+    int window = 7;          ///< short-term mean, 1..32 observations
+    double history = 2000;   ///< long-run time constant, in observations (>= window)
+    double min_sigma = 0.02; ///< floor on the long-run sigma
+    int warmup = 100;        ///< observations before surprise() may be non-zero
+  };
+  AnomalyLikelihood() : AnomalyLikelihood(Config{}) {}
+  explicit AnomalyLikelihood(const Config& config);
+  /// Feeds one raw score (clamped to [0, 1]); returns surprise in nats (>= 0).
+  double update(double raw) noexcept;
+  double short_mean() const noexcept { return sum_ / static_cast<double>(filled_ ? filled_ : 1); }
+
+ private:
+  Config c_;
+  std::array<float, 32> ring_{};
+  int pos_ = 0, filled_ = 0;
+  double sum_ = 0, mean_ = 0, var_ = 0;
+  std::uint64_t n_ = 0;
+};
+
+/// Empirical tail calibration of a non-negative statistic (|z|, a CUSUM sum, ...): keeps
+/// exponentially weighted exceedance rates p_k = P(stat > L_k) on a fixed geometric
+/// ladder L_k = base * 2^(k/2), k = 0..11, and returns the surprise of a value x as
+/// -ln max(prior(x), p_k * prior(x) / prior(L_k)) for the highest L_k <= x, where prior is
+/// the caller's model tail (given in nats). So a statistic is never judged more surprising
+/// than its model says, and is judged less surprising when this series has shown heavier
+/// tails than the model (heavy-tailed or autocorrelated residuals), while a value beyond
+/// anything recent still counts as rare.
+class TailCalibrator {
+ public:
+  struct Config {
+    double base = 2.0;      ///< lowest ladder level (> 0)
+    double history = 2000;  ///< time constant of the rates, in observations (>= 1)
+  };
+  TailCalibrator() : TailCalibrator(Config{}) {}
+  explicit TailCalibrator(const Config& config);
+  /// Surprise (nats) of x given prior_nats(x) = -ln prior(x), then learns x.
+  /// prior_at_level(k) must give -ln prior(L_k); it is called at most once.
+  template <class PriorAtLevel>
+  double update(double x, double prior_nats_x, PriorAtLevel&& prior_at_level) noexcept {
+    int k = level_index(x);
+    double nats = prior_nats_x;
+    if (k >= 0) {
+      const double emp = -std::log(std::max(static_cast<double>(rate_[static_cast<std::size_t>(k)]), 1e-300)) +
+                         (prior_nats_x - prior_at_level(k));
+      nats = std::min(nats, emp);
+    }
+    learn(x);
+    return nats < 0 ? 0 : nats;
+  }
+  double level(int k) const noexcept;
+
+ private:
+  int level_index(double x) const noexcept;
+  void learn(double x) noexcept;
+  Config c_;
+  std::array<float, 12> rate_{};
+  std::uint64_t n_ = 0;
+};
+
+// =========================================================================================
+// The ensemble: one anomaly score per series
+// =========================================================================================
+
+/// Which detectors fired on an observation (bit set in Score::fired).
+enum Detector : std::uint32_t {
+  kSpike = 1u << 0,       ///< a single residual far outside the prediction interval
+  kLikelihood = 1u << 1,  ///< the recent residuals are unusually large (anomaly likelihood)
+  kChangeUp = 1u << 2,    ///< CUSUM: the level moved up
+  kChangeDown = 1u << 3,  ///< CUSUM: the level moved down
+  kRange = 1u << 4,       ///< the value left the range seen so far by a margin
+  kSuppressed = 1u << 5,  ///< a detection is being held back (re-alert suppression)
+};
+
+/// One observation's result. Trivially copyable; explain() formats it.
+struct Score {
+  double score = 0;     ///< anomaly score in [0, 1]; 0 during warm-up
+  std::uint32_t fired = 0;  ///< bitwise OR of Detector
+  double value = 0;     ///< the observation
+  Forecast expected;    ///< seasonal forecast made before seeing it
+  double z = 0;         ///< standardized residual against `expected`
+  double likelihood_nats = 0;  ///< anomaly-likelihood surprise
+  double cusum_nats = 0;       ///< change-point surprise (before any reset)
+  std::uint64_t index = 0;     ///< 0-based observation number in the series
+};
+
+/// Formats a Score as one line, e.g.
+/// `score 0.91 [spike,change-up] value 92 expected 61.2 [55.0, 67.4] z +5.2; likelihood 14.1 nats; cusum 12.3 nats`.
+/// Allocates; not meant for the per-observation path.
+std::string explain(const Score& s);
+
+/// The default ensemble for one series. Per observation (t, x):
+///  1. the SeasonalForecaster gives a forecast and a standardized residual z;
+///  2. detectors turn it into surprises in nats (-ln p, p the chance of seeing it under
+///     normal behaviour):
+///     - likelihood: the AnomalyLikelihood of min(|z| / z_cap, 1) (a burst of large
+///       residuals, judged against this series' own history of residuals);
+///     - change: a two-sided CUSUM of z, tail-calibrated (TailCalibrator) on this series;
+///     - spike: the single-point two-sided Gaussian tail of |z|, tail-calibrated
+///       (off by default: spike_weight = 0; the likelihood already reacts to a spike and
+///       the single-point test fired on too many ordinary outliers on NAB);
+///     - out-of-range: a value beyond the range seen so far by `range_margin` of that range
+///       that is also >= range_min_z sigmas off its forecast scores `range_nats`;
+///  3. the score is the largest surprise mapped to [0, 1] by nats / max_nats (clamped;
+///     0.5 ~ p = 1e-5);
+///  4. re-alert suppression: after an observation scores >= alert_level, the next
+///     `suppress` observations are multiplied by suppress_factor (0), so one event gives
+///     one alert at its onset rather than a run of them.
+/// The first `warmup` observations score 0 (the models learn). Defaults are the settings
+/// measured on NAB in docs/anomaly.md. sizeof(Ensemble) is about 1.3 KiB, no heap.
+class Ensemble {
+ public:
+  struct Config {
+    SeasonalForecaster::Config forecaster{};
+    AnomalyLikelihood::Config likelihood{};
+    Cusum::Config cusum{};
+    double z_cap = 8.0;          ///< raw score for the likelihood = min(|z| / z_cap, 1)
+    double max_nats = 23.0;      ///< surprise mapped to score 1 (23 nats ~ p = 1e-10)
+    double spike_weight = 0.0;   ///< multiplier on the spike surprise (0, the default, disables)
+    double cusum_weight = 1.0;   ///< multiplier on the CUSUM surprise (0 disables)
+    double range_margin = 0.02;  ///< fraction of the seen range; < 0 disables
+    double range_nats = 23.0;    ///< surprise of a range excursion
+    double range_min_z = 3.0;    ///< ... that is also at least this many sigmas off forecast
+    int range_warmup = 150;      ///< observations before range excursions count
+    int warmup = 150;            ///< observations scored 0
+    double alert_level = 0.5;    ///< score that starts a suppression period
+    int suppress = 50;           ///< suppression length, in observations (0: none)
+    double suppress_factor = 0.0;///< scores inside the period are multiplied by this
+    TailCalibrator::Config calibration{};  ///< for the spike and CUSUM surprises
+  };
+  Ensemble() : Ensemble(Config{}) {}
+  /// Throws diaspora::Error if a field is out of range.
+  explicit Ensemble(const Config& config);
+
+  /// Feeds one observation (t in seconds, non-decreasing; x the value); returns its
+  /// score. O(1), no allocation, never throws. A non-finite x returns a zero Score and
+  /// leaves the state unchanged.
+  Score update(double t, double x) noexcept;
+  std::uint64_t count() const noexcept { return n_; }
+  const Config& config() const noexcept { return c_; }
+
+ private:
+  Config c_;
+  SeasonalForecaster fc_;
+  AnomalyLikelihood lh_;
+  Cusum cusum_;
+  TailCalibrator spike_tail_, cusum_tail_;
+  double min_ = 0, max_ = 0;
+  std::uint64_t n_ = 0;
+  std::int64_t suppress_left_ = 0;
+};
+
+/// Sets one Ensemble::Config field by its dotted name (as in `diaspora-nab --config`):
+/// `z_cap`, `suppress`, `forecaster.alpha`, `likelihood.window`, `cusum.h`, ... Returns
+/// false if the name is unknown. Does not validate the value (the Ensemble constructor
+/// does).
+bool set_config_field(Ensemble::Config& config, std::string_view name, double value);
+
+// =========================================================================================
+// Failure detection
+// =========================================================================================
+
+/// Phi-accrual failure detector (Hayashibara et al., 2004): instead of a fixed timeout,
+/// suspicion phi = -log10 P(the next heartbeat is later than now), with inter-arrival
+/// times modelled as Gaussian (exponentially weighted mean and variance of the gaps).
+/// phi 1 ~ 10 % chance of a false suspicion, phi 8 ~ 1e-8. It rises continuously while
+/// heartbeats are missing and drops to ~0 at the next one.
+class PhiAccrual {
+ public:
+  struct Config {
+    double alpha = 0.1;            ///< smoothing of the gap mean/variance
+    double min_std_fraction = 0.1; ///< std floor as a fraction of the mean gap
+    double acceptable_pause = 0;   ///< seconds added to the expected gap (GC pauses ...)
+    double first_gap = 1.0;        ///< assumed gap (s) after the first heartbeat, > 0
+  };
+  PhiAccrual() : PhiAccrual(Config{}) {}
+  explicit PhiAccrual(const Config& config);
+  /// Records a heartbeat that arrived at time t (seconds). Earlier-than-last times are
+  /// ignored.
+  void heartbeat(double t) noexcept;
+  /// Suspicion at time `now` (>= 0; 0 before the first heartbeat; capped at 300).
+  double phi(double now) const noexcept;
+  double mean_gap() const noexcept { return mean_; }
+  std::uint64_t count() const noexcept { return n_; }
+
+ private:
+  Config c_;
+  double last_ = 0, mean_ = 0, var_ = 0;
+  std::uint64_t n_ = 0;
+};
+
+// =========================================================================================
+// Forecasts
+// =========================================================================================
+
+/// Holt's linear trend (level + slope per second) on an irregularly sampled series, with
+/// an exponentially weighted residual sigma. The base of the two forecasts below.
+class TrendModel {
+ public:
+  struct Config {
+    double alpha = 0.3;        ///< level smoothing
+    double beta = 0.1;         ///< slope smoothing
+    double scale_alpha = 0.1;  ///< residual sigma smoothing
+  };
+  TrendModel() : TrendModel(Config{}) {}
+  explicit TrendModel(const Config& config);
+  /// Feeds (t, x); t must not go backwards (an earlier or equal t only updates the level).
+  void update(double t, double x) noexcept;
+  double level() const noexcept { return level_; }
+  /// Slope in units per second (0 until two distinct times were seen).
+  double slope() const noexcept { return slope_; }
+  double sigma() const noexcept { return sigma_; }
+  /// Spread of the per-step slope around slope() (units per second).
+  double slope_sigma() const noexcept { return slope_sigma_; }
+  double last_time() const noexcept { return t_; }
+  std::uint64_t count() const noexcept { return n_; }
+  /// Level extrapolated to time t.
+  double at(double t) const noexcept { return level_ + slope_ * (t - t_); }
+
+ private:
+  Config c_;
+  double level_ = 0, slope_ = 0, sigma_ = 0, slope_sigma_ = 0, t_ = 0;
+  std::uint64_t n_ = 0;
+};
+
+/// A forecast time with an interval (seconds, same epoch as the inputs).
+struct TimeForecast {
+  double at = 0;
+  double earliest = 0;
+  double latest = 0;  ///< +inf when the slow end of the interval never gets there
+};
+
+/// Expected completion time of a task from its progress series (fraction done in
+/// [0, 1], or any counter with a known total). Uses TrendModel: ETA = t + (total -
+/// level) / slope; the interval uses slope -/+ 2 slope_sigma().
+class CompletionForecaster {
+ public:
+  /// total: progress value meaning "done" (> 0). Throws diaspora::Error otherwise.
+  explicit CompletionForecaster(double total = 1.0, TrendModel::Config config = {});
+  void update(double t, double progress) noexcept { model_.update(t, progress); }
+  /// nullopt until two distinct times were seen or while progress is not increasing.
+  /// Once done: {last_time, last_time, last_time}.
+  std::optional<TimeForecast> expected_completion() const noexcept;
+  const TrendModel& model() const noexcept { return model_; }
+
+ private:
+  double total_;
+  TrendModel model_;
+};
+
+/// Time until a metric crosses a threshold (memory towards an OOM limit: rising;
+/// throughput towards a QoS floor: falling), extrapolating TrendModel's level and slope.
+class ThresholdForecaster {
+ public:
+  enum class Direction { kRising, kFalling };
+  /// Throws diaspora::Error if threshold is not finite.
+  ThresholdForecaster(double threshold, Direction direction, TrendModel::Config config = {});
+  void update(double t, double x) noexcept { model_.update(t, x); }
+  /// Time of crossing; {last_time, ...} if already crossed; nullopt while the trend does
+  /// not head towards the threshold or fewer than two distinct times were seen.
+  std::optional<TimeForecast> time_to_cross() const noexcept;
+  const TrendModel& model() const noexcept { return model_; }
+
+ private:
+  double threshold_;
+  Direction dir_;
+  TrendModel model_;
+};
+
+}  // namespace diaspora::resilience

@@ -1,0 +1,284 @@
+// diaspora-nab: run the default anomaly ensemble over every series CSV of a NAB-layout
+// directory, strictly online (one pass per series, no look-ahead, no per-file settings),
+// and write NAB result files. See docs/anomaly.md.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "diaspora/resilience.hpp"
+#include "diaspora/version.hpp"
+
+namespace fs = std::filesystem;
+namespace res = diaspora::resilience;
+
+namespace {
+
+/// A bad input: printed as `FILE:LINE: message` (LINE 0: the whole file).
+struct InputError {
+  std::string file;
+  std::size_t line;
+  std::string message;
+};
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  return s;
+}
+
+bool parse_double(std::string_view s, double& out) {
+  s = trim(s);
+  if (!s.empty() && s.front() == '+') s.remove_prefix(1);
+  if (s.empty()) return false;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+bool parse_int(std::string_view s, int& out) {
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's days_from_civil).
+long long days_from_civil(long long y, unsigned m, unsigned d) {
+  y -= m <= 2;
+  const long long era = (y >= 0 ? y : y - 399) / 400;
+  const auto yoe = static_cast<unsigned>(y - era * 400);
+  const unsigned doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + static_cast<long long>(doe) - 719468;
+}
+
+/// "YYYY-MM-DD HH:MM:SS[.fff]" (or 'T' separator, optional 'Z'), "YYYY-MM-DD", or a plain
+/// number of seconds since the epoch. Seconds since 1970-01-01 in the stamp's own zone.
+bool parse_timestamp(std::string_view s, double& out) {
+  s = trim(s);
+  if (!s.empty() && s.back() == 'Z') s.remove_suffix(1);
+  if (s.size() >= 10 && s[4] == '-' && s[7] == '-') {
+    int y, mo, d, h = 0, mi = 0;
+    double sec = 0;
+    if (!parse_int(s.substr(0, 4), y) || !parse_int(s.substr(5, 2), mo) || !parse_int(s.substr(8, 2), d))
+      return false;
+    if (mo < 1 || mo > 12 || d < 1 || d > 31) return false;
+    if (s.size() > 10) {
+      if ((s[10] != ' ' && s[10] != 'T') || s.size() < 19 || s[13] != ':' || s[16] != ':') return false;
+      if (!parse_int(s.substr(11, 2), h) || !parse_int(s.substr(14, 2), mi) || !parse_double(s.substr(17), sec))
+        return false;
+      if (h > 23 || mi > 59 || sec < 0 || sec >= 61) return false;
+    }
+    out = static_cast<double>(days_from_civil(y, static_cast<unsigned>(mo), static_cast<unsigned>(d))) * 86400.0 +
+          h * 3600.0 + mi * 60.0 + sec;
+    return true;
+  }
+  return parse_double(s, out) && std::isfinite(out);
+}
+
+/// Splits one CSV line on commas (no quoting: NAB files have none).
+void split(std::string_view line, std::vector<std::string_view>& fields) {
+  fields.clear();
+  std::size_t start = 0;
+  for (;;) {
+    const auto comma = line.find(',', start);
+    fields.push_back(trim(line.substr(start, comma == std::string_view::npos ? line.npos : comma - start)));
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+}
+
+struct Row {
+  std::string_view timestamp, value;
+  double t, x;
+};
+
+/// Parses a series CSV (header with `timestamp` and `value` columns) from `text`.
+/// Throws InputError on the first problem.
+std::vector<Row> parse_series(const std::string& name, std::string_view text) {
+  std::vector<Row> rows;
+  std::vector<std::string_view> f;
+  std::size_t line_no = 0, pos = 0;
+  int ts_col = -1, val_col = -1;
+  std::size_t ncols = 0;
+  while (pos < text.size()) {
+    auto nl = text.find('\n', pos);
+    if (nl == std::string_view::npos) nl = text.size();
+    const std::string_view line = trim(text.substr(pos, nl - pos));
+    pos = nl + 1;
+    ++line_no;
+    if (line.empty()) continue;
+    split(line, f);
+    if (ts_col < 0) {
+      for (std::size_t i = 0; i < f.size(); ++i) {
+        if (f[i] == "timestamp") ts_col = static_cast<int>(i);
+        if (f[i] == "value") val_col = static_cast<int>(i);
+      }
+      if (ts_col < 0 || val_col < 0)
+        throw InputError{name, line_no, "header must name a 'timestamp' and a 'value' column, got '" +
+                                            std::string(line) + "'"};
+      ncols = f.size();
+      continue;
+    }
+    if (f.size() != ncols)
+      throw InputError{name, line_no, "expected " + std::to_string(ncols) + " fields, got " + std::to_string(f.size())};
+    Row r{f[static_cast<std::size_t>(ts_col)], f[static_cast<std::size_t>(val_col)], 0, 0};
+    if (!parse_timestamp(r.timestamp, r.t))
+      throw InputError{name, line_no, "bad timestamp '" + std::string(r.timestamp) +
+                                          "' (want YYYY-MM-DD HH:MM:SS or seconds since the epoch)"};
+    if (!parse_double(r.value, r.x) || !std::isfinite(r.x))
+      throw InputError{name, line_no, "bad value '" + std::string(r.value) + "' (want a finite number)"};
+    rows.push_back(r);
+  }
+  if (ts_col < 0) throw InputError{name, 0, "empty file (no header)"};
+  if (rows.empty()) throw InputError{name, 0, "no data rows"};
+  return rows;
+}
+
+/// A flat `key: value` file (a YAML mapping of numbers; '#' comments) over the defaults.
+res::Ensemble::Config load_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError{path, 0, "cannot open"};
+  res::Ensemble::Config c;
+  std::string line;
+  std::size_t no = 0;
+  while (std::getline(in, line)) {
+    ++no;
+    std::string_view s = line;
+    if (const auto hash = s.find('#'); hash != s.npos) s = s.substr(0, hash);
+    s = trim(s);
+    if (s.empty()) continue;
+    const auto colon = s.find(':');
+    if (colon == s.npos) throw InputError{path, no, "expected 'key: value'"};
+    const auto key = trim(s.substr(0, colon));
+    double v;
+    if (!parse_double(s.substr(colon + 1), v) || !std::isfinite(v))
+      throw InputError{path, no, "'" + std::string(key) + "' needs a number"};
+    if (!res::set_config_field(c, key, v)) throw InputError{path, no, "unknown key '" + std::string(key) + "'"};
+  }
+  try {
+    res::Ensemble check(c);
+  } catch (const std::exception& e) {
+    throw InputError{path, 0, e.what()};
+  }
+  return c;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw InputError{p.string(), 0, "cannot read"};
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return std::move(ss).str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"diaspora-nab: run Diaspora's default streaming anomaly ensemble over every series CSV\n"
+               "(<category>/<file>.csv with timestamp,value) under --data, strictly online, and write\n"
+               "NAB result files (timestamp,value,anomaly_score) under --out. See docs/anomaly.md.",
+               "diaspora-nab"};
+  app.set_version_flag("--version", std::string("diaspora-nab ") + diaspora::version_string);
+  std::string data_dir, out_dir, config_file, explain_file;
+  app.add_option("--data", data_dir, "Directory of series CSVs (searched recursively)")->required();
+  app.add_option("--out", out_dir, "Output directory (mirrors --data's layout)")->required();
+  app.add_option("--config", config_file, "Flat 'key: value' file overriding ensemble defaults (docs/anomaly.md)");
+  app.add_option("--explain", explain_file, "Also write one line per alert (score >= alert_level) with its explanation");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  res::Ensemble::Config config;
+  try {
+    if (!config_file.empty()) config = load_config(config_file);
+  } catch (const InputError& e) {
+    std::cerr << e.file << ":" << e.line << ": " << e.message << "\n";
+    return 2;
+  }
+
+  std::error_code ec;
+  if (!fs::is_directory(data_dir, ec)) {
+    std::cerr << "diaspora-nab: error: --data " << data_dir << " is not a directory\n";
+    return 2;
+  }
+  std::vector<fs::path> files;
+  for (auto it = fs::recursive_directory_iterator(data_dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    if (it->is_regular_file() && it->path().extension() == ".csv") files.push_back(it->path());
+  }
+  if (ec) {
+    std::cerr << "diaspora-nab: error: listing " << data_dir << ": " << ec.message() << "\n";
+    return 1;
+  }
+  std::sort(files.begin(), files.end());
+  if (files.empty()) {
+    std::cerr << "diaspora-nab: error: no .csv files under " << data_dir << "\n";
+    return 2;
+  }
+
+  std::ofstream explain_out;
+  if (!explain_file.empty()) {
+    explain_out.open(explain_file);
+    if (!explain_out) {
+      std::cerr << "diaspora-nab: error: cannot write " << explain_file << "\n";
+      return 1;
+    }
+  }
+
+  int bad_inputs = 0, io_errors = 0;
+  std::size_t series = 0, observations = 0;
+  std::string out_text;
+  for (const auto& file : files) {
+    const fs::path rel = fs::relative(file, data_dir);
+    std::string text;
+    std::vector<Row> rows;
+    try {
+      text = read_file(file);
+      rows = parse_series(file.string(), text);
+    } catch (const InputError& e) {
+      std::cerr << e.file << ":" << e.line << ": " << e.message << "\n";
+      ++bad_inputs;
+      continue;
+    }
+    res::Ensemble ensemble(config);
+    out_text.clear();
+    out_text.reserve(rows.size() * 48);
+    out_text += "timestamp,value,anomaly_score\n";
+    char buf[32];
+    for (const auto& r : rows) {
+      const res::Score s = ensemble.update(r.t, r.x);
+      out_text.append(r.timestamp).append(",").append(r.value).append(",");
+      const int n = std::snprintf(buf, sizeof buf, "%.6f\n", s.score);
+      out_text.append(buf, static_cast<std::size_t>(n));
+      if (explain_out.is_open() && s.score >= config.alert_level)
+        explain_out << rel.generic_string() << ":" << s.index + 2 << ": " << r.timestamp << " " << res::explain(s) << "\n";
+    }
+    const fs::path dest = fs::path(out_dir) / rel;
+    fs::create_directories(dest.parent_path(), ec);
+    std::ofstream out(dest, std::ios::binary);
+    out << out_text;
+    out.close();
+    if (ec || !out) {
+      std::cerr << "diaspora-nab: error: cannot write " << dest.string() << "\n";
+      ++io_errors;
+      continue;
+    }
+    ++series;
+    observations += rows.size();
+  }
+  std::cerr << "diaspora-nab: " << series << " series, " << observations << " observations scored";
+  if (bad_inputs) std::cerr << "; " << bad_inputs << " bad input file(s) skipped";
+  std::cerr << "\n";
+  if (bad_inputs) return 2;
+  return io_errors ? 1 : 0;
+}

@@ -1,0 +1,288 @@
+// Resilience engine, detection part: each detector on synthetic series (step, spike,
+// drift, pure noise), phi-accrual, the forecasts, bounded memory, determinism.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <type_traits>
+#include <vector>
+
+#include "diaspora/error.hpp"
+#include "diaspora/resilience.hpp"
+
+namespace res = diaspora::resilience;
+
+namespace {
+
+constexpr double kStep = 300;  // 5-minute sampling
+constexpr double kT0 = 1'396'310'400;  // 2014-04-01 00:00:00, a Tuesday
+
+/// Gaussian noise around `base`, deterministic.
+std::vector<double> noise(std::size_t n, double base, double sd, unsigned seed = 7) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> g(0, sd);
+  std::vector<double> v(n);
+  for (auto& x : v) x = base + g(rng);
+  return v;
+}
+
+/// Runs the ensemble; returns the scores.
+std::vector<double> scores(const std::vector<double>& xs, res::Ensemble::Config c = {}) {
+  res::Ensemble e(c);
+  std::vector<double> out;
+  for (std::size_t i = 0; i < xs.size(); ++i) out.push_back(e.update(kT0 + kStep * static_cast<double>(i), xs[i]).score);
+  return out;
+}
+
+double max_in(const std::vector<double>& v, std::size_t from, std::size_t to) {
+  return *std::max_element(v.begin() + static_cast<long>(from), v.begin() + static_cast<long>(to));
+}
+
+/// Alerts (score >= 0.5, the default alert level) in [from, to).
+int alerts_in(const std::vector<double>& v, std::size_t from, std::size_t to) {
+  return static_cast<int>(std::count_if(v.begin() + static_cast<long>(from), v.begin() + static_cast<long>(to),
+                                        [](double x) { return x >= 0.5; }));
+}
+
+}  // namespace
+
+// ---- building blocks ----------------------------------------------------------------------
+
+TEST(ResilienceRobustLevel, TracksLevelAndIgnoresSpike) {
+  res::RobustLevel r;
+  for (double x : noise(500, 10, 1)) r.update(x);
+  EXPECT_NEAR(r.level(), 10, 0.5);
+  EXPECT_NEAR(1.25 * r.scale(), 1.0, 0.3);  // MAD-based sigma of N(0,1)
+  const double before = r.level();
+  EXPECT_GT(r.update(1000), 50);  // the spike's z
+  EXPECT_LT(std::fabs(r.level() - before), 0.5);  // clipped: the level barely moves
+  EXPECT_EQ(r.update(NAN), 0);
+}
+
+TEST(ResilienceSeasonal, LearnsDailyProfile) {
+  res::SeasonalForecaster f;
+  const auto value = [](double t) { return 50 + 20 * std::sin(2 * M_PI * std::fmod(t, 86400) / 86400); };
+  double t = kT0;
+  for (int i = 0; i < 288 * 10; ++i, t += kStep) f.update(t, value(t));
+  EXPECT_EQ(f.model(), res::SeasonalForecaster::Model::kSeasonal);
+  const res::Forecast fc = f.forecast(t);
+  EXPECT_NEAR(fc.mean, value(t), 4.0);  // half-hour buckets on a sine of amplitude 20
+  EXPECT_LT(fc.lower, fc.mean);
+  EXPECT_GT(fc.upper, fc.mean);
+  // A value off the profile gets a large residual.
+  EXPECT_GT(std::fabs(f.update(t, value(t) + 20)), 5);
+}
+
+TEST(ResilienceCusum, DetectsShiftNotNoise) {
+  res::Cusum c;
+  int alarms = 0;
+  for (double z : noise(2000, 0, 1, 11)) alarms += c.update(z) != 0;
+  EXPECT_LE(alarms, 2);
+  int first = -1;
+  for (int i = 0; i < 50 && first < 0; ++i)
+    if (c.update(2.0) == 1) first = i;
+  EXPECT_GE(first, 0);
+  EXPECT_LT(first, 15);
+}
+
+TEST(ResilienceLikelihood, BurstIsSurprisingNoiseIsNot) {
+  res::AnomalyLikelihood l;
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<double> u(0, 0.2);
+  double worst = 0;
+  for (int i = 0; i < 3000; ++i) worst = std::max(worst, i > 200 ? l.update(u(rng)) : (l.update(u(rng)), 0.0));
+  EXPECT_LT(worst, 11.5);
+  double burst = 0;
+  for (int i = 0; i < 7; ++i) burst = std::max(burst, l.update(1.0));
+  EXPECT_GT(burst, 11.5);
+}
+
+TEST(ResilienceTailCalibrator, HeavyTailsLowerSurprise) {
+  res::TailCalibrator light, heavy;
+  const auto gauss = [](double v) { return -std::log(0.5 * std::erfc(v / std::sqrt(2.0))); };
+  std::mt19937_64 rng(5);
+  std::student_t_distribution<double> t2(2.0);
+  std::normal_distribution<double> g;
+  for (int i = 0; i < 3000; ++i) {
+    const double a = std::fabs(g(rng)), b = std::fabs(t2(rng));
+    light.update(a, gauss(a), [&](int k) { return gauss(light.level(k)); });
+    heavy.update(b, gauss(b), [&](int k) { return gauss(heavy.level(k)); });
+  }
+  const double x = 6;
+  const double sl = light.update(x, gauss(x), [&](int k) { return gauss(light.level(k)); });
+  const double sh = heavy.update(x, gauss(x), [&](int k) { return gauss(heavy.level(k)); });
+  EXPECT_NEAR(sl, gauss(x), 1e-9);  // never above the model's own tail
+  EXPECT_LT(sh, sl - 5);
+}
+
+// ---- the ensemble on synthetic series ------------------------------------------------------
+
+TEST(ResilienceEnsemble, PureNoiseScoresLow) {
+  // After a NAB-like probation period, at most a rare record-breaking value alerts.
+  const auto s = scores(noise(4000, 100, 5));
+  EXPECT_LE(alerts_in(s, 600, s.size()), 2);
+  EXPECT_LT(max_in(s, 0, 150), 1e-12);  // warm-up
+  for (double v : s) {
+    EXPECT_GE(v, 0);
+    EXPECT_LE(v, 1);
+  }
+}
+
+TEST(ResilienceEnsemble, StepFiresAtOnset) {
+  auto xs = noise(3000, 100, 5);
+  for (std::size_t i = 2000; i < xs.size(); ++i) xs[i] += 40;
+  const auto s = scores(xs);
+  EXPECT_LE(alerts_in(s, 600, 1990), 1);
+  EXPECT_GE(max_in(s, 2000, 2010), 0.5);
+}
+
+TEST(ResilienceEnsemble, SpikeFires) {
+  auto xs = noise(3000, 100, 5);
+  xs[2000] = 400;
+  const auto s = scores(xs);
+  EXPECT_LE(alerts_in(s, 600, 1990), 1);
+  EXPECT_GE(max_in(s, 2000, 2003), 0.5);
+}
+
+TEST(ResilienceEnsemble, DriftFires) {
+  auto xs = noise(4000, 100, 5);
+  for (std::size_t i = 2000; i < xs.size(); ++i) xs[i] += 0.1 * static_cast<double>(i - 2000);
+  const auto s = scores(xs);
+  EXPECT_LE(alerts_in(s, 600, 1990), 1);
+  EXPECT_GE(max_in(s, 2000, 2600), 0.5);  // within 60 sigmas of drift
+}
+
+TEST(ResilienceEnsemble, SuppressesReAlerts) {
+  auto xs = noise(3000, 100, 5);
+  for (std::size_t i = 2000; i < 2100; ++i) xs[i] += 200;  // a long excursion
+  const auto s = scores(xs);
+  int alerts = 0;
+  for (std::size_t i = 2000; i < 2040; ++i) alerts += s[i] >= 0.5;
+  EXPECT_EQ(alerts, 1);
+}
+
+TEST(ResilienceEnsemble, ExplanationNamesWhatFired) {
+  res::Ensemble e;
+  const auto xs = noise(2000, 100, 5);
+  for (std::size_t i = 0; i < xs.size(); ++i) e.update(kT0 + kStep * static_cast<double>(i), xs[i]);
+  const res::Score s = e.update(kT0 + kStep * 2000.0, 1000);
+  EXPECT_GE(s.score, 0.5);
+  EXPECT_TRUE(s.fired & res::kRange);
+  const std::string text = res::explain(s);
+  EXPECT_NE(text.find("out-of-range"), std::string::npos) << text;
+  EXPECT_NE(text.find("value 1000"), std::string::npos) << text;
+  EXPECT_NE(text.find("expected"), std::string::npos) << text;
+}
+
+TEST(ResilienceEnsemble, DeterministicAndBounded) {
+  static_assert(std::is_trivially_copyable_v<res::Ensemble>, "no heap: a plain value");
+  EXPECT_LE(sizeof(res::Ensemble), 4096u);
+  const auto xs = noise(3000, 10, 2, 99);
+  EXPECT_EQ(scores(xs), scores(xs));
+  // A copy continues exactly like the original.
+  res::Ensemble a;
+  for (std::size_t i = 0; i < 1500; ++i) a.update(kT0 + kStep * static_cast<double>(i), xs[i]);
+  res::Ensemble b = a;
+  for (std::size_t i = 1500; i < xs.size(); ++i) {
+    const double t = kT0 + kStep * static_cast<double>(i);
+    ASSERT_EQ(a.update(t, xs[i]).score, b.update(t, xs[i]).score);
+  }
+}
+
+TEST(ResilienceEnsemble, NonFiniteInputIgnored) {
+  res::Ensemble e;
+  for (int i = 0; i < 500; ++i) e.update(kT0 + kStep * i, 1.0 + (i % 3));
+  const auto n = e.count();
+  EXPECT_EQ(e.update(kT0, NAN).score, 0);
+  EXPECT_EQ(e.update(kT0, INFINITY).score, 0);
+  EXPECT_EQ(e.count(), n);
+}
+
+TEST(ResilienceEnsemble, ConfigValidationAndFields) {
+  res::Ensemble::Config c;
+  c.z_cap = 0;
+  EXPECT_THROW(res::Ensemble{c}, diaspora::Error);
+  c = {};
+  c.likelihood.window = 33;
+  EXPECT_THROW(res::Ensemble{c}, diaspora::Error);
+  c = {};
+  EXPECT_TRUE(res::set_config_field(c, "suppress", 10));
+  EXPECT_EQ(c.suppress, 10);
+  EXPECT_TRUE(res::set_config_field(c, "forecaster.alpha", 0.25));
+  EXPECT_DOUBLE_EQ(c.forecaster.alpha, 0.25);
+  EXPECT_FALSE(res::set_config_field(c, "no.such", 1));
+}
+
+// ---- phi accrual ------------------------------------------------------------------------------
+
+TEST(ResiliencePhiAccrual, SuspicionRisesWhenHeartbeatsStop) {
+  res::PhiAccrual p;
+  EXPECT_EQ(p.phi(100), 0);
+  std::mt19937_64 rng(1);
+  std::normal_distribution<double> jitter(0, 0.05);
+  double t = 0;
+  for (int i = 0; i < 100; ++i) p.heartbeat(t += 1.0 + jitter(rng));
+  EXPECT_NEAR(p.mean_gap(), 1.0, 0.05);
+  EXPECT_LT(p.phi(t + 0.5), 0.5);  // not yet due
+  double prev = p.phi(t + 1.0);
+  for (double dt = 1.2; dt <= 3.0; dt += 0.2) {
+    const double now = p.phi(t + dt);
+    EXPECT_GE(now, prev);
+    prev = now;
+  }
+  EXPECT_GT(p.phi(t + 2.0), 8);  // a missed beat and more: suspected
+  p.heartbeat(t + 2.0);          // it came back
+  EXPECT_LT(p.phi(t + 2.1), 0.5);
+}
+
+// ---- forecasts ---------------------------------------------------------------------------------
+
+TEST(ResilienceForecast, CompletionTimeOfLinearProgress) {
+  res::CompletionForecaster f;  // total 1.0
+  EXPECT_FALSE(f.expected_completion());
+  std::mt19937_64 rng(2);
+  std::normal_distribution<double> g(0, 0.002);
+  for (int i = 0; i <= 40; ++i) f.update(10.0 * i, 0.01 * i + g(rng));  // 1 % per 10 s
+  const auto eta = f.expected_completion();
+  ASSERT_TRUE(eta);
+  EXPECT_NEAR(eta->at, 1000, 60);
+  EXPECT_LE(eta->earliest, eta->at);
+  EXPECT_GE(eta->latest, eta->at);
+  for (int i = 41; i <= 100; ++i) f.update(10.0 * i, 0.01 * i);
+  const auto done = f.expected_completion();
+  ASSERT_TRUE(done);
+  EXPECT_NEAR(done->at, 1000, 1e-3);
+}
+
+TEST(ResilienceForecast, StalledProgressHasNoEta) {
+  res::CompletionForecaster f;
+  for (int i = 0; i < 50; ++i) f.update(i, 0.3);
+  EXPECT_FALSE(f.expected_completion());
+  EXPECT_THROW(res::CompletionForecaster(0.0), diaspora::Error);
+}
+
+TEST(ResilienceForecast, MemoryTowardsOomAndThroughputTowardsFloor) {
+  using D = res::ThresholdForecaster::Direction;
+  res::ThresholdForecaster mem(16e9, D::kRising);  // 16 GB limit
+  res::ThresholdForecaster thr(100, D::kFalling);  // QoS floor of 100 items/s
+  for (int i = 0; i <= 60; ++i) {
+    mem.update(60.0 * i, 4e9 + 1e6 * 60.0 * i);    // +1 MB/s from 4 GB: crosses at t=12000
+    thr.update(60.0 * i, 400 - 0.05 * 60.0 * i);   // -0.05/s from 400: crosses at t=6000
+  }
+  const auto m = mem.time_to_cross();
+  ASSERT_TRUE(m);
+  EXPECT_NEAR(m->at, 12000, 200);
+  const auto q = thr.time_to_cross();
+  ASSERT_TRUE(q);
+  EXPECT_NEAR(q->at, 6000, 100);
+  // A metric moving away from the threshold: no crossing forecast.
+  res::ThresholdForecaster away(100, D::kFalling);
+  for (int i = 0; i < 30; ++i) away.update(i, 200 + i);
+  EXPECT_FALSE(away.time_to_cross());
+  // Already past it: now.
+  res::ThresholdForecaster past(10, D::kRising);
+  past.update(5, 20);
+  ASSERT_TRUE(past.time_to_cross());
+  EXPECT_EQ(past.time_to_cross()->at, 5);
+}
