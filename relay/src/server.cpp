@@ -703,38 +703,46 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
         for (auto& [topic, cursor] : sub.cursors) {
           if (queue_.size() >= cfg.subscriber_queue_frames) break;
           if (relay_->store->committed_offset(topic) <= cursor.next) continue;
-          auto recs = relay_->store->read(topic, cursor.next, cfg.delivery_batch_events, cfg.delivery_batch_bytes);
-          if (recs.empty()) continue;
-          cursor.next = recs.back().offset + 1;
           std::uint64_t bytes = 0;
+          std::size_t count = 0;
           if (mode_ == Mode::cloudevents) {
+            auto recs = relay_->store->read(topic, cursor.next, cfg.delivery_batch_events, cfg.delivery_batch_bytes);
+            if (recs.empty()) continue;
+            cursor.next = recs.back().offset + 1;
+            count = recs.size();
             for (auto& r : recs) {
               bytes += r.payload.size();
               send(std::move(r.payload));
             }
           } else {
+            // Framed straight from the reader's buffer: no copy of each stored event.
             std::string frame;
-            frame.reserve(128 + recs.size() * 32 + recs.front().payload.size() * recs.size());
             frame += R"({"op":"events","id":)";
             frame += json::serialize(sub.id);
             frame += R"(,"topic":)";
             frame += json_str(topic);
             frame += R"(,"events":[)";
-            for (std::size_t i = 0; i < recs.size(); ++i) {
-              if (i) frame += ',';
-              frame += R"({"offset":)";
-              frame += std::to_string(recs[i].offset);
-              frame += R"(,"event":)";
-              frame += recs[i].payload;
-              frame += '}';
-              bytes += recs[i].payload.size();
-            }
+            std::uint64_t next = cursor.next;
+            count = relay_->store->visit(topic, cursor.next, cfg.delivery_batch_events, cfg.delivery_batch_bytes,
+                                         [&](const relay::LogStore::RecordRef& r) {
+                                           if (next != cursor.next) frame += ',';
+                                           else frame.reserve(frame.size() + std::min<std::size_t>(2 * r.payload.size() * cfg.delivery_batch_events, cfg.delivery_batch_bytes + 65536));
+                                           frame += R"({"offset":)";
+                                           frame += std::to_string(r.offset);
+                                           frame += R"(,"event":)";
+                                           frame += r.payload;
+                                           frame += '}';
+                                           bytes += r.payload.size();
+                                           next = r.offset + 1;
+                                         });
+            if (count == 0) continue;
+            cursor.next = next;
             frame += R"(],"next_offset":)";
             frame += std::to_string(cursor.next);
             frame += '}';
             send(std::move(frame));
           }
-          relay_->metrics.out(topic, recs.size(), bytes);
+          relay_->metrics.out(topic, count, bytes);
           progressed = true;
         }
       }

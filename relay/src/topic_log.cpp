@@ -1204,6 +1204,14 @@ void LogStore::append(std::string topic, std::string producer_id, std::uint64_t 
 std::vector<StoredRecord> LogStore::read(const std::string& topic, std::uint64_t from, std::size_t max_records,
                                          std::size_t max_bytes) const {
   std::vector<StoredRecord> out;
+  visit(topic, from, max_records, max_bytes,
+        [&](const RecordRef& r) { out.push_back(StoredRecord{r.offset, r.time_us, std::string(r.payload)}); });
+  return out;
+}
+
+std::size_t LogStore::visit(const std::string& topic, std::uint64_t from, std::size_t max_records,
+                            std::size_t max_bytes, const std::function<void(const RecordRef&)>& fn) const {
+  std::size_t out = 0;
   Topic* t = self_->find_topic(topic);
   if (!t || max_records == 0) return out;
 
@@ -1247,10 +1255,11 @@ std::vector<StoredRecord> LogStore::read(const std::string& topic, std::uint64_t
       }
       const RecordView& r = sc.record();
       if (r.offset < from) continue;
-      if (!out.empty() && bytes + r.payload.size() > max_bytes) return out;
-      out.push_back(StoredRecord{r.offset, r.time_us, std::string(r.payload)});
+      if (out > 0 && bytes + r.payload.size() > max_bytes) return out;
+      fn(RecordRef{r.offset, r.time_us, r.payload});
+      ++out;
       bytes += r.payload.size();
-      if (out.size() >= max_records) return out;
+      if (out >= max_records) return out;
     }
   }
   return out;

@@ -125,6 +125,18 @@ class LogStore {
   std::vector<StoredRecord> read(const std::string& topic, std::uint64_t from, std::size_t max_records,
                                  std::size_t max_bytes) const;
 
+  /// One record seen by visit(): the payload views the reader's buffer, valid only
+  /// during the callback.
+  struct RecordRef {
+    std::uint64_t offset = 0;
+    std::int64_t time_us = 0;
+    std::string_view payload;
+  };
+  /// Same selection as read(), without copying: calls `fn` for each record in offset
+  /// order and returns how many it saw. Thread-safety and errors as read().
+  std::size_t visit(const std::string& topic, std::uint64_t from, std::size_t max_records, std::size_t max_bytes,
+                    const std::function<void(const RecordRef&)>& fn) const;
+
   /// End of the committed log (next offset) of a topic; 0 for an unknown topic.
   std::uint64_t committed_offset(const std::string& topic) const;
   /// Oldest retained offset of a topic.
