@@ -1,0 +1,169 @@
+// Diaspora's resilience engine, decision part: the spec's `policies` compiled into rules
+// over the detectors of diaspora/resilience.hpp (anomaly scores, phi-accrual suspicion,
+// completion and threshold forecasts), with hysteresis (`for:`), cooldowns, attempt
+// budgets (`max_attempts`) and target-site choice by a health score. The output is a list
+// of Decisions (restart, migrate, speculate, checkpoint, throttle, alert), each with a
+// reason a person can read. docs/anomaly.md, section "Policies", describes the rules.
+//
+// Pure computation: no I/O, no threads, no clocks. Every call carries the time `now` (or
+// Observation::time_s) in seconds, any epoch, non-decreasing across calls; a call with an
+// earlier time is evaluated at that time but never moves the engine's clock back. Given
+// the same spec and the same calls, the decisions are the same.
+//
+// Cost: observe() is O(policies on that signal + log tasks); it allocates when it first
+// sees a task (its state) or a (task, policy) pair (that policy's detector, once), and
+// when it emits a Decision (the strings); otherwise not. tick() is O(tasks x time-driven
+// policies + sites). Memory: per live task a map entry (its id, a PhiAccrual, a
+// CompletionForecaster, one small slot per policy) plus, per (task, policy) that has seen
+// an observation, one heap-allocated detector sized by the largest kind (an Ensemble,
+// 1,328 B); per spec site a fixed amount. Sizes were not measured beyond sizeof(Ensemble). Finished tasks are forgotten (task_finished()), and so are
+// tasks silent for PolicyOptions::task_ttl_s.
+//
+// @par Thread Safety
+// Not thread-safe: one PolicyEngine is driven by one thread (the engine plugin's publisher
+// thread), or callers serialise. const member functions may run concurrently with each
+// other when no thread mutates the engine.
+//
+// Errors: the constructor throws diaspora::SpecError (a diaspora::Error) listing every
+// policy it cannot compile, each as "FILE:LINE:COL: error: policies[I].KEY: message" at
+// the policy's position in the spec file. Nothing else throws except std::bad_alloc:
+// unknown signals, tasks or sites in observations are ignored, non-finite values too.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "diaspora/resilience.hpp"
+#include "diaspora/spec.hpp"
+
+namespace diaspora::resilience {
+
+/// One value of one series. `signal` is one of the spec's signals: task.step_time,
+/// task.runtime, task.queue_wait, task.heartbeat_gap (seconds since the last heartbeat as
+/// of time_s; 0 when one just arrived), task.progress_rate, task.deadline_slack,
+/// task.failures (failures since the last observation), site.throughput,
+/// site.queue_length, site.failure_rate (in [0, 1]), site.heartbeat_gap, resource.cpu,
+/// resource.memory, resource.gpu. task.* need task_id; site.* need site (a spec site);
+/// resource.* are per task when task_id is set, else per site.
+/// The views only need to live for the call.
+struct Observation {
+  std::string_view task_id, site, signal;
+  double value = 0;
+  double time_s = 0;
+};
+
+/// One action the engine asks for (org.diaspora.action.requested), with what fired it
+/// (org.diaspora.anomaly.predicted).
+struct Decision {
+  std::string action;       ///< restart | migrate | speculate | checkpoint | throttle | alert
+  std::string task_id;      ///< empty for a site-scoped decision
+  std::string site;         ///< where the task runs / the site concerned
+  std::string target_site;  ///< migrate / speculate: the chosen site; restart: the same site
+  std::string policy;       ///< the policy's name
+  std::string reason;       ///< one readable line (docs/anomaly.md, "Reason format")
+  int attempt = 0;          ///< 1-based number of this policy's action for this task (or
+                            ///< site); 0 for the one alert saying the budget is spent
+  double score = 0;         ///< [0, 1]: ensemble score; 1 - 10^-phi; surprise/23 nats for
+                            ///< z and CUSUM detectors; 1 for threshold and forecast rules
+  std::string signal;       ///< e.g. "task.step_time"
+  std::string detector;     ///< the policy's detector
+  std::string explanation;  ///< the detector's own account (explain(Score) for ensemble)
+  double value = 0;         ///< the value compared with the threshold (score, z, phi, ...)
+  double threshold = 0;     ///< the threshold it was compared with
+  double time_s = 0;        ///< when it was decided
+  std::optional<double> eta_s;  ///< forecast detectors: predicted completion / crossing time
+};
+
+/// Tunables that the spec does not carry. Defaults are the documented behaviour.
+struct PolicyOptions {
+  /// Ensemble used by `detector: ensemble` (re-alert suppression off: cooldown and
+  /// `for:` do that job here).
+  Ensemble::Config ensemble = [] {
+    Ensemble::Config c;
+    c.suppress = 0;
+    return c;
+  }();
+  PhiAccrual::Config phi{};
+  int min_heartbeats = 3;           ///< heartbeats before phi is evaluated
+  int min_observations = 10;        ///< ewma / holt-winters / cusum / forecast warm-up
+  double forecast_horizon_s = 300;  ///< `forecast` fires when the crossing is this close
+  double health_alpha = 0.1;        ///< EW weight of one evaluation in a site's anomaly level
+  double failure_half_life_s = 600; ///< decay of a site's failure count
+  double min_target_health = 0.1;   ///< migrate/speculate never pick a site below this
+  double task_ttl_s = 6 * 3600.0;   ///< tasks silent this long are forgotten (by tick())
+};
+
+/// The parts of a site's health score (site_health() is their product; see docs).
+struct SiteHealth {
+  double health = 0;        ///< [0, 1]
+  double speed = 0;         ///< declared speed / fastest declared speed
+  double queue = 0;         ///< site.queue_length, else running tasks beyond `workers`
+  std::int64_t workers = 1;
+  double failures = 0;      ///< decayed count (task.failures, restarts and migrations off it)
+  double failure_rate = 0;  ///< last site.failure_rate, clamped to [0, 1]
+  double anomaly = 0;       ///< EW mean of the site's evaluations (score or over-threshold)
+};
+
+/// Compiles a WorkflowSpec's policies and evaluates them. See the file comment for the
+/// cost, thread-safety and error contract.
+class PolicyEngine {
+ public:
+  /// Throws diaspora::SpecError (located at the offending policy) if a policy cannot be
+  /// compiled: unknown signal/detector/site/target, phi-accrual on a non-heartbeat signal,
+  /// `threshold`/`forecast` without `threshold:`, an ensemble threshold outside (0, 1], a
+  /// task action (restart, migrate, speculate, checkpoint) on a site.* signal, a site.*
+  /// signal whose targets name no site, migrate/speculate with fewer than two sites.
+  explicit PolicyEngine(const WorkflowSpec& spec, PolicyOptions options = {});
+  ~PolicyEngine();
+  PolicyEngine(PolicyEngine&&) noexcept;
+  PolicyEngine& operator=(PolicyEngine&&) noexcept;
+  PolicyEngine(const PolicyEngine&) = delete;
+  PolicyEngine& operator=(const PolicyEngine&) = delete;
+
+  /// A (new attempt of a) task started on `site`. Resets the task's detectors, heartbeat
+  /// history and progress forecast (a new attempt is a new series); keeps its cooldowns,
+  /// attempt counts and deadline. deadline_s is relative to `now` (as the spec's
+  /// `deadline:`); nullopt: the spec task's deadline, if any. The first deadline a task
+  /// gets is kept across attempts.
+  void task_started(std::string_view task, std::string_view site, double now,
+                    std::optional<double> deadline_s);
+  /// Progress fraction in [0, 1]; feeds the task's completion forecast, from which
+  /// tick() derives task.deadline_slack (deadline - expected completion, seconds) and
+  /// task.progress_rate (fraction per second), unless the task's caller observes those
+  /// signals itself (then only the observed values are used).
+  void task_progress(std::string_view task, double fraction, double now);
+  /// A heartbeat of the task (phi-accrual input; evaluated by tick()).
+  void heartbeat(std::string_view task, std::string_view site, double now);
+  /// The task will not run again (completed, or failed for good): forget it. Do not call
+  /// between attempts, or its attempt budgets are forgotten too.
+  void task_finished(std::string_view task, double now);
+
+  /// Evaluates the policies on o.signal that watch this task/site; appends decisions.
+  void observe(const Observation& o, std::vector<Decision>& out);
+  /// Time-driven checks: phi-accrual on heartbeat silence (tasks and sites), deadline
+  /// slack and progress rate from the completion forecast; forgets silent tasks. Call it regularly (e.g. every second); each
+  /// call is one observation for `for:` of those policies.
+  void tick(double now, std::vector<Decision>& out);
+
+  /// Health in [0, 1] of a spec site (0 for an unknown one), at the engine's clock.
+  double site_health(std::string_view site) const;
+  /// The same with its parts; nullopt for an unknown site.
+  std::optional<SiteHealth> site_health_detail(std::string_view site) const;
+
+  /// Tasks currently tracked (for tests and memory accounting).
+  std::size_t tracked_tasks() const noexcept;
+  /// Number of compiled policies.
+  std::size_t policy_count() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace diaspora::resilience

@@ -1,0 +1,921 @@
+// Policies: the spec's `policies` compiled into rules over the detectors (hysteresis,
+// cooldowns, attempt budgets, target choice by site health). docs/anomaly.md, "Policies".
+#include "diaspora/policy.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <limits>
+#include <variant>
+
+#include "math.hpp"
+
+namespace diaspora::resilience {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+enum class Scope { task, site, resource };
+enum class Det { ensemble, ewma, holt_winters, cusum, phi, forecast, threshold };
+
+struct SignalInfo {
+  std::string_view name;
+  Scope scope;
+  int dir;  // +1: higher is worse; -1: lower is worse
+  const char* unit;
+};
+// Order matches the schema's enum (schemas/workflow.schema.json, $defs.policy.signal).
+constexpr SignalInfo kSignals[] = {
+    {"task.step_time", Scope::task, +1, " s"},     {"task.runtime", Scope::task, +1, " s"},
+    {"task.queue_wait", Scope::task, +1, " s"},    {"task.heartbeat_gap", Scope::task, +1, " s"},
+    {"task.progress_rate", Scope::task, -1, "/s"}, {"task.deadline_slack", Scope::task, -1, " s"},
+    {"task.failures", Scope::task, +1, ""},        {"site.throughput", Scope::site, -1, ""},
+    {"site.queue_length", Scope::site, +1, ""},    {"site.failure_rate", Scope::site, +1, ""},
+    {"site.heartbeat_gap", Scope::site, +1, " s"}, {"resource.cpu", Scope::resource, +1, ""},
+    {"resource.memory", Scope::resource, +1, ""},  {"resource.gpu", Scope::resource, +1, ""},
+};
+constexpr int kNumSignals = static_cast<int>(sizeof(kSignals) / sizeof(kSignals[0]));
+enum : int { kTaskHeartbeat = 3, kProgressRate = 4, kDeadlineSlack = 5, kFailures = 6, kQueueLength = 8,
+             kFailureRate = 9, kSiteHeartbeat = 10 };
+
+int signal_index(std::string_view s) noexcept {
+  for (int i = 0; i < kNumSignals; ++i)
+    if (kSignals[i].name == s) return i;
+  return -1;
+}
+
+struct DetectorInfo {
+  std::string_view name;
+  Det det;
+};
+constexpr DetectorInfo kDetectors[] = {
+    {"ensemble", Det::ensemble}, {"ewma", Det::ewma},       {"holt-winters", Det::holt_winters},
+    {"cusum", Det::cusum},       {"phi-accrual", Det::phi}, {"forecast", Det::forecast},
+    {"threshold", Det::threshold},
+};
+
+bool task_action(ActionKind a) noexcept {
+  return a == ActionKind::restart || a == ActionKind::migrate || a == ActionKind::speculate ||
+         a == ActionKind::checkpoint;
+}
+
+/// A task id names a spec task (or rehearsal job) when it equals it or extends it after a
+/// separator ("simulate-17", "simulate.3", "simulate[2]", ...).
+bool name_matches(std::string_view name, std::string_view id) noexcept {
+  if (id == name) return true;
+  if (id.size() <= name.size() || !id.starts_with(name)) return false;
+  const char c = id[name.size()];
+  return c == '-' || c == '_' || c == '.' || c == ':' || c == '/' || c == '#' || c == '[' || c == '@';
+}
+
+std::string fmt(const char* f, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, f);
+  int n = std::vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return std::string(buf, n < 0 ? 0 : std::min<std::size_t>(static_cast<std::size_t>(n), sizeof buf - 1));
+}
+
+struct Policy {
+  const PolicySpec* spec = nullptr;
+  int signal = 0;
+  Scope scope = Scope::task;
+  int dir = 1;
+  Det det = Det::ensemble;
+  double threshold = 0;
+  std::int64_t for_count = 1;
+  double cooldown = 60;
+  int max_attempts = 3;
+  bool all_targets = true;
+  std::vector<std::string> task_targets;  // task or rehearsal-job names
+  std::vector<int> site_targets;          // site indices
+  std::vector<int> to_sites;              // empty: every other site
+  int task_slot = -1, site_slot = -1;
+};
+
+struct CusumState {
+  RobustLevel level;
+  Cusum cusum;
+};
+
+struct DetState {
+  std::variant<std::monostate, Ensemble, RobustLevel, SeasonalForecaster, CusumState, ThresholdForecaster> v;
+};
+
+/// Per (policy, task) or (policy, site): hysteresis, cooldown, budget and the detector.
+struct Slot {
+  std::unique_ptr<DetState> det;
+  std::int64_t run = 0;  // consecutive observations over the threshold
+  double last_fire = -kInf;
+  int attempts = 0;
+  bool exhausted = false;  // the "budget spent" alert was given
+  void reset_series() {
+    det.reset();
+    run = 0;
+  }
+};
+
+/// One evaluation of a policy on one observation.
+struct Eval {
+  bool ready = false;  // past warm-up
+  bool over = false;
+  double value = 0;      // shown and compared (oriented where the detector is one-sided)
+  double shown_threshold = 0;
+  double score = 0;      // [0, 1] for Decision::score
+  double badness = 0;    // [0, 1] for the site's anomaly level
+  double x = 0;          // the observation
+  std::optional<double> eta;
+  Score ens{};
+  double a = 0, b = 0, c = 0;  // detector-specific detail for the explanation
+  Forecast fc{};
+  bool stalled = false;
+};
+
+}  // namespace
+
+struct PolicyEngine::Impl {
+  struct SiteState {
+    const SiteSpec* spec = nullptr;
+    PhiAccrual hb;
+    std::optional<double> last_hb;
+    double anomaly = 0;
+    double failures = 0, failures_t = 0;
+    double failure_rate = 0;
+    std::optional<double> queue;
+    std::int64_t running = 0;
+    std::vector<Slot> slots;
+  };
+  struct TaskState {
+    int site = -1;              // index into sites_, -1 when not a spec site
+    std::string site_name;
+    const TaskSpec* spec = nullptr;
+    PhiAccrual hb;
+    std::optional<double> last_hb;
+    CompletionForecaster progress{1.0};
+    std::optional<double> deadline;  // absolute
+    double last_activity = 0;
+    double last_fraction = 0;
+    bool observed_slack = false, observed_rate = false;
+    std::vector<Slot> slots;
+  };
+
+  WorkflowSpec spec_;
+  PolicyOptions opt_;
+  std::vector<Policy> policies_;
+  std::vector<std::vector<int>> by_signal_ = std::vector<std::vector<int>>(kNumSignals);
+  std::vector<SiteState> sites_;
+  std::map<std::string, int, std::less<>> site_index_;
+  std::map<std::string, TaskState, std::less<>> tasks_;
+  int task_slots_ = 0, site_slots_ = 0;
+  double max_speed_ = 1;
+  double now_ = -kInf;
+  double last_prune_ = -kInf;
+
+  // ---- compilation ---------------------------------------------------------------------
+
+  Impl(const WorkflowSpec& spec, PolicyOptions opt) : spec_(spec), opt_(std::move(opt)) {
+    // Validates the options the way the detectors do (throws diaspora::Error).
+    (void)Ensemble(opt_.ensemble);
+    (void)PhiAccrual(opt_.phi);
+    detail::require(opt_.min_heartbeats >= 1, "PolicyOptions", "min_heartbeats");
+    detail::require(opt_.min_observations >= 1, "PolicyOptions", "min_observations");
+    detail::require(opt_.forecast_horizon_s >= 0, "PolicyOptions", "forecast_horizon_s");
+    detail::require(opt_.health_alpha > 0 && opt_.health_alpha <= 1, "PolicyOptions", "health_alpha");
+    detail::require(opt_.failure_half_life_s > 0, "PolicyOptions", "failure_half_life_s");
+    detail::require(opt_.min_target_health >= 0 && opt_.min_target_health <= 1, "PolicyOptions", "min_target_health");
+    detail::require(opt_.task_ttl_s > 0, "PolicyOptions", "task_ttl_s");
+
+    for (std::size_t i = 0; i < spec_.sites.size(); ++i) {
+      site_index_.emplace(spec_.sites[i].name, static_cast<int>(i));
+      max_speed_ = i == 0 ? spec_.sites[i].speed : std::max(max_speed_, spec_.sites[i].speed);
+    }
+    if (!(max_speed_ > 0)) max_speed_ = 1;
+
+    std::vector<Diagnostic> diags;
+    for (std::size_t i = 0; i < spec_.policies.size(); ++i) compile(i, diags);
+    if (!diags.empty()) throw SpecError(std::move(diags));
+
+    sites_.resize(spec_.sites.size());
+    for (std::size_t i = 0; i < sites_.size(); ++i) {
+      sites_[i].spec = &spec_.sites[i];
+      sites_[i].hb = PhiAccrual(opt_.phi);
+      sites_[i].slots.resize(static_cast<std::size_t>(site_slots_));
+    }
+  }
+
+  void compile(std::size_t i, std::vector<Diagnostic>& diags) {
+    const PolicySpec& ps = spec_.policies[i];
+    auto bad = [&](std::string_view key, const std::string& msg) {
+      Diagnostic d;
+      d.file = spec_.file.empty() ? "<spec>" : spec_.file;
+      d.line = ps.location.line;
+      d.column = ps.location.column;
+      d.path = "policies[" + std::to_string(i) + "]" + (key.empty() ? "" : "." + std::string(key));
+      d.message = "policy '" + ps.name + "': " + msg;
+      diags.push_back(std::move(d));
+    };
+    const std::size_t before = diags.size();
+    Policy p;
+    p.spec = &ps;
+    p.signal = signal_index(ps.signal);
+    if (p.signal < 0) {
+      bad("signal", "unknown signal '" + ps.signal + "'");
+      return;
+    }
+    const SignalInfo& sig = kSignals[p.signal];
+    p.scope = sig.scope;
+    p.dir = sig.dir;
+    bool det_ok = false;
+    for (const auto& d : kDetectors)
+      if (d.name == ps.detector) p.det = d.det, det_ok = true;
+    if (!det_ok) {
+      bad("detector", "unknown detector '" + ps.detector + "'");
+      return;
+    }
+    if (p.det == Det::phi && p.signal != kTaskHeartbeat && p.signal != kSiteHeartbeat)
+      bad("detector", "phi-accrual watches heartbeats: use it with task.heartbeat_gap or site.heartbeat_gap, not " +
+                          ps.signal);
+    const bool slack = p.signal == kDeadlineSlack;
+    switch (p.det) {
+      case Det::ensemble: p.threshold = ps.threshold.value_or(0.5); break;
+      case Det::ewma:
+      case Det::holt_winters: p.threshold = ps.threshold.value_or(4.0); break;
+      case Det::cusum: p.threshold = ps.threshold.value_or(12.0); break;
+      case Det::phi: p.threshold = ps.threshold.value_or(8.0); break;
+      case Det::forecast:
+      case Det::threshold:
+        if (slack) {
+          p.threshold = ps.threshold.value_or(0.0);
+        } else if (!ps.threshold) {
+          bad("threshold", "detector '" + ps.detector + "' needs a threshold: (the value of " + ps.signal +
+                               (p.det == Det::forecast ? " whose crossing is forecast)" : " to compare with)"));
+        } else {
+          p.threshold = *ps.threshold;
+        }
+        break;
+    }
+    if (!std::isfinite(p.threshold)) bad("threshold", "threshold must be a finite number");
+    if (p.det == Det::ensemble && !(p.threshold > 0 && p.threshold <= 1))
+      bad("threshold", "an ensemble score is in [0, 1]: threshold must be in (0, 1], not " + fmt("%g", p.threshold));
+    if (p.det == Det::phi && !(p.threshold > 0))
+      bad("threshold", "a phi threshold must be > 0 (8 ~ a 1e-8 chance of a false suspicion)");
+    if (ps.for_count < 1) bad("for", "for: must be >= 1");
+    p.for_count = std::max<std::int64_t>(1, ps.for_count);
+    p.cooldown = ps.cooldown.count();
+    if (!(p.cooldown >= 0)) bad("cooldown", "cooldown must be >= 0");
+    if (ps.max_attempts < 1 || ps.max_attempts > 1000000) bad("max_attempts", "max_attempts must be in 1..1000000");
+    p.max_attempts = static_cast<int>(std::clamp<std::int64_t>(ps.max_attempts, 1, 1000000));
+
+    if (p.scope == Scope::site && task_action(ps.action))
+      bad("action", "action '" + std::string(to_string(ps.action)) + "' acts on a task, but " + ps.signal +
+                        " is a per-site signal (use throttle or alert)");
+    if ((ps.action == ActionKind::migrate || ps.action == ActionKind::speculate) && spec_.sites.size() < 2)
+      bad("action", "action '" + std::string(to_string(ps.action)) + "' needs at least two sites");
+
+    p.all_targets = ps.targets.empty();
+    for (std::size_t j = 0; j < ps.targets.size(); ++j) {
+      const std::string& t = ps.targets[j];
+      if (auto it = site_index_.find(t); it != site_index_.end()) {
+        p.site_targets.push_back(it->second);
+        continue;
+      }
+      bool known = std::any_of(spec_.tasks.begin(), spec_.tasks.end(), [&](const TaskSpec& ts) { return ts.name == t; }) ||
+                   std::any_of(spec_.rehearsal.begin(), spec_.rehearsal.end(),
+                               [&](const RehearsalJobSpec& r) { return r.name == t; });
+      if (!known) {
+        bad("targets[" + std::to_string(j) + "]", "unknown target '" + t + "' (not a site, task or rehearsal job)");
+        continue;
+      }
+      p.task_targets.push_back(t);
+    }
+    if (p.scope == Scope::site && !p.all_targets && p.site_targets.empty())
+      bad("targets", ps.signal + " is a per-site signal but targets name no site: the policy could never fire");
+    for (std::size_t j = 0; j < ps.to_sites.size(); ++j) {
+      auto it = site_index_.find(ps.to_sites[j]);
+      if (it == site_index_.end())
+        bad("to_sites[" + std::to_string(j) + "]", "unknown site '" + ps.to_sites[j] + "'");
+      else
+        p.to_sites.push_back(it->second);
+    }
+    if (diags.size() != before) return;
+    if (p.scope != Scope::site) p.task_slot = task_slots_++;
+    if (p.scope != Scope::task) p.site_slot = site_slots_++;
+    by_signal_[static_cast<std::size_t>(p.signal)].push_back(static_cast<int>(policies_.size()));
+    policies_.push_back(std::move(p));
+  }
+
+  // ---- state -------------------------------------------------------------------------------
+
+  void advance(double now) {
+    if (std::isfinite(now) && now > now_) now_ = now;
+  }
+  double clock() const { return std::isfinite(now_) ? now_ : 0.0; }
+
+  int find_site(std::string_view name) const {
+    auto it = site_index_.find(name);
+    return it == site_index_.end() ? -1 : it->second;
+  }
+
+  const TaskSpec* task_spec(std::string_view id) const {
+    const TaskSpec* best = nullptr;
+    for (const auto& t : spec_.tasks)
+      if (name_matches(t.name, id) && (!best || t.name.size() > best->name.size())) best = &t;
+    return best;
+  }
+
+  void set_site(TaskState& t, std::string_view site) {
+    if (site.empty() || site == t.site_name) return;
+    if (t.site >= 0) --sites_[static_cast<std::size_t>(t.site)].running;
+    t.site_name.assign(site);
+    t.site = find_site(site);
+    if (t.site >= 0) ++sites_[static_cast<std::size_t>(t.site)].running;
+  }
+
+  TaskState& task(std::string_view id, std::string_view site, double now) {
+    auto it = tasks_.find(id);
+    if (it == tasks_.end()) {
+      it = tasks_.emplace(std::string(id), TaskState{}).first;
+      TaskState& t = it->second;
+      t.spec = task_spec(id);
+      t.hb = PhiAccrual(opt_.phi);
+      t.slots.resize(static_cast<std::size_t>(task_slots_));
+    }
+    TaskState& t = it->second;
+    set_site(t, site);
+    if (std::isfinite(now)) t.last_activity = std::max(t.last_activity, now);
+    return t;
+  }
+
+  void forget(std::map<std::string, TaskState, std::less<>>::iterator it) {
+    if (it->second.site >= 0) --sites_[static_cast<std::size_t>(it->second.site)].running;
+    tasks_.erase(it);
+  }
+
+  double decayed_failures(const SiteState& s, double now) const {
+    if (s.failures == 0) return 0;
+    return s.failures * std::exp2(-std::max(0.0, now - s.failures_t) / opt_.failure_half_life_s);
+  }
+  void add_failures(SiteState& s, double k, double now) {
+    s.failures = decayed_failures(s, now) + k;
+    s.failures_t = std::max(s.failures_t, now);
+  }
+
+  SiteHealth health(const SiteState& s, double now) const {
+    SiteHealth h;
+    h.speed = std::clamp(s.spec->speed / max_speed_, 0.0, 1.0);
+    h.workers = std::max<std::int64_t>(1, s.spec->workers);
+    h.queue = s.queue ? std::max(0.0, *s.queue)
+                      : static_cast<double>(std::max<std::int64_t>(0, s.running - h.workers));
+    h.failures = decayed_failures(s, now);
+    h.failure_rate = s.failure_rate;
+    h.anomaly = std::clamp(s.anomaly, 0.0, 1.0);
+    h.health = (1 - h.anomaly) * (1 - h.failure_rate) / (1 + h.failures) /
+               (1 + h.queue / static_cast<double>(h.workers)) * h.speed;
+    h.health = std::clamp(h.health, 0.0, 1.0);
+    return h;
+  }
+
+  bool watches(const Policy& p, std::string_view task_id, int site) const {
+    if (p.all_targets) return true;
+    if (site >= 0 && std::find(p.site_targets.begin(), p.site_targets.end(), site) != p.site_targets.end()) return true;
+    if (!task_id.empty())
+      for (const auto& n : p.task_targets)
+        if (name_matches(n, task_id)) return true;
+    return false;
+  }
+
+  // ---- detectors -----------------------------------------------------------------------------
+
+  /// z of x against a RobustLevel, its scale floored at 1 % of the level so that a nearly
+  /// constant series (timings repeating to the microsecond) does not make jitter look huge.
+  static double floored_z(const RobustLevel& rl, double x) {
+    if (rl.count() < 2) return 0;
+    const double sd = std::max({1.25 * rl.scale(), 0.01 * std::fabs(rl.level()), 1e-12});
+    return (x - rl.level()) / sd;
+  }
+
+  Eval run_detector(const Policy& p, Slot& s, double t, double x) {
+    Eval e;
+    e.x = x;
+    if (!std::isfinite(x) || !std::isfinite(t)) return e;
+    if (!s.det) {
+      s.det = std::make_unique<DetState>();
+      switch (p.det) {
+        case Det::ensemble: s.det->v.emplace<Ensemble>(opt_.ensemble); break;
+        case Det::ewma: s.det->v.emplace<RobustLevel>(); break;
+        case Det::holt_winters: s.det->v.emplace<SeasonalForecaster>(); break;
+        case Det::cusum: s.det->v.emplace<CusumState>(CusumState{RobustLevel{}, Cusum{{0.5, 1e300, 4.0}}}); break;
+        case Det::forecast:
+          if (p.signal != kDeadlineSlack)
+            s.det->v.emplace<ThresholdForecaster>(p.threshold, p.dir > 0 ? ThresholdForecaster::Direction::kRising
+                                                                          : ThresholdForecaster::Direction::kFalling);
+          break;
+        default: break;
+      }
+    }
+    const double min_n = static_cast<double>(opt_.min_observations);
+    auto z_score = [](double z) { return std::clamp(detail::neg_log_upper_tail(z) / 23.0, 0.0, 1.0); };
+    // A z-score against the policy's threshold, on the side the signal goes bad.
+    auto judge_z = [&](Eval& ev, const auto& pol, bool warm, double z) {
+      ev.ready = warm;
+      ev.value = z;
+      ev.shown_threshold = pol.dir * pol.threshold;
+      ev.over = warm && pol.dir * z >= pol.threshold;
+      ev.score = z_score(pol.dir * z);
+      ev.badness = ev.over ? 1 : 0;
+    };
+    switch (p.det) {
+      case Det::ensemble: {
+        auto& en = std::get<Ensemble>(s.det->v);
+        e.ens = en.update(t, x);
+        e.ready = en.count() > static_cast<std::uint64_t>(std::max(0, opt_.ensemble.warmup));
+        const bool bad_side = p.dir * e.ens.z > 0;
+        e.value = bad_side ? e.ens.score : 0;
+        e.shown_threshold = p.threshold;
+        e.over = e.value >= p.threshold;
+        e.score = e.ens.score;
+        e.badness = e.value;
+        break;
+      }
+      case Det::ewma: {
+        auto& rl = std::get<RobustLevel>(s.det->v);
+        e.a = rl.level();
+        e.b = 1.25 * rl.scale();
+        const bool warm = static_cast<double>(rl.count()) >= min_n;
+        const double z = floored_z(rl, x);
+        rl.update(x);
+        judge_z(e, p, warm, z);
+        break;
+      }
+      case Det::holt_winters: {
+        auto& fc = std::get<SeasonalForecaster>(s.det->v);
+        e.fc = fc.forecast(t);
+        const bool warm = static_cast<double>(fc.count()) >= min_n;
+        const double z = fc.update(t, x);
+        judge_z(e, p, warm, z);
+        break;
+      }
+      case Det::cusum: {
+        auto& cs = std::get<CusumState>(s.det->v);
+        e.a = cs.level.level();
+        const bool warm = static_cast<double>(cs.level.count()) >= min_n;
+        const double z = floored_z(cs.level, x);
+        cs.level.update(x);
+        if (warm) cs.cusum.update(z);
+        e.ready = warm;
+        e.value = p.dir > 0 ? cs.cusum.upper() : cs.cusum.lower();
+        e.shown_threshold = p.threshold;
+        e.over = warm && e.value >= p.threshold;
+        e.score = std::clamp(e.value / 23.0, 0.0, 1.0);  // surprise 2kS nats, k = 0.5
+        e.badness = e.over ? 1 : 0;
+        break;
+      }
+      case Det::threshold:
+      case Det::forecast:
+        if (p.det == Det::threshold || p.signal == kDeadlineSlack) {
+          e.ready = true;
+          e.value = x;
+          e.shown_threshold = p.threshold;
+          e.over = p.dir > 0 ? x >= p.threshold : x <= p.threshold;
+          e.score = 1;
+          e.badness = e.over ? 1 : 0;
+        } else {
+          auto& tf = std::get<ThresholdForecaster>(s.det->v);
+          tf.update(t, x);
+          e.ready = static_cast<double>(tf.model().count()) >= min_n;
+          e.shown_threshold = opt_.forecast_horizon_s;
+          e.value = kInf;
+          if (auto c = tf.time_to_cross()) {
+            e.value = std::max(0.0, c->at - t);
+            e.eta = c->at;
+            e.a = c->earliest, e.b = c->latest;
+          }
+          e.c = tf.model().slope();
+          e.over = e.ready && e.value <= opt_.forecast_horizon_s;
+          e.score = 1;
+          e.badness = e.over ? 1 : 0;
+        }
+        break;
+      case Det::phi: break;  // evaluated by phi_eval
+    }
+    return e;
+  }
+
+  Eval phi_eval(const Policy& p, const PhiAccrual& hb, std::optional<double> last_hb, double now) const {
+    Eval e;
+    if (hb.count() < static_cast<std::uint64_t>(opt_.min_heartbeats) || !last_hb) return e;
+    const double phi = hb.phi(now);
+    e.ready = true;
+    e.value = phi;
+    e.x = now - *last_hb;
+    e.a = hb.mean_gap();
+    e.b = static_cast<double>(hb.count());
+    e.shown_threshold = p.threshold;
+    e.over = phi >= p.threshold;
+    e.score = 1 - std::pow(10.0, -phi);
+    e.badness = e.over ? 1 : 0;
+    return e;
+  }
+
+  // ---- deciding --------------------------------------------------------------------------------
+
+  std::string value_text(const Policy& p, const Eval& e) const {
+    const char* op = p.det == Det::forecast && p.signal != kDeadlineSlack ? "<=" : (p.dir > 0 ? ">=" : "<=");
+    const char* unit = kSignals[p.signal].unit;
+    switch (p.det) {
+      case Det::ensemble: return fmt("score %.2f >= %g", e.value, p.threshold);
+      case Det::ewma:
+      case Det::holt_winters: return fmt("z %+.1f %s %+g", e.value, op, e.shown_threshold);
+      case Det::cusum: return fmt("%s sum %.1f >= %g sigmas", p.dir > 0 ? "upward" : "downward", e.value, p.threshold);
+      case Det::phi: return fmt("phi %.1f >= %g", e.value, p.threshold);
+      case Det::threshold: return fmt("value %.4g%s %s %g%s", e.value, unit, op, p.threshold, unit);
+      case Det::forecast:
+        if (p.signal == kDeadlineSlack) {
+          if (e.stalled) return fmt("deadline passed %.1f s ago with progress not increasing", -e.value);
+          return fmt("deadline slack %.1f s %s %g s", e.value, op, p.threshold);
+        }
+        return fmt("forecast to cross %g in %.0f s %s horizon %g s", p.threshold, e.value, op, opt_.forecast_horizon_s);
+    }
+    return {};
+  }
+
+  std::string explanation(const Policy& p, const Eval& e, const TaskState* t) const {
+    switch (p.det) {
+      case Det::ensemble: return explain(e.ens);
+      case Det::ewma: return fmt("value %.4g, level %.4g, scale %.3g", e.x, e.a, e.b);
+      case Det::holt_winters:
+        return fmt("value %.4g, expected %.4g [%.4g, %.4g]", e.x, e.fc.mean, e.fc.lower, e.fc.upper);
+      case Det::cusum: return fmt("value %.4g, level before %.4g", e.x, e.a);
+      case Det::phi:
+        return fmt("last heartbeat %.1f s ago, mean gap %.2f s over %.0f heartbeats", e.x, e.a, e.b);
+      case Det::threshold: return fmt("value %.4g", e.x);
+      case Det::forecast:
+        if (p.signal == kDeadlineSlack) {
+          if (!t || !t->deadline || !e.eta) return fmt("deadline slack %.4g s", e.x);
+          return fmt("expected completion t=%.1f s [%.1f, %s], deadline t=%.1f s, progress %.3f", *e.eta, e.a,
+                     std::isfinite(e.b) ? fmt("%.1f", e.b).c_str() : "never", *t->deadline, t->last_fraction);
+        }
+        if (!e.eta) return fmt("value %.4g, trend %+.3g/s", e.x, e.c);
+        return fmt("value %.4g, trend %+.3g/s, crossing at t=%.1f s [%.1f, %s]", e.x, e.c, *e.eta, e.a,
+                   std::isfinite(e.b) ? fmt("%.1f", e.b).c_str() : "never");
+    }
+    return {};
+  }
+
+  static std::string health_text(const SiteHealth& h) {
+    return fmt("health %.2f (speed %.2f, queue %.0f/%lld workers, failures %.1f, failure rate %.2f, anomaly %.2f)",
+               h.health, h.speed, h.queue, static_cast<long long>(h.workers), h.failures, h.failure_rate, h.anomaly);
+  }
+
+  /// Picks the target of a migrate/speculate; returns -1 and says why in `why`.
+  int choose_target(const Policy& p, const TaskState& t, double now, std::string& why) const {
+    int best = -1, second = -1;
+    double best_h = -1, second_h = -1;
+    int candidates = 0;
+    auto preferred_rank = [&](int site) {
+      if (!t.spec) return 1 << 20;
+      const auto& pref = t.spec->preferred_sites;
+      auto it = std::find(pref.begin(), pref.end(), sites_[static_cast<std::size_t>(site)].spec->name);
+      return it == pref.end() ? 1 << 20 : static_cast<int>(it - pref.begin());
+    };
+    auto visit = [&](int site) {
+      if (site == t.site) return;
+      const SiteSpec& ss = *sites_[static_cast<std::size_t>(site)].spec;
+      if (ss.name == t.site_name) return;
+      if (t.spec && !t.spec->allowed_sites.empty() &&
+          std::find(t.spec->allowed_sites.begin(), t.spec->allowed_sites.end(), ss.name) == t.spec->allowed_sites.end())
+        return;
+      ++candidates;
+      const double h = health(sites_[static_cast<std::size_t>(site)], now).health;
+      const bool better = best < 0 || h > best_h + 1e-12 ||
+                          (std::abs(h - best_h) <= 1e-12 && preferred_rank(site) < preferred_rank(best));
+      if (better) {
+        second = best, second_h = best_h;
+        best = site, best_h = h;
+      } else if (second < 0 || h > second_h) {
+        second = site, second_h = h;
+      }
+    };
+    if (p.to_sites.empty())
+      for (int i = 0; i < static_cast<int>(sites_.size()); ++i) visit(i);
+    else
+      for (int i : p.to_sites) visit(i);
+    if (best < 0) {
+      why = "no candidate site (to_sites and the task's allowed_sites leave none besides " + t.site_name + ")";
+      return -1;
+    }
+    const SiteState& b = sites_[static_cast<std::size_t>(best)];
+    SiteHealth bh = health(b, now);
+    if (bh.health < opt_.min_target_health) {
+      why = fmt("no healthy target: best candidate %s has ", b.spec->name.c_str()) + health_text(bh) +
+            fmt(" < %g", opt_.min_target_health);
+      return -1;
+    }
+    why = b.spec->name + ": " + health_text(bh) + fmt(", best of %d candidate%s", candidates, candidates == 1 ? "" : "s");
+    if (second >= 0) why += fmt(" (next %s %.2f)", sites_[static_cast<std::size_t>(second)].spec->name.c_str(), second_h);
+    if (t.site >= 0) why += fmt("; source %s %.2f", t.site_name.c_str(), health(sites_[static_cast<std::size_t>(t.site)], now).health);
+    return best;
+  }
+
+  void feed_anomaly(SiteState* ss, double badness) const {
+    if (ss) ss->anomaly += opt_.health_alpha * (std::clamp(badness, 0.0, 1.0) - ss->anomaly);
+  }
+
+  /// Hysteresis, cooldown, budget; emits a Decision when the policy fires.
+  void consider(const Policy& p, Slot& s, const Eval& e, std::string_view task_id, TaskState* t,
+                std::string_view site, SiteState* ss, double now, std::vector<Decision>& out) {
+    if (!e.ready) {
+      s.run = 0;
+      return;
+    }
+    feed_anomaly(ss, e.badness);
+    if (!e.over) {
+      s.run = 0;
+      return;
+    }
+    ++s.run;
+    if (s.run < p.for_count) return;
+    if (now < s.last_fire + p.cooldown) return;
+
+    const PolicySpec& ps = *p.spec;
+    std::string subject = task_id.empty() ? "site " + std::string(site)
+                                          : "task " + std::string(task_id) + " on site " +
+                                                (site.empty() ? std::string("?") : std::string(site));
+    std::string what = ps.name + ": " + ps.signal + " of " + subject + ": " + ps.detector + " " + value_text(p, e) +
+                       fmt(" for %lld observation%s", static_cast<long long>(s.run), s.run == 1 ? "" : "s");
+    Decision d;
+    d.task_id.assign(task_id);
+    d.site.assign(site);
+    d.policy = ps.name;
+    d.score = std::clamp(e.score, 0.0, 1.0);
+    d.signal = ps.signal;
+    d.detector = ps.detector;
+    d.explanation = explanation(p, e, t);
+    d.value = std::isfinite(e.value) ? e.value : 0;
+    d.threshold = e.shown_threshold;
+    d.time_s = now;
+    d.eta_s = e.eta;
+
+    if (s.attempts >= p.max_attempts) {
+      if (!s.exhausted) {
+        s.exhausted = true;
+        s.last_fire = now;
+        s.run = 0;
+        d.action = "alert";
+        d.attempt = 0;
+        d.reason = what + " (" + d.explanation + "); " + std::string(to_string(ps.action)) +
+                   fmt(" budget spent (max_attempts %d): not acting again", p.max_attempts);
+        out.push_back(std::move(d));
+      }
+      return;
+    }
+
+    ++s.attempts;
+    s.last_fire = now;
+    s.run = 0;
+    if (p.det == Det::cusum && s.det) std::get<CusumState>(s.det->v).cusum = Cusum{{0.5, 1e300, 4.0}};
+    d.attempt = s.attempts;
+    std::string act;
+    switch (ps.action) {
+      case ActionKind::restart:
+        d.action = "restart";
+        d.target_site.assign(site);
+        act = "restart on site " + std::string(site.empty() ? "?" : site);
+        break;
+      case ActionKind::migrate:
+      case ActionKind::speculate: {
+        std::string why;
+        const char* verb = ps.action == ActionKind::migrate ? "migrate" : "speculate";
+        int target = t ? choose_target(p, *t, now, why) : -1;
+        if (target < 0) {
+          d.action = "alert";
+          act = std::string("cannot ") + verb + ": " + (t ? why : std::string("no task"));
+        } else {
+          d.action = verb;
+          d.target_site = sites_[static_cast<std::size_t>(target)].spec->name;
+          act = std::string(verb) + (ps.action == ActionKind::migrate ? " to " : " a copy on ") + why;
+        }
+        break;
+      }
+      case ActionKind::checkpoint:
+        d.action = "checkpoint";
+        act = "checkpoint task " + std::string(task_id);
+        break;
+      case ActionKind::throttle:
+        d.action = "throttle";
+        act = task_id.empty() ? "throttle site " + std::string(site) : "throttle task " + std::string(task_id);
+        break;
+      case ActionKind::alert:
+        d.action = "alert";
+        act = "alert";
+        break;
+    }
+    if ((d.action == "restart" || d.action == "migrate") && ss) add_failures(*ss, 1, now);
+    d.reason = what + " (" + d.explanation + "); " + act + fmt("; attempt %d of %d", s.attempts, p.max_attempts);
+    out.push_back(std::move(d));
+  }
+
+  SiteState* site_state(int idx) { return idx >= 0 ? &sites_[static_cast<std::size_t>(idx)] : nullptr; }
+
+  // ---- entry points ------------------------------------------------------------------------------
+
+  void observe(const Observation& o, std::vector<Decision>& out) {
+    const int sig = signal_index(o.signal);
+    if (sig < 0 || !std::isfinite(o.time_s)) return;
+    advance(o.time_s);
+    const double now = o.time_s;
+    const SignalInfo& info = kSignals[sig];
+    const bool per_task = info.scope == Scope::task || (info.scope == Scope::resource && !o.task_id.empty());
+    const int site_idx = find_site(o.site);
+    SiteState* ss = site_state(site_idx);
+
+    // Inputs of the health score, whatever the policies.
+    if (std::isfinite(o.value) && ss) {
+      if (sig == kQueueLength) ss->queue = o.value;
+      if (sig == kFailureRate) ss->failure_rate = std::clamp(o.value, 0.0, 1.0);
+      if (sig == kFailures && o.value > 0) add_failures(*ss, o.value, now);
+    }
+
+    if (per_task) {
+      if (o.task_id.empty()) return;
+      const auto& list = by_signal_[static_cast<std::size_t>(sig)];
+      TaskState& t = task(o.task_id, o.site, now);
+      if (sig == kDeadlineSlack) t.observed_slack = true;
+      if (sig == kProgressRate) t.observed_rate = true;
+      if (sig == kTaskHeartbeat && std::isfinite(o.value) && o.value >= 0) {
+        const double at = now - o.value;
+        if (!t.last_hb || at > *t.last_hb + 1e-9) {
+          t.hb.heartbeat(at);
+          t.last_hb = at;
+        }
+      }
+      SiteState* tss = site_state(t.site);
+      for (int pi : list) {
+        const Policy& p = policies_[static_cast<std::size_t>(pi)];
+        if (!watches(p, o.task_id, t.site)) continue;
+        Slot& s = t.slots[static_cast<std::size_t>(p.task_slot)];
+        Eval e = p.det == Det::phi ? phi_eval(p, t.hb, t.last_hb, now) : run_detector(p, s, now, o.value);
+        consider(p, s, e, o.task_id, &t, t.site_name, tss, now, out);
+      }
+      return;
+    }
+    if (!ss) return;
+    if (sig == kSiteHeartbeat && std::isfinite(o.value) && o.value >= 0) {
+      const double at = now - o.value;
+      if (!ss->last_hb || at > *ss->last_hb + 1e-9) {
+        ss->hb.heartbeat(at);
+        ss->last_hb = at;
+      }
+    }
+    for (int pi : by_signal_[static_cast<std::size_t>(sig)]) {
+      const Policy& p = policies_[static_cast<std::size_t>(pi)];
+      if (p.site_slot < 0 || !watches(p, {}, site_idx)) continue;
+      if (info.scope == Scope::resource && task_action(p.spec->action)) continue;  // needs a task
+      Slot& s = ss->slots[static_cast<std::size_t>(p.site_slot)];
+      Eval e = p.det == Det::phi ? phi_eval(p, ss->hb, ss->last_hb, now) : run_detector(p, s, now, o.value);
+      consider(p, s, e, {}, nullptr, ss->spec->name, ss, now, out);
+    }
+  }
+
+  void tick(double now, std::vector<Decision>& out) {
+    if (!std::isfinite(now)) return;
+    advance(now);
+    const auto& hb_pols = by_signal_[kTaskHeartbeat];
+    const auto& slack_pols = by_signal_[kDeadlineSlack];
+    const auto& rate_pols = by_signal_[kProgressRate];
+    for (auto& [id, t] : tasks_) {
+      SiteState* tss = site_state(t.site);
+      for (int pi : hb_pols) {
+        const Policy& p = policies_[static_cast<std::size_t>(pi)];
+        if (p.det != Det::phi || !watches(p, id, t.site)) continue;
+        Slot& s = t.slots[static_cast<std::size_t>(p.task_slot)];
+        consider(p, s, phi_eval(p, t.hb, t.last_hb, now), id, &t, t.site_name, tss, now, out);
+      }
+      const TrendModel& m = t.progress.model();
+      // The trend's early slope is biased low (Holt starts from 0): judge after warm-up.
+      if (m.count() < static_cast<std::uint64_t>(opt_.min_observations)) continue;
+      if (!t.observed_slack && t.deadline && !slack_pols.empty()) {
+        auto f = t.progress.expected_completion();
+        std::optional<double> slack;
+        bool stalled = false;
+        if (f) {
+          slack = *t.deadline - std::max(f->at, now);
+        } else if (now >= *t.deadline) {
+          slack = *t.deadline - now;
+          stalled = true;
+        }
+        if (slack) {
+          for (int pi : slack_pols) {
+            const Policy& p = policies_[static_cast<std::size_t>(pi)];
+            if (!watches(p, id, t.site)) continue;
+            Slot& s = t.slots[static_cast<std::size_t>(p.task_slot)];
+            Eval e = run_detector(p, s, now, *slack);
+            e.stalled = stalled;
+            if (f) {
+              e.eta = std::max(f->at, now);
+              e.a = f->earliest;
+              e.b = f->latest;
+            }
+            consider(p, s, e, id, &t, t.site_name, tss, now, out);
+          }
+        }
+      }
+      if (!t.observed_rate && !rate_pols.empty()) {
+        const double rate = m.slope();
+        for (int pi : rate_pols) {
+          const Policy& p = policies_[static_cast<std::size_t>(pi)];
+          if (!watches(p, id, t.site)) continue;
+          Slot& s = t.slots[static_cast<std::size_t>(p.task_slot)];
+          consider(p, s, run_detector(p, s, now, rate), id, &t, t.site_name, tss, now, out);
+        }
+      }
+    }
+    for (std::size_t i = 0; i < sites_.size(); ++i) {
+      SiteState& ss = sites_[i];
+      for (int pi : by_signal_[kSiteHeartbeat]) {
+        const Policy& p = policies_[static_cast<std::size_t>(pi)];
+        if (p.det != Det::phi || !watches(p, {}, static_cast<int>(i))) continue;
+        Slot& s = ss.slots[static_cast<std::size_t>(p.site_slot)];
+        consider(p, s, phi_eval(p, ss.hb, ss.last_hb, now), {}, nullptr, ss.spec->name, &ss, now, out);
+      }
+    }
+    if (now - last_prune_ >= 60) {
+      last_prune_ = now;
+      for (auto it = tasks_.begin(); it != tasks_.end();) {
+        auto next = std::next(it);
+        if (now - it->second.last_activity > opt_.task_ttl_s) forget(it);
+        it = next;
+      }
+    }
+  }
+};
+
+PolicyEngine::PolicyEngine(const WorkflowSpec& spec, PolicyOptions options)
+    : impl_(std::make_unique<Impl>(spec, std::move(options))) {}
+PolicyEngine::~PolicyEngine() = default;
+PolicyEngine::PolicyEngine(PolicyEngine&&) noexcept = default;
+PolicyEngine& PolicyEngine::operator=(PolicyEngine&&) noexcept = default;
+
+void PolicyEngine::task_started(std::string_view task, std::string_view site, double now,
+                                std::optional<double> deadline_s) {
+  if (task.empty()) return;
+  impl_->advance(now);
+  auto& t = impl_->task(task, site, now);
+  for (auto& s : t.slots) s.reset_series();
+  t.hb = PhiAccrual(impl_->opt_.phi);
+  t.last_hb.reset();
+  t.progress = CompletionForecaster(1.0);
+  t.last_fraction = 0;
+  t.observed_slack = t.observed_rate = false;
+  if (!t.deadline && std::isfinite(now)) {
+    if (deadline_s && std::isfinite(*deadline_s))
+      t.deadline = now + *deadline_s;
+    else if (t.spec && t.spec->deadline)
+      t.deadline = now + t.spec->deadline->count();
+  }
+}
+
+void PolicyEngine::task_progress(std::string_view task, double fraction, double now) {
+  if (task.empty() || !std::isfinite(fraction) || !std::isfinite(now)) return;
+  impl_->advance(now);
+  auto& t = impl_->task(task, {}, now);
+  t.progress.update(now, fraction);
+  t.last_fraction = fraction;
+}
+
+void PolicyEngine::heartbeat(std::string_view task, std::string_view site, double now) {
+  if (task.empty() || !std::isfinite(now)) return;
+  impl_->advance(now);
+  auto& t = impl_->task(task, site, now);
+  if (t.last_hb && now < *t.last_hb) return;
+  t.hb.heartbeat(now);
+  t.last_hb = now;
+}
+
+void PolicyEngine::task_finished(std::string_view task, double now) {
+  impl_->advance(now);
+  auto it = impl_->tasks_.find(task);
+  if (it != impl_->tasks_.end()) impl_->forget(it);
+}
+
+void PolicyEngine::observe(const Observation& o, std::vector<Decision>& out) { impl_->observe(o, out); }
+void PolicyEngine::tick(double now, std::vector<Decision>& out) { impl_->tick(now, out); }
+
+double PolicyEngine::site_health(std::string_view site) const {
+  auto h = site_health_detail(site);
+  return h ? h->health : 0.0;
+}
+
+std::optional<SiteHealth> PolicyEngine::site_health_detail(std::string_view site) const {
+  int i = impl_->find_site(site);
+  if (i < 0) return std::nullopt;
+  return impl_->health(impl_->sites_[static_cast<std::size_t>(i)], impl_->clock());
+}
+
+std::size_t PolicyEngine::tracked_tasks() const noexcept { return impl_->tasks_.size(); }
+std::size_t PolicyEngine::policy_count() const noexcept { return impl_->policies_.size(); }
+
+}  // namespace diaspora::resilience
