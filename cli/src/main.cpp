@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "diaspora/core.hpp"
+#include "diaspora/policy.hpp"
 #include "diaspora/relay_client.hpp"
 #include "bench_relay.hpp"
 #include "net_commands.hpp"
@@ -30,6 +31,16 @@ int cmd_validate(const std::vector<std::string>& files, bool quiet) {
   std::size_t errors = 0;
   for (const auto& f : files) {
     auto r = diaspora::load_spec_file(f);
+    if (r.ok()) {
+      // The policies must also compile into rules (the checks only the resilience engine
+      // can make, e.g. phi-accrual on a signal that is not a heartbeat).
+      try {
+        diaspora::resilience::PolicyEngine engine(*r.spec);
+      } catch (const diaspora::SpecError& e) {
+        r.diagnostics = e.diagnostics();
+        r.spec.reset();
+      }
+    }
     for (const auto& d : r.diagnostics) std::cerr << d.str() << "\n";
     errors += r.diagnostics.size();
     if (r.ok()) {

@@ -262,7 +262,9 @@ static int open_common(const diaspora::SpecLoadResult& loaded, const std::filesy
     write_buf(errbuf, errbuf_len, "");
     return DIASPORA_OK;
   } catch (const dp::ConfigError& e) {
-    write_buf(errbuf, errbuf_len, std::string(loaded.spec ? loaded.spec->file : "<spec>") + ": error: " + e.what());
+    const std::string file = loaded.spec ? loaded.spec->file : "<spec>";
+    const std::string what = e.what();  // located already (a policy), or about the whole file
+    write_buf(errbuf, errbuf_len, what.starts_with(file + ":") ? what : file + ": error: " + what);
     return DIASPORA_ERR_CONFIG;
   } catch (const dp::SpoolError& e) {
     write_buf(errbuf, errbuf_len, e.what());

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <cstdlib>
 #include <fstream>
@@ -12,6 +13,7 @@
 
 #include "diaspora/event.hpp"
 #include "diaspora/payloads.hpp"
+#include "diaspora/policy.hpp"
 #include "diaspora/relay_client.hpp"
 #include "diaspora/spec.hpp"
 
@@ -99,6 +101,7 @@ Config Config::from_spec(const WorkflowSpec& spec, const std::filesystem::path& 
   c.max_inflight = static_cast<std::size_t>(spec.plugin.max_inflight);
   c.control = spec.plugin.control;
   c.reconnect_max = std::max(c.reconnect_min, std::chrono::duration_cast<std::chrono::milliseconds>(spec.plugin.reconnect_max));
+  c.spec = std::make_shared<WorkflowSpec>(spec);
   return c;
 }
 
@@ -154,6 +157,20 @@ Plugin::Plugin(Config config)
   so.log = [this](const std::string& line) { set_error("spool: " + line); };  // never the engine's stderr
   spool_ = std::make_unique<Spool>(so);
   spool_active_ = spool_->records() > 0;
+  if (cfg_.spec && !cfg_.spec->policies.empty()) {
+    try {
+      policy_ = std::make_unique<resilience::PolicyEngine>(*cfg_.spec);
+    } catch (const std::exception& e) {
+      throw ConfigError(e.what());
+    }
+    // The tracker's derived series ("task.queue_wait_s", ...) are the policies' signals
+    // ("task.queue_wait", ...).
+    tracker_.sink = [this](const Observation& o) {
+      std::string_view series = o.series;
+      if (series.ends_with("_s")) series.remove_suffix(2);
+      observe_signal(series, o.task_id, o.site, o.value, o.time_us);
+    };
+  }
   publisher_ = std::thread([this] { publisher_main(); });
   control_ = std::thread([this] { control_main(); });
 }
@@ -274,6 +291,7 @@ void Plugin::append_record_event(std::string& out, const RecordView& r, std::str
   TaskTracker::Result res = tracker_.observe(r);
   res.derived.coalesced = coalesced;
   if (!res.warning.empty()) invalid_.fetch_add(1, std::memory_order_relaxed);
+  if (policy_) feed_policies(r, res);
   append_event(out, r, id, ctx_, res.derived);
   if (!res.warning.empty()) {
     json::object data{{"code", "invalid_transition"}, {"message", res.warning}, {"engine", cfg_.engine_id}};
@@ -380,6 +398,110 @@ void Plugin::move_queue_to_spool_locked() {
   spool_active_.store(spool_->records() > 0, std::memory_order_release);
 }
 
+// ---- the resilience engine (under spool_mu_, like the tracker) -------------------------------
+
+namespace {
+
+int action_kind(std::string_view name) noexcept;
+
+// A metric name as a signal name: "step_time_s" on a task -> "task.step_time".
+std::string signal_name(std::string_view scope, std::string_view metric) {
+  if (metric.ends_with("_s")) metric.remove_suffix(2);
+  std::string s(scope);
+  s += '.';
+  s += metric;
+  return s;
+}
+
+}  // namespace
+
+void Plugin::observe_signal(std::string_view signal, std::string_view task, std::string_view site, double value,
+                            std::int64_t time_us) {
+  if (!std::isfinite(value)) return;
+  std::vector<resilience::Decision> decisions;
+  policy_->observe(resilience::Observation{task, site, signal, value, static_cast<double>(time_us) / 1e6}, decisions);
+  act_on(decisions);
+}
+
+void Plugin::feed_policies(const RecordView& r, const TaskTracker::Result& res) {
+  const RecordHead& h = *r.head;
+  const double t = static_cast<double>(h.time_us) / 1e6;
+  const std::string_view key = r.str(f_key), site = r.str(f_site);
+  auto metrics = [&](std::string_view scope, std::string_view task, std::string_view where) {
+    r.for_each_metric([&](std::string_view name, double v) {
+      observe_signal(signal_name(scope, name), task, where, v, h.time_us);
+    });
+  };
+  switch (h.kind) {
+    case Kind::started:
+      policy_->task_started(key, site, t, res.deadline_s);
+      break;
+    case Kind::progress:
+      policy_->task_progress(key, h.number, t);
+      [[fallthrough]];
+    case Kind::heartbeat:
+      policy_->heartbeat(key, site, t);
+      metrics("task", key, site);
+      break;
+    case Kind::failed:
+      observe_signal("task.failures", key, site, 1, h.time_us);
+      if (!(h.flags & retryable)) policy_->task_finished(key, t);  // a retry keeps its budgets
+      break;
+    case Kind::completed:
+    case Kind::cancelled:
+      policy_->task_finished(key, t);
+      break;
+    case Kind::metric:
+      if (h.scope == DIASPORA_SCOPE_TASK) observe_signal(signal_name("task", r.str(f_name)), key, {}, h.number, h.time_us);
+      else if (h.scope == DIASPORA_SCOPE_SITE) observe_signal(signal_name("site", r.str(f_name)), {}, key, h.number, h.time_us);
+      else observe_signal(signal_name("resource", r.str(f_name)), {}, {}, h.number, h.time_us);
+      break;
+    case Kind::resource:
+      metrics("resource", {}, site);
+      break;
+    default:
+      break;
+  }
+}
+
+// Each decision is published as org.diaspora.anomaly.predicted (what was seen) and, as an
+// action, through the same path as an operator's (org.diaspora.action.requested, then
+// the engine's callback or poll); an `alert` is published only.
+void Plugin::act_on(std::vector<resilience::Decision>& decisions) {
+  for (auto& d : decisions) {
+    json::object data{{"series", d.signal + (d.task_id.empty() ? (d.site.empty() ? "" : ":" + d.site) : ":" + d.task_id)},
+                      {"score", std::clamp(std::isfinite(d.score) ? d.score : 1.0, 0.0, 1.0)},
+                      {"detector", d.detector.empty() ? std::string("policy") : d.detector}};
+    if (!d.explanation.empty()) data["explanation"] = d.explanation.substr(0, 4000);
+    if (std::isfinite(d.value)) data["value"] = d.value;
+    if (d.eta_s && std::isfinite(*d.eta_s)) {
+      json::object f{{"metric", d.signal}, {"eta_s", std::max(0.0, *d.eta_s - d.time_s)}};
+      if (std::isfinite(d.threshold)) f["threshold"] = d.threshold;
+      data["forecast"] = std::move(f);
+    }
+    if (!d.task_id.empty()) data["task_id"] = d.task_id;
+    if (!d.site.empty()) data["site"] = d.site;
+    std::string text;
+    append_event(text, "org.diaspora.anomaly.predicted", next_side_id(),
+                 d.task_id.empty() ? std::nullopt : std::optional<std::string_view>(d.task_id), data, ctx_,
+                 static_cast<std::int64_t>(d.time_s * 1e6));
+    add_side_event(std::move(text));
+
+    Action a;
+    a.id = instance_ + "-a";
+    append_u64(a.id, action_counter_.fetch_add(1, std::memory_order_relaxed));
+    a.kind = action_kind(d.action);
+    a.kind_name = d.action;
+    a.task_id = d.task_id;
+    a.site = d.site;
+    a.target_site = d.action == "migrate" || d.action == "speculate" ? d.target_site : std::string();
+    a.reason = d.reason.substr(0, DIASPORA_MAX_TEXT);
+    a.issued_us = static_cast<std::int64_t>(d.time_s * 1e6);
+    dispatch_local(std::move(a));
+  }
+  decisions.clear();
+}
+
 // The id of an event text written by append_event ({"specversion":"1.0","id":"...",...).
 std::string Plugin::event_id(std::string_view text) {
   static constexpr std::string_view prefix = "{\"specversion\":\"1.0\",\"id\":\"";
@@ -404,6 +526,17 @@ void Plugin::publisher_main() {
       maybe_publish_stats(true);
     }
     if (stopping && (all_flushed() || Clock::now() >= flush_deadline_)) break;
+    if (policy_ && Clock::now() - last_tick_ >= 100ms) {  // heartbeat silence, deadline forecasts
+      last_tick_ = Clock::now();
+      try {
+        std::vector<resilience::Decision> decisions;
+        std::lock_guard lock(spool_mu_);
+        policy_->tick(static_cast<double>(now_us()) / 1e6, decisions);
+        act_on(decisions);
+      } catch (const std::exception& e) {
+        set_error(std::string("resilience engine: ") + e.what());
+      }
+    }
     if (!client_ && Clock::now() >= next_connect_) try_connect();
     if (!client_) {
       try {
@@ -761,6 +894,12 @@ constexpr std::pair<std::string_view, int> kActionKinds[] = {
     {"speculate", DIASPORA_ACTION_SPECULATE}, {"checkpoint", DIASPORA_ACTION_CHECKPOINT},
     {"throttle", DIASPORA_ACTION_THROTTLE},   {"cancel", DIASPORA_ACTION_CANCEL}};
 
+int action_kind(std::string_view name) noexcept {
+  for (auto [n, kind] : kActionKinds)
+    if (name == n) return kind;
+  return 0;  // alert: for people, not for the engine
+}
+
 constexpr std::size_t kMaxPollQueue = 4096;
 constexpr std::size_t kMaxUnacked = 65536;
 
@@ -852,6 +991,7 @@ void Plugin::dispatch_local(Action a) {
   append_event(text, "org.diaspora.action.requested", next_side_id(),
                a.task_id.empty() ? std::nullopt : std::optional<std::string_view>(a.task_id), data, ctx_, a.issued_us);
   add_side_event(std::move(text));
+  if (a.kind == 0) return;  // alert: published for people, not delivered to the engine
   std::lock_guard lock(action_mu_);
   to_deliver_.push_back(std::move(a));
   actions_received_.fetch_add(1, std::memory_order_relaxed);
@@ -873,8 +1013,7 @@ void Plugin::handle_action_event(const json::value& ev) {
     return;
   }
   Action a;
-  for (auto [name, kind] : kActionKinds)
-    if (req.action == name) a.kind = kind;
+  a.kind = action_kind(req.action);
   if (a.kind == 0) return;  // alert: for people, not for the engine
   auto too_long = [](const std::optional<std::string>& v, std::size_t max) { return v && v->size() > max; };
   if (req.action_id.size() > DIASPORA_MAX_ID || too_long(req.task_id, DIASPORA_MAX_ID) ||

@@ -36,6 +36,10 @@
 namespace diaspora {
 class RelayClient;
 struct WorkflowSpec;
+namespace resilience {
+class PolicyEngine;
+struct Decision;
+}  // namespace resilience
 }  // namespace diaspora
 
 namespace diaspora::plugin {
@@ -60,6 +64,7 @@ struct Config {
   bool control = true;
   std::chrono::milliseconds reconnect_min{100}, reconnect_max{5000};
   std::chrono::milliseconds stats_interval{10000};
+  std::shared_ptr<const WorkflowSpec> spec;  ///< for the resilience policies (none: no engine)
 
   /// Resolves a loaded spec: relay URL/CA/token (environment variables
   /// DIASPORA_RELAY_URL, DIASPORA_RELAY_CA, DIASPORA_RELAY_TOKEN_FILE override the spec,
@@ -133,6 +138,11 @@ class Plugin {
   void drain_coalesced(std::vector<std::pair<RecordHead, std::string>>& out);
   void append_record_event(std::string& out, const RecordView& r, std::string_view id, std::uint64_t coalesced);
   void add_side_event(std::string text);
+  // resilience engine (spool_mu_ held)
+  void feed_policies(const RecordView& r, const TaskTracker::Result& res);
+  void observe_signal(std::string_view signal, std::string_view task, std::string_view site, double value,
+                      std::int64_t time_us);
+  void act_on(std::vector<resilience::Decision>& decisions);
   static std::string event_id(std::string_view text);
   bool rejected(std::string_view text);
   std::string next_side_id();
@@ -184,6 +194,9 @@ class Plugin {
   std::chrono::milliseconds backoff_{};
   bool ever_connected_ = false;
   TaskTracker tracker_;
+  std::unique_ptr<resilience::PolicyEngine> policy_;  ///< guarded by spool_mu_, as the tracker
+  std::chrono::steady_clock::time_point last_tick_{};
+  std::atomic<std::uint64_t> action_counter_{0};
   std::chrono::steady_clock::time_point last_stats_{};
   std::uint64_t last_stats_sig_ = 0;
 

@@ -107,12 +107,14 @@ TaskTracker::Result TaskTracker::observe(const RecordView& r) {
       task.started_us = task.last_beat_us = task.last_progress_us = 0;
       task.last_progress = -1;
       task.beats = 0;
+      task.deadline_s = (r.head->flags & has_deadline) ? r.head->number : 0;
       break;
     case Kind::started:
       // A new attempt that starts without being submitted again has no queue wait.
       if (task.state != TaskState::submitted) task.submitted_us = 0;
       task.state = TaskState::running;
       task.started_us = task.last_beat_us = t;
+      if (task.deadline_s > 0) res.deadline_s = task.deadline_s;
       if (task.submitted_us > 0 && t >= task.submitted_us) {
         res.derived.queue_wait_s = static_cast<double>(t - task.submitted_us) / 1e6;
         emit(id, site, "task.queue_wait_s", *res.derived.queue_wait_s, t);

@@ -42,6 +42,7 @@ class TaskTracker {
 
   struct Result {
     Derived derived;
+    std::optional<double> deadline_s;  ///< started: the deadline its submission declared
     std::string warning;  ///< non-empty: the transition was invalid; a readable sentence
   };
 
@@ -58,6 +59,7 @@ class TaskTracker {
     std::int32_t attempt = 0;
     std::int64_t submitted_us = 0, started_us = 0, last_beat_us = 0, last_progress_us = 0;
     double last_progress = -1;
+    double deadline_s = 0;  ///< from submitted; 0 = none
     std::int64_t beats = 0;
     std::uint64_t generation = 0;  ///< bumped when the task finishes; matches finished_
   };

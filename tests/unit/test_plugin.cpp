@@ -363,3 +363,69 @@ TEST(PluginConcurrency, ManyEngineThreadsEveryEventOnceInOrderPerThread) {
   const std::vector<std::string> lifecycle{"submitted", "started", "heartbeat", "heartbeat", "heartbeat", "completed"};
   for (const auto& [task, kinds] : per_task) EXPECT_EQ(kinds, lifecycle) << task;
 }
+
+// The resilience engine inside the plugin: the spec's policy watches heartbeat silence;
+// when a task's heartbeats stop, a `restart` action reaches the engine (here by polling,
+// with the relay unreachable: decisions do not need it).
+TEST(PluginPolicies, SilentTaskIsRestartedThroughTheActionPath) {
+  TempDir dir;
+  std::ofstream(dir.path() / "token") << "t\n";
+  const std::string spec = "version: 1\nname: pol\nrelay: {url: 'wss://127.0.0.1:1', token_file: '" +
+                           (dir.path() / "token").string() + "'}\nplugin: {spool_dir: '" + (dir.path() / "spool").string() +
+                           "', control: false}\nsites: [{name: a, engine: local}, {name: b, engine: local}]\n"
+                           "policies:\n  - name: restart-lost\n    signal: task.heartbeat_gap\n    detector: phi-accrual\n"
+                           "    threshold: 8\n    cooldown: 30s\n    action: restart\n    max_attempts: 2\n";
+  diaspora_plugin* h = nullptr;
+  char err[2048];
+  ASSERT_EQ(diaspora_open_yaml(spec.c_str(), &h, err, sizeof err), DIASPORA_OK) << err;
+  diaspora_task_info info{};
+  info.struct_size = sizeof info;
+  info.task_id = "worker-1";
+  info.site = "a";
+  info.step = -1;
+  ASSERT_EQ(diaspora_task_submitted(h, &info), DIASPORA_OK);
+  ASSERT_EQ(diaspora_task_started(h, &info), DIASPORA_OK);
+  for (int i = 0; i < 15; ++i) {  // a heartbeat every 50 ms, then silence
+    ASSERT_EQ(diaspora_task_heartbeat(h, &info), DIASPORA_OK);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  diaspora_action a{};
+  a.struct_size = sizeof a;
+  const auto silent_since = std::chrono::steady_clock::now();
+  int rc = DIASPORA_ERR_EMPTY;
+  while (rc == DIASPORA_ERR_EMPTY && std::chrono::steady_clock::now() - silent_since < std::chrono::seconds(10)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    rc = diaspora_poll_action(h, &a);
+  }
+  const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - silent_since).count();
+  ASSERT_EQ(rc, DIASPORA_OK) << "no action after 10 s of silence";
+  EXPECT_EQ(std::string(a.kind_name), "restart");
+  EXPECT_EQ(a.kind, DIASPORA_ACTION_RESTART);
+  EXPECT_EQ(std::string(a.task_id), "worker-1");
+  EXPECT_EQ(std::string(a.origin), "local");
+  EXPECT_NE(std::string(a.reason).find("restart-lost"), std::string::npos) << a.reason;
+  EXPECT_LT(waited_s, 3.0) << "suspected too late: " << a.reason;
+  EXPECT_EQ(diaspora_action_done(h, a.id, "restarted"), DIASPORA_OK);
+  diaspora_stats st{};
+  st.struct_size = sizeof st;
+  ASSERT_EQ(diaspora_get_stats(h, &st), DIASPORA_OK);
+  EXPECT_GE(st.actions_received, 1u);
+  diaspora_close(h, 0);
+}
+
+TEST(PluginPolicies, AnInvalidPolicyIsRefusedAtOpen) {
+  TempDir dir;
+  std::ofstream(dir.path() / "token") << "t\n";
+  // phi-accrual only makes sense on heartbeat signals: the engine refuses it, located.
+  const std::string spec = "version: 1\nname: pol\nrelay: {url: 'wss://127.0.0.1:1', token_file: '" +
+                           (dir.path() / "token").string() + "'}\nplugin: {spool_dir: '" + (dir.path() / "spool").string() +
+                           "', control: false}\nsites: [{name: a, engine: local}]\n"
+                           "policies:\n  - name: odd\n    signal: task.runtime\n    detector: phi-accrual\n"
+                           "    threshold: 8\n    action: restart\n";
+  diaspora_plugin* h = nullptr;
+  char err[2048];
+  EXPECT_EQ(diaspora_open_yaml(spec.c_str(), &h, err, sizeof err), DIASPORA_ERR_CONFIG);
+  EXPECT_EQ(h, nullptr);
+  EXPECT_NE(std::string(err).find("<yaml>:"), std::string::npos) << err;
+  EXPECT_NE(std::string(err).find("odd"), std::string::npos) << err;
+}
