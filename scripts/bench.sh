@@ -12,3 +12,9 @@ echo "== bench_core"
 echo
 echo "== relay vs NATS JetStream (bench/relay/compare.sh)"
 bash bench/relay/compare.sh "$BUILD_DIR"
+echo
+echo "== engine plugin: hook cost and end to end (bench/plugin)"
+"$BUILD_DIR/bin/bench_plugin" --benchmark_min_time=0.5
+echo
+echo "== resilience engine: observations/s and memory per series (bench/resilience)"
+"$BUILD_DIR/bin/bench_resilience" --benchmark_min_time=0.5
