@@ -45,7 +45,7 @@ test-asan:
 # with many engine threads and a relay, the C ABI test). Python cannot load a TSan library.
 test-tsan:
 	@$(MAKE) --no-print-directory test BUILD_DIR=build-tsan BUILD_TYPE=Debug \
-	    CMAKE_FLAGS="-DDIASPORA_SANITIZE=thread -DDIASPORA_BUILD_BENCH=OFF" CTEST_FLAGS="-L 'unit|plugin'"
+	    CMAKE_FLAGS="-DDIASPORA_SANITIZE=thread -DDIASPORA_BUILD_BENCH=OFF -DDIASPORA_WITH_TORCH=OFF" CTEST_FLAGS="-L 'unit|plugin'"
 
 clean:
 	rm -rf build build-asan build-tsan

@@ -17,6 +17,9 @@ DEB_PACKAGES=(
   python3 python3-pytest python3-jsonschema python3-yaml python3-websockets
   # relay tests and benchmarks: curl for HTTPS checks, NATS JetStream as the peer
   curl nats-server libnats-dev
+  # rehearsal (DIASPORA_WITH_TORCH): LibTorch 1.13 CPU with c10d, Gloo headers for
+  # ProcessGroupGloo, and the Fashion-MNIST data set (gzipped IDX under /usr/share/datasets)
+  libtorch-dev libgloo-dev dataset-fashion-mnist
 )
 
 missing=()

@@ -1,0 +1,291 @@
+// GlobalSampler: R representatives per rank per step, uniform over the union of all
+// ranks' buffers, moved with c10d collectives (allgather of sizes, one alltoall_base of
+// packed rows), prefetched one step ahead on a background thread.
+#include <ATen/ops/empty.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#ifdef DIASPORA_WITH_CUDA
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <algorithm>
+#include <cstring>
+#include <future>
+#include <unordered_set>
+
+#include "diaspora/rehearsal.hpp"
+#include "random.hpp"
+
+namespace diaspora::rehearsal {
+
+namespace {
+
+// A collective failed: the group's state is unknown, the sampler cannot go on.
+class CollectiveFailure : public RehearsalError {
+ public:
+  using RehearsalError::RehearsalError;
+};
+
+// k distinct values of [0, n) (k <= n) in uniformly random order: Floyd's algorithm, then
+// a shuffle (Floyd's insertion order is not uniform).
+std::vector<std::int64_t> distinct(Rng& rng, std::int64_t n, std::int64_t k) {
+  std::vector<std::int64_t> out;
+  out.reserve(static_cast<std::size_t>(k));
+  std::unordered_set<std::int64_t> seen;
+  seen.reserve(static_cast<std::size_t>(k) * 2);
+  for (std::int64_t j = n - k; j < n; ++j) {
+    const auto t = static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(j) + 1));
+    const std::int64_t pick = seen.insert(t).second ? t : j;
+    if (pick == j) seen.insert(j);
+    out.push_back(pick);
+  }
+  rng.shuffle(out);
+  return out;
+}
+
+}  // namespace
+
+struct GlobalSampler::Impl {
+  RehearsalBuffer& buffer;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  SamplerConfig cfg;
+  c10::Device device{c10::kCPU};
+  int rank = 0;
+  int world = 1;
+  std::uint64_t next_step = 0;
+  std::future<SampledBatch> pending;
+  bool broken = false;
+  std::string broken_reason;
+
+  Impl(RehearsalBuffer& b, c10::intrusive_ptr<c10d::ProcessGroup> g, SamplerConfig c)
+      : buffer(b), group(std::move(g)), cfg(std::move(c)) {}
+
+  template <class F>
+  auto collective(const char* what, std::uint64_t step, F&& f) {
+    try {
+      return f();
+    } catch (const std::exception& e) {
+      throw CollectiveFailure(std::string("rehearsal sampler, step ") + std::to_string(step) + ": " + what +
+                              " failed: " + e.what());
+    }
+  }
+
+  SampledBatch run_step(std::uint64_t step) {
+    SampledBatch out;
+    out.step = step;
+    const auto layout = buffer.layout();
+    const std::int64_t local_size = buffer.size();  // the snapshot this rank serves from
+
+    // 1. allgather (size, layout fingerprint, row bytes).
+    at::Tensor info = at::empty({3}, at::TensorOptions().dtype(at::kLong));
+    {
+      auto* p = info.data_ptr<std::int64_t>();
+      const std::uint64_t fp = layout ? layout->fingerprint() : 0;  // of the same snapshot
+      p[0] = local_size;
+      std::memcpy(&p[1], &fp, sizeof fp);
+      p[2] = layout ? static_cast<std::int64_t>(layout->row_bytes()) : 0;
+    }
+    std::vector<at::Tensor> inputs{info.to(device)};
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < world; ++r) outputs[0].push_back(at::empty({3}, at::TensorOptions().dtype(at::kLong).device(device)));
+    collective("allgather of buffer sizes", step, [&] { return group->allgather(outputs, inputs)->wait(); });
+
+    std::vector<std::int64_t> sizes(static_cast<std::size_t>(world));
+    std::vector<std::uint64_t> fps(static_cast<std::size_t>(world));
+    for (int r = 0; r < world; ++r) {
+      at::Tensor t = outputs[0][static_cast<std::size_t>(r)].to(at::kCPU);
+      const auto* p = t.data_ptr<std::int64_t>();
+      sizes[static_cast<std::size_t>(r)] = p[0];
+      std::memcpy(&fps[static_cast<std::size_t>(r)], &p[1], sizeof(std::uint64_t));
+    }
+    out.rank_sizes = sizes;
+
+    // Every rank takes the same decisions from the same gathered numbers.
+    std::int64_t total = 0;
+    for (auto n : sizes) total += n;
+    const bool all_have_layout = std::all_of(fps.begin(), fps.end(), [](std::uint64_t f) { return f != 0; });
+    if (total == 0 || !all_have_layout) {
+      // Nothing to draw, or a rank cannot decode rows yet (its buffer has seen no batch
+      // and was built without a layout): this step has no representatives, on all ranks.
+      if (layout) out.batch = RehearsalBuffer::unpack(*layout, at::empty({0, static_cast<std::int64_t>(layout->row_bytes())},
+                                                                         at::TensorOptions().dtype(at::kByte)));
+      return out;
+    }
+    for (int r = 1; r < world; ++r)
+      if (fps[static_cast<std::size_t>(r)] != fps[0])
+        throw RehearsalError("rehearsal sampler, step " + std::to_string(step) + ": rank " + std::to_string(r) +
+                             "'s buffer layout differs from rank 0's (fingerprints " +
+                             std::to_string(fps[static_cast<std::size_t>(r)]) + " and " + std::to_string(fps[0]) +
+                             "); this rank's is " + layout->to_string());
+
+    // 2. the draw, identical on all ranks.
+    const auto chunks = draw(cfg.seed, step, sizes, cfg.representatives);
+    std::vector<std::int64_t> offsets(static_cast<std::size_t>(world) + 1, 0);
+    for (int r = 0; r < world; ++r) offsets[static_cast<std::size_t>(r) + 1] = offsets[static_cast<std::size_t>(r)] + sizes[static_cast<std::size_t>(r)];
+    auto owner = [&](std::int64_t g) {
+      return static_cast<int>(std::upper_bound(offsets.begin(), offsets.end(), g) - offsets.begin()) - 1;
+    };
+
+    // 3. what this rank sends to each rank (its own samples in their chunks, chunk order)
+    //    and what it receives from each (grouped by source rank, in chunk order).
+    std::vector<std::int64_t> send_slots;
+    std::vector<std::int64_t> send_counts(static_cast<std::size_t>(world), 0);
+    std::vector<std::int64_t> recv_counts(static_cast<std::size_t>(world), 0);
+    for (int k = 0; k < world; ++k)
+      for (auto g : chunks[static_cast<std::size_t>(k)])
+        if (owner(g) == rank) {
+          send_slots.push_back(g - offsets[static_cast<std::size_t>(rank)]);
+          ++send_counts[static_cast<std::size_t>(k)];
+        }
+    const auto& mine = chunks[static_cast<std::size_t>(rank)];
+    for (auto g : mine) ++recv_counts[static_cast<std::size_t>(owner(g))];
+
+    const auto row = static_cast<std::int64_t>(layout->row_bytes());
+    at::Tensor send = buffer.pack(send_slots);
+    if (!device.is_cpu()) send = send.to(device);
+    at::Tensor recv = at::empty({static_cast<std::int64_t>(mine.size()), row},
+                                at::TensorOptions().dtype(at::kByte).device(device));
+    // ProcessGroupGloo moves the split vectors into its work object: pass copies.
+    std::vector<std::int64_t> recv_splits = recv_counts, send_splits = send_counts;
+    collective("alltoall of representatives", step,
+               [&] { return group->alltoall_base(recv, send, recv_splits, send_splits)->wait(); });
+    recv = recv.to(at::kCPU).contiguous();
+
+    // Back to draw order.
+    std::vector<std::int64_t> cursor(static_cast<std::size_t>(world), 0);
+    for (int r = 1; r < world; ++r)
+      cursor[static_cast<std::size_t>(r)] = cursor[static_cast<std::size_t>(r) - 1] + recv_counts[static_cast<std::size_t>(r) - 1];
+    at::Tensor ordered = at::empty({static_cast<std::int64_t>(mine.size()), row}, at::TensorOptions().dtype(at::kByte));
+    const auto* src = recv.data_ptr<std::uint8_t>();
+    auto* dst = ordered.data_ptr<std::uint8_t>();
+    for (std::size_t p = 0; p < mine.size(); ++p) {
+      const std::int64_t from = cursor[static_cast<std::size_t>(owner(mine[p]))]++;
+      std::memcpy(dst + p * static_cast<std::size_t>(row), src + static_cast<std::size_t>(from * row),
+                  static_cast<std::size_t>(row));
+    }
+    out.batch = RehearsalBuffer::unpack(*layout, ordered);
+    out.global_indices = mine;
+    return out;
+  }
+};
+
+GlobalSampler::GlobalSampler(RehearsalBuffer& buffer, c10::intrusive_ptr<c10d::ProcessGroup> group,
+                             SamplerConfig config)
+    : self_(std::make_unique<Impl>(buffer, std::move(group), std::move(config))) {
+  Impl& s = *self_;
+  if (!s.group) throw RehearsalError("GlobalSampler needs a process group");
+  if (s.cfg.representatives < 1) throw RehearsalError("sampling.representatives must be at least 1");
+  try {
+    s.device = c10::Device(s.cfg.comm_device);
+  } catch (const std::exception& e) {
+    throw RehearsalError("sampling.comm_device '" + s.cfg.comm_device + "' is not a device: " + e.what());
+  }
+#ifndef DIASPORA_WITH_CUDA
+  if (!s.device.is_cpu())
+    throw RehearsalError("sampling.comm_device '" + s.cfg.comm_device +
+                         "': this build has no CUDA paths (configure with DIASPORA_WITH_CUDA=ON and a CUDA LibTorch)");
+#endif
+  s.rank = s.group->getRank();
+  s.world = s.group->getSize();
+}
+
+GlobalSampler::~GlobalSampler() {
+  if (self_ && self_->pending.valid()) {
+    try {
+      self_->pending.get();
+    } catch (...) {  // reported by next(), which will not be called any more
+    }
+  }
+}
+
+SampledBatch GlobalSampler::next() {
+  Impl& s = *self_;
+  if (s.broken) throw RehearsalError("rehearsal sampler is broken by an earlier failure: " + s.broken_reason);
+  const std::uint64_t step = s.next_step;
+  SampledBatch out;
+  try {
+    out = s.pending.valid() ? s.pending.get() : s.run_step(step);
+  } catch (const CollectiveFailure& e) {
+    s.broken = true;
+    s.broken_reason = e.what();
+    throw;
+  } catch (const RehearsalError&) {
+    s.next_step = step + 1;  // every rank failed this step alike; the next one runs afresh
+    throw;
+  } catch (const std::exception& e) {  // e.g. out of memory: this rank may be out of step
+    s.broken = true;
+    s.broken_reason = std::string("step ") + std::to_string(step) + ": " + e.what();
+    throw RehearsalError("rehearsal sampler: " + s.broken_reason);
+  }
+  s.next_step = step + 1;
+  if (s.cfg.prefetch) s.pending = std::async(std::launch::async, [&s, n = s.next_step] { return s.run_step(n); });
+  return out;
+}
+
+std::uint64_t GlobalSampler::next_step() const noexcept { return self_->next_step; }
+
+bool GlobalSampler::prefetch_pending() const noexcept { return self_->pending.valid(); }
+
+bool GlobalSampler::prefetch_ready() const {
+  return self_->pending.valid() && self_->pending.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+int GlobalSampler::rank() const noexcept { return self_->rank; }
+
+int GlobalSampler::world_size() const noexcept { return self_->world; }
+
+std::vector<std::vector<std::int64_t>> GlobalSampler::draw(std::uint64_t seed, std::uint64_t step,
+                                                           const std::vector<std::int64_t>& rank_sizes,
+                                                           std::int64_t representatives) {
+  const auto world = static_cast<std::int64_t>(rank_sizes.size());
+  std::vector<std::vector<std::int64_t>> chunks(rank_sizes.size());
+  std::int64_t total = 0;
+  for (auto n : rank_sizes) total += n;
+  if (total <= 0 || representatives <= 0 || world == 0) return chunks;
+  Rng rng(seed, step);
+  if (total >= world * representatives) {
+    // One draw without replacement, split: no sample goes to two ranks in one step.
+    auto all = distinct(rng, total, world * representatives);
+    for (std::int64_t k = 0; k < world; ++k)
+      chunks[static_cast<std::size_t>(k)].assign(all.begin() + k * representatives, all.begin() + (k + 1) * representatives);
+  } else {
+    const std::int64_t m = std::min(representatives, total);
+    for (auto& c : chunks) c = distinct(rng, total, m);
+  }
+  return chunks;
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(const std::string& backend,
+                                                          const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                          int world, std::chrono::milliseconds timeout,
+                                                          const std::string& host) {
+  if (!store) throw RehearsalError("make_process_group: no store");
+  if (world < 1 || rank < 0 || rank >= world)
+    throw RehearsalError("make_process_group: rank " + std::to_string(rank) + " of world " + std::to_string(world));
+  try {
+    if (backend == "gloo") {
+      auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+      opts->devices.push_back(host.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                           : c10d::ProcessGroupGloo::createDeviceForHostname(host));
+      return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, opts);
+    }
+    if (backend == "nccl") {
+#ifdef DIASPORA_WITH_CUDA
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = timeout;
+      return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world, opts);
+#else
+      throw RehearsalError("make_process_group: backend nccl needs a build with DIASPORA_WITH_CUDA=ON");
+#endif
+    }
+  } catch (const RehearsalError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw RehearsalError("make_process_group(" + backend + ", rank " + std::to_string(rank) + " of " +
+                         std::to_string(world) + "): " + e.what());
+  }
+  throw RehearsalError("make_process_group: unknown backend '" + backend + "' (gloo or nccl)");
+}
+
+}  // namespace diaspora::rehearsal
