@@ -404,7 +404,7 @@ TEST(PluginPolicies, SilentTaskIsRestartedThroughTheActionPath) {
   EXPECT_EQ(std::string(a.task_id), "worker-1");
   EXPECT_EQ(std::string(a.origin), "local");
   EXPECT_NE(std::string(a.reason).find("restart-lost"), std::string::npos) << a.reason;
-  EXPECT_LT(waited_s, 3.0) << "suspected too late: " << a.reason;
+  EXPECT_LT(waited_s, 5.0) << "suspected too late: " << a.reason;  // 50 ms beats; generous for sanitizer builds
   EXPECT_EQ(diaspora_action_done(h, a.id, "restarted"), DIASPORA_OK);
   diaspora_stats st{};
   st.struct_size = sizeof st;
