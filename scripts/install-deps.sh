@@ -18,8 +18,9 @@ DEB_PACKAGES=(
   # relay tests and benchmarks: curl for HTTPS checks, NATS JetStream as the peer
   curl nats-server libnats-dev
   # rehearsal (DIASPORA_WITH_TORCH): LibTorch 1.13 CPU with c10d, Gloo headers for
-  # ProcessGroupGloo, and the Fashion-MNIST data set (gzipped IDX under /usr/share/datasets)
-  libtorch-dev libgloo-dev dataset-fashion-mnist
+  # ProcessGroupGloo, and the Fashion-MNIST data set (gzipped IDX under /usr/share/datasets,
+  # read in place with zlib)
+  libtorch-dev libgloo-dev dataset-fashion-mnist zlib1g-dev
 )
 
 missing=()
