@@ -111,6 +111,7 @@ struct Plugin::Batch {
   std::string body;                  ///< events joined by ','
   std::vector<std::uint32_t> ends;   ///< end offset of each event in body
   bool from_spool = false;
+  bool resent = false;               ///< sent again after a reconnect: its ack commits nothing
   SpoolPosition end{};               ///< from_spool: spool position after the last event
   std::uint64_t seq = 0;
   Clock::time_point first{};
@@ -617,6 +618,21 @@ void Plugin::on_disconnect(const std::string& why) {
     lost_.fetch_add(live.size(), std::memory_order_relaxed);
     set_error(std::string("could not put unacked events back into the spool, they are lost: ") + e.what());
   }
+  // The unacked batches are also sent again first after reconnecting, whole and with
+  // their producer sequence numbers, so the relay recognises those it already wrote by
+  // (producer_id, seq). Their events are in the spool too (put back above, or still
+  // after its cursor), so a crash meanwhile loses nothing; the spool copies that follow
+  // are dropped by (source, id). A batch holding an event the relay refused is not resent.
+  std::deque<Batch> again;
+  for (Batch& b : inflight_) {
+    bool refused = false;
+    for (std::size_t i = 0; i < b.count() && !refused; ++i) refused = rejected(b.event(i));
+    if (refused) continue;
+    b.resent = true;
+    again.push_back(std::move(b));
+  }
+  for (Batch& b : resend_) again.push_back(std::move(b));
+  resend_ = std::move(again);
   inflight_.clear();
   pending_.reset();
   thread_local std::mt19937 rng{std::random_device{}()};
@@ -626,11 +642,15 @@ void Plugin::on_disconnect(const std::string& why) {
 
 bool Plugin::all_flushed() {
   return queue_.size_approx() == 0 && !side_pending_.load() && !coalesced_pending_.load() &&
-         (!pending_ || pending_->count() == 0) && inflight_.empty() && !spool_active_.load();
+         (!pending_ || pending_->count() == 0) && inflight_.empty() && resend_.empty() && !spool_active_.load();
 }
 
 void Plugin::send_batch(Batch&& b) {
   b.seq = next_seq_++;
+  send_frame(std::move(b));
+}
+
+void Plugin::send_frame(Batch&& b) {
   std::string frame;
   frame.reserve(b.body.size() + cfg_.events_topic.size() + 64);
   frame += "{\"op\":\"publish\",\"topic\":\"";
@@ -718,8 +738,13 @@ bool Plugin::build_spool_batch(Batch& b) {
 
 void Plugin::pump() {
   while (auto f = client_->poll_receive(0ms)) handle_frame(*f);
+  while (client_ && !resend_.empty() && inflight_.size() < max_inflight_) {  // same batches, same seq
+    Batch b = std::move(resend_.front());
+    resend_.pop_front();
+    send_frame(std::move(b));
+  }
   const bool stopping = stop_.load(std::memory_order_acquire);
-  while (client_ && inflight_.size() < max_inflight_) {
+  while (client_ && resend_.empty() && inflight_.size() < max_inflight_) {  // new batches after the resent ones
     Batch b;
     if (spool_active_.load(std::memory_order_acquire)) {
       if (pending_ && pending_->count() > 0) {  // older than anything in the spool: send first
@@ -784,6 +809,7 @@ void Plugin::handle_frame(const std::string& frame) {
       backoff_ = std::chrono::milliseconds(0);  // reconnect at once
       throw RelayClientError("the relay refused event " + id + ", which is dropped: " + message);
     }
+    if (b.resent) return;  // its events are acked (and committed) again from the spool
     acked_.fetch_add(b.count(), std::memory_order_relaxed);
     if (b.from_spool) {
       std::lock_guard lock(spool_mu_);

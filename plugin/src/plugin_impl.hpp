@@ -133,6 +133,7 @@ class Plugin {
   bool build_live_batch(Batch& out, bool flush_now);
   bool build_spool_batch(Batch& b);
   void send_batch(Batch&& b);
+  void send_frame(Batch&& b);
   void handle_frame(const std::string& frame);
   void move_queue_to_spool_locked();
   void drain_coalesced(std::vector<std::pair<RecordHead, std::string>>& out);
@@ -187,6 +188,7 @@ class Plugin {
   std::mutex rejected_mu_;
   std::unordered_set<std::string> rejected_ids_;  ///< events the relay refused: never sent again
   std::deque<Batch> inflight_;
+  std::deque<Batch> resend_;  ///< unacked when the session dropped: sent first, same seq
   std::unique_ptr<Batch> pending_;  ///< live batch being filled (linger)
   std::uint64_t next_seq_ = 0;
   std::size_t batch_events_ = 512, batch_bytes_ = 1u << 20, max_inflight_ = 16;  ///< config, capped by the relay
