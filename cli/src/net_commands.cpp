@@ -33,11 +33,7 @@ struct Connection {
     o.url = url;
     o.ca_file = ca;
     o.token = token;
-    if (!token_file.empty()) {
-      std::ifstream in(token_file);
-      if (!in) throw Error("--token-file " + token_file + ": cannot read");
-      std::getline(in, o.token);
-    }
+    if (!token_file.empty()) o.token = load_token_file(token_file);
     if (!client_cert.empty()) o.client_cert = client_cert;
     if (!client_key.empty()) o.client_key = client_key;
     return o;

@@ -89,6 +89,17 @@ std::string load_secret_file(const std::filesystem::path& file) {
   return s;
 }
 
+std::string load_token_file(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw Error(file.string() + ": cannot read the token file");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  std::string t = buf.str();
+  while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) t.pop_back();
+  if (t.empty()) throw Error(file.string() + ": the token file is empty");
+  return t;
+}
+
 void write_secret_file(const std::filesystem::path& file, bool overwrite) {
   if (!overwrite && std::filesystem::exists(file))
     throw Error(file.string() + ": exists; refusing to overwrite a secret (pass --force to replace it)");

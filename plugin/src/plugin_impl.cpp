@@ -8,6 +8,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
 
@@ -16,6 +17,7 @@
 #include "diaspora/policy.hpp"
 #include "diaspora/relay_client.hpp"
 #include "diaspora/spec.hpp"
+#include "diaspora/token.hpp"
 
 namespace diaspora::plugin {
 
@@ -37,34 +39,45 @@ std::optional<std::string> env(const char* name) {
 }
 
 std::string read_token(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  if (!in) throw ConfigError("token file '" + file.string() + "' cannot be read (relay.token_file or DIASPORA_RELAY_TOKEN_FILE; make one with `diaspora token issue`)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string t = ss.str();
-  while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) t.pop_back();
-  if (t.empty()) throw ConfigError("token file '" + file.string() + "' is empty");
-  return t;
+  try {
+    return load_token_file(file);
+  } catch (const Error& e) {
+    throw ConfigError(std::string(e.what()) + " (relay.token_file or DIASPORA_RELAY_TOKEN_FILE; make one with `diaspora token issue`)");
+  }
 }
 
-constexpr std::string_view kAlphabet = "0123456789abcdef";
-
-std::string random_hex(std::size_t n) {
-  std::random_device rd;
-  std::string s;
-  for (std::size_t i = 0; i < n; ++i) s += kAlphabet[rd() & 15];
-  return s;
+// 16 hex digits naming one open of the plugin (the first random ones of a v4 UUID).
+std::string instance_name() {
+  std::string hex;
+  for (char c : make_uuid())
+    if (c != '-') hex += c;
+  return hex.substr(0, 16);
 }
 
-void append_u64(std::string& out, std::uint64_t v) {
-  char buf[24];
-  char* e = buf + sizeof buf;
-  char* p = e;
-  do {
-    *--p = static_cast<char>('0' + v % 10);
-    v /= 10;
-  } while (v);
-  out.append(p, e);
+// Every event id the plugin makes: "<instance>-<tag><n>", built on the stack (the
+// publisher makes one per queued event). Tags: none = queue position, s = spilled by a
+// hook, c = coalesced metric, p = the plugin's own event, a = a local action.
+class EventId {
+ public:
+  EventId(std::string_view instance, std::string_view tag, std::uint64_t n) noexcept {
+    std::memcpy(buf_, instance.data(), instance.size());
+    std::size_t len = instance.size();
+    buf_[len++] = '-';
+    std::memcpy(buf_ + len, tag.data(), tag.size());
+    len += tag.size();
+    len_ = static_cast<std::size_t>(std::to_chars(buf_ + len, buf_ + sizeof buf_, n).ptr - buf_);
+  }
+  std::string_view view() const noexcept { return {buf_, len_}; }
+
+ private:
+  char buf_[48];
+  std::size_t len_;
+};
+
+// "Equal jitter": between half and all of `backoff`.
+std::chrono::milliseconds equal_jitter(std::chrono::milliseconds backoff, std::mt19937& rng) {
+  const long half = static_cast<long>(backoff.count() / 2);
+  return std::chrono::milliseconds(half + std::uniform_int_distribution<long>(0, std::max<long>(half, 1))(rng));
 }
 
 }  // namespace
@@ -141,7 +154,7 @@ struct Plugin::Coalesced {
 
 Plugin::Plugin(Config config)
     : cfg_(std::move(config)),
-      instance_(random_hex(16)),
+      instance_(instance_name()),
       queue_(cfg_.queue_size),
       coalesced_(new Coalesced[kCoalesceSlots]) {
   ctx_.workflow = cfg_.workflow;
@@ -266,13 +279,12 @@ int Plugin::spill(const HookArgs& a) noexcept {
     RecordHead head;
     std::string arena(arena_bytes(a), '\0');
     pack(a, head, arena.data());
-    std::string id = instance_ + "-s";
-    append_u64(id, spill_counter_.fetch_add(1, std::memory_order_relaxed));
+    const EventId id(instance_, "s", spill_counter_.fetch_add(1, std::memory_order_relaxed));
     std::lock_guard lock(spool_mu_);
     if (closing()) return DIASPORA_ERR_CLOSED;
     move_queue_to_spool_locked();  // older events first
     std::string text;
-    append_record_event(text, RecordView{&head, arena.data()}, id, 0);
+    append_record_event(text, RecordView{&head, arena.data()}, id.view(), 0);
     std::string_view v = text;
     spool_->append(std::span<const std::string_view>(&v, 1));
     spool_active_.store(true, std::memory_order_release);
@@ -304,9 +316,16 @@ void Plugin::append_record_event(std::string& out, const RecordView& r, std::str
 }
 
 std::string Plugin::next_side_id() {
-  std::string id = instance_ + "-p";
-  append_u64(id, side_counter_.fetch_add(1, std::memory_order_relaxed));
-  return id;
+  return std::string(EventId(instance_, "p", side_counter_.fetch_add(1, std::memory_order_relaxed)).view());
+}
+
+std::vector<std::string> Plugin::take_side_events() {
+  std::vector<std::string> out;
+  if (!side_pending_.load(std::memory_order_acquire)) return out;
+  std::lock_guard lock(side_mu_);
+  out.swap(side_);
+  side_pending_.store(false, std::memory_order_relaxed);
+  return out;
 }
 
 void Plugin::add_side_event(std::string text) {
@@ -315,8 +334,9 @@ void Plugin::add_side_event(std::string text) {
   side_pending_.store(true, std::memory_order_release);
 }
 
-void Plugin::drain_coalesced(std::vector<std::pair<RecordHead, std::string>>& out) {
+void Plugin::take_coalesced(const std::function<void(std::string_view)>& sink) {
   if (!coalesced_pending_.exchange(false, std::memory_order_acq_rel)) return;
+  std::vector<std::pair<RecordHead, std::string>> merged;  // copied out, serialised unlocked
   for (std::size_t i = 0; i < kCoalesceSlots; ++i) {
     Coalesced& c = coalesced_[i];
     if (!c.used) continue;  // racy peek; confirmed under the lock
@@ -325,36 +345,28 @@ void Plugin::drain_coalesced(std::vector<std::pair<RecordHead, std::string>>& ou
     if (c.used) {
       RecordHead h = c.head;
       h.integer2 = static_cast<std::int64_t>(c.merged);
-      out.emplace_back(h, std::string(c.arena, c.head.arena_used));
+      merged.emplace_back(h, std::string(c.arena, c.head.arena_used));
       c.used = false;
     }
     c.lock.clear(std::memory_order_release);
   }
+  std::string text;
+  for (auto& [h, arena] : merged) {
+    text.clear();
+    const EventId id(instance_, "c", spill_counter_.fetch_add(1, std::memory_order_relaxed));
+    append_record_event(text, RecordView{&h, arena.data()}, id.view(), static_cast<std::uint64_t>(h.integer2));
+    sink(text);
+  }
 }
 
 void Plugin::move_queue_to_spool_locked() {
-  std::vector<std::string> texts;
+  std::vector<std::string> texts = take_side_events();
   std::vector<std::string> droppable;
-  if (side_pending_.load(std::memory_order_acquire)) {
-    std::lock_guard lock(side_mu_);
-    texts = std::move(side_);
-    side_.clear();
-    side_pending_.store(false, std::memory_order_relaxed);
-  }
-  std::vector<std::pair<RecordHead, std::string>> merged;
-  drain_coalesced(merged);
-  for (auto& [h, arena] : merged) {
-    std::string id = instance_ + "-c";
-    append_u64(id, spill_counter_.fetch_add(1, std::memory_order_relaxed));
-    droppable.emplace_back();
-    append_record_event(droppable.back(), RecordView{&h, arena.data()}, id, static_cast<std::uint64_t>(h.integer2));
-  }
+  take_coalesced([&](std::string_view text) { droppable.emplace_back(text); });
   for (;;) {
     std::string text;
     const bool got = queue_.try_pop([&](Slot& s, std::uint64_t pos) {
-      std::string id = instance_ + "-";
-      append_u64(id, pos);
-      append_record_event(text, RecordView{&s.head, s.arena}, id, 0);
+      append_record_event(text, RecordView{&s.head, s.arena}, EventId(instance_, "", pos).view(), 0);
     });
     if (!got) {
       // Empty, or the next slot is reserved by an engine thread still copying into it.
@@ -377,12 +389,7 @@ void Plugin::move_queue_to_spool_locked() {
     }
   }
   // Warnings raised while serialising the queue land in side_: take them too.
-  if (side_pending_.load(std::memory_order_acquire)) {
-    std::lock_guard lock(side_mu_);
-    for (auto& t : side_) texts.push_back(std::move(t));
-    side_.clear();
-    side_pending_.store(false, std::memory_order_relaxed);
-  }
+  for (auto& t : take_side_events()) texts.push_back(std::move(t));
   if (!texts.empty()) {
     std::vector<std::string_view> v(texts.begin(), texts.end());
     try {
@@ -489,8 +496,7 @@ void Plugin::act_on(std::vector<resilience::Decision>& decisions) {
     add_side_event(std::move(text));
 
     Action a;
-    a.id = instance_ + "-a";
-    append_u64(a.id, action_counter_.fetch_add(1, std::memory_order_relaxed));
+    a.id = std::string(EventId(instance_, "a", action_counter_.fetch_add(1, std::memory_order_relaxed)).view());
     a.kind = action_kind(d.action);
     a.kind_name = d.action;
     a.task_id = d.task_id;
@@ -511,8 +517,7 @@ std::string Plugin::event_id(std::string_view text) {
   return end == std::string_view::npos ? std::string() : std::string(text.substr(prefix.size(), end - prefix.size()));
 }
 
-bool Plugin::rejected(std::string_view text) {
-  std::lock_guard lock(rejected_mu_);
+bool Plugin::rejected(std::string_view text) const {
   return !rejected_ids_.empty() && rejected_ids_.contains(event_id(text));
 }
 
@@ -561,15 +566,20 @@ void Plugin::publisher_main() {
   finalize();
 }
 
-void Plugin::try_connect() {
+RelayClientOptions Plugin::client_options(const std::string& client_id) const {
   RelayClientOptions o;
   o.url = cfg_.url;
   o.ca_file = cfg_.ca_file;
-  o.client_id = "diaspora-plugin/" + cfg_.engine_id;
-  o.producer_id = producer_id_;
+  o.client_id = client_id;
   o.timeout = 5000ms;
+  o.token = read_token(cfg_.token_file);  // read at every connection: a rotated token is picked up
+  return o;
+}
+
+void Plugin::try_connect() {
   try {
-    o.token = read_token(cfg_.token_file);
+    RelayClientOptions o = client_options("diaspora-plugin/" + cfg_.engine_id);
+    o.producer_id = producer_id_;
     client_ = std::make_unique<RelayClient>(o);
     // Never exceed what this relay accepts (its welcome announces the limits).
     const json::object& w = client_->welcome();
@@ -588,9 +598,7 @@ void Plugin::try_connect() {
   } catch (const std::exception& e) {
     client_.reset();
     thread_local std::mt19937 rng{std::random_device{}()};
-    // "Equal jitter": wait between half and all of the current backoff, then double it.
-    const auto half = backoff_.count() / 2;
-    const auto wait = std::chrono::milliseconds(half + std::uniform_int_distribution<long>(0, std::max<long>(half, 1))(rng));
+    const auto wait = equal_jitter(backoff_, rng);  // then the backoff doubles
     set_error("relay " + cfg_.url + ": " + e.what() + " (retrying in " + std::to_string(wait.count()) +
               " ms; events are kept in the spool meanwhile)");
     next_connect_ = Clock::now() + wait;
@@ -656,7 +664,7 @@ void Plugin::send_frame(Batch&& b) {
   frame += "{\"op\":\"publish\",\"topic\":\"";
   frame += cfg_.events_topic;
   frame += "\",\"seq\":";
-  append_u64(frame, b.seq);
+  frame += std::to_string(b.seq);
   frame += ",\"events\":[";
   frame += b.body;
   frame += "]}";
@@ -674,34 +682,12 @@ bool Plugin::build_live_batch(Batch& out, bool flush_now) {
     }
     Batch& b = *pending_;
     auto full = [&] { return b.count() >= batch_events_ || b.body.size() >= batch_bytes_; };
-    if (side_pending_.load(std::memory_order_acquire)) {
-      std::vector<std::string> side;
-      {
-        std::lock_guard l2(side_mu_);
-        side.swap(side_);
-        side_pending_.store(false, std::memory_order_relaxed);
-      }
-      for (auto& t : side) b.add(t);
-    }
-    std::vector<std::pair<RecordHead, std::string>> merged;
-    drain_coalesced(merged);
-    std::string text;
-    for (auto& [h, arena] : merged) {
-      text.clear();
-      std::string id = instance_ + "-c";
-      append_u64(id, spill_counter_.fetch_add(1, std::memory_order_relaxed));
-      append_record_event(text, RecordView{&h, arena.data()}, id, static_cast<std::uint64_t>(h.integer2));
-      b.add(text);
-    }
+    for (auto& t : take_side_events()) b.add(t);
+    take_coalesced([&](std::string_view text) { b.add(text); });
     while (!full()) {
       const bool got = queue_.try_pop([&](Slot& s, std::uint64_t pos) {
-        char id[64];
-        std::memcpy(id, instance_.data(), instance_.size());
-        std::size_t n = instance_.size();
-        id[n++] = '-';
-        auto r = std::to_chars(id + n, id + sizeof id, pos);
-        if (!b.ends.empty()) b.body += ',';
-        append_record_event(b.body, RecordView{&s.head, s.arena}, std::string_view(id, static_cast<std::size_t>(r.ptr - id)), 0);
+        if (!b.ends.empty()) b.body += ',';  // serialised in place, not through a copy
+        append_record_event(b.body, RecordView{&s.head, s.arena}, EventId(instance_, "", pos).view(), 0);
         b.ends.push_back(static_cast<std::uint32_t>(b.body.size()));
       });
       if (!got) break;
@@ -793,11 +779,8 @@ void Plugin::handle_frame(const std::string& frame) {
       // is left out when they are sent again (so order holds and nothing else is lost).
       const std::string_view bad = b.event(index->to_number<std::size_t>());
       const std::string id = event_id(bad);
-      {
-        std::lock_guard lock(rejected_mu_);
-        if (rejected_ids_.size() > 1024) rejected_ids_.clear();
-        rejected_ids_.insert(id);
-      }
+      if (rejected_ids_.size() > 1024) rejected_ids_.clear();
+      rejected_ids_.insert(id);
       rejected_.fetch_add(1, std::memory_order_relaxed);
       json::object data{{"code", "event_rejected"},
                         {"message", ("event " + id + " was refused by the relay and dropped: " + message).substr(0, 4000)},
@@ -1121,21 +1104,14 @@ void Plugin::control_main() {
     deliver_actions();
     if (cfg_.control && !c && Clock::now() >= next) {
       try {
-        RelayClientOptions o;
-        o.url = cfg_.url;
-        o.ca_file = cfg_.ca_file;
-        o.client_id = "diaspora-plugin-control/" + cfg_.engine_id;
-        o.timeout = 5000ms;
-        o.token = read_token(cfg_.token_file);
-        c = std::make_unique<RelayClient>(o);
+        c = std::make_unique<RelayClient>(client_options("diaspora-plugin-control/" + cfg_.engine_id));
         c->send(json::serialize(json::object{{"op", "subscribe"}, {"id", "control"}, {"topic", cfg_.control_topic},
                                              {"from", "latest"}, {"group", cfg_.engine_id}}));
         backoff = cfg_.reconnect_min;
       } catch (const std::exception& e) {
         c.reset();
         set_error(std::string("control topic: ") + e.what());
-        const auto half = backoff.count() / 2;
-        next = Clock::now() + std::chrono::milliseconds(half + std::uniform_int_distribution<long>(0, std::max<long>(half, 1))(rng));
+        next = Clock::now() + equal_jitter(backoff, rng);
         backoff = std::clamp(backoff * 2, cfg_.reconnect_min, cfg_.reconnect_max);
       }
     }
@@ -1172,8 +1148,7 @@ void Plugin::control_main() {
       c.reset();
       control_connected_.store(0);
       set_error(std::string("control topic: ") + e.what());
-      const auto half = backoff.count() / 2;
-      next = Clock::now() + std::chrono::milliseconds(half + std::uniform_int_distribution<long>(0, std::max<long>(half, 1))(rng));
+      next = Clock::now() + equal_jitter(backoff, rng);
       backoff = std::clamp(backoff * 2, cfg_.reconnect_min, cfg_.reconnect_max);
     }
   }

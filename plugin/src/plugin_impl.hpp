@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -35,6 +36,7 @@
 
 namespace diaspora {
 class RelayClient;
+struct RelayClientOptions;
 struct WorkflowSpec;
 namespace resilience {
 class PolicyEngine;
@@ -136,7 +138,10 @@ class Plugin {
   void send_frame(Batch&& b);
   void handle_frame(const std::string& frame);
   void move_queue_to_spool_locked();
-  void drain_coalesced(std::vector<std::pair<RecordHead, std::string>>& out);
+  /// Serialises the coalesced metric samples waiting, each handed to `sink`.
+  void take_coalesced(const std::function<void(std::string_view)>& sink);
+  std::vector<std::string> take_side_events();
+  RelayClientOptions client_options(const std::string& client_id) const;
   void append_record_event(std::string& out, const RecordView& r, std::string_view id, std::uint64_t coalesced);
   void add_side_event(std::string text);
   // resilience engine (spool_mu_ held)
@@ -145,7 +150,7 @@ class Plugin {
                       std::int64_t time_us);
   void act_on(std::vector<resilience::Decision>& decisions);
   static std::string event_id(std::string_view text);
-  bool rejected(std::string_view text);
+  bool rejected(std::string_view text) const;
   std::string next_side_id();
   void maybe_publish_stats(bool force);
   bool all_flushed();
@@ -185,8 +190,7 @@ class Plugin {
 
   // Publisher thread state.
   std::unique_ptr<RelayClient> client_;
-  std::mutex rejected_mu_;
-  std::unordered_set<std::string> rejected_ids_;  ///< events the relay refused: never sent again
+  std::unordered_set<std::string> rejected_ids_;  ///< events the relay refused: never sent again (publisher thread only)
   std::deque<Batch> inflight_;
   std::deque<Batch> resend_;  ///< unacked when the session dropped: sent first, same seq
   std::unique_ptr<Batch> pending_;  ///< live batch being filled (linger)

@@ -168,3 +168,17 @@ TEST(Token, TtlParsing) {
   EXPECT_THROW(diaspora::parse_ttl("1y"), diaspora::Error);
   EXPECT_THROW(diaspora::parse_ttl("-5m"), diaspora::Error);
 }
+
+TEST(TokenFile, ReadsTheTokenWithoutItsNewlineAndRefusesMissingOrEmptyFiles) {
+  diaspora::test::TempDir dir;
+  std::ofstream(dir.path() / "token") << "eyJ.abc.def\r\n";
+  EXPECT_EQ(diaspora::load_token_file(dir.path() / "token"), "eyJ.abc.def");
+  std::ofstream(dir.path() / "empty") << "\n";
+  EXPECT_THROW(diaspora::load_token_file(dir.path() / "empty"), diaspora::Error);
+  try {
+    diaspora::load_token_file(dir.path() / "missing");
+    ADD_FAILURE() << "no error for a missing file";
+  } catch (const diaspora::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing"), std::string::npos) << e.what();
+  }
+}

@@ -58,6 +58,11 @@ inline constexpr std::size_t kMinSecretBytes = 32;
 /// (bad_secret) when the file is missing, unreadable or shorter than kMinSecretBytes.
 std::string load_secret_file(const std::filesystem::path& file);
 
+/// Reads a bearer token from `file` (what `diaspora token issue` printed), without the
+/// trailing newline or spaces. Throws Error naming the file when it cannot be read or
+/// holds no token. Thread-safe.
+std::string load_token_file(const std::filesystem::path& file);
+
 /// Writes a fresh random secret (64 hex characters) to `file` with mode 0600. Throws
 /// Error when the file exists (unless overwrite) or cannot be written.
 void write_secret_file(const std::filesystem::path& file, bool overwrite = false);
