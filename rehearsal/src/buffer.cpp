@@ -430,6 +430,227 @@ Batch RehearsalBuffer::unpack(const SampleLayout& layout, const at::Tensor& rows
   return b;
 }
 
+// ---- snapshots -------------------------------------------------------------------------------
+
+std::int64_t BufferSnapshot::size() const { return rows.defined() && rows.dim() == 2 ? rows.size(0) : 0; }
+
+namespace {
+
+// The integer label stored at `p` with dtype `t` (the layout check allows integral types only).
+std::int64_t read_label(const std::uint8_t* p, c10::ScalarType t) {
+  switch (t) {
+    case at::kLong: { std::int64_t v; std::memcpy(&v, p, 8); return v; }
+    case at::kInt: { std::int32_t v; std::memcpy(&v, p, 4); return v; }
+    case at::kShort: { std::int16_t v; std::memcpy(&v, p, 2); return v; }
+    case at::kChar: return static_cast<std::int8_t>(*p);
+    case at::kByte: return *p;
+    default: throw RehearsalError(std::string("label dtype ") + c10::toString(t) + " is not an integer type");
+  }
+}
+
+}  // namespace
+
+BufferSnapshot RehearsalBuffer::snapshot() const {
+  const Impl& s = *self_;
+  BufferSnapshot snap;
+  if (!s.ready()) return snap;
+  snap.layout = s.layout;
+  snap.capacity = s.capacity;
+  std::lock_guard<std::mutex> g(s.mu);
+  snap.seen = s.seen;
+  snap.rows = s.storage.narrow(0, 0, s.used).clone();
+  for (const auto& c : s.classes) {
+    snap.class_labels.push_back(c.label);
+    snap.class_seen.push_back(c.seen);
+    snap.class_slots.emplace_back(c.slots.begin(), c.slots.end());
+  }
+  snap.rng_state = s.rng.state();
+  return snap;
+}
+
+void RehearsalBuffer::restore(const BufferSnapshot& snap) {
+  Impl& s = *self_;
+  if (snap.layout) {
+    std::lock_guard<std::mutex> g(s.layout_mu);
+    if (!s.ready()) s.fix_layout(*snap.layout);
+    else if (!(s.layout == *snap.layout))
+      throw RehearsalError("snapshot layout " + snap.layout->to_string() + " does not match the buffer's " +
+                           s.layout.to_string());
+  }
+  const std::int64_t n = snap.size();
+  const std::size_t k = snap.class_labels.size();
+  auto bad = [](const std::string& what) { throw RehearsalError("inconsistent buffer snapshot: " + what); };
+  if (!snap.layout && (n > 0 || k > 0)) bad("samples without a layout");
+  if (snap.layout) {
+    if (!snap.rows.defined() || snap.rows.dim() != 2 || snap.rows.scalar_type() != at::kByte ||
+        static_cast<std::size_t>(snap.rows.size(1)) != s.row)
+      bad("rows must be uint8 [n, " + std::to_string(s.row) + "]");
+    if (n > s.capacity)
+      throw RehearsalError("buffer snapshot holds " + std::to_string(n) + " samples; this buffer has " +
+                           std::to_string(s.capacity) + " slots (raise buffer.memory, or repartition())");
+  }
+  if (snap.class_seen.size() != k || snap.class_slots.size() != k) bad("class lists of different lengths");
+  if (!s.cfg.class_balanced && k > 1) bad("an unlabelled buffer has one class");
+  if (!snap.rng_state.empty() &&
+      (snap.rng_state.size() != 4 || (snap.rng_state[0] | snap.rng_state[1] | snap.rng_state[2] | snap.rng_state[3]) == 0))
+    bad("generator state must be 4 words, not all zero");
+
+  std::vector<std::uint32_t> slot_class(static_cast<std::size_t>(n), std::numeric_limits<std::uint32_t>::max()), slot_pos(static_cast<std::size_t>(n));
+  std::vector<ClassState> classes(k);
+  std::unordered_map<std::int64_t, std::uint32_t> index;
+  at::Tensor rows = n > 0 ? snap.rows.to(at::kCPU).contiguous() : at::Tensor();
+  const std::uint8_t* rp = n > 0 ? rows.data_ptr<std::uint8_t>() : nullptr;
+  std::uint64_t seen_sum = 0;
+  for (std::size_t c = 0; c < k; ++c) {
+    const std::int64_t label = snap.class_labels[c];
+    if (!index.emplace(label, static_cast<std::uint32_t>(c)).second) bad("class " + std::to_string(label) + " twice");
+    classes[c].label = label;
+    classes[c].seen = snap.class_seen[c];
+    if (snap.class_seen[c] < snap.class_slots[c].size())
+      bad("class " + std::to_string(label) + " stores more samples than it has seen");
+    seen_sum += snap.class_seen[c];
+    for (auto slot : snap.class_slots[c]) {
+      if (slot < 0 || slot >= n) bad("slot " + std::to_string(slot) + " out of range");
+      auto& owner = slot_class[static_cast<std::size_t>(slot)];
+      if (owner != std::numeric_limits<std::uint32_t>::max()) bad("slot " + std::to_string(slot) + " in two classes");
+      owner = static_cast<std::uint32_t>(c);
+      slot_pos[static_cast<std::size_t>(slot)] = static_cast<std::uint32_t>(classes[c].slots.size());
+      classes[c].slots.push_back(static_cast<std::uint32_t>(slot));
+      if (s.cfg.class_balanced) {
+        const std::size_t lt = static_cast<std::size_t>(s.cfg.label_tensor);
+        const std::int64_t stored =
+            read_label(rp + static_cast<std::size_t>(slot) * s.row + s.offsets[lt], s.layout.tensors[lt].dtype);
+        if (stored != label)
+          bad("slot " + std::to_string(slot) + " holds label " + std::to_string(stored) + ", listed under class " +
+              std::to_string(label));
+      }
+    }
+  }
+  for (std::int64_t i = 0; i < n; ++i)
+    if (slot_class[static_cast<std::size_t>(i)] == std::numeric_limits<std::uint32_t>::max()) bad("slot " + std::to_string(i) + " in no class");
+  if (snap.seen < seen_sum) bad("seen is below the sum of the classes' seen");
+
+  std::lock_guard<std::mutex> g(s.mu);
+  if (n > 0) std::memcpy(s.base, rp, static_cast<std::size_t>(n) * s.row);
+  s.used = n;
+  s.seen = snap.seen;
+  s.slot_class = std::move(slot_class);
+  s.slot_pos = std::move(slot_pos);
+  s.classes = std::move(classes);
+  s.class_index = std::move(index);
+  if (!snap.rng_state.empty()) s.rng.set_state(snap.rng_state);
+}
+
+BufferSnapshot repartition(const std::vector<BufferSnapshot>& old_ranks, int rank, int world, std::int64_t capacity,
+                           std::uint64_t seed) {
+  if (world < 1 || rank < 0 || rank >= world)
+    throw RehearsalError("repartition: rank " + std::to_string(rank) + " of world " + std::to_string(world));
+  if (capacity < 1) throw RehearsalError("repartition: capacity must be at least 1");
+  if (old_ranks.size() == static_cast<std::size_t>(world) &&
+      old_ranks[static_cast<std::size_t>(rank)].capacity == capacity)
+    return old_ranks[static_cast<std::size_t>(rank)];
+  BufferSnapshot out;
+  out.capacity = capacity;
+  for (std::size_t r = 0; r < old_ranks.size(); ++r) {
+    const auto& o = old_ranks[r];
+    if (!o.layout) continue;
+    if (out.layout && !(*out.layout == *o.layout))
+      throw RehearsalError("repartition: rank " + std::to_string(r) + "'s layout " + o.layout->to_string() +
+                           " differs from " + out.layout->to_string());
+    out.layout = o.layout;
+  }
+  if (!out.layout) return out;
+
+  // Classes in order of first appearance, rank by rank; each class's samples as (rank, slot).
+  std::vector<std::int64_t> labels;
+  std::unordered_map<std::int64_t, std::size_t> idx;
+  std::vector<std::uint64_t> seen_total;
+  std::vector<std::vector<std::pair<std::size_t, std::int64_t>>> samples;
+  for (std::size_t r = 0; r < old_ranks.size(); ++r) {
+    const auto& o = old_ranks[r];
+    for (std::size_t c = 0; c < o.class_labels.size(); ++c) {
+      auto [it, fresh] = idx.try_emplace(o.class_labels[c], labels.size());
+      if (fresh) {
+        labels.push_back(o.class_labels[c]);
+        seen_total.push_back(0);
+        samples.emplace_back();
+      }
+      seen_total[it->second] += o.class_seen[c];
+      for (auto slot : o.class_slots[c]) samples[it->second].emplace_back(r, slot);
+    }
+  }
+  const std::size_t k = labels.size();
+  // This rank's share: every world-th sample of each class.
+  std::vector<std::vector<std::pair<std::size_t, std::int64_t>>> mine(k);
+  for (std::size_t c = 0; c < k; ++c)
+    for (std::size_t j = static_cast<std::size_t>(rank); j < samples[c].size(); j += static_cast<std::size_t>(world))
+      mine[c].push_back(samples[c][j]);
+  // Seen counts in proportion to the samples handed out (all of them when none are stored).
+  std::vector<std::uint64_t> seen(k);
+  for (std::size_t c = 0; c < k; ++c) {
+    const auto total = static_cast<std::uint64_t>(samples[c].size());
+    if (total == 0) {
+      seen[c] = seen_total[c] / static_cast<std::uint64_t>(world) +
+                (static_cast<std::uint64_t>(rank) < seen_total[c] % static_cast<std::uint64_t>(world) ? 1 : 0);
+    } else {
+      const auto m = static_cast<std::uint64_t>(mine[c].size());
+      seen[c] = std::max<std::uint64_t>(m, static_cast<std::uint64_t>(
+                                               static_cast<long double>(seen_total[c]) * m / total + 0.5L));
+    }
+  }
+  // Over capacity: keep each class's quota, hand the slack round-robin to the classes with more.
+  std::int64_t held = 0;
+  for (const auto& m : mine) held += static_cast<std::int64_t>(m.size());
+  std::vector<std::int64_t> keep(k);
+  for (std::size_t c = 0; c < k; ++c) keep[c] = static_cast<std::int64_t>(mine[c].size());
+  if (held > capacity) {
+    const auto kk = static_cast<std::int64_t>(k);
+    std::int64_t slack = capacity;
+    for (std::size_t c = 0; c < k; ++c) {
+      const std::int64_t quota = capacity / kk + (static_cast<std::int64_t>(c) < capacity % kk ? 1 : 0);
+      keep[c] = std::min(keep[c], quota);
+      slack -= keep[c];
+    }
+    for (bool more = true; slack > 0 && more;) {
+      more = false;
+      for (std::size_t c = 0; c < k && slack > 0; ++c)
+        if (keep[c] < static_cast<std::int64_t>(mine[c].size())) {
+          ++keep[c];
+          --slack;
+          more = true;
+        }
+    }
+    Rng rng(seed, static_cast<std::uint64_t>(rank));
+    for (std::size_t c = 0; c < k; ++c) {
+      rng.shuffle(mine[c]);  // drop uniformly at random
+      mine[c].resize(static_cast<std::size_t>(keep[c]));
+    }
+  }
+  std::int64_t n = 0;
+  for (std::size_t c = 0; c < k; ++c) n += keep[c];
+  const std::size_t row = out.layout->row_bytes();
+  out.rows = at::empty({n, static_cast<std::int64_t>(row)}, at::TensorOptions().dtype(at::kByte));
+  std::uint8_t* dst = out.rows.data_ptr<std::uint8_t>();
+  std::vector<at::Tensor> src(old_ranks.size());
+  std::int64_t slot = 0;
+  for (std::size_t c = 0; c < k; ++c) {
+    out.class_labels.push_back(labels[c]);
+    out.class_seen.push_back(seen[c]);
+    out.seen += seen[c];
+    out.class_slots.emplace_back();
+    for (auto [r, old_slot] : mine[c]) {
+      if (!src[r].defined()) src[r] = old_ranks[r].rows.to(at::kCPU).contiguous();
+      if (old_slot < 0 || old_slot >= src[r].size(0))
+        throw RehearsalError("repartition: rank " + std::to_string(r) + "'s snapshot lists slot " +
+                             std::to_string(old_slot) + " out of range");
+      std::memcpy(dst + static_cast<std::size_t>(slot) * row,
+                  src[r].data_ptr<std::uint8_t>() + static_cast<std::size_t>(old_slot) * row, row);
+      out.class_slots.back().push_back(slot++);
+    }
+  }
+  return out;
+}
+
 // ---- asynchronous insertion ----------------------------------------------------------------
 
 struct AsyncInserter::Impl {

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "diaspora/rehearsal_config.hpp"
+#include "diaspora/trainer.hpp"
 
 namespace diaspora::rehearsal {
 namespace json = boost::json;
@@ -22,14 +23,8 @@ std::uint64_t as_u64(const json::value& v) {
   return static_cast<std::uint64_t>(v.as_int64());  // the schema has checked minimum 0
 }
 
-}  // namespace
-
-RehearsalConfig load_config_string(std::string_view yaml, std::string_view name) {
-  const std::string file(name);
-  YamlDocument doc = parse_yaml(yaml, file);
-  std::vector<Diagnostic> diags = validate_yaml(doc, "rehearsal.schema.json", file);
-  if (!diags.empty()) throw SpecError(std::move(diags));
-
+// The buffer:, insertion: and sampling: sections of a validated document.
+RehearsalConfig rehearsal_sections(const YamlDocument& doc, const std::string& file, std::vector<Diagnostic>& diags) {
   RehearsalConfig c;
   const json::object& root = doc.root.as_object();
   auto fail = [&](const std::string& path, std::string msg) {
@@ -72,14 +67,62 @@ RehearsalConfig load_config_string(std::string_view yaml, std::string_view name)
     if (c.sampling.backend == "gloo" && cuda)
       fail("sampling.comm_device", "backend gloo communicates from the CPU: use comm_device cpu, or backend nccl");
   }
-  if (!diags.empty()) throw SpecError(std::move(diags));
   return c;
 }
 
-RehearsalConfig load_config_file(const std::filesystem::path& file) {
+// Sets doc.root at `path` (dotted keys; objects are created on the way) to `value`.
+void apply_override(YamlDocument& doc, const std::string& spec, std::vector<Diagnostic>& diags) {
+  const std::string where = "--set " + spec;
+  auto eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    diags.push_back({where, 0, 0, "", "expected KEY=VALUE, e.g. --set train.epochs=2"});
+    return;
+  }
+  const std::string key = spec.substr(0, eq);
+  YamlDocument v = parse_yaml(spec.substr(eq + 1), where);
+  if (!v.errors.empty()) {
+    diags.push_back({where, 0, 0, key, "the value is not valid YAML: " + v.errors.front().message});
+    return;
+  }
+  if (!doc.root.is_object()) doc.root = json::object();
+  json::object* obj = &doc.root.as_object();
+  std::size_t start = 0;
+  for (;;) {
+    auto dot = key.find('.', start);
+    const std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (part.empty()) {
+      diags.push_back({where, 0, 0, key, "empty key component"});
+      return;
+    }
+    if (dot == std::string::npos) {
+      (*obj)[part] = v.root;
+      doc.value_locations[key] = Location{0, 0};
+      return;
+    }
+    json::value& next = (*obj)[part];
+    if (!next.is_object()) next = json::object();
+    obj = &next.as_object();
+    start = dot + 1;
+  }
+}
+
+YamlDocument parse_checked(std::string_view yaml, const std::string& file, const std::vector<std::string>& overrides) {
+  // An empty file (every key optional) is the empty mapping.
+  const bool blank = yaml.find_first_not_of(" \t\r\n") == std::string_view::npos;
+  YamlDocument doc = parse_yaml(blank ? std::string_view("{}") : yaml, file);
+  std::vector<Diagnostic> diags = doc.errors;
+  if (diags.empty()) {
+    for (const auto& o : overrides) apply_override(doc, o, diags);
+  }
+  if (diags.empty()) diags = validate_yaml(doc, "rehearsal.schema.json", file);
+  if (!diags.empty()) throw SpecError(std::move(diags));
+  return doc;
+}
+
+std::string read_config_text(const std::filesystem::path& file) {
   constexpr std::uintmax_t kMaxConfigBytes = 1u << 20;
   const std::string name = file.string();
-  auto fail = [&](std::string msg) -> RehearsalConfig {
+  auto fail = [&](std::string msg) -> std::string {
     throw SpecError(std::vector<Diagnostic>{{name, 0, 0, "", std::move(msg)}});
   };
   std::error_code ec;
@@ -92,7 +135,100 @@ RehearsalConfig load_config_file(const std::filesystem::path& file) {
   if (!in) return fail("cannot open for reading");
   std::stringstream buf;
   buf << in.rdbuf();
-  return load_config_string(buf.str(), name);
+  return buf.str();
+}
+
+}  // namespace
+
+RehearsalConfig load_config_string(std::string_view yaml, std::string_view name) {
+  const std::string file(name);
+  YamlDocument doc = parse_checked(yaml, file, {});
+  std::vector<Diagnostic> diags;
+  RehearsalConfig c = rehearsal_sections(doc, file, diags);
+  if (!diags.empty()) throw SpecError(std::move(diags));
+  return c;
+}
+
+RehearsalConfig load_config_file(const std::filesystem::path& file) {
+  return load_config_string(read_config_text(file), file.string());
+}
+
+TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view name,
+                                         const std::vector<std::string>& overrides) {
+  const std::string file(name);
+  YamlDocument doc = parse_checked(yaml, file, overrides);
+  std::vector<Diagnostic> diags;
+  TrainerConfig c;
+  c.rehearsal = rehearsal_sections(doc, file, diags);
+  auto fail = [&](const std::string& path, std::string msg) {
+    Location l = locate(doc, path);
+    diags.push_back({l.line == 0 ? "--set " + path : file, l.line, l.column, path, std::move(msg)});
+  };
+  const json::object& root = doc.root.as_object();
+  auto num = [](const json::value& v) { return v.is_double() ? v.as_double() : v.is_int64() ? static_cast<double>(v.as_int64()) : static_cast<double>(v.as_uint64()); };
+  auto i64 = [](const json::value& v) { return v.is_int64() ? v.as_int64() : static_cast<std::int64_t>(v.as_uint64()); };
+  auto str = [](const json::value& v) { return std::string(v.as_string()); };
+  if (const auto* v = root.if_contains("strategy")) c.strategy = str(*v);
+  if (const auto* v = root.if_contains("alpha")) c.alpha = num(*v);
+  if (const auto* v = root.if_contains("beta")) c.beta = num(*v);
+  if (const auto* v = root.if_contains("buffer_size")) c.buffer_size = i64(*v);
+  if (const auto* v = root.if_contains("seed")) c.seed = as_u64(*v);
+  if (const auto* d = root.if_contains("dataset")) {
+    const json::object& o = d->as_object();
+    DatasetConfig& ds = c.dataset;
+    if (const auto* v = o.if_contains("name")) ds.name = str(*v);
+    if (const auto* v = o.if_contains("dir")) ds.dir = str(*v);
+    if (const auto* v = o.if_contains("tasks")) ds.tasks = static_cast<int>(i64(*v));
+    if (const auto* v = o.if_contains("classes_per_task")) ds.classes_per_task = static_cast<int>(i64(*v));
+    if (const auto* v = o.if_contains("train_per_task")) ds.train_per_task = i64(*v);
+    if (const auto* v = o.if_contains("test_per_task")) ds.test_per_task = i64(*v);
+    if (const auto* v = o.if_contains("patch")) ds.patch = static_cast<int>(i64(*v));
+    if (const auto* v = o.if_contains("object_size")) ds.object_size = static_cast<int>(i64(*v));
+    if (const auto* v = o.if_contains("scan_step")) ds.scan_step = static_cast<int>(i64(*v));
+    if (const auto* v = o.if_contains("photons")) ds.photons = num(*v);
+    if (const auto* v = o.if_contains("test_every")) ds.test_every = static_cast<int>(i64(*v));
+  }
+  if (const auto* t = root.if_contains("train")) {
+    const json::object& o = t->as_object();
+    TrainConfig& tr = c.train;
+    if (const auto* v = o.if_contains("epochs")) tr.epochs = static_cast<int>(i64(*v));
+    if (const auto* v = o.if_contains("batch_size")) tr.batch_size = i64(*v);
+    if (const auto* v = o.if_contains("lr")) tr.lr = num(*v);
+    if (const auto* v = o.if_contains("optimizer")) tr.optimizer = str(*v);
+    if (const auto* v = o.if_contains("momentum")) tr.momentum = num(*v);
+    if (const auto* v = o.if_contains("threads")) tr.threads = static_cast<int>(i64(*v));
+    if (const auto* v = o.if_contains("deterministic")) tr.deterministic = v->as_bool();
+    if (const auto* v = o.if_contains("log_every")) tr.log_every = i64(*v);
+  }
+  if (const auto* k = root.if_contains("checkpoint")) {
+    const json::object& o = k->as_object();
+    if (const auto* v = o.if_contains("every_steps")) c.checkpoint_every = i64(*v);
+    if (const auto* v = o.if_contains("dir")) c.checkpoint_dir = str(*v);
+  }
+  if (const auto* p = root.if_contains("plugin")) {
+    const json::object& o = p->as_object();
+    if (const auto* v = o.if_contains("spec")) c.plugin_spec = str(*v);
+    if (const auto* v = o.if_contains("task_id")) c.plugin_task_id = str(*v);
+    if (const auto* v = o.if_contains("site")) c.plugin_site = str(*v);
+  }
+  // Consistency the schema cannot express.
+  const DatasetConfig& ds = c.dataset;
+  const bool ds_given = root.contains("dataset");
+  if (ds.name == "fashion-mnist" && ds.tasks * ds.classes_per_task != 10)
+    fail(ds_given && root.at("dataset").as_object().contains("tasks") ? "dataset.tasks" : "dataset.classes_per_task",
+         "fashion-mnist has 10 classes: tasks x classes_per_task must be 10 (5 x 2, 2 x 5, 10 x 1), not " +
+             std::to_string(ds.tasks) + " x " + std::to_string(ds.classes_per_task));
+  if (ds.name == "ptycho-sim") {
+    if (ds.patch % 8 != 0) fail("dataset.patch", "must be a multiple of 8 (the encoder halves it three times)");
+    if (ds.object_size < ds.patch) fail("dataset.object_size", "must be at least dataset.patch");
+    if (ds.scan_step >= ds.patch) fail("dataset.scan_step", "must be below dataset.patch (overlapping scan)");
+  }
+  if (!diags.empty()) throw SpecError(std::move(diags));
+  return c;
+}
+
+TrainerConfig load_trainer_config_file(const std::filesystem::path& file, const std::vector<std::string>& overrides) {
+  return load_trainer_config_string(read_config_text(file), file.string(), overrides);
 }
 
 }  // namespace diaspora::rehearsal

@@ -51,6 +51,15 @@ class Rng {
     return static_cast<std::uint64_t>(m >> 64);
   }
 
+  /// The generator's state, for checkpoints; set_state(state()) continues the sequence.
+  std::vector<std::uint64_t> state() const { return {s_[0], s_[1], s_[2], s_[3]}; }
+  /// @return false (state unchanged) unless `st` has 4 words, not all zero.
+  bool set_state(const std::vector<std::uint64_t>& st) {
+    if (st.size() != 4 || (st[0] | st[1] | st[2] | st[3]) == 0) return false;
+    for (int i = 0; i < 4; ++i) s_[i] = st[static_cast<std::size_t>(i)];
+    return true;
+  }
+
   /// Fisher-Yates.
   template <class T>
   void shuffle(std::vector<T>& v) {

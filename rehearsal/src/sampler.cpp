@@ -11,7 +11,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <future>
+#include <utility>
 #include <unordered_set>
 
 #include "diaspora/rehearsal.hpp"
@@ -55,6 +57,8 @@ struct GlobalSampler::Impl {
   int world = 1;
   std::uint64_t next_step = 0;
   std::future<SampledBatch> pending;
+  std::optional<SampledBatch> ready;  // taken out of `pending` by prefetched(), or given to seek()
+  std::exception_ptr ready_error;     // pending's failure, taken out by prefetched()
   bool broken = false;
   std::string broken_reason;
 
@@ -205,7 +209,14 @@ SampledBatch GlobalSampler::next() {
   const std::uint64_t step = s.next_step;
   SampledBatch out;
   try {
-    out = s.pending.valid() ? s.pending.get() : s.run_step(step);
+    if (s.ready_error) {
+      std::rethrow_exception(std::exchange(s.ready_error, nullptr));
+    } else if (s.ready) {
+      out = std::move(*s.ready);
+      s.ready.reset();
+    } else {
+      out = s.pending.valid() ? s.pending.get() : s.run_step(step);
+    }
   } catch (const CollectiveFailure& e) {
     s.broken = true;
     s.broken_reason = e.what();
@@ -223,11 +234,37 @@ SampledBatch GlobalSampler::next() {
   return out;
 }
 
+void GlobalSampler::settle() {
+  if (self_->pending.valid()) self_->pending.wait();
+}
+
+std::optional<SampledBatch> GlobalSampler::prefetched() {
+  Impl& s = *self_;
+  if (s.pending.valid()) {
+    try {
+      s.ready = s.pending.get();
+    } catch (...) {
+      s.ready_error = std::current_exception();
+    }
+  }
+  if (s.ready_error) return std::nullopt;
+  return s.ready;
+}
+
+void GlobalSampler::seek(std::uint64_t step, std::optional<SampledBatch> batch) {
+  if (self_->pending.valid())
+    throw RehearsalError("GlobalSampler::seek: a prefetch is in flight; seek before the first next()");
+  self_->next_step = step;
+  self_->ready = std::move(batch);
+  self_->ready_error = nullptr;
+}
+
 std::uint64_t GlobalSampler::next_step() const noexcept { return self_->next_step; }
 
-bool GlobalSampler::prefetch_pending() const noexcept { return self_->pending.valid(); }
+bool GlobalSampler::prefetch_pending() const noexcept { return self_->pending.valid() || self_->ready.has_value(); }
 
 bool GlobalSampler::prefetch_ready() const {
+  if (self_->ready || self_->ready_error) return true;
   return self_->pending.valid() && self_->pending.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
 }
 

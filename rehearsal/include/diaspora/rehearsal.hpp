@@ -94,6 +94,22 @@ struct SampledBatch {
   std::vector<std::int64_t> rank_sizes;    ///< each rank's buffer size when the step started
 };
 
+/// A self-contained copy of a buffer's state, for checkpoints: restoring it into a buffer
+/// with the same config reproduces every later insertion and draw exactly.
+struct BufferSnapshot {
+  std::optional<SampleLayout> layout;  ///< none: the buffer had no layout (nothing else is set)
+  std::int64_t capacity = 0;           ///< slots of the buffer the snapshot was taken from
+  std::uint64_t seen = 0;              ///< samples offered, all classes
+  at::Tensor rows;                     ///< uint8 [size, row_bytes]: slot i is row i
+  std::vector<std::int64_t> class_labels;          ///< classes in order of first appearance
+  std::vector<std::uint64_t> class_seen;           ///< samples offered per class (same order)
+  std::vector<std::vector<std::int64_t>> class_slots;  ///< each class's slots, in the buffer's internal order
+  std::vector<std::uint64_t> rng_state;            ///< the buffer's generator (4 words)
+
+  /// Occupied slots.
+  std::int64_t size() const;
+};
+
 /// One rank's rehearsal buffer: a fixed number of slots, a hard memory bound, and an
 /// insertion rule that keeps each class's stored samples an unbiased sample of what
 /// that class has streamed.
@@ -181,6 +197,18 @@ class RehearsalBuffer {
   /// The same samples packed as rows of a uint8 tensor [n, row_bytes] (the wire format
   /// of global sampling). @throws as gather().
   at::Tensor pack(const std::vector<std::int64_t>& slots) const;
+  /// A copy of the whole state (layout, slots, class bookkeeping, generator). Consistent:
+  /// taken under the buffer's lock (pause the AsyncInserter first to also capture what
+  /// its queue holds: queued batches are not part of the buffer).
+  BufferSnapshot snapshot() const;
+  /// Replaces the state by `snap` (exactly, generator included, when it has one).
+  /// The buffer may have no layout yet (the snapshot's fixes it) or the same layout.
+  /// @throws RehearsalError, leaving the buffer unchanged, if the layout differs, the
+  ///         snapshot holds more samples than capacity(), or it is inconsistent (a slot
+  ///         out of range or in two classes, sizes that disagree, a label tensor that does
+  ///         not match its class).
+  void restore(const BufferSnapshot& snap);
+
   /// Inverse of pack(): rows [n, row_bytes] (uint8, CPU) into a batch of `layout`.
   /// @throws RehearsalError when the row width does not match.
   static Batch unpack(const SampleLayout& layout, const at::Tensor& rows);
@@ -189,6 +217,20 @@ class RehearsalBuffer {
   struct Impl;
   std::unique_ptr<Impl> self_;
 };
+
+/// Re-partitions the snapshots of the W ranks of a checkpointed job for rank `rank` of
+/// a job of `world` ranks whose buffers have `capacity` slots each: every stored sample
+/// goes to exactly one new rank (class by class, the k-th stored sample of a class, in
+/// old-rank order, to new rank k mod world), keeping per new rank at most its quota of
+/// each class under the buffer's rule (the rest are dropped, uniformly at random, seeded
+/// by `seed`); each class's `seen` is split in proportion to the samples it hands out, so
+/// later reservoir decisions keep their probabilities. The result has no generator state
+/// (the buffer keeps its own seed). world == W with the same capacity gives back each
+/// rank's own snapshot unchanged, so callers may use it in every case.
+/// @throws RehearsalError if the snapshots' layouts differ, rank is out of range or
+///         capacity < 1.
+BufferSnapshot repartition(const std::vector<BufferSnapshot>& old_ranks, int rank, int world, std::int64_t capacity,
+                           std::uint64_t seed);
 
 /// Counters of an AsyncInserter. Once flush() has drained the queue,
 /// samples_submitted = samples_offered + samples_dropped (+ the samples of batches
@@ -297,6 +339,23 @@ class GlobalSampler {
   ///         step and the sampler stays usable) or a collective fails, e.g. a peer died
   ///         or timed out (the sampler is then broken and every later call throws).
   SampledBatch next();
+
+  /// Waits until the prefetch in flight, if any, has finished reading the buffers (its
+  /// result stays for the next next()). After it returns, writes to the buffer cannot
+  /// change what the next next() returns: a trainer that wants bit-reproducible runs
+  /// calls settle() before inserting (docs/rehearsal.md, "Deterministic mode"). Not a
+  /// collective. @throws nothing; a failed prefetch is reported by next().
+  void settle();
+
+  /// The batch the next next() will return, when a prefetch has been started (waits for
+  /// it like settle()); nullopt when none is in flight or it failed (next() then throws).
+  /// A checkpoint stores it so that a resumed job gets the very same representatives.
+  std::optional<SampledBatch> prefetched();
+
+  /// Makes the next call to next() return step `step`: `batch` when given (a checkpoint's
+  /// prefetched()), else drawn afresh. A resumed job continues the draw sequence where it
+  /// stopped. @throws RehearsalError while a prefetch is in flight.
+  void seek(std::uint64_t step, std::optional<SampledBatch> batch = std::nullopt);
 
   /// The step the next call to next() returns.
   std::uint64_t next_step() const noexcept;

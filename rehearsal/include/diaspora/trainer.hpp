@@ -1,0 +1,115 @@
+// Diaspora's continual-learning trainer (diaspora-train, docs/rehearsal.md "Trainer"):
+// a data-parallel LibTorch job that learns a sequence of tasks from a stream, with a
+// rehearsal strategy (incremental, scratch, ER, DER, DER++), the distributed rehearsal
+// buffer of rehearsal.hpp, exact checkpoint/resume, and optional reporting through the
+// engine plugin's C ABI.
+//
+// This header is free of LibTorch so that command-line front ends compile cheaply.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "diaspora/rehearsal_config.hpp"
+
+namespace diaspora::rehearsal {
+
+/// The dataset section (`dataset:`).
+struct DatasetConfig {
+  std::string name = "fashion-mnist";  ///< "fashion-mnist" or "ptycho-sim"
+  std::string dir = "/usr/share/datasets/fashion-mnist";
+  int tasks = 5;
+  int classes_per_task = 2;        ///< fashion-mnist; tasks * classes_per_task == 10
+  std::int64_t train_per_task = 0; ///< 0 = all
+  std::int64_t test_per_task = 0;  ///< 0 = all
+  int patch = 32;                  ///< ptycho-sim
+  int object_size = 128;
+  int scan_step = 4;
+  double photons = 1e4;
+  int test_every = 5;              ///< ptycho-sim: every k-th position is a test pattern
+};
+
+/// The training section (`train:`).
+struct TrainConfig {
+  int epochs = 1;
+  std::int64_t batch_size = 32;
+  double lr = 0;                   ///< 0: the optimizer's default (sgd 0.05, adam 0.001)
+  std::string optimizer = "sgd";
+  double momentum = 0;
+  int threads = 0;                 ///< 0: hardware threads / ranks
+  bool deterministic = true;
+  std::int64_t log_every = 50;
+};
+
+/// A whole trainer config file: the job plus the rehearsal library's sections.
+struct TrainerConfig {
+  std::string strategy = "derpp";  ///< incremental | scratch | er | der | derpp
+  double alpha = 0.3;
+  double beta = 0.5;
+  std::int64_t buffer_size = 500;  ///< over all ranks
+  std::uint64_t seed = 0;
+  DatasetConfig dataset;
+  TrainConfig train;
+  std::int64_t checkpoint_every = 0;  ///< steps; 0 = task ends, SIGTERM and actions only
+  std::string checkpoint_dir;         ///< empty: OUT/checkpoint
+  std::string plugin_spec;            ///< empty: no plugin
+  std::string plugin_task_id = "diaspora-train";
+  std::string plugin_site;
+  RehearsalConfig rehearsal;          ///< buffer:, insertion:, sampling:
+
+  /// Whether the strategy uses the rehearsal buffer (er, der, derpp).
+  bool uses_buffer() const { return strategy == "er" || strategy == "der" || strategy == "derpp"; }
+  /// Whether it stores model outputs with the samples (der, derpp).
+  bool stores_outputs() const { return strategy == "der" || strategy == "derpp"; }
+};
+
+/// Loads a trainer config from YAML text: `overrides` ("key.path=value", as given to
+/// --set; the value is read as YAML: 0.1, true, er, [1,2]) are applied first, then the
+/// whole document is validated against schemas/rehearsal.schema.json and checked for
+/// consistency (e.g. tasks x classes_per_task = 10 for fashion-mnist, patch a multiple
+/// of 8). Diagnostics: "FILE:LINE:COL: error: PATH: MESSAGE"; an override's are located
+/// at "--set KEY".
+/// @throws diaspora::SpecError with every diagnostic. Reentrant.
+TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view name = "<string>",
+                                         const std::vector<std::string>& overrides = {});
+/// As above, reading `file` (at most 1 MiB). @throws diaspora::SpecError.
+TrainerConfig load_trainer_config_file(const std::filesystem::path& file, const std::vector<std::string>& overrides = {});
+
+/// Exit statuses of diaspora-train (also returned by run_trainer()).
+enum TrainExit : int {
+  kTrainDone = 0,          ///< every task trained; summary.json written
+  kTrainError = 1,         ///< bad config, data, checkpoint or a failed rank
+  kTrainUsage = 2,         ///< bad command line
+  kTrainCheckpointed = 3,  ///< stopped on request (SIGTERM/SIGINT, checkpoint action, --stop-after) after a checkpoint
+  kTrainMigrate = 4,       ///< a migrate action: checkpointed; resume it on the target site with --resume
+  kTrainCancelled = 5,     ///< a cancel action: checkpointed and stopped
+};
+
+/// How one rank runs.
+struct RankOptions {
+  std::filesystem::path out;      ///< output directory (rank 0 writes metrics and summary there)
+  int rank = 0;
+  int world = 1;
+  std::string master = "127.0.0.1:0";  ///< HOST:PORT of rank 0's rendezvous store (world > 1)
+  std::optional<std::filesystem::path> resume;  ///< a previous OUT or checkpoint dir
+  std::int64_t stop_after = 0;    ///< > 0: checkpoint and stop after this many steps of this run
+  bool progress_bar = false;      ///< draw a progress bar on stderr (rank 0)
+  /// Set from a signal handler (SIGTERM/SIGINT): checkpoint at the next step and stop.
+  const std::atomic<int>* stop_flag = nullptr;
+};
+
+/// Runs one rank of a training job to its end, a requested stop, or an error. All
+/// ranks of a job run it with the same config; they meet in collectives every step.
+/// Writes OUT/metrics.jsonl, OUT/summary.json and OUT/curves.png (rank 0) and
+/// checkpoints under the checkpoint dir. Returns a TrainExit status; errors are printed
+/// on stderr ("diaspora-train: rank R: ...") and return kTrainError.
+/// @par Thread Safety
+/// One call per process (it sets LibTorch's thread count and seeds).
+int run_trainer(const TrainerConfig& config, const RankOptions& options);
+
+}  // namespace diaspora::rehearsal

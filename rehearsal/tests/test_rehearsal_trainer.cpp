@@ -1,0 +1,366 @@
+// The trainer: its config (--set overrides, consistency checks), buffer snapshots and
+// re-partitioning, and diaspora-train end to end as a real process: exact resume after a
+// stop, resume with another world size, two spawned ranks, SIGTERM, ptycho-sim.
+#include <ATen/ops/arange.h>
+#include <ATen/ops/full.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/json.hpp>
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "diaspora/rehearsal.hpp"
+#include "diaspora/trainer.hpp"
+#include "rehearsal_test_util.hpp"
+
+namespace dr = diaspora::rehearsal;
+namespace fs = std::filesystem;
+namespace json = boost::json;
+using diaspora::rehearsal::test::TempDir;
+using diaspora::rehearsal::test::Watchdog;
+using namespace std::chrono_literals;
+
+namespace {
+
+// ---- config -------------------------------------------------------------------------------
+
+TEST(TrainerConfig, DefaultsOverridesAndSections) {
+  auto c = dr::load_trainer_config_string("strategy: er\nbuffer_size: 200\nsampling: {representatives: 16}\n", "t.yaml",
+                                          {"train.epochs=3", "alpha=0.7", "dataset.name=ptycho-sim"});
+  EXPECT_EQ(c.strategy, "er");
+  EXPECT_EQ(c.buffer_size, 200);
+  EXPECT_EQ(c.train.epochs, 3);
+  EXPECT_DOUBLE_EQ(c.alpha, 0.7);
+  EXPECT_EQ(c.dataset.name, "ptycho-sim");
+  EXPECT_EQ(c.rehearsal.sampling.representatives, 16);
+  EXPECT_TRUE(c.uses_buffer());
+  EXPECT_FALSE(c.stores_outputs());
+  auto d = dr::load_trainer_config_string("", "empty.yaml");
+  EXPECT_EQ(d.strategy, "derpp");
+  EXPECT_EQ(d.dataset.tasks, 5);
+  EXPECT_TRUE(d.train.deterministic);
+}
+
+std::string diagnostics_of(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  try {
+    dr::load_trainer_config_string(yaml, "bad.yaml", sets);
+  } catch (const diaspora::SpecError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TrainerConfig, BadInputIsLocated) {
+  EXPECT_NE(diagnostics_of("strategy: gem\n").find("bad.yaml:1:"), std::string::npos);
+  std::string d = diagnostics_of("dataset:\n  tasks: 3\n");
+  EXPECT_NE(d.find("bad.yaml:2:"), std::string::npos) << d;
+  EXPECT_NE(d.find("10 classes"), std::string::npos) << d;
+  d = diagnostics_of("dataset: {name: ptycho-sim, patch: 20}\n");
+  EXPECT_NE(d.find("multiple of 8"), std::string::npos) << d;
+  d = diagnostics_of("", {"train.epochs"});
+  EXPECT_NE(d.find("KEY=VALUE"), std::string::npos) << d;
+  d = diagnostics_of("", {"train.epochs=-1"});
+  EXPECT_NE(d.find("train.epochs"), std::string::npos) << d;
+  d = diagnostics_of("", {"no_such_key=1"});
+  EXPECT_NE(d.find("no_such_key"), std::string::npos) << d;
+}
+
+// ---- snapshots ---------------------------------------------------------------------------
+
+dr::Batch labelled(std::int64_t first, std::int64_t n, std::int64_t label) {
+  dr::Batch b;
+  b.tensors.push_back(at::arange(first, first + n, at::TensorOptions().dtype(at::kFloat)).unsqueeze(1));
+  b.tensors.push_back(at::full({n}, label, at::TensorOptions().dtype(at::kLong)));
+  return b;
+}
+
+std::vector<float> contents(const dr::RehearsalBuffer& b) {
+  std::vector<std::int64_t> all(static_cast<std::size_t>(b.size()));
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::int64_t>(i);
+  auto t = b.gather(all).tensors[0].contiguous();
+  return {t.data_ptr<float>(), t.data_ptr<float>() + t.numel()};
+}
+
+TEST(BufferSnapshot, RestoreContinuesExactly) {
+  dr::BufferConfig cfg;
+  cfg.max_samples = 50;
+  cfg.seed = 9;
+  dr::RehearsalBuffer a(cfg);
+  for (int i = 0; i < 30; ++i) a.insert(labelled(i * 10, 10, i % 4));
+  dr::BufferSnapshot s = a.snapshot();
+  EXPECT_EQ(s.size(), 50);
+  dr::BufferConfig other = cfg;
+  other.seed = 12345;  // the snapshot's generator state wins
+  dr::RehearsalBuffer b(other);
+  b.restore(s);
+  EXPECT_EQ(contents(a), contents(b));
+  for (int i = 30; i < 60; ++i) {
+    a.insert(labelled(i * 10, 10, i % 5));
+    b.insert(labelled(i * 10, 10, i % 5));
+  }
+  EXPECT_EQ(contents(a), contents(b));
+  EXPECT_EQ(a.class_counts(), b.class_counts());
+  EXPECT_EQ(a.class_seen(), b.class_seen());
+  EXPECT_EQ(a.seen(), b.seen());
+}
+
+TEST(BufferSnapshot, InconsistentSnapshotsAreRefusedAndChangeNothing) {
+  dr::BufferConfig cfg;
+  cfg.max_samples = 20;
+  dr::RehearsalBuffer a(cfg);
+  a.insert(labelled(0, 10, 0));
+  a.insert(labelled(10, 10, 1));
+  const dr::BufferSnapshot good = a.snapshot();
+  dr::RehearsalBuffer b(cfg);
+  b.insert(labelled(100, 5, 7));
+  const auto before = contents(b);
+  auto expect_refused = [&](dr::BufferSnapshot s, const std::string& what) {
+    try {
+      b.restore(s);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const dr::RehearsalError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(contents(b), before);
+  };
+  auto s = good;
+  s.class_slots[1][0] = s.class_slots[0][0];
+  expect_refused(s, "in two classes");
+  s = good;
+  std::swap(s.class_labels[0], s.class_labels[1]);
+  expect_refused(s, "holds label");
+  s = good;
+  s.class_slots[0][0] = 99;
+  expect_refused(s, "out of range");
+  s = good;
+  s.rng_state = {0, 0, 0, 0};
+  expect_refused(s, "generator state");
+  dr::BufferConfig small = cfg;
+  small.max_samples = 5;
+  dr::RehearsalBuffer c(small);
+  EXPECT_THROW(c.restore(good), dr::RehearsalError);  // 20 samples, 5 slots
+}
+
+TEST(BufferSnapshot, RepartitionKeepsEverySampleOnce) {
+  dr::BufferConfig cfg;
+  cfg.max_samples = 40;
+  std::vector<dr::BufferSnapshot> two;
+  for (int r = 0; r < 2; ++r) {
+    cfg.seed = static_cast<std::uint64_t>(r);
+    dr::RehearsalBuffer b(cfg);
+    for (int i = 0; i < 8; ++i) b.insert(labelled(r * 1000 + i * 10, 10, i % 2));
+    two.push_back(b.snapshot());
+  }
+  // 2 ranks -> 1 rank with room for all: the union, once.
+  dr::BufferConfig big = cfg;
+  big.max_samples = 80;
+  dr::RehearsalBuffer one(big);
+  one.restore(dr::repartition(two, 0, 1, 80, 1));
+  auto u = contents(one);
+  std::multiset<float> got(u.begin(), u.end()), want;
+  for (const auto& s : two) {
+    auto rows = dr::RehearsalBuffer::unpack(*s.layout, s.rows).tensors[0].contiguous();
+    want.insert(rows.data_ptr<float>(), rows.data_ptr<float>() + rows.numel());
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(one.seen(), 160u);  // both ranks' streams
+  // 2 -> 3 ranks: disjoint, covering, balanced classes.
+  std::multiset<float> cover;
+  for (int r = 0; r < 3; ++r) {
+    dr::RehearsalBuffer b(cfg);
+    b.restore(dr::repartition(two, r, 3, 40, 1));
+    auto c = contents(b);
+    cover.insert(c.begin(), c.end());
+    auto counts = b.class_counts();
+    EXPECT_LE(std::abs(counts[0] - counts[1]), 1);
+  }
+  EXPECT_EQ(cover, want);
+  // 2 -> 1 rank with 30 slots: 15 of each class, the rest dropped.
+  dr::RehearsalBuffer tight(cfg);
+  tight.restore(dr::repartition(two, 0, 1, 30, 1));
+  EXPECT_EQ(tight.size(), 30);
+  EXPECT_EQ(tight.class_counts()[0], 15);
+  // Same world and capacity: each rank's own snapshot, generator included.
+  auto same = dr::repartition(two, 1, 2, 40, 1);
+  EXPECT_EQ(same.rng_state, two[1].rng_state);
+}
+
+// ---- diaspora-train as a process -------------------------------------------------------------
+
+struct TrainRun {
+  int status = -1;
+  std::string log;
+};
+
+// Runs diaspora-train with `args`; `on_start` (if set) gets the child's pid.
+TrainRun train(const std::vector<std::string>& args, const fs::path& log, std::function<void(pid_t)> on_start = nullptr) {
+  std::vector<std::string> a{DIASPORA_TRAIN_BIN};
+  a.insert(a.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : a) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    FILE* f = std::freopen(log.c_str(), "w", stderr);
+    (void)f;
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  if (on_start) on_start(pid);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  TrainRun r;
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  std::ifstream in(log);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.log = ss.str();
+  return r;
+}
+
+json::object summary(const fs::path& out) {
+  std::ifstream in(out / "summary.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return json::parse(ss.str()).as_object();
+}
+
+// step -> loss text of metrics.jsonl (timing fields differ between runs, losses must not).
+std::map<std::int64_t, std::string> losses(const fs::path& out) {
+  std::map<std::int64_t, std::string> m;
+  std::ifstream in(out / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto v = json::parse(line).as_object();
+    if (!v.contains("loss")) continue;
+    auto p = line.find("\"loss\":");
+    m[v.at("step").as_int64()] = line.substr(p, line.find(',', p) - p);
+  }
+  return m;
+}
+
+fs::path write_config(const fs::path& dir, const std::string& text) {
+  fs::path f = dir / "train.yaml";
+  std::ofstream(f) << text;
+  return f;
+}
+
+// Fashion-MNIST as 2 tasks of 5 classes, 640 training and 200 test samples a task:
+// 20 steps of 32 a task on one rank, a few seconds.
+const char* kSmall =
+    "strategy: derpp\nbuffer_size: 100\nseed: 3\n"
+    "dataset: {tasks: 2, classes_per_task: 5, train_per_task: 640, test_per_task: 200}\n"
+    "train: {batch_size: 32, threads: 1, lr: 0.05}\n"
+    "sampling: {representatives: 8}\n";
+
+TEST(Trainer, StoppedAndResumedRunMatchesTheUninterruptedOneExactly) {
+  Watchdog dog(300s, "exact resume");
+  TempDir tmp;
+  auto cfg = write_config(tmp.path(), kSmall);
+  const fs::path full = tmp.path() / "full", part = tmp.path() / "part", rest = tmp.path() / "rest";
+  TrainRun a = train({"--config", cfg.string(), "--out", full.string()}, tmp.path() / "a.log");
+  ASSERT_EQ(a.status, 0) << a.log;
+  TrainRun b = train({"--config", cfg.string(), "--out", part.string(), "--stop-after", "13"}, tmp.path() / "b.log");
+  ASSERT_EQ(b.status, dr::kTrainCheckpointed) << b.log;
+  EXPECT_TRUE(fs::exists(part / "checkpoint" / "LATEST"));
+  EXPECT_FALSE(fs::exists(part / "summary.json"));
+  TrainRun c = train({"--config", cfg.string(), "--out", rest.string(), "--resume", part.string()}, tmp.path() / "c.log");
+  ASSERT_EQ(c.status, 0) << c.log;
+
+  auto la = losses(full), lb = losses(part), lc = losses(rest);
+  ASSERT_EQ(la.size(), 40u);
+  ASSERT_EQ(lb.size(), 13u);
+  ASSERT_EQ(lc.size(), 27u);
+  for (const auto& [step, loss] : lb) EXPECT_EQ(loss, la[step]) << "step " << step;
+  for (const auto& [step, loss] : lc) EXPECT_EQ(loss, la[step]) << "step " << step;
+  auto sa = summary(full), sc = summary(rest);
+  EXPECT_EQ(json::serialize(sa.at("accuracy_matrix")), json::serialize(sc.at("accuracy_matrix")));
+  EXPECT_EQ(sa.at("strategy").as_string(), "derpp");
+  EXPECT_EQ(sa.at("buffer_size").as_int64(), 100);
+  EXPECT_GT(sa.at("runtime_s").as_double(), 0.0);
+  const auto& row = sa.at("accuracy_matrix").as_array().back().as_array();
+  EXPECT_EQ(row.size(), 2u);
+  EXPECT_GT(sa.at("average_accuracy").as_double(), 0.2);  // chance is 0.1
+  EXPECT_TRUE(fs::exists(full / "curves.png"));
+  EXPECT_TRUE(sc.contains("resumed_from"));
+}
+
+TEST(Trainer, TwoSpawnedRanksAndResumeOnOne) {
+  Watchdog dog(300s, "two ranks");
+  TempDir tmp;
+  auto cfg = write_config(tmp.path(), kSmall);
+  const fs::path two = tmp.path() / "two", one = tmp.path() / "one";
+  TrainRun a = train({"--config", cfg.string(), "--out", two.string(), "--world-size", "2", "--stop-after", "6"},
+                tmp.path() / "a.log");
+  ASSERT_EQ(a.status, dr::kTrainCheckpointed) << a.log;
+  EXPECT_TRUE(fs::exists(two / "checkpoint" / "ckpt-6" / "rank-1.pt"));
+  TrainRun b = train({"--config", cfg.string(), "--out", one.string(), "--resume", two.string()}, tmp.path() / "b.log");
+  ASSERT_EQ(b.status, 0) << b.log;
+  auto s = summary(one);
+  EXPECT_EQ(s.at("world_size").as_int64(), 1);
+  // 2 ranks x 6 steps of 32 = 12 single-rank steps of task 0 done: 20 - 12 + 20 left.
+  EXPECT_EQ(s.at("steps").as_int64(), 6 + 8 + 20);
+  EXPECT_GT(s.at("average_accuracy").as_double(), 0.2);
+}
+
+TEST(Trainer, SigtermCheckpointsAndExitsThree) {
+  Watchdog dog(300s, "sigterm");
+  TempDir tmp;
+  auto cfg = write_config(tmp.path(), std::string(kSmall) + "checkpoint: {every_steps: 5}\n");
+  const fs::path out = tmp.path() / "out";
+  TrainRun r = train({"--config", cfg.string(), "--out", out.string(), "--set", "dataset.train_per_task=6000"},
+                tmp.path() / "a.log", [&](pid_t pid) {
+                  // Wait for the first periodic checkpoint, then stop the job.
+                  for (int i = 0; i < 1200 && !fs::exists(out / "checkpoint" / "LATEST"); ++i)
+                    std::this_thread::sleep_for(50ms);
+                  ::kill(pid, SIGTERM);
+                });
+  ASSERT_EQ(r.status, dr::kTrainCheckpointed) << r.log;
+  EXPECT_NE(r.log.find("--resume"), std::string::npos) << r.log;
+  std::ifstream latest(out / "checkpoint" / "LATEST");
+  std::string name;
+  latest >> name;
+  EXPECT_TRUE(fs::exists(out / "checkpoint" / name / "manifest.json"));
+}
+
+TEST(Trainer, PtychoSimErrorMatrix) {
+  Watchdog dog(300s, "ptycho");
+  TempDir tmp;
+  auto cfg = write_config(tmp.path(),
+                          "strategy: der\nbuffer_size: 40\ndataset: {name: ptycho-sim, tasks: 2, object_size: 64, "
+                          "scan_step: 4}\ntrain: {batch_size: 8, threads: 1, optimizer: adam}\n"
+                          "sampling: {representatives: 4}\n");
+  const fs::path out = tmp.path() / "out";
+  TrainRun r = train({"--config", cfg.string(), "--out", out.string()}, tmp.path() / "a.log");
+  ASSERT_EQ(r.status, 0) << r.log;
+  auto s = summary(out);
+  ASSERT_TRUE(s.contains("error_matrix"));
+  const auto& m = s.at("error_matrix").as_array();
+  ASSERT_EQ(m.size(), 2u);
+  for (const auto& row : m)
+    for (const auto& v : row.as_array()) EXPECT_TRUE(std::isfinite(v.as_double()));
+  EXPECT_GT(s.at("average_error").as_double(), 0.0);
+}
+
+TEST(Trainer, BadCommandLinesAndConfigs) {
+  TempDir tmp;
+  auto cfg = write_config(tmp.path(), kSmall);
+  TrainRun r = train({"--config", cfg.string()}, tmp.path() / "a.log");
+  EXPECT_EQ(r.status, dr::kTrainUsage);
+  auto bad = tmp.path() / "bad.yaml";
+  std::ofstream(bad) << "strategy: gem\n";
+  r = train({"--config", bad.string(), "--out", (tmp.path() / "o").string()}, tmp.path() / "b.log");
+  EXPECT_EQ(r.status, dr::kTrainError);
+  EXPECT_NE(r.log.find("bad.yaml:1:"), std::string::npos) << r.log;
+  r = train({"--config", cfg.string(), "--out", (tmp.path() / "o").string(), "--resume", tmp.path().string()},
+            tmp.path() / "c.log");
+  EXPECT_EQ(r.status, dr::kTrainError);
+  EXPECT_NE(r.log.find("no checkpoint"), std::string::npos) << r.log;
+}
+
+}  // namespace

@@ -1,0 +1,178 @@
+// diaspora-train: the command line of the continual-learning trainer (docs/rehearsal.md).
+//
+//   diaspora-train --config F --out DIR [--set key=value ...]
+//                  [--world-size N | --rank R --world-size N --master HOST:PORT]
+//                  [--resume DIR] [--stop-after STEPS]
+//
+// --world-size N alone spawns N local ranks (this binary again, with --rank/--master on a
+// free loopback port) and waits for them; SIGTERM/SIGINT are forwarded to the ranks,
+// which checkpoint and exit 3. Exit statuses: see TrainExit in diaspora/trainer.hpp.
+#include <CLI/CLI.hpp>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstring>
+#include <iostream>
+#include <vector>
+
+#include "diaspora/spec.hpp"
+#include "diaspora/trainer.hpp"
+
+namespace dr = diaspora::rehearsal;
+
+namespace {
+
+std::atomic<int> g_stop{0};
+std::vector<pid_t> g_children;
+
+extern "C" void on_signal(int sig) {
+  g_stop.store(1);
+  for (pid_t p : g_children) ::kill(p, sig == SIGINT ? SIGTERM : sig);  // async-signal-safe
+}
+
+void install_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+int free_loopback_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+// Runs `argv` once per rank with --rank/--master appended; returns the job's status: 0 if
+// every rank returned 0, else the first non-zero status in rank order (a rank that dies
+// of a signal counts as kTrainError, and the others are stopped).
+int spawn_ranks(int world, const std::vector<std::string>& args) {
+  const int port = free_loopback_port();
+  if (port < 0) {
+    std::cerr << "diaspora-train: no free loopback port for the rendezvous\n";
+    return dr::kTrainError;
+  }
+  const std::string master = "127.0.0.1:" + std::to_string(port);
+  std::vector<int> status(static_cast<std::size_t>(world), -1);
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> a = args;
+    a.insert(a.end(), {"--rank", std::to_string(r), "--world-size", std::to_string(world), "--master", master});
+    std::vector<char*> cargv;
+    for (auto& s : a) cargv.push_back(s.data());
+    cargv.push_back(nullptr);
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      std::cerr << "diaspora-train: fork: " << std::strerror(errno) << "\n";
+      for (pid_t p : g_children) ::kill(p, SIGKILL);
+      return dr::kTrainError;
+    }
+    if (pid == 0) {
+      ::execv("/proc/self/exe", cargv.data());
+      std::perror("diaspora-train: exec");
+      ::_exit(dr::kTrainError);
+    }
+    g_children.push_back(pid);
+  }
+  int left = world;
+  while (left > 0) {
+    int st = 0;
+    pid_t p = ::waitpid(-1, &st, 0);
+    if (p < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int r = 0; r < world; ++r) {
+      if (g_children[static_cast<std::size_t>(r)] != p) continue;
+      const int code = WIFEXITED(st) ? WEXITSTATUS(st) : dr::kTrainError;
+      status[static_cast<std::size_t>(r)] = code;
+      --left;
+      if (code == dr::kTrainError) {  // a failed rank leaves the others hanging in a collective
+        if (!WIFEXITED(st)) std::cerr << "diaspora-train: rank " << r << " died of signal " << WTERMSIG(st) << "\n";
+        for (int q = 0; q < world; ++q)
+          if (status[static_cast<std::size_t>(q)] < 0) ::kill(g_children[static_cast<std::size_t>(q)], SIGKILL);
+      }
+    }
+  }
+  for (int s : status)
+    if (s != 0) return s;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"diaspora-train: continual learning with a distributed rehearsal buffer (docs/rehearsal.md)"};
+  std::string config, out, master, resume;
+  std::vector<std::string> sets;
+  int world = 1, rank = -1;
+  std::int64_t stop_after = 0;
+  app.add_option("--config", config, "trainer config (YAML; schemas/rehearsal.schema.json)")->required();
+  app.add_option("--out", out, "output directory: metrics.jsonl, summary.json, curves.png, checkpoint/")->required();
+  app.add_option("--set", sets, "override a config key, e.g. --set strategy=er --set train.epochs=2");
+  app.add_option("--world-size", world, "number of ranks (alone: spawn them here)")->check(CLI::Range(1, 1024));
+  app.add_option("--rank", rank, "this process's rank (with --world-size and --master)")->check(CLI::Range(0, 1023));
+  app.add_option("--master", master, "HOST:PORT of rank 0's rendezvous store");
+  app.add_option("--resume", resume, "continue from the checkpoint in this directory (a previous --out, or its checkpoint/)");
+  app.add_option("--stop-after", stop_after, "checkpoint and exit 3 after this many steps (drills and tests)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 60));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : dr::kTrainUsage;
+  }
+  if (rank >= world) {
+    std::cerr << "diaspora-train: --rank " << rank << " must be below --world-size " << world << "\n";
+    return dr::kTrainUsage;
+  }
+  if (rank >= 0 && world > 1 && master.empty()) {
+    std::cerr << "diaspora-train: --rank needs --master HOST:PORT (or give --world-size alone to spawn local ranks)\n";
+    return dr::kTrainUsage;
+  }
+  dr::TrainerConfig cfg;
+  try {
+    cfg = dr::load_trainer_config_file(config, sets);
+  } catch (const diaspora::SpecError& e) {
+    std::cerr << e.what() << "\n";
+    return dr::kTrainError;
+  }
+  install_handlers();
+  if (rank < 0 && world > 1) {
+    std::vector<std::string> args(argv, argv + argc);
+    std::vector<std::string> keep;
+    for (std::size_t i = 0; i < args.size(); ++i) {  // drop --world-size N; spawn_ranks adds it back
+      if (args[i] == "--world-size") {
+        ++i;
+        continue;
+      }
+      if (args[i].rfind("--world-size=", 0) == 0) continue;
+      keep.push_back(args[i]);
+    }
+    return spawn_ranks(world, keep);
+  }
+  dr::RankOptions o;
+  o.out = out;
+  o.rank = rank < 0 ? 0 : rank;
+  o.world = world;
+  o.master = master.empty() ? "127.0.0.1:0" : master;
+  if (!resume.empty()) o.resume = resume;
+  o.stop_after = stop_after;
+  o.progress_bar = o.rank == 0 && ::isatty(2);
+  o.stop_flag = &g_stop;
+  return dr::run_trainer(cfg, o);
+}
