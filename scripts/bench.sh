@@ -18,3 +18,8 @@ echo "== engine plugin: hook cost and end to end (bench/plugin)"
 echo
 echo "== resilience engine: observations/s and memory per series (bench/resilience)"
 "$BUILD_DIR/bin/bench_resilience" --benchmark_min_time=0.5
+echo
+if [ -x "$BUILD_DIR/bin/diaspora-train" ]; then
+  echo "== continual learning: strategies x buffers x ranks (bench/rehearsal/run.sh; QUICK=1 for a short run)"
+  bash bench/rehearsal/run.sh "$BUILD_DIR"
+fi

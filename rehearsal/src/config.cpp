@@ -228,7 +228,16 @@ TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view
 }
 
 TrainerConfig load_trainer_config_file(const std::filesystem::path& file, const std::vector<std::string>& overrides) {
-  return load_trainer_config_string(read_config_text(file), file.string(), overrides);
+  TrainerConfig c = load_trainer_config_string(read_config_text(file), file.string(), overrides);
+  // Relative paths in a config file are relative to the file's directory.
+  const std::filesystem::path base = file.parent_path();
+  auto resolve = [&](std::string& p) {
+    if (!p.empty() && std::filesystem::path(p).is_relative()) p = (base / p).lexically_normal().string();
+  };
+  resolve(c.plugin_spec);
+  resolve(c.dataset.dir);
+  resolve(c.checkpoint_dir);
+  return c;
 }
 
 }  // namespace diaspora::rehearsal

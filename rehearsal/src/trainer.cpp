@@ -311,6 +311,7 @@ class Job {
   void build_model();
   std::int64_t steps_per_epoch(int task) const;
   torch::Tensor epoch_order(int task, int epoch) const;
+  const TaskData& task_data(int task);
   // training
   double train_step(const torch::Tensor& idx, int task);
   void allreduce_grads();
@@ -329,6 +330,8 @@ class Job {
   const RankOptions& opt_;
   int rank_ = 0, world_ = 1;
   Stream data_;
+  TaskData scratch_;      // scratch: tasks 0..scratch_task_ concatenated
+  int scratch_task_ = -1;
   std::shared_ptr<NetImpl> model_;
   std::unique_ptr<torch::optim::Optimizer> optim_;
   c10::intrusive_ptr<c10d::Store> store_;
@@ -336,7 +339,6 @@ class Job {
   std::unique_ptr<RehearsalBuffer> buffer_;
   std::unique_ptr<AsyncInserter> inserter_;
   std::unique_ptr<GlobalSampler> sampler_;
-  std::int64_t reps_per_step_ = 0;  // R drawn per rank per step (2R for DER++)
   Position pos_;
   std::vector<std::vector<double>> matrix_;  // metric on task j after task i
   double elapsed_before_ = 0;                // runtime of earlier segments (resume)
@@ -408,6 +410,21 @@ torch::Tensor Job::epoch_order(int task, int epoch) const {
   return torch::tensor(order);
 }
 
+// The training samples of `task`: its own, or (scratch) tasks 0..task back to back.
+const TaskData& Job::task_data(int task) {
+  if (cfg_.strategy != "scratch" || task == 0) return data_.train[static_cast<std::size_t>(task)];
+  if (scratch_task_ != task) {
+    std::vector<torch::Tensor> xs, ys;
+    for (int t = 0; t <= task; ++t) {
+      xs.push_back(data_.train[static_cast<std::size_t>(t)].x);
+      ys.push_back(data_.train[static_cast<std::size_t>(t)].y);
+    }
+    scratch_ = {torch::cat(xs), torch::cat(ys)};
+    scratch_task_ = task;
+  }
+  return scratch_;
+}
+
 torch::Tensor task_loss(bool classification, const torch::Tensor& out, const torch::Tensor& y) {
   return classification ? torch::nn::functional::cross_entropy(out, y) : torch::mse_loss(out, y);
 }
@@ -433,20 +450,9 @@ void Job::allreduce_grads() {
 double Job::train_step(const torch::Tensor& idx, int task) {
   const auto t0 = Clock::now();
   // The stream batch (scratch: idx indexes tasks 0..task back to back).
-  torch::Tensor x, y;
-  if (cfg_.strategy == "scratch" && task > 0) {
-    std::vector<torch::Tensor> xs, ys;
-    for (int t = 0; t <= task; ++t) {
-      xs.push_back(data_.train[static_cast<std::size_t>(t)].x);
-      ys.push_back(data_.train[static_cast<std::size_t>(t)].y);
-    }
-    // Cached concatenation would be faster; the scratch baseline only bounds accuracy.
-    x = torch::cat(xs).index_select(0, idx);
-    y = torch::cat(ys).index_select(0, idx);
-  } else {
-    x = data_.train[static_cast<std::size_t>(task)].x.index_select(0, idx);
-    y = data_.train[static_cast<std::size_t>(task)].y.index_select(0, idx);
-  }
+  const TaskData& source = task_data(task);
+  torch::Tensor x = source.x.index_select(0, idx);
+  torch::Tensor y = source.y.index_select(0, idx);
   const bool cls = data_.classification;
   double wait_s = 0;
   std::int64_t nreps = 0;
@@ -469,8 +475,9 @@ double Job::train_step(const torch::Tensor& idx, int task) {
     if (cfg_.strategy == "er") {
       loss = task_loss(cls, out, torch::cat({y, ry}));
     } else {
-      // DER: alpha * MSE to the stored outputs; DER++ uses the first half of the draw for
-      // that and the second half (a second, disjoint draw) for beta * the task loss.
+      // DER: alpha * MSE to the stored outputs; DER++ uses the first half of the R
+      // representatives for that and the second, disjoint half for beta * the task loss,
+      // so every rehearsal strategy trains on the same number of samples a step.
       const std::int64_t h = cfg_.strategy == "derpp" ? (nreps + 1) / 2 : nreps;
       loss = loss + cfg_.alpha * torch::mse_loss(rout.narrow(0, 0, h), reps.batch.outputs.narrow(0, 0, h));
       if (cfg_.strategy == "derpp" && nreps - h > 0)
@@ -859,8 +866,6 @@ int Job::run() {
     buffer_ = std::make_unique<RehearsalBuffer>(bc, buffer_layout(data_, cfg_));
     inserter_ = std::make_unique<AsyncInserter>(*buffer_, cfg_.rehearsal.insertion);
     SamplerConfig sc = cfg_.rehearsal.sampling;
-    reps_per_step_ = cfg_.strategy == "derpp" ? 2 * sc.representatives : sc.representatives;
-    sc.representatives = reps_per_step_;
     sc.seed = sc.seed ^ cfg_.seed;
     sampler_ = std::make_unique<GlobalSampler>(*buffer_, sampler_group_, sc);
   }

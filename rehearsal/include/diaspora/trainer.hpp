@@ -77,7 +77,9 @@ struct TrainerConfig {
 /// @throws diaspora::SpecError with every diagnostic. Reentrant.
 TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view name = "<string>",
                                          const std::vector<std::string>& overrides = {});
-/// As above, reading `file` (at most 1 MiB). @throws diaspora::SpecError.
+/// As above, reading `file` (at most 1 MiB); relative paths in it (plugin.spec,
+/// dataset.dir, checkpoint.dir) are resolved against the file's directory.
+/// @throws diaspora::SpecError.
 TrainerConfig load_trainer_config_file(const std::filesystem::path& file, const std::vector<std::string>& overrides = {});
 
 /// Exit statuses of diaspora-train (also returned by run_trainer()).

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The continual-learning benchmark of docs/rehearsal.md: split Fashion-MNIST (5 x 2 classes,
+# class-incremental) with scratch, incremental, ER, DER, DER++ at buffers of 200, 500 and
+# 2,000 samples in total, on 1 and 2 ranks; then ptycho-sim (5 scans) with the same
+# strategies. Prints one table (bench/rehearsal/table.py) and the issue's targets.
+#
+#   bash bench/rehearsal/run.sh [BUILD_DIR]        # full: about 45 min on 2 cores
+#   QUICK=1 bash bench/rehearsal/run.sh build      # 1 rank, buffers 200 and 2000 only
+#   SEED=1 OUT=/tmp/rb bash bench/rehearsal/run.sh
+set -euo pipefail
+BUILD_DIR=${1:-build}
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/diaspora-bench-rehearsal}
+SEED=${SEED:-0}
+TRAIN="$BUILD_DIR/bin/diaspora-train"
+[ -x "$TRAIN" ] || { echo "no $TRAIN (configure with -DDIASPORA_WITH_TORCH=ON)"; exit 1; }
+mkdir -p "$OUT"
+
+run() {  # NAME CONFIG ARGS...: one job unless its summary is already there
+  local name=$1 config=$2
+  shift 2
+  if [ -f "$OUT/$name/summary.json" ]; then return; fi
+  rm -rf "${OUT:?}/$name"
+  echo "  $name" >&2
+  if ! "$TRAIN" --config "$config" --out "$OUT/$name" --set seed="$SEED" "$@" >"$OUT/$name.log" 2>&1; then
+    echo "FAILED: $name (log: $OUT/$name.log)"; tail -5 "$OUT/$name.log"; exit 1
+  fi
+}
+
+if [ -n "${QUICK:-}" ]; then RANKS="1"; BUFFERS="200 2000"; else RANKS="1 2"; BUFFERS="200 500 2000"; fi
+FM=rehearsal/configs/fashion-mnist.yaml
+PT=rehearsal/configs/ptycho-sim.yaml
+for w in $RANKS; do
+  for s in scratch incremental; do run "fm-$s-w$w" "$FM" --world-size "$w" --set strategy=$s; done
+  for b in $BUFFERS; do
+    for s in er der derpp; do run "fm-$s-b$b-w$w" "$FM" --world-size "$w" --set strategy=$s --set buffer_size="$b"; done
+  done
+done
+for s in scratch incremental; do run "pt-$s-w1" "$PT" --set strategy=$s; done
+for b in 200 2000; do
+  for s in er der derpp; do run "pt-$s-b$b-w1" "$PT" --set strategy=$s --set buffer_size="$b"; done
+done
+/usr/bin/python3 bench/rehearsal/table.py "$OUT"

@@ -1,0 +1,80 @@
+#!/usr/bin/python3
+"""Prints the rehearsal benchmark's table (markdown) from the summary.json files that
+bench/rehearsal/run.sh left in OUT, and checks the issue's targets against them."""
+import json
+import sys
+from pathlib import Path
+
+
+def load(out: Path) -> dict:
+    runs = {}
+    for f in sorted(out.glob("*/summary.json")):
+        runs[f.parent.name] = json.loads(f.read_text())
+    return runs
+
+
+def main() -> int:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/diaspora-bench-rehearsal")
+    runs = load(out)
+    if not runs:
+        print(f"no summary.json under {out}")
+        return 1
+    order = {"scratch": 0, "incremental": 1, "er": 2, "der": 3, "derpp": 4}
+    rows = sorted(runs.items(), key=lambda kv: (kv[1]["dataset"], kv[1]["world_size"], order[kv[1]["strategy"]],
+                                                 kv[1]["buffer_size"]))
+    inc = {(s["dataset"], s["world_size"]): s for _, s in rows if s["strategy"] == "incremental"}
+    print("| dataset | ranks | strategy | buffer | final average | first task at the end | runtime s | x incremental | "
+          "waiting for representatives | seed |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for _, s in rows:
+        cls = "average_accuracy" in s
+        avg = s["average_accuracy"] if cls else s["average_error"]
+        base = inc.get((s["dataset"], s["world_size"]))
+        ratio = f"{s['runtime_s'] / base['runtime_s']:.2f}" if base else "-"
+        fmt = (lambda v: f"{100 * v:.1f} %") if cls else (lambda v: f"{v:.4f}")
+        print(f"| {s['dataset']} | {s['world_size']} | {s['strategy']} | {s['buffer_size'] or '-'} | "
+              f"{fmt(avg)} {'acc' if cls else 'err'} | {fmt(s['first_task_final'])} | {s['runtime_s']:.1f} | {ratio} | "
+              f"{100 * s['wait_fraction']:.2f} % | {s['seed']} |")
+
+    print()
+    print("targets (measured above):")
+    def get(ds, w, strat, buf=0):
+        for _, s in rows:
+            if (s["dataset"], s["world_size"], s["strategy"], s["buffer_size"]) == (ds, w, strat, buf):
+                return s
+        return None
+    for w in (1, 2):
+        sc, ic = get("fashion-mnist", w, "scratch"), get("fashion-mnist", w, "incremental")
+        if not sc or not ic:
+            continue
+        print(f"- {w} rank(s): incremental {100 * ic['average_accuracy']:.1f} % vs scratch "
+              f"{100 * sc['average_accuracy']:.1f} % (forgetting: first task {100 * ic['first_task_final']:.1f} % at the end)")
+        dpp = get("fashion-mnist", w, "derpp", 2000)
+        if dpp:
+            gap = 100 * (sc["average_accuracy"] - dpp["average_accuracy"])
+            print(f"  DER++ at 2000: {100 * dpp['average_accuracy']:.1f} %, {gap:.1f} points below scratch "
+                  f"(target <= 5): {'met' if gap <= 5 else 'NOT met'}")
+        dpp2, er2 = get("fashion-mnist", w, "derpp", 200), get("fashion-mnist", w, "er", 200)
+        if dpp2 and er2:
+            ok = dpp2["average_accuracy"] > er2["average_accuracy"]
+            print(f"  at 200: DER++ {100 * dpp2['average_accuracy']:.1f} % vs ER {100 * er2['average_accuracy']:.1f} %: "
+                  f"{'met' if ok else 'NOT met'}")
+        reh = [s for _, s in rows if s["dataset"] == "fashion-mnist" and s["world_size"] == w and s["buffer_size"]]
+        if reh:
+            worst = max(s["runtime_s"] / ic["runtime_s"] for s in reh)
+            wait = max(s["wait_fraction"] for s in reh)
+            print(f"  rehearsal runtime <= {worst:.2f} x incremental (target 1.2: {'met' if worst <= 1.2 else 'NOT met'}); "
+                  f"waiting <= {100 * wait:.2f} % of step time (target 5 %: {'met' if wait <= 0.05 else 'NOT met'})")
+    sc = get("ptycho-sim", 1, "scratch")
+    if sc:
+        e0 = sc["first_task_final"]
+        for _, s in rows:
+            if s["dataset"] == "ptycho-sim" and s["buffer_size"]:
+                r = s["first_task_final"] / e0
+                print(f"- ptycho {s['strategy']} at {s['buffer_size']}: first-scan error {s['first_task_final']:.4f} = "
+                      f"{r:.2f} x scratch's {e0:.4f} (target <= 1.10: {'met' if r <= 1.10 else 'NOT met'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

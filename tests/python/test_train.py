@@ -1,0 +1,133 @@
+"""diaspora-train with the engine plugin against a real relay (TLS, 127.0.0.1): the job
+reports itself as a task (progress with loss and throughput metrics), an operator's
+migrate action makes it checkpoint and exit 4 with the action acknowledged, and the
+resumed job completes and reports completion."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from relay_harness import BIN, Credentials, RelayProcess, event, recv, run, session  # noqa: E402
+from test_plugin import relay_events, write_spec  # noqa: E402
+
+TRAIN = BIN / "diaspora-train"
+TOPIC = "plug.events"
+
+
+@pytest.fixture(scope="module")
+def creds(tmp_path_factory) -> Credentials:
+    return Credentials(tmp_path_factory.mktemp("train-creds"))
+
+
+def first_events(relay: RelayProcess, token: str, n: int, counted) -> list[dict]:
+    """Reads TOPIC from the start until `n` events satisfy `counted` (at most 60 s)."""
+    async def go():
+        ws = await session(relay, token)
+        await ws.send(json.dumps({"op": "subscribe", "id": "w", "topic": TOPIC, "from": "earliest"}))
+        out, deadline = [], time.monotonic() + 60
+        while time.monotonic() < deadline and sum(1 for e in out if counted(e)) < n:
+            m = await recv(ws)
+            if m["op"] == "events":
+                out += [e["event"] for e in m["events"]]
+        await ws.close()
+        return out
+    return run(go())
+
+
+def train_config(tmp_path: Path, spec: Path) -> Path:
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text(json.dumps({
+        "strategy": "er", "buffer_size": 200, "seed": 1,
+        "dataset": {"tasks": 2, "classes_per_task": 5, "train_per_task": 2000, "test_per_task": 200},
+        # Many epochs: the job is still running when the action comes (the resumed one
+        # runs with --set train.epochs=1 and finishes the epoch it was in).
+        "train": {"epochs": 1000, "batch_size": 32, "threads": 1, "log_every": 10},
+        "sampling": {"representatives": 8},
+        "plugin": {"spec": str(spec), "task_id": "train-7", "site": "cluster-a"},
+    }))
+    return cfg
+
+
+def test_migrate_action_checkpoints_and_the_resumed_job_completes(creds, tmp_path):
+    t0 = time.monotonic()
+    mark = lambda what: print(f"{time.monotonic() - t0:6.1f}s {what}")
+    relay = RelayProcess(creds, tmp_path / "data").start()
+    token_file = tmp_path / "token"
+    token_file.write_text(creds.token("publish:*", "subscribe:*") + "\n")
+    reader = creds.token("subscribe:*")
+    try:
+        spec = write_spec(tmp_path, creds, token_file, relay.port)
+        cfg = train_config(tmp_path, spec)
+        out = tmp_path / "out"
+        job = subprocess.Popen([str(TRAIN), "--config", str(cfg), "--out", str(out)],
+                               stderr=subprocess.PIPE, text=True)
+        try:
+            # The job is on the fabric once its progress events arrive.
+            first_events(relay, reader, 2, lambda e: e["type"] == "org.diaspora.task.progress")
+            mark("progress seen")
+            time.sleep(1.0)  # the control subscription starts with the publisher
+
+            def request(action_id: str) -> None:
+                async def go():
+                    ws = await session(relay, creds.token("publish:*"))
+                    data = {"action_id": action_id, "action": "migrate", "task_id": "train-7",
+                            "target_site": "cluster-b", "reason": "site a is slowing down"}
+                    ev = event(action_id, source="/operator", type_="org.diaspora.action.requested", data=data)
+                    await ws.send(json.dumps({"op": "publish", "topic": "plug.control.engine", "seq": 0,
+                                              "events": [ev]}))
+                    assert (await recv(ws))["op"] == "ack"
+                run(go())
+
+            # The control subscription starts from "latest" when it connects, shortly
+            # after the publisher: ask again every 2 s until the job acts (bounded).
+            status = None
+            for i in range(30):
+                request(f"m-{i}")
+                try:
+                    status = job.wait(2)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            print("requests sent:", i + 1)
+            err = job.stderr.read()
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+        mark("job exited")
+        assert status == 4, err
+        assert "--resume" in err
+        assert (out / "checkpoint" / "LATEST").exists()
+        assert not (out / "summary.json").exists()
+
+        evs = relay_events(relay, reader, 1, counted=lambda e: e["type"] == "org.diaspora.action.done")
+        done = [e["data"] for e in evs if e["type"] == "org.diaspora.action.done"]
+        assert done and done[0]["status"] == "done", done
+        assert "checkpointed at step" in done[0]["message"] and "cluster-b" in done[0]["message"]
+        progress = [e for e in evs if e["type"] == "org.diaspora.task.progress"
+                    and e["data"].get("task_id") == "train-7"]
+        assert progress, [e["type"] for e in evs]
+        metrics = progress[-1]["data"].get("metrics", {})
+        assert "loss" in metrics and "samples_per_s" in metrics, progress[-1]["data"]
+
+        mark("events read")
+        # Resumed "on the target site": it continues from the checkpoint and completes.
+        resumed = subprocess.run([str(TRAIN), "--config", str(cfg), "--out", str(tmp_path / "out2"),
+                                  "--resume", str(out), "--set", "train.epochs=1"], stderr=subprocess.PIPE, text=True, timeout=240)
+        mark("resumed job exited")
+        assert resumed.returncode == 0, resumed.stderr
+        summary = json.loads((tmp_path / "out2" / "summary.json").read_text())
+        assert summary["resumed_from"].startswith(str(out))
+        assert len(summary["accuracy_matrix"]) == 2
+        evs = relay_events(relay, reader, 1, counted=lambda e: e["type"] == "org.diaspora.task.completed")
+        assert any(e["type"] == "org.diaspora.task.completed" and e["data"].get("task_id") == "train-7"
+                   for e in evs)
+    finally:
+        relay.stop()
