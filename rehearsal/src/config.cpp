@@ -107,14 +107,20 @@ void apply_override(YamlDocument& doc, const std::string& spec, std::vector<Diag
 }
 
 YamlDocument parse_checked(std::string_view yaml, const std::string& file, const std::vector<std::string>& overrides) {
-  // An empty file (every key optional) is the empty mapping.
-  const bool blank = yaml.find_first_not_of(" \t\r\n") == std::string_view::npos;
-  YamlDocument doc = parse_yaml(blank ? std::string_view("{}") : yaml, file);
+  YamlDocument doc = parse_yaml(yaml, file);  // an empty file is an error, as for every YAML input ({} = defaults)
   std::vector<Diagnostic> diags = doc.errors;
   if (diags.empty()) {
     for (const auto& o : overrides) apply_override(doc, o, diags);
   }
   if (diags.empty()) diags = validate_yaml(doc, "rehearsal.schema.json", file);
+  // A problem in an overridden value is the override's, not the file's.
+  for (auto& d : diags) {
+    if (d.line != 0) continue;
+    for (const auto& o : overrides) {
+      const std::string key = o.substr(0, o.find('='));
+      if (d.path == key || d.path.rfind(key + ".", 0) == 0 || d.path.rfind(key + "[", 0) == 0) d.file = "--set " + o;
+    }
+  }
   if (!diags.empty()) throw SpecError(std::move(diags));
   return doc;
 }

@@ -498,7 +498,11 @@ double Job::train_step(const torch::Tensor& idx, int task) {
     cand.tensors = {x, y};
     if (cfg_.stores_outputs()) cand.outputs = stream_out.detach();
     inserter_->try_submit(std::move(cand));
-    if (cfg_.train.deterministic) inserter_->flush();
+    if (cfg_.train.deterministic) {
+      const auto w0 = Clock::now();
+      inserter_->flush();
+      wait_s += seconds_since(w0);
+    }
   }
   const double step_s = seconds_since(t0);
   const double lv = loss.item<double>();

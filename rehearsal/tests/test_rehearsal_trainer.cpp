@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 
+#include "diaspora/datasets.hpp"
 #include "diaspora/rehearsal.hpp"
 #include "diaspora/trainer.hpp"
 #include "rehearsal_test_util.hpp"
@@ -41,10 +42,30 @@ TEST(TrainerConfig, DefaultsOverridesAndSections) {
   EXPECT_EQ(c.rehearsal.sampling.representatives, 16);
   EXPECT_TRUE(c.uses_buffer());
   EXPECT_FALSE(c.stores_outputs());
-  auto d = dr::load_trainer_config_string("", "empty.yaml");
+  auto d = dr::load_trainer_config_string("{}", "empty.yaml");
   EXPECT_EQ(d.strategy, "derpp");
   EXPECT_EQ(d.dataset.tasks, 5);
   EXPECT_TRUE(d.train.deterministic);
+}
+
+TEST(TrainerConfig, ExampleConfigsLoad) {
+  const fs::path dir = fs::path(DIASPORA_SOURCE_DIR) / "rehearsal" / "configs";
+  auto fm = dr::load_trainer_config_file(dir / "fashion-mnist.yaml");
+  EXPECT_EQ(fm.dataset.name, "fashion-mnist");
+  EXPECT_EQ(fm.buffer_size, 2000);
+  auto pt = dr::load_trainer_config_file(dir / "ptycho-sim.yaml");
+  EXPECT_EQ(pt.dataset.name, "ptycho-sim");
+  EXPECT_EQ(pt.train.optimizer, "adam");
+}
+
+TEST(TrainerConfig, RelativePathsAreRelativeToTheFile) {
+  TempDir tmp;
+  fs::create_directories(tmp.path() / "sub");
+  std::ofstream(tmp.path() / "sub" / "t.yaml") << "plugin: {spec: ../spec.yaml}\ncheckpoint: {dir: ck}\n";
+  auto c = dr::load_trainer_config_file(tmp.path() / "sub" / "t.yaml");
+  EXPECT_EQ(c.plugin_spec, (tmp.path() / "spec.yaml").string());
+  EXPECT_EQ(c.checkpoint_dir, (tmp.path() / "sub" / "ck").string());
+  EXPECT_EQ(c.dataset.dir, dr::kFashionMnistDir);  // absolute: unchanged
 }
 
 std::string diagnostics_of(const std::string& yaml, const std::vector<std::string>& sets = {}) {
@@ -63,11 +84,11 @@ TEST(TrainerConfig, BadInputIsLocated) {
   EXPECT_NE(d.find("10 classes"), std::string::npos) << d;
   d = diagnostics_of("dataset: {name: ptycho-sim, patch: 20}\n");
   EXPECT_NE(d.find("multiple of 8"), std::string::npos) << d;
-  d = diagnostics_of("", {"train.epochs"});
+  d = diagnostics_of("{}", {"train.epochs"});
   EXPECT_NE(d.find("KEY=VALUE"), std::string::npos) << d;
-  d = diagnostics_of("", {"train.epochs=-1"});
-  EXPECT_NE(d.find("train.epochs"), std::string::npos) << d;
-  d = diagnostics_of("", {"no_such_key=1"});
+  d = diagnostics_of("{}", {"train.epochs=-1"});
+  EXPECT_NE(d.find("--set train.epochs=-1: error: train.epochs"), std::string::npos) << d;
+  d = diagnostics_of("{}", {"no_such_key=1"});
   EXPECT_NE(d.find("no_such_key"), std::string::npos) << d;
 }
 
