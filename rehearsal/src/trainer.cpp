@@ -688,23 +688,36 @@ void Job::load_checkpoint(const fs::path& from) {
   } catch (const std::exception& e) {
     throw RehearsalError("checkpoint " + dir.string() + ": manifest.json unreadable: " + e.what());
   }
-  const json::object& m = mv.as_object();
-  auto mismatch = [&](const char* key, const std::string& have, const std::string& want) {
-    if (have != want)
-      throw RehearsalError("checkpoint " + dir.string() + " was written with " + key + " " + have +
-                           "; this config has " + want + " (resume with the same config)");
-  };
-  mismatch("strategy", std::string(m.at("strategy").as_string()), cfg_.strategy);
-  mismatch("dataset", std::string(m.at("dataset").as_string()), cfg_.dataset.name);
-  mismatch("tasks", std::to_string(m.at("tasks").to_number<int>()), std::to_string(cfg_.dataset.tasks));
-  pos_.step = m.at("step").to_number<std::int64_t>();
-  pos_.task = m.at("task").to_number<int>();
-  pos_.epoch = m.at("epoch").to_number<int>();
-  pos_.batch = m.at("batch").to_number<std::int64_t>();
-  elapsed_before_ = m.at("elapsed_s").to_number<double>();
-  matrix_.clear();
-  for (const auto& row : m.at("matrix").as_array()) matrix_.push_back(json::value_to<std::vector<double>>(row));
-  const int old_world = m.at("world_size").to_number<int>();
+  int old_world = 0;
+  try {
+    const json::object& m = mv.as_object();
+    auto mismatch = [&](const char* key, const std::string& have, const std::string& want) {
+      if (have != want)
+        throw RehearsalError("checkpoint " + dir.string() + " was written with " + key + " " + have +
+                             "; this config has " + want + " (resume with the same config)");
+    };
+    mismatch("strategy", std::string(m.at("strategy").as_string()), cfg_.strategy);
+    mismatch("dataset", std::string(m.at("dataset").as_string()), cfg_.dataset.name);
+    mismatch("tasks", std::to_string(m.at("tasks").to_number<int>()), std::to_string(cfg_.dataset.tasks));
+    pos_.step = m.at("step").to_number<std::int64_t>();
+    pos_.task = m.at("task").to_number<int>();
+    pos_.epoch = m.at("epoch").to_number<int>();
+    pos_.batch = m.at("batch").to_number<std::int64_t>();
+    elapsed_before_ = m.at("elapsed_s").to_number<double>();
+    matrix_.clear();
+    for (const auto& row : m.at("matrix").as_array()) matrix_.push_back(json::value_to<std::vector<double>>(row));
+    old_world = m.at("world_size").to_number<int>();
+  } catch (const RehearsalError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw RehearsalError("checkpoint " + (dir / "manifest.json").string() +
+                         " is not a diaspora-train manifest (a field is missing or of the wrong type: " + e.what() + ")");
+  }
+  if (old_world < 1 || pos_.step < 0 || pos_.task < 0 || pos_.task > cfg_.dataset.tasks || pos_.epoch < 0 ||
+      pos_.batch < 0 || matrix_.size() > static_cast<std::size_t>(cfg_.dataset.tasks))
+    throw RehearsalError("checkpoint " + (dir / "manifest.json").string() + " holds an impossible position (world " +
+                         std::to_string(old_world) + ", task " + std::to_string(pos_.task) + ", step " +
+                         std::to_string(pos_.step) + ")");
   // The epoch's order depends on (seed, task, epoch) only; old_world * batch batches of
   // batch_size are consumed: continue after them (rounded down with another world size).
   pos_.batch = pos_.batch * old_world / world_;

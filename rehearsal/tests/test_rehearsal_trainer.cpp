@@ -408,6 +408,22 @@ TEST(Trainer, BadCommandLinesAndConfigs) {
             tmp.path() / "c.log");
   EXPECT_EQ(r.status, dr::kTrainError);
   EXPECT_NE(r.log.find("no checkpoint"), std::string::npos) << r.log;
+  // A damaged checkpoint is refused with the file named; nothing is trained.
+  const fs::path ck = tmp.path() / "ck" / "checkpoint";
+  fs::create_directories(ck / "ckpt-5");
+  std::ofstream(ck / "LATEST") << "ckpt-5\n";
+  std::ofstream(ck / "ckpt-5" / "manifest.json") << "{\"version\":1,\"strategy\":\"derpp\"}";
+  r = train({"--config", cfg.string(), "--out", (tmp.path() / "o2").string(), "--resume", (tmp.path() / "ck").string()},
+            tmp.path() / "d.log");
+  EXPECT_EQ(r.status, dr::kTrainError);
+  EXPECT_NE(r.log.find("manifest.json is not a diaspora-train manifest"), std::string::npos) << r.log;
+  // Another strategy than the checkpoint's.
+  std::ofstream(ck / "ckpt-5" / "manifest.json")
+      << "{\"version\":1,\"strategy\":\"er\",\"dataset\":\"fashion-mnist\",\"tasks\":2}";
+  r = train({"--config", cfg.string(), "--out", (tmp.path() / "o3").string(), "--resume", (tmp.path() / "ck").string()},
+            tmp.path() / "e.log");
+  EXPECT_EQ(r.status, dr::kTrainError);
+  EXPECT_NE(r.log.find("was written with strategy er"), std::string::npos) << r.log;
 }
 
 }  // namespace
