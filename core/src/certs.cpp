@@ -1,6 +1,6 @@
 #include "diaspora/certs.hpp"
+#include "diaspora/files.hpp"
 
-#include <fcntl.h>
 #include <openssl/bn.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -8,8 +8,6 @@
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
 #include <openssl/x509v3.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -98,29 +96,6 @@ std::string pem_of(EVP_PKEY* key) {
   return std::string(data, static_cast<std::size_t>(n));
 }
 
-// Writes atomically: temporary file created with `mode` (never briefly world-readable),
-// fsync, rename.
-void write_file(const std::filesystem::path& path, const std::string& content, mode_t mode) {
-  std::filesystem::path tmp = path;
-  tmp += ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0) throw Error(tmp.string() + ": cannot create: " + std::strerror(errno));
-  ::fchmod(fd, mode);  // in case the file existed with other permissions
-  std::size_t off = 0;
-  while (off < content.size()) {
-    ssize_t n = ::write(fd, content.data() + off, content.size() - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      throw Error(tmp.string() + ": write failed: " + std::strerror(err));
-    }
-    off += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) throw Error(tmp.string() + ": fsync/close failed: " + std::strerror(errno));
-  std::filesystem::rename(tmp, path);
-}
-
 }  // namespace
 
 DevCertFiles write_dev_certificates(const std::filesystem::path& dir, const DevCertOptions& o) {
@@ -160,12 +135,12 @@ DevCertFiles write_dev_certificates(const std::filesystem::path& dir, const DevC
                            {NID_subject_key_identifier, "hash"},
                            {NID_authority_key_identifier, "keyid:always"}});
 
-  write_file(f.ca_key, pem_of(ca_key.get()), 0600);
-  write_file(f.server_key, pem_of(server_key.get()), 0600);
-  write_file(f.client_key, pem_of(client_key.get()), 0600);
-  write_file(f.ca_cert, pem_of(ca.get()), 0644);
-  write_file(f.server_cert, pem_of(server.get()), 0644);
-  write_file(f.client_cert, pem_of(client.get()), 0644);
+  write_file_atomic(f.ca_key, pem_of(ca_key.get()), 0600);
+  write_file_atomic(f.server_key, pem_of(server_key.get()), 0600);
+  write_file_atomic(f.client_key, pem_of(client_key.get()), 0600);
+  write_file_atomic(f.ca_cert, pem_of(ca.get()), 0644);
+  write_file_atomic(f.server_cert, pem_of(server.get()), 0644);
+  write_file_atomic(f.client_cert, pem_of(client.get()), 0644);
   return f;
 }
 

@@ -398,25 +398,37 @@ SpecLoadResult load_spec_string(std::string_view yaml, std::string_view name) {
   return result;
 }
 
-SpecLoadResult load_spec_file(const std::filesystem::path& file) {
-  constexpr std::uintmax_t kMaxSpecBytes = 16u << 20;
+std::string read_yaml_file(const std::filesystem::path& file, std::uintmax_t max_bytes, std::string_view kind) {
   std::error_code ec;
-  std::string name = file.string();
-  auto fail = [&](std::string msg) {
-    SpecLoadResult r;
-    r.diagnostics.push_back({name, 0, 0, "", std::move(msg)});
-    return r;
+  auto fail = [&](std::string msg) -> std::string {
+    throw SpecError(std::vector<Diagnostic>{{file.string(), 0, 0, "", std::move(msg)}});
   };
   if (!std::filesystem::exists(file, ec)) return fail("no such file");
-  if (std::filesystem::is_directory(file, ec)) return fail("is a directory; give a spec file (.yaml)");
+  if (std::filesystem::is_directory(file, ec))
+    return fail("is a directory; give a " + std::string(kind) + " file (.yaml)");
   auto size = std::filesystem::file_size(file, ec);
   if (ec) return fail("cannot read: " + ec.message());
-  if (size > kMaxSpecBytes) return fail("file of " + std::to_string(size) + " bytes is larger than the 16 MiB limit for a spec");
+  if (size > max_bytes)
+    return fail("file of " + std::to_string(size) + " bytes is larger than the " + std::to_string(max_bytes >> 20) +
+                " MiB limit for a " + std::string(kind));
   std::ifstream in(file, std::ios::binary);
   if (!in) return fail("cannot open for reading");
   std::stringstream buf;
   buf << in.rdbuf();
-  return load_spec_string(buf.str(), name);
+  return buf.str();
+}
+
+SpecLoadResult load_spec_file(const std::filesystem::path& file) {
+  constexpr std::uintmax_t kMaxSpecBytes = 16u << 20;
+  std::string text;
+  try {
+    text = read_yaml_file(file, kMaxSpecBytes, "spec");
+  } catch (const SpecError& e) {
+    SpecLoadResult r;
+    r.diagnostics = e.diagnostics();
+    return r;
+  }
+  return load_spec_string(text, file.string());
 }
 
 WorkflowSpec parse_spec_string(std::string_view yaml, std::string_view name) {

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "diaspora/event.hpp"
+#include "diaspora/files.hpp"
 
 namespace diaspora {
 
@@ -112,17 +113,7 @@ void write_secret_file(const std::filesystem::path& file, bool overwrite) {
     text += hex[c & 15];
   }
   text += '\n';
-  std::filesystem::path tmp = file;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(tmp.string() + ": cannot write");
-    std::filesystem::permissions(tmp, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write,
-                                 std::filesystem::perm_options::replace);
-    out << text;
-    if (!out.flush()) throw Error(tmp.string() + ": write failed");
-  }
-  std::filesystem::rename(tmp, file);
+  write_file_atomic(file, text, 0600);
 }
 
 std::string issue_token(std::string_view secret, const TokenClaims& c) {

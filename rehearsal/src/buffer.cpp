@@ -434,22 +434,6 @@ Batch RehearsalBuffer::unpack(const SampleLayout& layout, const at::Tensor& rows
 
 std::int64_t BufferSnapshot::size() const { return rows.defined() && rows.dim() == 2 ? rows.size(0) : 0; }
 
-namespace {
-
-// The integer label stored at `p` with dtype `t` (the layout check allows integral types only).
-std::int64_t read_label(const std::uint8_t* p, c10::ScalarType t) {
-  switch (t) {
-    case at::kLong: { std::int64_t v; std::memcpy(&v, p, 8); return v; }
-    case at::kInt: { std::int32_t v; std::memcpy(&v, p, 4); return v; }
-    case at::kShort: { std::int16_t v; std::memcpy(&v, p, 2); return v; }
-    case at::kChar: return static_cast<std::int8_t>(*p);
-    case at::kByte: return *p;
-    default: throw RehearsalError(std::string("label dtype ") + c10::toString(t) + " is not an integer type");
-  }
-}
-
-}  // namespace
-
 BufferSnapshot RehearsalBuffer::snapshot() const {
   const Impl& s = *self_;
   BufferSnapshot snap;
@@ -500,6 +484,11 @@ void RehearsalBuffer::restore(const BufferSnapshot& snap) {
   std::unordered_map<std::int64_t, std::uint32_t> index;
   at::Tensor rows = n > 0 ? snap.rows.to(at::kCPU).contiguous() : at::Tensor();
   const std::uint8_t* rp = n > 0 ? rows.data_ptr<std::uint8_t>() : nullptr;
+  // Each slot's stored label, decoded like a gathered batch's (checked against its class).
+  at::Tensor labels;
+  if (s.cfg.class_balanced && n > 0)
+    labels = unpack(s.layout, rows).tensors[static_cast<std::size_t>(s.cfg.label_tensor)].reshape({n}).to(at::kLong).contiguous();
+  const std::int64_t* stored_label = labels.defined() ? labels.data_ptr<std::int64_t>() : nullptr;
   std::uint64_t seen_sum = 0;
   for (std::size_t c = 0; c < k; ++c) {
     const std::int64_t label = snap.class_labels[c];
@@ -516,10 +505,8 @@ void RehearsalBuffer::restore(const BufferSnapshot& snap) {
       owner = static_cast<std::uint32_t>(c);
       slot_pos[static_cast<std::size_t>(slot)] = static_cast<std::uint32_t>(classes[c].slots.size());
       classes[c].slots.push_back(static_cast<std::uint32_t>(slot));
-      if (s.cfg.class_balanced) {
-        const std::size_t lt = static_cast<std::size_t>(s.cfg.label_tensor);
-        const std::int64_t stored =
-            read_label(rp + static_cast<std::size_t>(slot) * s.row + s.offsets[lt], s.layout.tensors[lt].dtype);
+      if (stored_label) {
+        const std::int64_t stored = stored_label[slot];
         if (stored != label)
           bad("slot " + std::to_string(slot) + " holds label " + std::to_string(stored) + ", listed under class " +
               std::to_string(label));

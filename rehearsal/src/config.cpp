@@ -2,8 +2,6 @@
 // No LibTorch here, so this translation unit stays cheap to compile.
 #include <boost/json.hpp>
 
-#include <fstream>
-#include <sstream>
 
 #include "diaspora/rehearsal_config.hpp"
 #include "diaspora/trainer.hpp"
@@ -18,6 +16,27 @@ Location locate(const YamlDocument& doc, const std::string& path) {
   return it != doc.value_locations.end() ? it->second : Location{1, 1};
 }
 
+// A problem with the value at `path`, located where the document has it.
+void add_diag(std::vector<Diagnostic>& diags, const YamlDocument& doc, const std::string& file, const std::string& path,
+              std::string msg) {
+  const Location l = locate(doc, path);
+  diags.push_back({file, l.line, l.column, path, std::move(msg)});
+}
+
+// Throws `diags`, if any. A problem in an overridden value (line 0: apply_override's
+// location) is the override's: its FILE becomes "--set KEY=VALUE".
+void throw_if_any(std::vector<Diagnostic> diags, const std::vector<std::string>& overrides) {
+  if (diags.empty()) return;
+  for (auto& d : diags) {
+    if (d.line != 0) continue;
+    for (const auto& o : overrides) {
+      const std::string key = o.substr(0, o.find('='));
+      if (d.path == key || d.path.rfind(key + ".", 0) == 0 || d.path.rfind(key + "[", 0) == 0) d.file = "--set " + o;
+    }
+  }
+  throw SpecError(std::move(diags));
+}
+
 std::uint64_t as_u64(const json::value& v) {
   if (v.is_uint64()) return v.as_uint64();
   return static_cast<std::uint64_t>(v.as_int64());  // the schema has checked minimum 0
@@ -27,10 +46,7 @@ std::uint64_t as_u64(const json::value& v) {
 RehearsalConfig rehearsal_sections(const YamlDocument& doc, const std::string& file, std::vector<Diagnostic>& diags) {
   RehearsalConfig c;
   const json::object& root = doc.root.as_object();
-  auto fail = [&](const std::string& path, std::string msg) {
-    Location l = locate(doc, path);
-    diags.push_back({file, l.line, l.column, path, std::move(msg)});
-  };
+  auto fail = [&](const std::string& path, std::string msg) { add_diag(diags, doc, file, path, std::move(msg)); };
 
   if (const auto* b = root.if_contains("buffer")) {
     const json::object& o = b->as_object();
@@ -113,36 +129,11 @@ YamlDocument parse_checked(std::string_view yaml, const std::string& file, const
     for (const auto& o : overrides) apply_override(doc, o, diags);
   }
   if (diags.empty()) diags = validate_yaml(doc, "rehearsal.schema.json", file);
-  // A problem in an overridden value is the override's, not the file's.
-  for (auto& d : diags) {
-    if (d.line != 0) continue;
-    for (const auto& o : overrides) {
-      const std::string key = o.substr(0, o.find('='));
-      if (d.path == key || d.path.rfind(key + ".", 0) == 0 || d.path.rfind(key + "[", 0) == 0) d.file = "--set " + o;
-    }
-  }
-  if (!diags.empty()) throw SpecError(std::move(diags));
+  throw_if_any(std::move(diags), overrides);
   return doc;
 }
 
-std::string read_config_text(const std::filesystem::path& file) {
-  constexpr std::uintmax_t kMaxConfigBytes = 1u << 20;
-  const std::string name = file.string();
-  auto fail = [&](std::string msg) -> std::string {
-    throw SpecError(std::vector<Diagnostic>{{name, 0, 0, "", std::move(msg)}});
-  };
-  std::error_code ec;
-  if (!std::filesystem::exists(file, ec)) return fail("no such file");
-  if (std::filesystem::is_directory(file, ec)) return fail("is a directory; give a rehearsal config file (.yaml)");
-  auto size = std::filesystem::file_size(file, ec);
-  if (ec) return fail("cannot read: " + ec.message());
-  if (size > kMaxConfigBytes) return fail("larger than 1 MiB; not a rehearsal config");
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return fail("cannot open for reading");
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return buf.str();
-}
+constexpr std::uintmax_t kMaxConfigBytes = 1u << 20;
 
 }  // namespace
 
@@ -151,12 +142,12 @@ RehearsalConfig load_config_string(std::string_view yaml, std::string_view name)
   YamlDocument doc = parse_checked(yaml, file, {});
   std::vector<Diagnostic> diags;
   RehearsalConfig c = rehearsal_sections(doc, file, diags);
-  if (!diags.empty()) throw SpecError(std::move(diags));
+  throw_if_any(std::move(diags), {});
   return c;
 }
 
 RehearsalConfig load_config_file(const std::filesystem::path& file) {
-  return load_config_string(read_config_text(file), file.string());
+  return load_config_string(read_yaml_file(file, kMaxConfigBytes, "rehearsal config"), file.string());
 }
 
 TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view name,
@@ -166,10 +157,7 @@ TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view
   std::vector<Diagnostic> diags;
   TrainerConfig c;
   c.rehearsal = rehearsal_sections(doc, file, diags);
-  auto fail = [&](const std::string& path, std::string msg) {
-    Location l = locate(doc, path);
-    diags.push_back({l.line == 0 ? "--set " + path : file, l.line, l.column, path, std::move(msg)});
-  };
+  auto fail = [&](const std::string& path, std::string msg) { add_diag(diags, doc, file, path, std::move(msg)); };
   const json::object& root = doc.root.as_object();
   auto num = [](const json::value& v) { return v.is_double() ? v.as_double() : v.is_int64() ? static_cast<double>(v.as_int64()) : static_cast<double>(v.as_uint64()); };
   auto i64 = [](const json::value& v) { return v.is_int64() ? v.as_int64() : static_cast<std::int64_t>(v.as_uint64()); };
@@ -229,12 +217,12 @@ TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view
     if (ds.object_size < ds.patch) fail("dataset.object_size", "must be at least dataset.patch");
     if (ds.scan_step >= ds.patch) fail("dataset.scan_step", "must be below dataset.patch (overlapping scan)");
   }
-  if (!diags.empty()) throw SpecError(std::move(diags));
+  throw_if_any(std::move(diags), overrides);
   return c;
 }
 
 TrainerConfig load_trainer_config_file(const std::filesystem::path& file, const std::vector<std::string>& overrides) {
-  TrainerConfig c = load_trainer_config_string(read_config_text(file), file.string(), overrides);
+  TrainerConfig c = load_trainer_config_string(read_yaml_file(file, kMaxConfigBytes, "rehearsal config"), file.string(), overrides);
   // Relative paths in a config file are relative to the file's directory.
   const std::filesystem::path base = file.parent_path();
   auto resolve = [&](std::string& p) {

@@ -9,11 +9,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <limits>
 #include <stdexcept>
 #include <string_view>
-#include <system_error>
+
+#include "diaspora/files.hpp"
 
 namespace diaspora::rehearsal {
 namespace {
@@ -185,29 +185,6 @@ void put_chunk(std::string& out, const char* type, const std::string& data) {
   put_u32(out, std::uint32_t(crc));
 }
 
-void write_atomically(const fs::path& file, const std::string& bytes) {
-  fs::path tmp = file;
-  tmp += ".tmp";
-  std::error_code ec;
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error("write_matrix_plot: cannot create " + tmp.string() + " for " + file.string());
-    out.write(bytes.data(), std::streamsize(bytes.size()));
-    out.close();
-    if (!out) {
-      fs::remove(tmp, ec);
-      throw std::runtime_error("write_matrix_plot: write failed for " + file.string());
-    }
-  }
-  fs::rename(tmp, file, ec);
-  if (ec) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    throw std::runtime_error("write_matrix_plot: cannot rename " + tmp.string() + " to " + file.string() + ": " +
-                             ec.message());
-  }
-}
-
 }  // namespace
 
 std::string encode_png_rgb(const std::vector<std::uint8_t>& rgb, int width, int height) {
@@ -337,7 +314,7 @@ void write_matrix_plot(const fs::path& file, const std::vector<std::vector<doubl
     c.disc(x + 9, y, is_avg ? 4 : 3, col);
     c.text(x + 24, y - 3, is_avg ? std::string("average") : "task " + std::to_string(k), 1, kBlack);
   }
-  write_atomically(file, encode_png_rgb(c.pixels(), width, height));
+  write_file_atomic(file, encode_png_rgb(c.pixels(), width, height));
 }
 
 }  // namespace diaspora::rehearsal

@@ -23,16 +23,15 @@ namespace diaspora::rehearsal {
 /// [min(0, 1.1*min), 1.1*max] (upper bound 1 when max <= 0). Text outside ASCII digits,
 /// letters, space and `.,-_()/:%+=` is drawn as a box; text too long for the image is clipped.
 ///
-/// Written atomically for readers: the bytes go to `file` + ".tmp", which is then renamed
-/// over `file` (no fsync: not guaranteed durable across a power loss).
+/// Written with diaspora::write_file_atomic (`file` + ".tmp", fsync, rename, directory fsync).
 ///
 /// Thread safety: reentrant (no shared state). Concurrent calls for the same `file` race on
 /// the common ".tmp" name and must be serialised by the caller.
 ///
 /// Errors: std::invalid_argument when the matrix is empty, not square (any row whose length
 /// is not T), T > 64, width/height outside [320, 8192] x [240, 8192], or the image too small
-/// to fit the chart and its legend. std::runtime_error whose message names `file` when the
-/// temporary file cannot be created/written or the rename fails (the ".tmp" is removed).
+/// to fit the chart and its legend. diaspora::Error (a std::runtime_error) whose message names
+/// `file` when it cannot be written (the ".tmp" is removed).
 void write_matrix_plot(const std::filesystem::path& file, const std::vector<std::vector<double>>& matrix,
                        const std::string& title, const std::string& y_label, int width = 800,
                        int height = 520);

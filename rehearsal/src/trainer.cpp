@@ -8,8 +8,6 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <boost/json.hpp>
 
@@ -23,6 +21,7 @@
 #include <thread>
 
 #include "diaspora/datasets.hpp"
+#include "diaspora/files.hpp"
 #include "diaspora/plugin.h"
 #include "diaspora/rehearsal.hpp"
 #include "diaspora/trainer.hpp"
@@ -163,28 +162,6 @@ SampleLayout buffer_layout(const Stream& s, const TrainerConfig& cfg) {
 
 // ---- files ---------------------------------------------------------------------------------
 
-void fsync_path(const fs::path& p, bool directory) {
-  int fd = ::open(p.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) throw RehearsalError("cannot open " + p.string() + " to sync it: " + std::strerror(errno));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw RehearsalError("fsync " + p.string() + ": " + std::strerror(errno));
-}
-
-/// Writes `text` to `file` atomically: file.tmp, fsync, rename, fsync of the directory.
-void write_atomic(const fs::path& file, const std::string& text) {
-  const fs::path tmp = file.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw RehearsalError("cannot write " + tmp.string() + " (disk full or not writable?)");
-  }
-  fsync_path(tmp, false);
-  fs::rename(tmp, file);
-  fsync_path(file.parent_path().empty() ? fs::path(".") : file.parent_path(), true);
-}
-
 std::string read_text(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
   if (!in) throw RehearsalError("cannot read " + file.string());
@@ -309,6 +286,7 @@ class Job {
   // setup
   void setup_groups();
   void build_model();
+  std::int64_t task_samples(int task) const;
   std::int64_t steps_per_epoch(int task) const;
   torch::Tensor epoch_order(int task, int epoch) const;
   const TaskData& task_data(int task);
@@ -390,19 +368,20 @@ void Job::build_model() {
                                                  torch::optim::SGDOptions(lr).momentum(cfg_.train.momentum));
 }
 
-std::int64_t Job::steps_per_epoch(int task) const {
+// Training samples of `task`: its own, or (scratch) those of tasks 0..task.
+std::int64_t Job::task_samples(int task) const {
   std::int64_t n = 0;
   const int first = cfg_.strategy == "scratch" ? 0 : task;
   for (int t = first; t <= task; ++t) n += data_.train[static_cast<std::size_t>(t)].x.size(0);
-  return n / (cfg_.train.batch_size * world_);
+  return n;
 }
+
+std::int64_t Job::steps_per_epoch(int task) const { return task_samples(task) / (cfg_.train.batch_size * world_); }
 
 // The indices (into the concatenation of the task's training sets, tasks 0..task for
 // scratch) of one epoch, in a random order that depends on (seed, task, epoch) only.
 torch::Tensor Job::epoch_order(int task, int epoch) const {
-  std::int64_t n = 0;
-  const int first = cfg_.strategy == "scratch" ? 0 : task;
-  for (int t = first; t <= task; ++t) n += data_.train[static_cast<std::size_t>(t)].x.size(0);
+  const std::int64_t n = task_samples(task);
   std::vector<std::int64_t> order(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) order[static_cast<std::size_t>(i)] = i;
   Rng rng(cfg_.seed, (static_cast<std::uint64_t>(task) << 32) | static_cast<std::uint64_t>(epoch));
@@ -565,8 +544,9 @@ void Job::log_step(double loss, double step_s, double wait_s, std::int64_t reps)
   metrics_ << line;
   if (pos_.step % cfg_.train.log_every == 0) {
     metrics_.flush();
-    const std::int64_t per = steps_per_epoch(pos_.task) * cfg_.train.epochs;
-    const double frac = per > 0 ? static_cast<double>(pos_.epoch * steps_per_epoch(pos_.task) + pos_.batch + 1) / static_cast<double>(per) : 1.0;
+    const std::int64_t spe = steps_per_epoch(pos_.task);
+    const std::int64_t per = spe * cfg_.train.epochs;
+    const double frac = per > 0 ? static_cast<double>(pos_.epoch * spe + pos_.batch + 1) / static_cast<double>(per) : 1.0;
     if (opt_.progress_bar) {
       const int width = 30, filled = static_cast<int>(frac * width);
       std::fprintf(stderr, "\r task %d/%d [%s%s] %3.0f%%  step %" PRId64 "  loss %.4f  %.0f samples/s ", pos_.task + 1,
@@ -641,14 +621,11 @@ void Job::save_checkpoint(const std::string& why) {
     }
   }
   a.write("torch_rng", at::detail::getDefaultCPUGenerator().get_state());
-  const fs::path file = dir / ("rank-" + std::to_string(rank_) + ".pt");
-  const fs::path tmp = file.string() + ".tmp";
-  a.save_to(tmp.string());
-  fsync_path(tmp, false);
-  fs::rename(tmp, file);
+  std::ostringstream bytes;
+  a.save_to(bytes);
+  write_file_atomic(dir / ("rank-" + std::to_string(rank_) + ".pt"), bytes.str());
   barrier();  // every rank's file is durable
   if (rank_ == 0) {
-    fsync_path(dir, true);
     json::object m;
     m["version"] = 1;
     m["step"] = pos_.step;
@@ -665,8 +642,8 @@ void Job::save_checkpoint(const std::string& why) {
     json::array mat;
     for (const auto& row : matrix_) mat.push_back(json::value_from(row));
     m["matrix"] = mat;
-    write_atomic(dir / "manifest.json", json::serialize(m) + "\n");
-    write_atomic(root / "LATEST", name + "\n");
+    write_file_atomic(dir / "manifest.json", json::serialize(m) + "\n");
+    write_file_atomic(root / "LATEST", name + "\n");
     for (const auto& e : fs::directory_iterator(root))  // older checkpoints are superseded
       if (e.is_directory() && e.path().filename().string().rfind("ckpt-", 0) == 0 && e.path().filename() != name)
         fs::remove_all(e.path());
@@ -842,7 +819,7 @@ void Job::write_summary() {
     s["dropped_samples"] = st.samples_dropped;
   }
   if (!resumed_from_.empty()) s["resumed_from"] = resumed_from_;
-  write_atomic(opt_.out / "summary.json", json::serialize(s) + "\n");
+  write_file_atomic(opt_.out / "summary.json", json::serialize(s) + "\n");
   // The plot is a convenience: the matrix above is the result.
   std::vector<std::vector<double>> full(matrix_.size());
   for (std::size_t i = 0; i < matrix_.size(); ++i) {

@@ -191,6 +191,12 @@ SpecLoadResult load_spec_file(const std::filesystem::path& file);
 /// Same, from YAML text; `name` is used as FILE in diagnostics.
 SpecLoadResult load_spec_string(std::string_view yaml, std::string_view name = "<string>");
 
+/// Reads a YAML input file (a spec, a rehearsal config, ...) of at most `max_bytes` bytes.
+/// `kind` names it in messages ("spec", "rehearsal config").
+/// @throws SpecError with one diagnostic at line 0 of `file`: no such file, a directory,
+///         unreadable, or larger than `max_bytes`. Thread-safe.
+std::string read_yaml_file(const std::filesystem::path& file, std::uintmax_t max_bytes, std::string_view kind);
+
 /// Throwing forms: return the spec or throw SpecError with all diagnostics.
 WorkflowSpec parse_spec_file(const std::filesystem::path& file);
 WorkflowSpec parse_spec_string(std::string_view yaml, std::string_view name = "<string>");
