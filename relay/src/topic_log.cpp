@@ -425,6 +425,10 @@ struct Topic {
   // writer may read `segments` without mu.
   std::uint64_t next_offset = 0;
   std::unordered_map<std::string, std::uint64_t> producer_seqs;
+  // Producers whose last seq was found on disk by recovery: a crash may have cut that
+  // batch short (a torn tail keeps a prefix of its records), so a resend of it is
+  // completed through the key de-dupe instead of being dropped whole.
+  std::unordered_set<std::string> maybe_torn;
   KeyWindow keys;  // (source, id) fingerprints of the last dedupe_window events
 
   void remember_key(std::string_view key, std::size_t window) { keys.remember(fingerprint(key), window); }
@@ -512,6 +516,7 @@ struct LogStore::Impl {
   void process_locked(std::vector<Pending>& batches, std::vector<AppendResult>& results,
                       std::vector<std::pair<std::string, std::uint64_t>>& notify);
   void encode(TopicWork& w, std::vector<Pending>& batches, std::vector<AppendResult>& results);
+  bool completes_torn_batch(const Topic& t, const TopicWork& w, const Pending& b, std::uint64_t last) const;
   Chunk& chunk_for(TopicWork& w, std::size_t size, std::uint64_t offset);
   void write(TopicWork& w);
   void sync(TopicWork& w);
@@ -633,6 +638,7 @@ void LogStore::Impl::recover_topic(const std::string& name) {
   std::sort(files.begin(), files.end());
 
   std::optional<std::uint64_t> last_offset;
+  std::string last_producer;  // of the last record: only its batch can have lost a tail
   for (std::size_t i = 0; i < files.size(); ++i) {
     auto seg = std::make_shared<Segment>();
     seg->base = files[i].first;
@@ -677,6 +683,7 @@ void LogStore::Impl::recover_topic(const std::string& name) {
         auto [it, inserted] = t->producer_seqs.try_emplace(std::string(r.producer), r.seq);
         if (!inserted) it->second = std::max(it->second, r.seq);
       }
+      last_producer.assign(r.producer);
       if (!r.key.empty()) t->remember_key(r.key, opt_.dedupe_window);
       last_offset = r.offset;
       ++expected;
@@ -695,6 +702,7 @@ void LogStore::Impl::recover_topic(const std::string& name) {
     t->segments.push_back(std::move(seg));
   }
 
+  if (!last_producer.empty()) t->maybe_torn.insert(last_producer);
   std::uint64_t next = last_offset ? *last_offset + 1 : 0;
   // An empty last segment (e.g. created just before a crash, or truncated to nothing)
   // fixes the next offset at its base so that segment names stay ordered.
@@ -943,6 +951,17 @@ Topic* LogStore::Impl::get_or_create_topic(const std::string& name, std::string&
   return topics_.emplace(name, std::move(t)).first->second.get();
 }
 
+// A batch with the producer's last seq is normally a duplicate. After a crash, though,
+// recovery may have kept only a prefix of it; when every event carries a de-dupe key the
+// resend is let through and the key window drops the events already stored, so the rest
+// lands right after them, in order, and nothing is written twice.
+bool LogStore::Impl::completes_torn_batch(const Topic& t, const TopicWork& w, const Pending& b,
+                                          std::uint64_t last) const {
+  if (b.seq != last || opt_.dedupe_window == 0 || t.maybe_torn.empty()) return false;
+  if (w.seq_overlay.contains(b.producer) || !t.maybe_torn.contains(b.producer)) return false;
+  return std::all_of(b.records.begin(), b.records.end(), [](const AppendRecord& r) { return !r.dedupe_key.empty(); });
+}
+
 void LogStore::Impl::encode(TopicWork& w, std::vector<Pending>& batches, std::vector<AppendResult>& results) {
   Topic& t = *w.topic;
   w.next = t.next_offset;
@@ -975,7 +994,7 @@ void LogStore::Impl::encode(TopicWork& w, std::vector<Pending>& batches, std::ve
         last = o->second;
       else if (auto s = t.producer_seqs.find(b.producer); s != t.producer_seqs.end())
         last = s->second;
-      if (last && b.seq <= *last) {
+      if (last && b.seq <= *last && !completes_torn_batch(t, w, b, *last)) {
         r.duplicate_batch = true;
         continue;
       }
@@ -1133,7 +1152,10 @@ void LogStore::Impl::publish(TopicWork& w) {
     }
   }
   t.next_offset = w.next;
-  for (const auto& [producer, seq] : w.seq_overlay) t.producer_seqs[std::string(producer)] = seq;
+  for (const auto& [producer, seq] : w.seq_overlay) {
+    t.producer_seqs[std::string(producer)] = seq;
+    if (!t.maybe_torn.empty()) t.maybe_torn.erase(std::string(producer));  // its last batch is whole now
+  }
 }
 
 int LogStore::Impl::timed_fdatasync(int fd) {
