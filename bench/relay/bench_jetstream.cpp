@@ -54,13 +54,13 @@ struct Subscriber {
 void on_message(natsConnection*, natsSubscription*, natsMsg* msg, void* closure) {
   auto* sub = static_cast<Subscriber*>(closure);
   std::int64_t t = diaspora::bench::now_ns();
-  boost::system::error_code ec;
-  json::value v = json::parse(std::string_view(natsMsg_GetData(msg), static_cast<std::size_t>(natsMsg_GetDataLength(msg))), ec);
-  if (!ec) {
-    double us = static_cast<double>(t - v.at("data").at("t").to_number<std::int64_t>()) / 1000.0;
-    std::lock_guard lock(sub->mutex);
-    sub->latencies_us.push_back(us);
-  }
+  thread_local diaspora::bench::ArenaParser parser(64 << 10);
+  parser.parse(std::string_view(natsMsg_GetData(msg), static_cast<std::size_t>(natsMsg_GetDataLength(msg))),
+               [&](const json::value& v) {
+                 double us = static_cast<double>(t - v.at("data").at("t").to_number<std::int64_t>()) / 1000.0;
+                 std::lock_guard lock(sub->mutex);
+                 sub->latencies_us.push_back(us);
+               });
   sub->received++;
   natsMsg_Destroy(msg);
 }

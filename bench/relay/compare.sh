@@ -8,7 +8,7 @@ BUILD_DIR=${1:-build}
 BIN="$BUILD_DIR/bin"
 PY=/usr/bin/python3
 EVENTS=${EVENTS:-400000}
-[ "${QUICK:-0}" = 1 ] && EVENTS=100000
+[ "${QUICK:-0}" = 1 ] && EVENTS=100000 && EVENTS_256=100000
 work=$(mktemp -d "${TMPDIR:-/tmp}/diaspora-compare.XXXXXX")
 nats_pid=""
 cleanup() { [ -n "$nats_pid" ] && kill "$nats_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
@@ -26,23 +26,33 @@ PYEOF
   sleep 0.1
 done
 
-# name | producers | subscribers | size | batch | rate
+# name | producers | subscribers | size | batch | rate | events | relay fsync
+# The 256 B row runs 2,000,000 events: 400,000 (about a second) is mostly warm-up (the
+# de-dupe table growing from empty, the first segment, connections starting).
 workloads=(
-  "throughput 256 B|4|1|256|500|0"
-  "throughput 2 KiB|4|1|2048|100|0"
-  "latency at 20k/s|1|1|256|500|20000"
+  "throughput 256 B|4|1|256|500|0|${EVENTS_256:-2000000}|always"
+  "throughput 2 KiB|4|1|2048|100|0|$EVENTS|always"
+  "latency at 20k/s|1|1|256|500|20000|100000|always"
+  "latency at 20k/s|1|1|256|500|20000|100000|interval:5"
 )
 results="$work/results.jsonl"
+peer_latency=""
 for w in "${workloads[@]}"; do
-  IFS='|' read -r name producers subscribers size batch rate <<< "$w"
-  events=$EVENTS
-  [ "$rate" != 0 ] && events=$(( rate * 5 ))   # five seconds at the target rate
+  IFS='|' read -r name producers subscribers size batch rate events fsync <<< "$w"
   window_events=$(( 16 * batch ))
+  probe=0
+  [ "$rate" != 0 ] && probe=2000   # the disk's own fdatasync latency, measured right after
   ours=$("$BIN/diaspora" bench relay --json --producers "$producers" --subscribers "$subscribers" \
-         --events "$events" --size "$size" --batch "$batch" --window 16 --rate "$rate")
-  peer=$("$BIN/bench_jetstream" --json --url "nats://127.0.0.1:$port" --producers "$producers" \
-         --subscribers "$subscribers" --events "$events" --size "$size" --window "$window_events" --rate "$rate")
-  printf '{"workload": "%s", "ours": %s, "peer": %s}\n' "$name" "$ours" "$peer" >> "$results"
+         --events "$events" --size "$size" --batch "$batch" --window 16 --rate "$rate" --fsync "$fsync" \
+         --disk-probe "$probe")
+  if [ "$rate" != 0 ] && [ -n "$peer_latency" ]; then
+    peer=$peer_latency   # JetStream's latency run is the same workload: measured once
+  else
+    peer=$("$BIN/bench_jetstream" --json --url "nats://127.0.0.1:$port" --producers "$producers" \
+           --subscribers "$subscribers" --events "$events" --size "$size" --window "$window_events" --rate "$rate")
+    [ "$rate" != 0 ] && peer_latency=$peer
+  fi
+  printf '{"workload": "%s", "fsync": "%s", "ours": %s, "peer": %s}\n' "$name" "$fsync" "$ours" "$peer" >> "$results"
 done
 
 $PY - "$results" <<'PYEOF'
@@ -51,11 +61,15 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 print("| workload | system | acked events/s | MB/s | p50 µs | p99 µs | p99.9 µs |")
 print("|---|---|---:|---:|---:|---:|---:|")
 for r in rows:
-    for key, label in (("ours", "diaspora-relay (fsync always)"), ("peer", "NATS JetStream (file, defaults)")):
+    for key, label in (("ours", f"diaspora-relay (fsync {r['fsync']})"), ("peer", "NATS JetStream (file, defaults)")):
         m = r[key]
         print(f"| {r['workload']} | {label} | {m['events_per_s']:.0f} | {m['mb_per_s']:.1f} | "
               f"{m['p50_us']:.0f} | {m['p99_us']:.0f} | {m['p999_us']:.0f} |")
     o, p = r["ours"], r["peer"]
     print(f"| {r['workload']} | **ratio relay / JetStream** | **{o['events_per_s'] / p['events_per_s']:.2f}×** | | "
           f"{o['p50_us'] / max(p['p50_us'], 1):.2f}× | {o['p99_us'] / max(p['p99_us'], 1):.2f}× | |")
+disk = [r["ours"] for r in rows if r["ours"].get("disk_fdatasync_samples")]
+for m in disk:
+    print(f"\nDisk floor after a latency run: 4 KiB append + fdatasync p50 {m['disk_fdatasync_p50_us']:.0f} µs, "
+          f"p99 {m['disk_fdatasync_p99_us']:.0f} µs ({m['disk_fdatasync_samples']} samples).")
 PYEOF

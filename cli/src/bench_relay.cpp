@@ -38,6 +38,7 @@ struct BenchArgs {
   double rate = 0;  // events/s over all producers; 0 = as fast as acks allow
   bool json_out = false;
   int threads = 2;  // embedded relay's I/O threads
+  int disk_probe = 0;  // fdatasync samples taken in the data directory after the run
 };
 
 
@@ -102,15 +103,20 @@ int run_bench(BenchArgs a) {
         std::vector<double> mine;
         mine.reserve(static_cast<std::size_t>(total));
         std::uint64_t got = 0;
+        bench::ArenaParser parser(4u << 20);
         while (got < total && !failed) {
-          json::object m = client.receive_json();
-          if (m["op"] != "events") continue;
+          const std::string frame = client.receive();
           std::int64_t t = bench::now_ns();
-          for (const auto& e : m["events"].as_array()) {
-            const json::value& data = e.as_object().at("event").as_object().at("data");
-            mine.push_back(static_cast<double>(t - data.as_object().at("t").to_number<std::int64_t>()) / 1000.0);
-            ++got;
-          }
+          const bool ok = parser.parse(frame, [&](const json::value& v) {
+            const json::object& m = v.as_object();
+            if (m.at("op") != "events") return;
+            for (const auto& e : m.at("events").as_array()) {
+              const json::value& data = e.as_object().at("event").as_object().at("data");
+              mine.push_back(static_cast<double>(t - data.as_object().at("t").to_number<std::int64_t>()) / 1000.0);
+              ++got;
+            }
+          });
+          if (!ok) throw Error("the relay sent a frame that is not JSON");
         }
         std::lock_guard lock(lat_mutex);
         latencies_us.insert(latencies_us.end(), mine.begin(), mine.end());
@@ -186,11 +192,23 @@ int run_bench(BenchArgs a) {
   for (auto& t : subs) t.join();
   double total_s = std::chrono::duration<double>(Clock::now() - t_start).count();
   if (embedded) embedded->stop();
+  std::vector<double> disk_us;
+  if (a.disk_probe > 0 && !failed) {
+    try {
+      const std::filesystem::path where = !a.data_dir.empty() ? std::filesystem::path(a.data_dir)
+                                          : !tmp.empty()        ? tmp
+                                                                : std::filesystem::temp_directory_path();
+      disk_us = bench::probe_fdatasync(where, a.disk_probe);
+    } catch (const std::exception& e) {
+      fail(std::string("disk probe: ") + e.what());
+    }
+  }
   if (!tmp.empty()) std::filesystem::remove_all(tmp);
   if (failed) {
     std::cerr << "error: " << failure << "\n";
     return 1;
   }
+  const double disk_p50 = bench::percentile(disk_us, 0.50), disk_p99 = bench::percentile(disk_us, 0.99);
   double eps = static_cast<double>(acked) / publish_s;
   double mbps = eps * static_cast<double>(a.size) / 1e6;
   double p50 = bench::percentile(latencies_us, 0.50), p99 = bench::percentile(latencies_us, 0.99),
@@ -209,7 +227,10 @@ int run_bench(BenchArgs a) {
                                               {"delivery_s", total_s},
                                               {"p50_us", p50},
                                               {"p99_us", p99},
-                                              {"p999_us", p999}})
+                                              {"p999_us", p999},
+                                              {"disk_fdatasync_samples", disk_us.size()},
+                                              {"disk_fdatasync_p50_us", disk_p50},
+                                              {"disk_fdatasync_p99_us", disk_p99}})
               << "\n";
   } else {
     std::printf("diaspora-relay: %d producers x %d subscribers, %llu events of %zu B, batch %zu, fsync %s%s\n",
@@ -217,6 +238,9 @@ int run_bench(BenchArgs a) {
                 a.fsync.c_str(), a.rate > 0 ? (", rate " + std::to_string(static_cast<long>(a.rate)) + "/s").c_str() : "");
     std::printf("  acked publish: %.0f events/s, %.1f MB/s; all delivered after %.2f s\n", eps, mbps, total_s);
     std::printf("  end-to-end latency: p50 %.0f us, p99 %.0f us, p99.9 %.0f us\n", p50, p99, p999);
+    if (!disk_us.empty())
+      std::printf("  disk: 4 KiB append + fdatasync p50 %.0f us, p99 %.0f us (%zu samples)\n", disk_p50, disk_p99,
+                  disk_us.size());
   }
   return 0;
 }
@@ -242,6 +266,10 @@ std::function<int()> add_bench_commands(CLI::App& app) {
   relay->add_option("--window", a->window, "Unacked publishes per producer")->check(CLI::Range(1, 10000))->capture_default_str();
   relay->add_option("--rate", a->rate, "Target events/s over all producers (0 = as fast as possible)")->capture_default_str();
   relay->add_option("--threads", a->threads, "Embedded relay: I/O threads")->check(CLI::Range(1, 64))->capture_default_str();
+  relay->add_option("--disk-probe", a->disk_probe,
+                    "After the run, time this many 4 KiB appends + fdatasync in the data directory (the disk's own floor)")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
   relay->add_flag("--json", a->json_out, "Print one JSON object");
   return [relay, a]() -> int { return relay->parsed() ? run_bench(*a) : -1; };
 }

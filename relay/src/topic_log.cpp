@@ -42,10 +42,13 @@
 #include <climits>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <shared_mutex>
 #include <system_error>
 #include <thread>
@@ -338,36 +341,89 @@ Fingerprint fingerprint(std::string_view key) noexcept {
   for (unsigned char c : key) fnv = (fnv ^ c) * 0x100000001b3ULL;
   Fingerprint f{std::hash<std::string_view>{}(key), mix64(fnv ^ key.size())};
   if (f.empty()) f.b = 1;
+  if (f == Fingerprint{~0ULL, ~0ULL}) f.b = 0;  // kMoved, FingerprintSet's drained-slot mark
   return f;
 }
 
+// Marks a slot of a table being drained by FingerprintSet's incremental growth.
+constexpr Fingerprint kMoved{~0ULL, ~0ULL};
+
 /// A set of fingerprints: linear probing, backward-shift deletion, grows by doubling.
+/// Growth is incremental: the old table is kept and drained a few slots per insert, so no
+/// single insert rehashes the whole set (a full rehash of a 100,000-key window stalled the
+/// writer for several milliseconds, which showed as end-to-end latency spikes). While
+/// draining, lookups probe both tables; drained or erased old slots become kMoved, which
+/// keeps the old table's probe chains intact.
 class FingerprintSet {
  public:
   void prefetch(const Fingerprint& f) const noexcept {
-    if (!slots_.empty()) __builtin_prefetch(&slots_[f.a & mask_]);
+    if (cap_ != 0) __builtin_prefetch(&slots_[f.a & mask_]);
+    if (old_cap_ != 0) __builtin_prefetch(&old_[f.a & (old_cap_ - 1)]);
   }
-  bool contains(const Fingerprint& f) const noexcept {
-    if (slots_.empty()) return false;
-    for (std::size_t i = f.a & mask_;; i = (i + 1) & mask_) {
-      if (slots_[i].empty()) return false;
-      if (slots_[i] == f) return true;
-    }
-  }
+  bool contains(const Fingerprint& f) const noexcept { return find(slots_.get(), cap_, f) || find_old(f) != kNone; }
   /// Inserts f; returns false when it was already there.
   bool insert(const Fingerprint& f) {
-    if ((count_ + 1) * 2 > slots_.size()) grow();
-    for (std::size_t i = f.a & mask_;; i = (i + 1) & mask_) {
-      if (slots_[i].empty()) {
-        slots_[i] = f;
-        ++count_;
-        return true;
-      }
-      if (slots_[i] == f) return false;
-    }
+    if (contains(f)) return false;
+    if ((count_ + old_count_ + 1) * 2 > cap_) grow();
+    place(f);
+    drain(kDrainPerInsert);
+    return true;
   }
   bool erase(const Fingerprint& f) noexcept {
-    if (slots_.empty()) return false;
+    if (erase_new(f)) return true;
+    const std::size_t i = find_old(f);
+    if (i == kNone) return false;
+    old_[i] = kMoved;
+    --old_count_;
+    return true;
+  }
+  void clear() noexcept {
+    if (count_ != 0) std::fill(slots_.get(), slots_.get() + cap_, Fingerprint{});
+    count_ = 0;
+    old_.reset();
+    old_cap_ = old_pos_ = old_count_ = 0;
+  }
+  std::size_t size() const noexcept { return count_ + old_count_; }
+
+ private:
+  struct Free {
+    void operator()(Fingerprint* p) const noexcept { std::free(p); }
+  };
+  using Table = std::unique_ptr<Fingerprint[], Free>;
+  static constexpr std::size_t kNone = SIZE_MAX;
+  // Enough that the old table is drained before the new one fills to its own threshold
+  // (the new one takes old_cap/2 more inserts to get there; draining takes old_cap/4).
+  static constexpr std::size_t kDrainPerInsert = 4;
+
+  // Zeroed memory from calloc: large tables come straight from the kernel's zero pages,
+  // without a memset of the whole table at once.
+  static Table allocate(std::size_t n) {
+    auto* p = static_cast<Fingerprint*>(std::calloc(n, sizeof(Fingerprint)));
+    if (!p) throw std::bad_alloc();
+    return Table(p);
+  }
+  static bool find(const Fingerprint* t, std::size_t cap, const Fingerprint& f) noexcept {
+    if (cap == 0) return false;
+    for (std::size_t i = f.a & (cap - 1);; i = (i + 1) & (cap - 1)) {
+      if (t[i].empty()) return false;
+      if (t[i] == f) return true;
+    }
+  }
+  std::size_t find_old(const Fingerprint& f) const noexcept {
+    if (old_count_ == 0) return kNone;
+    for (std::size_t i = f.a & (old_cap_ - 1);; i = (i + 1) & (old_cap_ - 1)) {
+      if (old_[i].empty()) return kNone;
+      if (old_[i] == f) return i;
+    }
+  }
+  void place(const Fingerprint& f) noexcept {  // f is not in the table, which has room
+    std::size_t i = f.a & mask_;
+    while (!slots_[i].empty()) i = (i + 1) & mask_;
+    slots_[i] = f;
+    ++count_;
+  }
+  bool erase_new(const Fingerprint& f) noexcept {
+    if (cap_ == 0) return false;
     std::size_t i = f.a & mask_;
     for (;; i = (i + 1) & mask_) {
       if (slots_[i].empty()) return false;
@@ -387,25 +443,42 @@ class FingerprintSet {
     --count_;
     return true;
   }
-  void clear() noexcept {
-    if (count_ == 0) return;
-    std::fill(slots_.begin(), slots_.end(), Fingerprint{});
-    count_ = 0;
+  void drain(std::size_t slots) noexcept {
+    if (old_cap_ == 0) return;
+    for (const std::size_t end = std::min(old_cap_, old_pos_ + slots); old_pos_ < end; ++old_pos_) {
+      Fingerprint& f = old_[old_pos_];
+      if (f.empty() || f == kMoved) continue;
+      place(f);
+      f = kMoved;
+      --old_count_;
+    }
+    if (old_pos_ == old_cap_ || old_count_ == 0) {
+      old_.reset();
+      old_cap_ = old_pos_ = old_count_ = 0;
+    }
   }
-  std::size_t size() const noexcept { return count_; }
-
- private:
   void grow() {
-    std::vector<Fingerprint> old = std::move(slots_);
-    slots_.assign(std::max<std::size_t>(64, old.size() * 2), Fingerprint{});
-    mask_ = slots_.size() - 1;
+    drain(SIZE_MAX);  // a growth still draining finishes first (not reached with kDrainPerInsert)
+    const std::size_t cap = std::max<std::size_t>(64, cap_ * 2);
+    Table fresh = allocate(cap);
+    old_ = std::move(slots_);
+    old_cap_ = cap_;
+    old_count_ = count_;
+    old_pos_ = 0;
+    slots_ = std::move(fresh);
+    cap_ = cap;
+    mask_ = cap - 1;
     count_ = 0;
-    for (const auto& f : old)
-      if (!f.empty()) insert(f);
+    if (old_count_ == 0) {
+      old_.reset();
+      old_cap_ = 0;
+    }
   }
-  std::vector<Fingerprint> slots_;
-  std::size_t mask_ = 0;
-  std::size_t count_ = 0;
+
+  Table slots_;
+  std::size_t cap_ = 0, mask_ = 0, count_ = 0;
+  Table old_;  // the table being drained into slots_, or null
+  std::size_t old_cap_ = 0, old_pos_ = 0, old_count_ = 0;
 };
 
 /// The last `window` keys of a topic, oldest evicted first.

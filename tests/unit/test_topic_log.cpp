@@ -399,6 +399,37 @@ TEST(TopicLog, EventDedupeWindowEvictsOldestKeys) {
   EXPECT_EQ(r.duplicates, 2u);
 }
 
+// The key table grows incrementally (the old table is drained a few slots per insert):
+// every key stays found while it moves, erased keys stay gone, across many growths and
+// with the window evicting as it fills.
+TEST(TopicLog, EventDedupeHoldsWhileTheKeyTableGrows) {
+  TempDir dir;
+  LogOptions o = options(dir.path(), "never");
+  o.dedupe_window = 5000;
+  LogStore s(o);
+  auto keys = [](int from, int to) {
+    std::vector<std::string> k;
+    for (int i = from; i < to; ++i) k.push_back("src\x1f" + std::to_string(i));
+    return keyed(k);
+  };
+  constexpr int kBatch = 50, kTotal = 12000;
+  for (int i = 0; i < kTotal; i += kBatch) {
+    ASSERT_EQ(append_sync(s, "t", "", 0, keys(i, i + kBatch)).written, static_cast<std::size_t>(kBatch)) << i;
+    if (i >= 4 * kBatch) {  // keys inserted a few batches ago, maybe still in the old table
+      auto r = append_sync(s, "t", "", 0, keys(i - 4 * kBatch, i - 3 * kBatch));
+      ASSERT_EQ(r.written, 0u) << i;
+      ASSERT_EQ(r.duplicates, static_cast<std::size_t>(kBatch)) << i;
+    }
+  }
+  // The last 5,000 are remembered, everything older is forgotten.
+  auto r = append_sync(s, "t", "", 0, keys(kTotal - 5000, kTotal));
+  EXPECT_EQ(r.written, 0u);
+  EXPECT_EQ(r.duplicates, 5000u);
+  r = append_sync(s, "t", "", 0, keys(kTotal - 5100, kTotal - 5000));
+  EXPECT_EQ(r.written, 100u);
+  EXPECT_EQ(s.committed_offset("t"), static_cast<std::uint64_t>(kTotal + 100));
+}
+
 // ---- segments and index ---------------------------------------------------------------
 
 TEST(TopicLog, SegmentRollAndReadAcrossSegments) {
