@@ -4,9 +4,10 @@
 //
 // Internal to the relay (not installed). Thread model:
 //   * append() may be called from any thread; it only enqueues. The writer thread
-//     writes every pending batch, syncs each touched file once (group commit), then
-//     invokes the completions (on the writer thread: keep them short, e.g. post to a
-//     strand).
+//     writes every pending batch; with fsync always a syncer thread then syncs each
+//     touched file once (group commit; two syncers, so one group's sync can start while
+//     another's runs). Completions run in append order, on the writer thread or a syncer
+//     thread: keep them short (e.g. post to a strand). The commit listener likewise.
 //   * read() / committed_offset() / topics() may be called from any thread
 //     concurrently with appends; they only see committed (acked) records.
 //
@@ -112,10 +113,14 @@ class LogStore {
   LogStore& operator=(const LogStore&) = delete;
 
   /// Enqueues a batch for `topic` from producer `producer_id` with sequence `seq`
-  /// (empty producer_id = no batch dedupe). `done` runs once, on the writer thread, after
-  /// the batch is durable per the fsync policy, or on failure. A batch whose (producer,
-  /// seq) was already written completes with duplicate_batch = true and nothing written.
-  /// Records whose dedupe_key was already written to this topic are dropped and counted.
+  /// (empty producer_id = no batch dedupe). `done` runs once, on the writer thread or a
+  /// syncer thread, after the batch is durable per the fsync policy, or on failure; the
+  /// `done` of all batches run in the order they were appended. A batch whose (producer,
+  /// seq) was already written completes with duplicate_batch = true and nothing written
+  /// (except a resend of the producer's last batch after a restart, which may complete a
+  /// batch a crash cut short: see docs/protocol.md). Records whose dedupe_key was already
+  /// written to this topic are dropped and counted. After an fdatasync of one of a topic's
+  /// files failed, appends to that topic fail until the store is reopened.
   void append(std::string topic, std::string producer_id, std::uint64_t seq, std::vector<AppendRecord> records,
               Completion done);
 
@@ -146,8 +151,8 @@ class LogStore {
   std::vector<std::string> topics() const;
   std::optional<TopicInfo> info(const std::string& topic) const;
 
-  /// Called on the writer thread after each group commit, once per touched topic
-  /// (also when a topic is created). Set before any append.
+  /// Called after each group commit, once per touched topic (also when a topic is
+  /// created), on the thread that runs the completions, after them. Set before any append.
   void set_commit_listener(CommitListener listener);
 
   /// Histogram source for /metrics: fsync durations in seconds since start.
