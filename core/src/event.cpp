@@ -216,7 +216,14 @@ std::string make_uuid() {
 
 namespace detail {
 void check_payload_data(std::string_view type, const json::value& data) {
-  const schema::Schema* s = schema::builtin("events/" + std::string(type) + ".schema.json");
+  // A stream mostly repeats a few types: remember the last one's schema per thread.
+  thread_local std::string last_type;
+  thread_local const schema::Schema* last_schema = nullptr;
+  if (!last_schema || type != last_type) {
+    last_schema = schema::builtin("events/" + std::string(type) + ".schema.json");
+    last_type.assign(type);
+  }
+  const schema::Schema* s = last_schema;
   if (!s) throw EventError(EventErrc::unknown_type, "type: no schema for '" + std::string(type) + "'");
   auto issues = s->validate(data);
   if (issues.empty()) return;
@@ -288,15 +295,23 @@ EventRef check_event_json(const json::value& v, const CodecOptions& options) {
       fail(EventErrc::invalid_attribute, std::string(key) + ": longer than " + std::to_string(max_len) + " bytes");
     return s;
   };
+  bool has_id = false, has_source = false, has_type = false, has_specversion = false;
   for (const auto& kv : o) {
     std::string_view key = kv.key();
     const json::value& val = kv.value();
-    if (key == "id") ref.id = str(key, val, 256);
-    else if (key == "source") ref.source = str(key, val, 1024);
-    else if (key == "type") ref.type = str(key, val, 256);
-    else if (key == "specversion") {
+    if (key == "id") {
+      ref.id = str(key, val, 256);
+      has_id = true;
+    } else if (key == "source") {
+      ref.source = str(key, val, 1024);
+      has_source = true;
+    } else if (key == "type") {
+      ref.type = str(key, val, 256);
+      has_type = true;
+    } else if (key == "specversion") {
       if (!val.is_string()) fail(EventErrc::invalid_attribute, "specversion: expected string");
       specversion = val.get_string();
+      has_specversion = true;
     } else if (key == "subject") str(key, val, 1024);
     else if (key == "datacontenttype") {
       datacontenttype = str(key, val, 256);
@@ -324,8 +339,10 @@ EventRef check_event_json(const json::value& v, const CodecOptions& options) {
              std::string(key) + ": extension attributes must be a string, an integer or a boolean");
     }
   }
-  for (std::string_view req : {"id", "source", "specversion", "type"})
-    if (!o.contains(req)) fail(EventErrc::missing_attribute, std::string(req) + ": required attribute is missing");
+  const std::pair<bool, const char*> required[] = {
+      {has_id, "id"}, {has_source, "source"}, {has_specversion, "specversion"}, {has_type, "type"}};
+  for (const auto& [present, name] : required)
+    if (!present) fail(EventErrc::missing_attribute, std::string(name) + ": required attribute is missing");
   if (specversion != "1.0")
     fail(EventErrc::invalid_attribute, "specversion: must be \"1.0\", got \"" + std::string(specversion) + "\"");
   if (data && has_binary) fail(EventErrc::invalid_attribute, "'data' and 'data_base64' cannot be used together");

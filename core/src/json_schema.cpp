@@ -81,10 +81,35 @@ const char* kind_name(const json::value& v) {
   return "unknown";
 }
 
-bool matches_type(const json::value& v, std::string_view type) {
-  if (type == "number") return v.is_number();
-  if (type == "integer") return std::string_view(kind_name(v)) == "integer";
-  return std::string_view(kind_name(v)) == type;
+// JSON Schema type names as bits; an integer-valued number is both "integer" and "number".
+enum : unsigned { kNull = 1, kBoolean = 2, kInteger = 4, kNumber = 8, kString = 16, kArray = 32, kObject = 64 };
+
+unsigned type_bit(std::string_view name) {
+  if (name == "null") return kNull;
+  if (name == "boolean") return kBoolean;
+  if (name == "integer") return kInteger;
+  if (name == "number") return kNumber;
+  if (name == "string") return kString;
+  if (name == "array") return kArray;
+  if (name == "object") return kObject;
+  return 0;  // an unknown name matches nothing
+}
+
+unsigned type_bits(const json::value& v) {
+  switch (v.kind()) {
+    case json::kind::null: return kNull;
+    case json::kind::bool_: return kBoolean;
+    case json::kind::int64:
+    case json::kind::uint64: return kInteger | kNumber;
+    case json::kind::double_: {
+      const double d = v.get_double();
+      return std::isfinite(d) && std::floor(d) == d ? kInteger | kNumber : kNumber;
+    }
+    case json::kind::string: return kString;
+    case json::kind::array: return kArray;
+    case json::kind::object: return kObject;
+  }
+  return 0;
 }
 
 double as_double(const json::value& v) {
@@ -298,11 +323,105 @@ struct Schema::Impl {
   json::value doc;
   std::string name;
   std::unordered_map<const json::string*, Pattern> regexes;  // "pattern" values
-  std::unordered_map<std::string, Pattern> key_regexes;        // "patternProperties" keys
+  std::unordered_map<const char*, Pattern> key_regexes;        // "patternProperties" keys, by their text in doc
+
+  /// One schema object's keywords, found once when the schema is loaded: the interpreter
+  /// used to search each object for some 25 keywords per validated value (linear
+  /// searches with string compares, the bulk of payload validation in the relay's profile).
+  struct Keywords {
+    const json::value* error_message = nullptr;  // "errorMessage"
+    const json::value* ref = nullptr;  // "$ref"
+    const json::value* type = nullptr;  // "type"
+    const json::value* enum_ = nullptr;  // "enum"
+    const json::value* const_ = nullptr;  // "const"
+    const json::value* min_length = nullptr;  // "minLength"
+    const json::value* max_length = nullptr;  // "maxLength"
+    const json::value* pattern = nullptr;  // "pattern"
+    const json::value* all_of = nullptr;  // "allOf"
+    const json::value* any_of = nullptr;  // "anyOf"
+    const json::value* one_of = nullptr;  // "oneOf"
+    const json::value* not_ = nullptr;  // "not"
+    const json::value* if_ = nullptr;  // "if"
+    const json::value* then_ = nullptr;  // "then"
+    const json::value* else_ = nullptr;  // "else"
+    const json::value* minimum = nullptr;  // "minimum"
+    const json::value* maximum = nullptr;  // "maximum"
+    const json::value* exclusive_minimum = nullptr;  // "exclusiveMinimum"
+    const json::value* exclusive_maximum = nullptr;  // "exclusiveMaximum"
+    const json::value* properties = nullptr;  // "properties"
+    const json::value* pattern_properties = nullptr;  // "patternProperties"
+    const json::value* additional_properties = nullptr;  // "additionalProperties"
+    const json::value* property_names = nullptr;  // "propertyNames"
+    const json::value* required = nullptr;  // "required"
+    const json::value* min_items = nullptr;  // "minItems"
+    const json::value* max_items = nullptr;  // "maxItems"
+    const json::value* items = nullptr;  // "items"
+    const json::value* unique_items = nullptr;  // "uniqueItems"
+    const json::value* ref_target = nullptr;  // what "$ref" resolves to
+    unsigned type_mask = 0;                    // "type" as type_bits() of the names
+  };
+  std::unordered_map<const json::object*, Keywords> keywords;
+
+  static Keywords scan(const json::object& so) {
+    Keywords out;
+    for (const auto& kv : so) {
+      const std::string_view key = kv.key();
+      if (key == "errorMessage") out.error_message = &kv.value();
+      else if (key == "$ref") out.ref = &kv.value();
+      else if (key == "type") out.type = &kv.value();
+      else if (key == "enum") out.enum_ = &kv.value();
+      else if (key == "const") out.const_ = &kv.value();
+      else if (key == "minLength") out.min_length = &kv.value();
+      else if (key == "maxLength") out.max_length = &kv.value();
+      else if (key == "pattern") out.pattern = &kv.value();
+      else if (key == "allOf") out.all_of = &kv.value();
+      else if (key == "anyOf") out.any_of = &kv.value();
+      else if (key == "oneOf") out.one_of = &kv.value();
+      else if (key == "not") out.not_ = &kv.value();
+      else if (key == "if") out.if_ = &kv.value();
+      else if (key == "then") out.then_ = &kv.value();
+      else if (key == "else") out.else_ = &kv.value();
+      else if (key == "minimum") out.minimum = &kv.value();
+      else if (key == "maximum") out.maximum = &kv.value();
+      else if (key == "exclusiveMinimum") out.exclusive_minimum = &kv.value();
+      else if (key == "exclusiveMaximum") out.exclusive_maximum = &kv.value();
+      else if (key == "properties") out.properties = &kv.value();
+      else if (key == "patternProperties") out.pattern_properties = &kv.value();
+      else if (key == "additionalProperties") out.additional_properties = &kv.value();
+      else if (key == "propertyNames") out.property_names = &kv.value();
+      else if (key == "required") out.required = &kv.value();
+      else if (key == "minItems") out.min_items = &kv.value();
+      else if (key == "maxItems") out.max_items = &kv.value();
+      else if (key == "items") out.items = &kv.value();
+      else if (key == "uniqueItems") out.unique_items = &kv.value();
+    }
+    if (out.type) {
+      auto add = [&](const json::value& n) {
+        if (n.is_string()) out.type_mask |= type_bit(n.get_string());
+      };
+      if (out.type->is_array())
+        for (const auto& n : out.type->get_array()) add(n);
+      else
+        add(*out.type);
+    }
+    return out;
+  }
+  const Keywords& keywords_of(const json::object& so) const {
+    if (auto it = keywords.find(&so); it != keywords.end()) return it->second;
+    thread_local Keywords scratch;  // not reached: check() registers every schema object
+    scratch = scan(so);
+    if (scratch.ref) scratch.ref_target = resolve(scratch.ref->get_string());
+    return scratch;
+  }
 
   void check(const json::value& s, const std::string& where) {
     if (s.is_bool()) return;
     if (!s.is_object()) throw SchemaError(name + ": " + where + ": a schema must be an object or a boolean");
+    {
+      Keywords k = scan(s.get_object());
+      if (k.ref && k.ref->is_string()) k.ref_target = resolve(k.ref->get_string());
+      keywords.emplace(&s.get_object(), k);
+    }
     for (const auto& kv : s.get_object()) {
       std::string_view key = kv.key();
       std::string here = where + "/" + std::string(key);
@@ -321,7 +440,7 @@ struct Schema::Impl {
         for (const auto& p : v.get_object()) {
           if (key == "patternProperties") {
             try {
-              key_regexes.emplace(std::string(p.key()), Pattern(std::string(p.key())));
+              key_regexes.emplace(p.key().data(), Pattern(std::string(p.key())));
             } catch (const std::regex_error& e) {
               throw SchemaError(name + ": " + here + ": bad regular expression '" + std::string(p.key()) + "': " + e.what());
             }
@@ -375,58 +494,57 @@ struct Schema::Impl {
       return;
     }
     const json::object& so = s.get_object();
-    const json::value* custom = so.if_contains("errorMessage");
+    const Keywords& k = keywords_of(so);
+    const json::value* custom = k.error_message;
     auto value_issue = [&](std::string generic) {
       out.push_back({path, custom && custom->is_string() ? std::string(custom->get_string()) : std::move(generic), false});
     };
 
-    if (const auto* ref = so.if_contains("$ref")) validate(*resolve(ref->get_string()), v, path, out);
+    if (k.ref) validate(*k.ref_target, v, path, out);  // check() made sure it resolves
 
-    if (const auto* t = so.if_contains("type")) {
-      bool ok = false;
+    if (const auto* t = k.type; t && !(k.type_mask & type_bits(v))) {
       std::string expected;
       bool structural = false;
       auto consider = [&](std::string_view tname) {
-        if (matches_type(v, tname)) ok = true;
         if (!expected.empty()) expected += " or ";
         expected += tname;
         if (tname == "object" || tname == "array") structural = true;
       };
       if (t->is_string()) consider(t->get_string());
       else for (const auto& n : t->get_array()) consider(n.get_string());
-      if (!ok) {
+      {
         std::string generic = "expected " + expected + ", got " + kind_name(v);
         if (structural) out.push_back({path, generic, false});
         else value_issue(generic);
         return;  // the other keywords would only repeat the type mismatch
       }
     }
-    if (const auto* e = so.if_contains("enum")) {
+    if (const auto* e = k.enum_) {
       const auto& arr = e->get_array();
       if (std::none_of(arr.begin(), arr.end(), [&](const json::value& c) { return json_equal(c, v); }))
         value_issue("must be one of: " + quote_list(arr) + (v.is_string() ? suggestion(v.get_string(), arr) : ""));
     }
-    if (const auto* c = so.if_contains("const")) {
+    if (const auto* c = k.const_) {
       if (!json_equal(*c, v)) value_issue("must be " + json::serialize(*c));
     }
-    if (v.is_number()) number_keywords(so, v, value_issue);
+    if (v.is_number()) number_keywords(k, v, value_issue);
     if (v.is_string()) {
       const auto& str = v.get_string();
       std::size_t len = utf8_length(str);
-      if (const auto* m = so.if_contains("minLength"); m && len < as_double(*m))
+      if (const auto* m = k.min_length; m && len < as_double(*m))
         value_issue(as_double(*m) == 1 ? std::string("must not be empty")
                                        : "must be at least " + number_text(*m) + " characters long");
-      if (const auto* m = so.if_contains("maxLength"); m && len > as_double(*m))
+      if (const auto* m = k.max_length; m && len > as_double(*m))
         value_issue("must be at most " + number_text(*m) + " characters long");
-      if (const auto* p = so.if_contains("pattern"); p && !regex_search(p->get_string(), str))
+      if (const auto* p = k.pattern; p && !regex_search(p->get_string(), str))
         value_issue("must match the pattern " + json::serialize(*p));
     }
     if (v.is_object()) object_keywords(so, v.get_object(), path, out);
     if (v.is_array()) array_keywords(so, v.get_array(), path, out);
 
-    if (const auto* all = so.if_contains("allOf"))
+    if (const auto* all = k.all_of)
       for (const auto& sub : all->get_array()) validate(sub, v, path, out);
-    if (const auto* any = so.if_contains("anyOf")) {
+    if (const auto* any = k.any_of) {
       std::size_t best_count = SIZE_MAX;
       std::vector<Issue> best;
       bool matched = false;
@@ -441,7 +559,7 @@ struct Schema::Impl {
         else out.insert(out.end(), best.begin(), best.end());
       }
     }
-    if (const auto* one = so.if_contains("oneOf")) {
+    if (const auto* one = k.one_of) {
       std::size_t matched = 0;
       for (const auto& sub : one->get_array()) {
         std::vector<Issue> trial;
@@ -452,17 +570,17 @@ struct Schema::Impl {
         value_issue("must match exactly one of " + std::to_string(one->get_array().size()) +
                     " alternatives (matched " + std::to_string(matched) + ")");
     }
-    if (const auto* n = so.if_contains("not")) {
+    if (const auto* n = k.not_) {
       std::vector<Issue> trial;
       validate(*n, v, path, trial);
       if (trial.empty()) out.push_back({path, not_message(*n), false});
     }
-    if (const auto* cond = so.if_contains("if")) {
+    if (const auto* cond = k.if_) {
       std::vector<Issue> trial;
       validate(*cond, v, path, trial);
       if (trial.empty()) {
-        if (const auto* then = so.if_contains("then")) validate(*then, v, path, out);
-      } else if (const auto* els = so.if_contains("else")) {
+        if (const auto* then = k.then_) validate(*then, v, path, out);
+      } else if (const auto* els = k.else_) {
         validate(*els, v, path, out);
       }
     }
@@ -491,32 +609,33 @@ struct Schema::Impl {
   }
 
   template <class Report>
-  static void number_keywords(const json::object& so, const json::value& v, Report& report) {
+  static void number_keywords(const Keywords& k, const json::value& v, Report& report) {
     double x = as_double(v);
-    if (const auto* m = so.if_contains("minimum"); m && x < as_double(*m)) report("must be >= " + number_text(*m));
-    if (const auto* m = so.if_contains("maximum"); m && x > as_double(*m)) report("must be <= " + number_text(*m));
-    if (const auto* m = so.if_contains("exclusiveMinimum"); m && x <= as_double(*m))
+    if (const auto* m = k.minimum; m && x < as_double(*m)) report("must be >= " + number_text(*m));
+    if (const auto* m = k.maximum; m && x > as_double(*m)) report("must be <= " + number_text(*m));
+    if (const auto* m = k.exclusive_minimum; m && x <= as_double(*m))
       report("must be > " + number_text(*m));
-    if (const auto* m = so.if_contains("exclusiveMaximum"); m && x >= as_double(*m))
+    if (const auto* m = k.exclusive_maximum; m && x >= as_double(*m))
       report("must be < " + number_text(*m));
   }
 
   void object_keywords(const json::object& so, const json::object& obj, Path& path, std::vector<Issue>& out) const {
+    const Keywords& k = keywords_of(so);
     const json::object* props = nullptr;
-    if (const auto* p = so.if_contains("properties")) props = &p->get_object();
+    if (const auto* p = k.properties) props = &p->get_object();
     const json::object* pattern_props = nullptr;
-    if (const auto* p = so.if_contains("patternProperties")) pattern_props = &p->get_object();
-    const json::value* additional = so.if_contains("additionalProperties");
-    const json::value* names = so.if_contains("propertyNames");
+    if (const auto* p = k.pattern_properties) pattern_props = &p->get_object();
+    const json::value* additional = k.additional_properties;
+    const json::value* names = k.property_names;
 
     for (const auto& kv : obj) {
-      std::string key(kv.key());
-      path.emplace_back(key);
+      const std::string_view key = kv.key();
+      path.emplace_back(std::in_place_type<std::string>, key);
       if (names) {
         std::vector<Issue> trial;
         Path empty = path;
         validate(*names, json::value(kv.key()), empty, trial);
-        for (auto& issue : trial) out.push_back({path, "key '" + key + "' " + issue.message, true});
+        for (auto& issue : trial) out.push_back({path, "key '" + std::string(key) + "' " + issue.message, true});
       }
       bool covered = false;
       if (props) {
@@ -527,7 +646,7 @@ struct Schema::Impl {
       }
       if (pattern_props) {
         for (const auto& pp : *pattern_props) {
-          if (key_regexes.at(std::string(pp.key())).search(key)) {
+          if (key_regexes.at(pp.key().data()).search(key)) {
             covered = true;
             validate(pp.value(), kv.value(), path, out);
           }
@@ -535,7 +654,7 @@ struct Schema::Impl {
       }
       if (!covered && additional) {
         if (additional->is_bool() && !additional->get_bool()) {
-          std::string msg = "unknown key '" + key + "'";
+          std::string msg = "unknown key '" + std::string(key) + "'";
           if (props) {
             std::vector<std::string> known;
             for (const auto& p : *props) known.emplace_back(p.key());
@@ -549,7 +668,7 @@ struct Schema::Impl {
       }
       path.pop_back();
     }
-    if (const auto* req = so.if_contains("required")) {
+    if (const auto* req = k.required) {
       for (const auto& r : req->get_array())
         if (!obj.contains(r.get_string()))
           out.push_back({path, "missing required key '" + std::string(r.get_string()) + "'", false});
@@ -557,19 +676,20 @@ struct Schema::Impl {
   }
 
   void array_keywords(const json::object& so, const json::array& arr, Path& path, std::vector<Issue>& out) const {
-    if (const auto* m = so.if_contains("minItems"); m && arr.size() < as_double(*m))
+    const Keywords& k = keywords_of(so);
+    if (const auto* m = k.min_items; m && arr.size() < as_double(*m))
       out.push_back({path, as_double(*m) == 1 ? std::string("must not be empty")
                                               : "must have at least " + number_text(*m) + " items", false});
-    if (const auto* m = so.if_contains("maxItems"); m && arr.size() > as_double(*m))
+    if (const auto* m = k.max_items; m && arr.size() > as_double(*m))
       out.push_back({path, "must have at most " + number_text(*m) + " items", false});
-    if (const auto* items = so.if_contains("items")) {
+    if (const auto* items = k.items) {
       for (std::size_t i = 0; i < arr.size(); ++i) {
         path.emplace_back(i);
         validate(*items, arr[i], path, out);
         path.pop_back();
       }
     }
-    if (const auto* u = so.if_contains("uniqueItems"); u && u->is_bool() && u->get_bool()) {
+    if (const auto* u = k.unique_items; u && u->is_bool() && u->get_bool()) {
       for (std::size_t i = 1; i < arr.size(); ++i)
         for (std::size_t j = 0; j < i; ++j)
           if (json_equal(arr[i], arr[j])) {

@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <fstream>
 #include <iostream>
@@ -162,23 +163,33 @@ std::size_t skip_ws(std::string_view t, std::size_t p) {
   return p;
 }
 
+// Position just past the string that starts at p (t[p] == '"'): memchr to each quote,
+// then an odd run of backslashes before it means the quote is escaped.
+std::size_t skip_string(std::string_view t, std::size_t p) {
+  for (std::size_t q = p + 1;;) {
+    const void* hit = std::memchr(t.data() + q, '"', t.size() - q);
+    if (!hit) return t.size();  // not reached: Boost.JSON accepted the text
+    q = static_cast<std::size_t>(static_cast<const char*>(hit) - t.data());
+    std::size_t b = q;
+    while (t[b - 1] == '\\') --b;
+    if ((q - b) % 2 == 0) return q + 1;
+    ++q;
+  }
+}
+
 // Position just past the JSON value that starts at p.
 std::size_t skip_value(std::string_view t, std::size_t p) {
-  if (t[p] == '"') {
-    for (++p;; ++p) {
-      if (t[p] == '\\') ++p;
-      else if (t[p] == '"') return p + 1;
-    }
-  }
+  if (t[p] == '"') return skip_string(t, p);
   if (t[p] == '{' || t[p] == '[') {
     int depth = 0;
     do {
-      if (t[p] == '"') {
-        p = skip_value(t, p);
+      const char c = t[p];
+      if (c == '"') {
+        p = skip_string(t, p);
         continue;
       }
-      if (t[p] == '{' || t[p] == '[') ++depth;
-      else if (t[p] == '}' || t[p] == ']') --depth;
+      if (c == '{' || c == '[') ++depth;
+      else if (c == '}' || c == ']') --depth;
       ++p;
     } while (depth > 0);
     return p;
@@ -191,39 +202,39 @@ std::size_t skip_value(std::string_view t, std::size_t p) {
 
 // The text of each element of the top-level "events" array, or nullopt when the frame
 // has no single, plainly spelled "events" key (then the caller serialises the parsed
-// value instead, so what is stored is always what was validated).
+// value instead, so what is stored is always what was validated). One pass: the array's
+// elements are cut out while the frame is scanned.
 std::optional<std::vector<std::string_view>> event_texts(std::string_view t) {
   std::size_t p = skip_ws(t, 0);
   if (p >= t.size() || t[p] != '{') return std::nullopt;
   ++p;
-  std::optional<std::string_view> array;
+  std::vector<std::string_view> out;
   int found = 0;
   for (;;) {
     p = skip_ws(t, p);
     if (t[p] == '}') break;
-    std::size_t key_end = skip_value(t, p);
+    std::size_t key_end = skip_string(t, p);
     std::string_view key = t.substr(p + 1, key_end - p - 2);
     if (key.find('\\') != std::string_view::npos) return std::nullopt;  // escaped key: take the slow path
     p = skip_ws(t, skip_ws(t, key_end) + 1);  // past ':'
-    std::size_t value_end = skip_value(t, p);
     if (key == "events") {
-      ++found;
-      array = t.substr(p, value_end - p);
+      if (++found > 1 || t[p] != '[') return std::nullopt;
+      for (++p;;) {
+        p = skip_ws(t, p);
+        if (t[p] == ']') break;
+        const std::size_t e = skip_value(t, p);
+        out.push_back(t.substr(p, e - p));
+        p = skip_ws(t, e);
+        if (t[p] == ',') ++p;
+      }
+      ++p;  // past ']'
+    } else {
+      p = skip_value(t, p);
     }
-    p = skip_ws(t, value_end);
+    p = skip_ws(t, p);
     if (t[p] == ',') ++p;
   }
-  if (found != 1 || array->empty() || array->front() != '[') return std::nullopt;
-  std::vector<std::string_view> out;
-  std::string_view a = *array;
-  for (std::size_t q = 1;;) {
-    q = skip_ws(a, q);
-    if (a[q] == ']') break;
-    std::size_t e = skip_value(a, q);
-    out.push_back(a.substr(q, e - q));
-    q = skip_ws(a, e);
-    if (a[q] == ',') ++q;
-  }
+  if (found != 1) return std::nullopt;
   return out;
 }
 

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 import websockets
 
-from relay_harness import (DIASPORA, Credentials, RelayProcess, connect, event, new_id, recv, request, run,
+from relay_harness import (DIASPORA, TIMEOUT, Credentials, RelayProcess, connect, event, new_id, recv, request, run,
                            session, sh)
 
 
@@ -438,8 +438,12 @@ def test_stored_event_is_the_validated_one_whatever_the_frame_spelling(relay, cr
     async def go():
         ws = await session(relay, admin(creds))
         pretty = json.dumps(event("pretty", data={"k": [1, 2]}), indent=2)
-        await ws.send('{ "op" : "publish",\n "topic":"raw", "seq":0,\n "events" : [ ' + pretty + ' ]\n}')
-        assert (await recv(ws))["count"] == 1
+        # Strings with escaped quotes, brackets and backslashes (one ends in a backslash)
+        # must not end an event's text early.
+        tricky_data = {"s": 'a"b\\', "t": '\\"}]', "u": "\\\\", "v": '{"nested": "[,]"}', "w": 'x"}'}
+        tricky = json.dumps(event("tricky", data=tricky_data))
+        await ws.send('{ "op" : "publish",\n "topic":"raw", "seq":0,\n "events" : [ ' + pretty + ' ,' + tricky + ']\n}')
+        assert (await recv(ws))["count"] == 2
         bad = json.dumps({"id": "no-source-or-type"})
         good = json.dumps(event("good"))
         # Duplicate key: whatever Boost.JSON keeps is what is validated and stored.
@@ -449,9 +453,17 @@ def test_stored_event_is_the_validated_one_whatever_the_frame_spelling(relay, cr
         r2 = await recv(ws)
         sub = await session(relay, admin(creds))
         await request(sub, {"op": "subscribe", "id": 1, "topic": "raw", "from": "earliest"})
-        want = 1 + (r1["op"] == "ack") + (r2["op"] == "ack")
+        want = 2 + (r1["op"] == "ack") + (r2["op"] == "ack")
         got = [e for _, _, e in await collect(sub, want)]
         assert got[0] == event("pretty", data={"k": [1, 2]})
+        assert got[1] == event("tricky", data=tricky_data)
+        # Stored byte for byte as sent (the indentation too), not serialised again.
+        raw_sub = await session(relay, admin(creds))
+        await raw_sub.send(json.dumps({"op": "subscribe", "id": 2, "topic": "raw", "from": "earliest"}))
+        raw = ""
+        while pretty not in raw:
+            raw = await asyncio.wait_for(raw_sub.recv(), TIMEOUT)
+        assert tricky in raw
         for e in got:
             assert e.get("source") and e.get("type"), e  # never the invalid one
         assert r1["op"] in ("ack", "nack") and r2["op"] == "ack"
