@@ -204,6 +204,12 @@ GlobalSampler::~GlobalSampler() {
 }
 
 SampledBatch GlobalSampler::next() {
+  SampledBatch out = take();
+  prefetch();
+  return out;
+}
+
+SampledBatch GlobalSampler::take() {
   Impl& s = *self_;
   if (s.broken) throw RehearsalError("rehearsal sampler is broken by an earlier failure: " + s.broken_reason);
   const std::uint64_t step = s.next_step;
@@ -230,8 +236,13 @@ SampledBatch GlobalSampler::next() {
     throw RehearsalError("rehearsal sampler: " + s.broken_reason);
   }
   s.next_step = step + 1;
-  if (s.cfg.prefetch) s.pending = std::async(std::launch::async, [&s, n = s.next_step] { return s.run_step(n); });
   return out;
+}
+
+void GlobalSampler::prefetch() {
+  Impl& s = *self_;
+  if (!s.cfg.prefetch || s.broken || s.pending.valid() || s.ready || s.ready_error) return;
+  s.pending = std::async(std::launch::async, [&s, n = s.next_step] { return s.run_step(n); });
 }
 
 void GlobalSampler::settle() {

@@ -436,9 +436,15 @@ double Job::train_step(const torch::Tensor& idx, int task) {
   double wait_s = 0;
   std::int64_t nreps = 0;
   SampledBatch reps;
+  // Deterministic mode keeps one order between the buffer's writes and reads without a
+  // full stop per step: the draw for step i+1 starts mid-step i, right after step i-1's
+  // insertion is flushed (it ran during this forward pass), and step i's insertion is
+  // submitted once that draw has read the buffers (it ran during this backward pass). So
+  // draw i+1 always sees the buffers as of step i-1, as with a flush after each insertion.
+  const bool det = sampler_ && cfg_.train.deterministic;
   if (sampler_) {
     const auto w0 = Clock::now();
-    reps = sampler_->next();  // step pos_.step; starts fetching the next one
+    reps = det ? sampler_->take() : sampler_->next();  // step pos_.step (next(): starts fetching i+1)
     wait_s += seconds_since(w0);
     nreps = reps.batch.size();
   }
@@ -446,6 +452,12 @@ double Job::train_step(const torch::Tensor& idx, int task) {
   torch::Tensor input = nreps > 0 ? torch::cat({x, reps.batch.tensors[0]}) : x;
   optim_->zero_grad();
   torch::Tensor out = model_->forward(input);
+  if (det) {
+    const auto w0 = Clock::now();
+    if (inserter_) inserter_->flush();  // step i-1's candidates are in the buffers
+    wait_s += seconds_since(w0);
+    sampler_->prefetch();  // draw i+1 sees them, and nothing newer
+  }
   torch::Tensor stream_out = out.narrow(0, 0, b);
   torch::Tensor loss = task_loss(cls, stream_out, y);
   if (nreps > 0) {
@@ -476,12 +488,7 @@ double Job::train_step(const torch::Tensor& idx, int task) {
     Batch cand;
     cand.tensors = {x, y};
     if (cfg_.stores_outputs()) cand.outputs = stream_out.detach();
-    inserter_->try_submit(std::move(cand));
-    if (cfg_.train.deterministic) {
-      const auto w0 = Clock::now();
-      inserter_->flush();
-      wait_s += seconds_since(w0);
-    }
+    inserter_->try_submit(std::move(cand));  // deterministic: flushed mid-way through the next step
   }
   const double step_s = seconds_since(t0);
   const double lv = loss.item<double>();

@@ -340,6 +340,17 @@ class GlobalSampler {
   ///         or timed out (the sampler is then broken and every later call throws).
   SampledBatch next();
 
+  /// next() in two halves: take() returns the next step's representatives (waiting for a
+  /// prefetch in flight, or drawing now) without starting another; prefetch() starts the
+  /// following step's draw in the background (no-op without `prefetch`, or when one is in
+  /// flight or ready). A trainer may do work between them, e.g. let an insertion finish
+  /// so that the draw it then starts sees it (docs/rehearsal.md, "Deterministic mode").
+  /// Both are collectives in the sense of next(): every rank calls them in the same order.
+  /// Errors as next(): take() throws what next() would; prefetch() throws nothing (a
+  /// failure is reported by the take() that collects it).
+  SampledBatch take();
+  void prefetch();
+
   /// Waits until the prefetch in flight, if any, has finished reading the buffers (its
   /// result stays for the next next()). After it returns, writes to the buffer cannot
   /// change what the next next() returns: a trainer that wants bit-reproducible runs
