@@ -1465,7 +1465,7 @@ void LogStore::Impl::reveal(TopicWork& w) {
 
 int LogStore::Impl::timed_fdatasync(int fd) {
   const auto start = std::chrono::steady_clock::now();
-  const int rc = ::fdatasync(fd) == 0 ? 0 : errno;
+  const int rc = (opt_.segment_sync ? opt_.segment_sync(fd) : ::fdatasync(fd)) == 0 ? 0 : errno;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::lock_guard lk(stats_mu_);
   ++stats_.count;

@@ -60,6 +60,9 @@ struct LogOptions {
   std::chrono::seconds retention_age{0};      ///< 0 = unlimited
   std::uint32_t index_interval_bytes = 4096;  ///< one sparse index entry per this many bytes
   std::size_t dedupe_window = 1u << 18;       ///< remembered (source, id) keys per topic (32 B each); 0 = no event dedupe
+  /// Fault injection for tests: when set, called instead of ::fdatasync(fd) on a segment
+  /// (returns 0 or -1 with errno set, like fdatasync). Called from the syncer threads.
+  std::function<int(int fd)> segment_sync;
 };
 
 /// One event to append. `payload` is the event's JSON text (already validated).

@@ -259,6 +259,27 @@ TEST(TopicLog, FsyncStatsCountSyncs) {
   EXPECT_LE(st.bucket_counts.back(), st.count);
 }
 
+// interval mode acks at once and syncs in the background, off the writer's path; the
+// last writes are synced when the store closes.
+TEST(TopicLog, IntervalModeSyncsInTheBackground) {
+  TempDir dir;
+  std::atomic<int> syncs{0};
+  LogOptions o = options(dir.path(), "interval:20");
+  o.segment_sync = [&](int fd) {
+    ++syncs;
+    return ::fdatasync(fd);
+  };
+  {
+    LogStore s(o);
+    ASSERT_TRUE(append_sync(s, "t", "", 0, payloads({"a"})).ok);
+    for (int i = 0; i < 200 && syncs.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_GT(syncs.load(), 0);
+    ASSERT_TRUE(append_sync(s, "t", "", 0, payloads({"b"})).ok);  // acked before any sync of it
+    EXPECT_EQ(s.committed_offset("t"), 2u);
+  }
+  EXPECT_GE(syncs.load(), 2);  // the write of "b" was synced, at the latest when closing
+}
+
 // ---- concurrency ----------------------------------------------------------------------
 
 void concurrent_appenders_keep_every_record_once_in_order(const char* fsync) {
@@ -698,6 +719,47 @@ TEST(TopicLog, WriteErrorFailsTheBatchAndKeepsTheTopicConsistent) {
   EXPECT_TRUE(s.verify().empty());
   EXPECT_EQ(texts(s.read("t", 0, 10, 1 << 20)),
             (std::vector<std::string>{numbered(0, 100), numbered(1, 100), numbered(2, 100)}));
+}
+
+// fsync always: a failed fdatasync fails the batches it covered, and the topic takes no
+// more writes (the page cache may hold what the disk lost) while other topics go on. After
+// a restart the topic is writable again; a resend of the failed batch is stored at most once.
+TEST(TopicLog, FailedSyncStopsTheTopicUntilRestart) {
+  TempDir dir;
+  std::atomic<int> fail_next{0};
+  LogOptions o = options(dir.path(), "always");
+  o.segment_sync = [&](int fd) {
+    if (fail_next.exchange(0)) {
+      errno = EIO;
+      return -1;
+    }
+    return ::fdatasync(fd);
+  };
+  const auto one = [](const char* id) { return keyed({std::string("s\x1f") + id}); };
+  {
+    LogStore s(o);
+    ASSERT_TRUE(append_sync(s, "t", "p", 1, one("1")).ok);
+    ASSERT_TRUE(append_sync(s, "u", "p", 1, one("1")).ok);
+    fail_next = 1;
+    auto r = append_sync(s, "t", "p", 2, one("2"));
+    EXPECT_FALSE(r.ok);
+    EXPECT_NE(r.error.find("cannot sync"), std::string::npos) << r.error;
+    EXPECT_EQ(s.committed_offset("t"), 1u);  // never visible to readers
+    r = append_sync(s, "t", "p", 3, one("3"));
+    EXPECT_FALSE(r.ok);
+    EXPECT_NE(r.error.find("until the relay restarts"), std::string::npos) << r.error;
+    EXPECT_TRUE(append_sync(s, "u", "p", 2, one("2")).ok);  // other topics go on
+    EXPECT_EQ(s.committed_offset("u"), 2u);
+  }
+  o.segment_sync = nullptr;
+  LogStore s(o);
+  auto r = append_sync(s, "t", "p", 2, one("2"));
+  EXPECT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(s.committed_offset("t"), 2u);
+  EXPECT_TRUE(append_sync(s, "t", "p", 3, one("3")).ok);
+  const auto got = texts(s.read("t", 0, 10, 1 << 20));
+  EXPECT_EQ(got, (std::vector<std::string>{one("1")[0].payload, one("2")[0].payload, one("3")[0].payload}));
+  EXPECT_TRUE(s.verify().empty());
 }
 
 // ---- retention ------------------------------------------------------------------------
