@@ -362,7 +362,7 @@ struct Schema::Impl {
   };
   std::unordered_map<const json::object*, Keywords> keywords;
 
-  static Keywords scan(const json::object& so) {
+  Keywords compile(const json::object& so) const {
     Keywords out;
     for (const auto& kv : so) {
       const std::string_view key = kv.key();
@@ -404,24 +404,20 @@ struct Schema::Impl {
       else
         add(*out.type);
     }
+    if (out.ref && out.ref->is_string()) out.ref_target = resolve(out.ref->get_string());
     return out;
   }
   const Keywords& keywords_of(const json::object& so) const {
     if (auto it = keywords.find(&so); it != keywords.end()) return it->second;
     thread_local Keywords scratch;  // not reached: check() registers every schema object
-    scratch = scan(so);
-    if (scratch.ref) scratch.ref_target = resolve(scratch.ref->get_string());
+    scratch = compile(so);
     return scratch;
   }
 
   void check(const json::value& s, const std::string& where) {
     if (s.is_bool()) return;
     if (!s.is_object()) throw SchemaError(name + ": " + where + ": a schema must be an object or a boolean");
-    {
-      Keywords k = scan(s.get_object());
-      if (k.ref && k.ref->is_string()) k.ref_target = resolve(k.ref->get_string());
-      keywords.emplace(&s.get_object(), k);
-    }
+    keywords.emplace(&s.get_object(), compile(s.get_object()));
     for (const auto& kv : s.get_object()) {
       std::string_view key = kv.key();
       std::string here = where + "/" + std::string(key);
@@ -512,12 +508,10 @@ struct Schema::Impl {
       };
       if (t->is_string()) consider(t->get_string());
       else for (const auto& n : t->get_array()) consider(n.get_string());
-      {
-        std::string generic = "expected " + expected + ", got " + kind_name(v);
-        if (structural) out.push_back({path, generic, false});
-        else value_issue(generic);
-        return;  // the other keywords would only repeat the type mismatch
-      }
+      std::string generic = "expected " + expected + ", got " + kind_name(v);
+      if (structural) out.push_back({path, generic, false});
+      else value_issue(generic);
+      return;  // the other keywords would only repeat the type mismatch
     }
     if (const auto* e = k.enum_) {
       const auto& arr = e->get_array();
@@ -539,8 +533,8 @@ struct Schema::Impl {
       if (const auto* p = k.pattern; p && !regex_search(p->get_string(), str))
         value_issue("must match the pattern " + json::serialize(*p));
     }
-    if (v.is_object()) object_keywords(so, v.get_object(), path, out);
-    if (v.is_array()) array_keywords(so, v.get_array(), path, out);
+    if (v.is_object()) object_keywords(k, v.get_object(), path, out);
+    if (v.is_array()) array_keywords(k, v.get_array(), path, out);
 
     if (const auto* all = k.all_of)
       for (const auto& sub : all->get_array()) validate(sub, v, path, out);
@@ -619,8 +613,7 @@ struct Schema::Impl {
       report("must be < " + number_text(*m));
   }
 
-  void object_keywords(const json::object& so, const json::object& obj, Path& path, std::vector<Issue>& out) const {
-    const Keywords& k = keywords_of(so);
+  void object_keywords(const Keywords& k, const json::object& obj, Path& path, std::vector<Issue>& out) const {
     const json::object* props = nullptr;
     if (const auto* p = k.properties) props = &p->get_object();
     const json::object* pattern_props = nullptr;
@@ -675,8 +668,7 @@ struct Schema::Impl {
     }
   }
 
-  void array_keywords(const json::object& so, const json::array& arr, Path& path, std::vector<Issue>& out) const {
-    const Keywords& k = keywords_of(so);
+  void array_keywords(const Keywords& k, const json::array& arr, Path& path, std::vector<Issue>& out) const {
     if (const auto* m = k.min_items; m && arr.size() < as_double(*m))
       out.push_back({path, as_double(*m) == 1 ? std::string("must not be empty")
                                               : "must have at least " + number_text(*m) + " items", false});

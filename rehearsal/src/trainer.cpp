@@ -479,7 +479,7 @@ double Job::train_step(const torch::Tensor& idx, int task) {
   allreduce_grads();
   optim_->step();
   if (inserter_) {
-    if (cfg_.train.deterministic) {
+    if (det) {
       // The in-flight draw must not see this step's candidates at a timing-dependent moment.
       const auto w0 = Clock::now();
       sampler_->settle();

@@ -345,17 +345,18 @@ std::uint64_t mix64(std::uint64_t x) noexcept {  // splitmix64 finaliser
   return x ^ (x >> 31);
 }
 
+// Marks a slot of a table being drained by FingerprintSet's incremental growth; no key's
+// fingerprint takes this value.
+constexpr Fingerprint kMoved{~0ULL, ~0ULL};
+
 Fingerprint fingerprint(std::string_view key) noexcept {
   std::uint64_t fnv = 0xcbf29ce484222325ULL;  // FNV-1a, then mixed
   for (unsigned char c : key) fnv = (fnv ^ c) * 0x100000001b3ULL;
   Fingerprint f{std::hash<std::string_view>{}(key), mix64(fnv ^ key.size())};
   if (f.empty()) f.b = 1;
-  if (f == Fingerprint{~0ULL, ~0ULL}) f.b = 0;  // kMoved, FingerprintSet's drained-slot mark
+  if (f == kMoved) f.b = 0;
   return f;
 }
-
-// Marks a slot of a table being drained by FingerprintSet's incremental growth.
-constexpr Fingerprint kMoved{~0ULL, ~0ULL};
 
 /// A set of fingerprints: linear probing, backward-shift deletion, grows by doubling.
 /// Growth is incremental: the old table is kept and drained a few slots per insert, so no
@@ -1068,17 +1069,14 @@ void LogStore::Impl::syncer_loop() {
     lk.lock();
     for (Group* g : mine) {
       g->synced = true;
+      // finish() fails every batch of a broken topic that it has not revealed yet.
       for (const auto& [seg, why] : failed)
         for (auto& [name, w] : g->work)
           for (const Chunk& c : w.chunks)
-            if (c.seg.get() == seg && !w.failed) {
-              w.failed = true;
-              w.error = why;
-              if (!w.topic->broken.load(std::memory_order_acquire)) {
-                w.topic->broken_why = why;
-                w.topic->broken.store(true, std::memory_order_release);
-                log_line("topic '" + w.topic->name + "' takes no more writes until a restart: " + why);
-              }
+            if (c.seg.get() == seg && !w.failed && !w.topic->broken.load(std::memory_order_acquire)) {
+              w.topic->broken_why = why;
+              w.topic->broken.store(true, std::memory_order_release);
+              log_line("topic '" + w.topic->name + "' takes no more writes until a restart: " + why);
             }
     }
     commit_ready(lk);
@@ -1474,7 +1472,6 @@ int LogStore::Impl::timed_fdatasync(int fd) {
     if (secs <= stats_.bucket_bounds[i]) ++stats_.bucket_counts[i];
   return rc;
 }
-
 
 void LogStore::Impl::enforce_retention_locked() {
   const std::int64_t now = now_us();
