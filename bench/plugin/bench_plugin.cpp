@@ -29,6 +29,7 @@
 #include <fstream>
 #include <mutex>
 #include <new>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -285,24 +286,35 @@ Dist distribution(int threads, int calls_per_thread, double per_ns, Call call, b
 
 // ---- end to end ----------------------------------------------------------------------------------
 
-double plugin_end_to_end(std::uint64_t events) {
-  diaspora_plugin* h = g_env->open("e2e");
+std::size_t g_e2e_queue = 65536;  // hook queue slots of the end-to-end plugins
+
+struct EndToEnd {
+  double events_per_s = 0;
+  std::uint64_t spilled = 0;  // hook calls that found the queue full (the queue then went to the spool)
+};
+
+// `rate` 0: the engine thread calls hooks as fast as it can, so the queue overflows and
+// most events take the spool path (the overload figure). `rate` > 0: the engine offers
+// that many events per second in 1-ms bursts (a sustained load); with `spilled` 0 every
+// event went hook -> queue -> publisher -> relay, and the figure is the sustained rate.
+EndToEnd plugin_end_to_end(std::uint64_t events, double rate) {
+  diaspora_plugin* h = g_env->open("e2e-" + std::to_string(static_cast<long long>(rate)), g_e2e_queue);
   // Let it connect first: the figure is hooks -> acked, not the TLS handshake.
   const auto deadline = Clock::now() + std::chrono::seconds(30);
   while (stats(h).connected == 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const std::uint64_t acked0 = stats(h).events_acked;
   Heartbeat hb(0);
   const auto t0 = Clock::now();
-  for (std::uint64_t i = 0; i < events; ++i) {
-    while (diaspora_task_heartbeat(h, &hb.info) != DIASPORA_OK) {
-    }
+  const std::uint64_t per_ms = rate > 0 ? static_cast<std::uint64_t>(rate / 1000.0) : events;
+  for (std::uint64_t i = 0, tick = 0; i < events; ++tick) {
+    if (rate > 0) std::this_thread::sleep_until(t0 + std::chrono::milliseconds(tick));
+    for (std::uint64_t k = 0; k < per_ms && i < events; ++k, ++i) diaspora_task_heartbeat(h, &hb.info);
   }
-  while (stats(h).events_acked < events) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  while (stats(h).events_acked < acked0 + events) std::this_thread::sleep_for(std::chrono::microseconds(200));
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   const auto st = stats(h);
-  std::printf("  plugin: %llu events acked, %llu went through the spool (queue full)\n",
-              static_cast<unsigned long long>(st.events_acked), static_cast<unsigned long long>(st.events_spilled));
   diaspora_close(h, 10000);
-  return static_cast<double>(events) / s;
+  return {static_cast<double>(events) / s, st.events_spilled};
 }
 
 double direct_producer(std::uint64_t events) {
@@ -348,9 +360,20 @@ double direct_producer(std::uint64_t events) {
 int main(int argc, char** argv) {
   std::uint64_t e2e_events = 1000000;
   std::size_t hook_queue = 65536;
+  bool e2e_only = false;
+  std::string e2e_validate = "both";
+  std::vector<double> e2e_rates = {0, 400000, 500000, 600000};  // 0: flat out
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]).rfind("--e2e-events=", 0) == 0) e2e_events = std::stoull(argv[i] + 13);
     if (std::string(argv[i]).rfind("--hook-queue=", 0) == 0) hook_queue = std::stoull(argv[i] + 13);
+    if (std::string(argv[i]) == "--e2e-only") e2e_only = true;
+    if (std::string(argv[i]).rfind("--e2e-queue=", 0) == 0) g_e2e_queue = std::stoull(argv[i] + 12);
+    if (std::string(argv[i]).rfind("--e2e-validate=", 0) == 0) e2e_validate = argv[i] + 15;  // on | off | both
+    if (std::string(argv[i]).rfind("--e2e-rates=", 0) == 0) {  // comma-separated events/s
+      e2e_rates.clear();
+      std::stringstream in(argv[i] + 12);
+      for (std::string r; std::getline(in, r, ',');) e2e_rates.push_back(std::stod(r));
+    }
   }
   benchmark::Initialize(&argc, argv);
   Env env;
@@ -361,6 +384,7 @@ int main(int argc, char** argv) {
     const auto deadline = Clock::now() + std::chrono::seconds(30);
     while (stats(g_plugin).connected == 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  if (!e2e_only) {
 
   std::printf("== hook call, Google Benchmark (mean per call; allocs/call counted on the engine thread)\n");
   benchmark::RunSpecifiedBenchmarks();
@@ -385,19 +409,29 @@ int main(int argc, char** argv) {
     std::printf("naive (format + mutex), %d thr      %10.0f %10.0f\n", threads, n.median, n.p99);
     std::printf("ratio naive / plugin               %9.1fx %9.1fx\n", n.median / p.median, n.p99 / p.p99);
   }
+  }
   diaspora_close(g_plugin, 10000);
 
   for (bool validate : {true, false}) {
+    if ((validate && e2e_validate == "off") || (!validate && e2e_validate == "on")) continue;
     Env e2e(validate);
     g_env = &e2e;
     std::printf("\n== end to end: hooks -> acked by the relay (embedded, TLS, fsync always, payload validation %s), %llu events\n",
                 validate ? "on" : "off", static_cast<unsigned long long>(e2e_events));
-    const double plugin = plugin_end_to_end(e2e_events);
+    std::vector<EndToEnd> plugin;
+    for (double rate : e2e_rates) plugin.push_back(plugin_end_to_end(e2e_events, rate));
     const double direct = direct_producer(e2e_events);
-    std::printf("%-44s %12s\n", "", "events/s");
-    std::printf("%-44s %12.0f\n", "plugin (1 engine thread calling hooks)", plugin);
-    std::printf("%-44s %12.0f\n", "direct diaspora.v1 producer (pre-serialised)", direct);
-    std::printf("%-44s %11.2fx\n", "ratio plugin / direct", plugin / direct);
+    std::printf("%-52s %12s %10s %8s\n", "", "events/s", "spilled", "/direct");
+    for (std::size_t i = 0; i < plugin.size(); ++i) {
+      char label[64];
+      if (e2e_rates[i] > 0)
+        std::snprintf(label, sizeof label, "plugin, engine offers %.0fk events/s", e2e_rates[i] / 1000);
+      else
+        std::snprintf(label, sizeof label, "plugin, engine calls hooks flat out (overload)");
+      std::printf("%-52s %12.0f %10llu %7.2fx\n", label, plugin[i].events_per_s,
+                  static_cast<unsigned long long>(plugin[i].spilled), plugin[i].events_per_s / direct);
+    }
+    std::printf("%-52s %12.0f\n", "direct diaspora.v1 producer (pre-serialised)", direct);
   }
   return 0;
 }

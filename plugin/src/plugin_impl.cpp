@@ -1,4 +1,5 @@
 #include "plugin_impl.hpp"
+#include "diaspora/thread_name.hpp"
 
 #include <boost/json.hpp>
 
@@ -185,8 +186,14 @@ Plugin::Plugin(Config config)
       observe_signal(series, o.task_id, o.site, o.value, o.time_us);
     };
   }
-  publisher_ = std::thread([this] { publisher_main(); });
-  control_ = std::thread([this] { control_main(); });
+  publisher_ = std::thread([this] {
+    name_this_thread("dsp-publisher");
+    publisher_main();
+  });
+  control_ = std::thread([this] {
+    name_this_thread("dsp-control");
+    control_main();
+  });
 }
 
 Plugin::~Plugin() { (void)close(0ms); }

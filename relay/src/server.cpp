@@ -31,6 +31,7 @@
 
 #include "diaspora/event.hpp"
 #include "diaspora/relay.hpp"
+#include "diaspora/thread_name.hpp"
 #include "diaspora/token.hpp"
 #include "diaspora/version.hpp"
 #include "topic_log.hpp"
@@ -1209,7 +1210,10 @@ void Relay::start() {
   s.bound_port = s.acceptor->local_endpoint().port();
   s.work.emplace(s.ioc->get_executor());
   s.do_accept();
-  for (int i = 0; i < s.cfg.threads; ++i) s.threads.emplace_back([&s] { s.ioc->run(); });
+  for (int i = 0; i < s.cfg.threads; ++i) s.threads.emplace_back([&s] {
+    name_this_thread("relay-io");
+    s.ioc->run();
+  });
   s.started = true;
   if (s.cfg.port_file) {
     auto tmp = *s.cfg.port_file;

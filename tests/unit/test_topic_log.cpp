@@ -762,6 +762,52 @@ TEST(TopicLog, FailedSyncStopsTheTopicUntilRestart) {
   EXPECT_TRUE(s.verify().empty());
 }
 
+// A group whose own fdatasync stalls is acked once a later sync of the same file returns:
+// that sync covered its data. Syncs are held in the fault-injection hook: the first one
+// blocks until the end, the second is let through, and both batches must complete while
+// the first is still blocked.
+TEST(TopicLog, ALaterSyncVouchesForAnEarlierGroupWhoseSyncStalls) {
+  TempDir dir;
+  std::mutex mu;
+  std::condition_variable cv;
+  int entered = 0;
+  bool release_first = false;
+  LogOptions o = options(dir.path(), "always");
+  o.segment_sync = [&](int fd) {
+    std::unique_lock lk(mu);
+    const int me = ++entered;
+    cv.notify_all();
+    if (me == 1) cv.wait(lk, [&] { return release_first; });
+    lk.unlock();
+    return ::fdatasync(fd);
+  };
+  {
+    LogStore s(o);
+    std::promise<AppendResult> a, b;
+    s.append("t", "p", 1, payloads({"a"}), [&a](const AppendResult& r) { a.set_value(r); });
+    {
+      std::unique_lock lk(mu);
+      ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(10), [&] { return entered >= 1; }));
+    }
+    s.append("t", "p", 2, payloads({"b"}), [&b](const AppendResult& r) { b.set_value(r); });
+    auto fa = a.get_future(), fb = b.get_future();
+    const bool both = fb.wait_for(std::chrono::seconds(10)) == std::future_status::ready &&
+                      fa.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+    {
+      std::lock_guard lk(mu);
+      EXPECT_FALSE(release_first);  // still blocked: the second sync vouched for "a"
+      release_first = true;
+      cv.notify_all();
+    }
+    ASSERT_TRUE(both) << "the batches waited for the stalled sync";
+    EXPECT_TRUE(fa.get().ok);
+    EXPECT_TRUE(fb.get().ok);
+    EXPECT_EQ(s.committed_offset("t"), 2u);
+  }
+  LogStore s(o);
+  EXPECT_EQ(texts(s.read("t", 0, 10, 1 << 20)), (std::vector<std::string>{"a", "b"}));
+}
+
 // ---- retention ------------------------------------------------------------------------
 
 TEST(TopicLog, RetentionByBytes) {
