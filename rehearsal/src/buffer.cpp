@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "diaspora/rehearsal.hpp"
+#include "diaspora/thread_name.hpp"
 #include "random.hpp"
 
 namespace diaspora::rehearsal {
@@ -686,7 +687,10 @@ struct AsyncInserter::Impl {
 AsyncInserter::AsyncInserter(RehearsalBuffer& buffer, InsertionConfig config)
     : self_(std::make_unique<Impl>(buffer, config)) {
   if (config.queue_batches == 0) throw RehearsalError("insertion.queue_batches must be at least 1");
-  self_->worker = std::thread([this] { self_->run(); });
+  self_->worker = std::thread([this] {
+    name_this_thread("dsp-inserter");
+    self_->run();
+  });
 }
 
 AsyncInserter::~AsyncInserter() {
