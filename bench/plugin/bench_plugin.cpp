@@ -362,7 +362,7 @@ int main(int argc, char** argv) {
   std::size_t hook_queue = 65536;
   bool e2e_only = false;
   std::string e2e_validate = "both";
-  std::vector<double> e2e_rates = {0, 400000, 500000, 600000};  // 0: flat out
+  std::vector<double> e2e_rates = {0, 400000, 500000, 600000};  // 0: flat out (the overload figure)
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]).rfind("--e2e-events=", 0) == 0) e2e_events = std::stoull(argv[i] + 13);
     if (std::string(argv[i]).rfind("--hook-queue=", 0) == 0) hook_queue = std::stoull(argv[i] + 13);

@@ -733,8 +733,9 @@ struct LogStore::Impl {
   bool pipe_stop_ = false;
   std::vector<std::shared_ptr<Segment>> dirty_;  // interval mode: written, not yet synced
   static constexpr std::size_t kMaxGroupsInFlight = 8;
-  // fsync always. With vouching, 3 beat 2 on the p99 at 20k events/s (median p99 of 18 runs
-  // 2.9 vs 3.3 ms, a slow disk hour) at the same throughput; without it 3 gave nothing.
+  // fsync always. With vouching, 3 beat 2 on the p99 at 20k events/s (median p99 over 10
+  // runs each 2.9 vs 3.2 ms, a slow-disk hour) at the same throughput; without vouching a
+  // third syncer gave nothing.
   static constexpr int kSyncers = 3;
   static_assert(kSyncers <= kMaxSyncers);
 
