@@ -7,9 +7,14 @@
 //     a mutex-protected deque.
 //  2. Per-call latency distribution (median, p99) of the same hook, timed one call at a
 //     time with the TSC (calibrated against steady_clock, the timer's own cost removed).
-//  3. End to end: one engine thread calls hooks as fast as it can; the embedded relay
-//     (TLS, token auth, payload validation, fsync before ack) acks them. Side by side:
-//     a plain diaspora.v1 producer publishing pre-serialised events (the relay's ceiling).
+//  3. End to end: one engine thread calls hooks as fast as it can (the queue overflows:
+//     the overload figure), then at offered rates in 1-ms bursts (no spill = a sustained
+//     rate); the embedded relay (TLS, token auth, payload validation on/off, fsync before
+//     ack) acks them. Side by side: a plain diaspora.v1 producer publishing pre-serialised
+//     events (the relay's ceiling).
+//
+// Flags: --e2e-only (skip 1 and 2), --e2e-events=N, --e2e-rates=R1,R2,... (events/s, 0 =
+// flat out), --e2e-queue=SLOTS, --e2e-validate=on|off|both, --hook-queue=SLOTS.
 //
 // The hook queue is drained between timed bursts (timing paused), so the figures are the
 // fast path's, not the spill path's (which writes to disk and is measured by its tests).
@@ -385,30 +390,29 @@ int main(int argc, char** argv) {
     while (stats(g_plugin).connected == 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (!e2e_only) {
+    std::printf("== hook call, Google Benchmark (mean per call; allocs/call counted on the engine thread)\n");
+    benchmark::RunSpecifiedBenchmarks();
+    drain(g_plugin);
 
-  std::printf("== hook call, Google Benchmark (mean per call; allocs/call counted on the engine thread)\n");
-  benchmark::RunSpecifiedBenchmarks();
-  drain(g_plugin);
-
-  std::printf("\n== hook call, per-call distribution (TSC, timer cost removed)\n");
-  const double per_ns = tsc_per_ns();
-  std::printf("%-34s %10s %10s\n", "", "median ns", "p99 ns");
-  for (int threads : {1, 4}) {
-    const Dist p = distribution(threads, 65536, per_ns, [](Heartbeat& hb) { diaspora_task_heartbeat(g_plugin, &hb.info); }, true);
-    const Dist pt = distribution(threads, 65536, per_ns, [](Heartbeat& hb) {
-      hb.info.timestamp_us = 1'764'496'800'000'000;  // the engine passes its own time: no clock read
-      diaspora_task_heartbeat(g_plugin, &hb.info);
-    }, true);
-    const Dist n = distribution(threads, 65536, per_ns, [](Heartbeat& hb) { naive_heartbeat(hb.info); }, false);
-    {
-      std::lock_guard lock(g_naive.mu);
-      g_naive.q.clear();
+    std::printf("\n== hook call, per-call distribution (TSC, timer cost removed)\n");
+    const double per_ns = tsc_per_ns();
+    std::printf("%-34s %10s %10s\n", "", "median ns", "p99 ns");
+    for (int threads : {1, 4}) {
+      const Dist p = distribution(threads, 65536, per_ns, [](Heartbeat& hb) { diaspora_task_heartbeat(g_plugin, &hb.info); }, true);
+      const Dist pt = distribution(threads, 65536, per_ns, [](Heartbeat& hb) {
+        hb.info.timestamp_us = 1'764'496'800'000'000;  // the engine passes its own time: no clock read
+        diaspora_task_heartbeat(g_plugin, &hb.info);
+      }, true);
+      const Dist n = distribution(threads, 65536, per_ns, [](Heartbeat& hb) { naive_heartbeat(hb.info); }, false);
+      {
+        std::lock_guard lock(g_naive.mu);
+        g_naive.q.clear();
+      }
+      std::printf("diaspora_task_heartbeat, %d thr     %10.0f %10.0f\n", threads, p.median, p.p99);
+      std::printf("  same, engine passes timestamp_us   %10.0f %10.0f\n", pt.median, pt.p99);
+      std::printf("naive (format + mutex), %d thr      %10.0f %10.0f\n", threads, n.median, n.p99);
+      std::printf("ratio naive / plugin               %9.1fx %9.1fx\n", n.median / p.median, n.p99 / p.p99);
     }
-    std::printf("diaspora_task_heartbeat, %d thr     %10.0f %10.0f\n", threads, p.median, p.p99);
-    std::printf("  same, engine passes timestamp_us   %10.0f %10.0f\n", pt.median, pt.p99);
-    std::printf("naive (format + mutex), %d thr      %10.0f %10.0f\n", threads, n.median, n.p99);
-    std::printf("ratio naive / plugin               %9.1fx %9.1fx\n", n.median / p.median, n.p99 / p.p99);
-  }
   }
   diaspora_close(g_plugin, 10000);
 
