@@ -312,6 +312,13 @@ struct Segment {
   // whichever asks first (Linux reports an error once per open file description). That
   // lets a later sync that succeeded vouch for the earlier writes it covered.
   int sync_fds[kMaxSyncers] = {-1, -1, -1};
+  // Guarded by LogStore::Impl::pipe_mu_ (fsync always): a segment that takes no more
+  // writes (sealed: the topic rolled to a newer one) closes its sync_fds once no group in
+  // the pipeline wrote to it and no sync of it runs, so a retained log keeps one
+  // descriptor per segment.
+  int pipeline_groups = 0;
+  int syncs_running = 0;
+  bool sealed = false;
 
   // Guarded by Topic::mu.
   std::uint64_t committed_size = 0;
@@ -334,6 +341,15 @@ struct Segment {
     if (fd >= 0) ::close(fd);
     for (int f : sync_fds)
       if (f >= 0) ::close(f);
+  }
+  /// Closes sync_fds when they can no longer be used (see pipeline_groups). Under pipe_mu_.
+  void maybe_close_sync_fds() noexcept {
+    if (!sealed || pipeline_groups != 0 || syncs_running != 0) return;
+    for (int& f : sync_fds)
+      if (f >= 0) {
+        ::close(f);
+        f = -1;
+      }
   }
   /// Opens sync_fds (fsync always); false with errno set when the file cannot be opened.
   bool open_sync_fds(int n) {
@@ -661,6 +677,7 @@ struct LogStore::Impl {
     std::vector<AppendResult> results;
     std::map<std::string_view, TopicWork> work;  // keys view batches[i].topic
     std::shared_ptr<const CommitListener> listener;
+    std::vector<std::shared_ptr<Segment>> segs;  // fsync always: the files it wrote (to sync)
     bool sync_started = false;
     bool synced = false;
   };
@@ -842,7 +859,9 @@ void LogStore::Impl::recover_topic(const std::string& name) {
     seg->base = files[i].first;
     seg->path = files[i].second;
     seg->fd = ::open(seg->path.c_str(), O_RDWR | O_CLOEXEC);
-    if (seg->fd < 0 || (opt_.fsync.mode == FsyncPolicy::Mode::always && !seg->open_sync_fds(kSyncers)))
+    // Only the last segment takes writes: it alone needs the syncers' descriptors.
+    const bool last = i + 1 == files.size();
+    if (seg->fd < 0 || (opt_.fsync.mode == FsyncPolicy::Mode::always && last && !seg->open_sync_fds(kSyncers)))
       throw Error("cannot open segment " + seg->path.string() + ": " + errno_text(errno));
     struct stat st {};
     if (::fstat(seg->fd, &st) != 0) throw Error("cannot stat " + seg->path.string() + ": " + errno_text(errno));
@@ -906,7 +925,11 @@ void LogStore::Impl::recover_topic(const std::string& name) {
   // An empty last segment (e.g. created just before a crash, or truncated to nothing)
   // fixes the next offset at its base so that segment names stay ordered.
   if (!t->segments.empty()) next = std::max(next, t->segments.back()->base);
-  if (!t->segments.empty()) t->active = t->segments.back();
+  if (!t->segments.empty()) {
+    t->active = t->segments.back();
+    if (opt_.fsync.mode == FsyncPolicy::Mode::always && t->active->sync_fds[0] < 0 && !t->active->open_sync_fds(kSyncers))
+      throw Error("cannot open segment " + t->active->path.string() + ": " + errno_text(errno));
+  }
   t->next_offset = t->committed_next = next;
   topics_.emplace(name, std::move(t));
 }
@@ -1055,12 +1078,14 @@ void LogStore::Impl::run_group(std::vector<Pending>& batches, const std::shared_
 
   // Queued behind the groups still syncing (acks must keep their order); a group with
   // nothing to sync (duplicates, refusals) is ready at once.
-  bool nothing_to_sync = true;
   for (const auto& [name, w] : g->work)
     if (!w.failed)
-      for (const Chunk& c : w.chunks) nothing_to_sync = nothing_to_sync && c.len == 0;
+      for (const Chunk& c : w.chunks)
+        if (c.len > 0 && std::find(g->segs.begin(), g->segs.end(), c.seg) == g->segs.end()) g->segs.push_back(c.seg);
+  const bool nothing_to_sync = g->segs.empty();
   std::unique_lock lk(pipe_mu_);
   room_cv_.wait(lk, [&] { return pipeline_.size() < kMaxGroupsInFlight; });
+  for (const auto& seg : g->segs) ++seg->pipeline_groups;
   g->synced = g->sync_started = nothing_to_sync;
   pipeline_.push_back(std::move(g));
   if (nothing_to_sync) commit_ready(lk);
@@ -1096,19 +1121,24 @@ void LogStore::Impl::syncer_loop(int index) {
       if (g->sync_started) continue;
       g->sync_started = true;
       mine.push_back(g);
-      for (auto& [name, w] : g->work)
-        if (!w.failed)
-          for (const Chunk& c : w.chunks)
-            if (c.len > 0 && std::find(segs.begin(), segs.end(), c.seg) == segs.end()) segs.push_back(c.seg);
+      for (const auto& seg : g->segs)
+        if (std::find(segs.begin(), segs.end(), seg) == segs.end()) segs.push_back(seg);
     }
+    for (const auto& seg : segs) ++seg->syncs_running;  // its sync_fds stay open meanwhile
     lk.unlock();
     std::vector<std::pair<const Segment*, std::string>> failed;
+    std::vector<std::shared_ptr<Segment>> vouched;  // synced through this syncer's own descriptor
     for (const auto& seg : segs) {
-      const int fd = seg->sync_fds[index] >= 0 ? seg->sync_fds[index] : seg->fd;
-      if (int err = timed_fdatasync(fd))
+      const bool own = seg->sync_fds[index] >= 0;
+      if (own) vouched.push_back(seg);
+      if (int err = timed_fdatasync(own ? seg->sync_fds[index] : seg->fd))
         failed.emplace_back(seg.get(), "cannot sync " + seg->path.string() + ": " + errno_text(err));
     }
     lk.lock();
+    for (const auto& seg : segs) {
+      --seg->syncs_running;
+      seg->maybe_close_sync_fds();
+    }
     for (const auto& g : mine) {
       g->synced = true;
       // finish() fails every batch of a broken topic that it has not revealed yet.
@@ -1125,12 +1155,11 @@ void LogStore::Impl::syncer_loop(int index) {
       for (const auto& g : pipeline_) {
         if (g == mine.front()) break;  // only groups written before this sync started
         if (g->synced || !g->sync_started) continue;
-        bool covered = true;
-        for (const auto& [name, w] : g->work)
-          if (!w.failed)
-            for (const Chunk& c : w.chunks)
-              covered = covered && (c.len == 0 || std::find(segs.begin(), segs.end(), c.seg) != segs.end());
-        g->synced = covered;
+        // Only through descriptors of its own: a shared one may have reported an error to
+        // another syncer only.
+        g->synced = std::all_of(g->segs.begin(), g->segs.end(), [&](const std::shared_ptr<Segment>& seg) {
+          return std::find(vouched.begin(), vouched.end(), seg) != vouched.end();
+        });
       }
     commit_ready(lk);
   }
@@ -1144,6 +1173,10 @@ void LogStore::Impl::commit_ready(std::unique_lock<std::mutex>& lk) {
   while (!pipeline_.empty() && pipeline_.front()->synced) {
     std::shared_ptr<Group> g = std::move(pipeline_.front());
     pipeline_.pop_front();
+    for (const auto& seg : g->segs) {
+      --seg->pipeline_groups;
+      seg->maybe_close_sync_fds();
+    }
     room_cv_.notify_one();
     lk.unlock();
     finish(*g);
@@ -1487,7 +1520,14 @@ void LogStore::Impl::advance(TopicWork& w) {
     s.written_size = c.start + c.len;
     s.last_index_pos = c.last_index_pos;
     s.has_index = c.has_index;
-    if (c.created) t.active = c.seg;
+    if (c.created) {
+      if (t.active && opt_.fsync.mode == FsyncPolicy::Mode::always) {  // rolled: no more writes to it
+        std::lock_guard lk(pipe_mu_);
+        t.active->sealed = true;
+        t.active->maybe_close_sync_fds();
+      }
+      t.active = c.seg;
+    }
     if (opt_.fsync.mode == FsyncPolicy::Mode::interval && c.len > 0) {
       std::lock_guard lk(pipe_mu_);
       if (!s.sync_pending) {

@@ -808,6 +808,40 @@ TEST(TopicLog, ALaterSyncVouchesForAnEarlierGroupWhoseSyncStalls) {
   EXPECT_EQ(texts(s.read("t", 0, 10, 1 << 20)), (std::vector<std::string>{"a", "b"}));
 }
 
+// With fsync always each syncer has its own descriptor of the segment being written; a
+// segment the topic has rolled past keeps only its reading descriptor, so a long retained
+// log does not hold four descriptors per segment. Also after a restart.
+TEST(TopicLog, RolledSegmentsKeepOneDescriptorEach) {
+  TempDir dir;
+  LogOptions o = options(dir.path(), "always");
+  o.segment_bytes = 1000;
+  auto open_fds = [] {
+    std::size_t n = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
+    return n;
+  };
+  const std::size_t before = open_fds();
+  auto write_some = [&](LogStore& s, int first) {
+    for (int b = first; b < first + 40; ++b)
+      ASSERT_TRUE(append_sync(s, "t", "p", static_cast<std::uint64_t>(b + 1), payloads({numbered(b, 200)})).ok);
+  };
+  {
+    LogStore s(o);
+    write_some(s, 0);
+    const std::size_t segments = segment_files(dir.path(), "t").size();
+    ASSERT_GT(segments, 8u);
+    const std::size_t held = open_fds() - before;
+    EXPECT_GE(held, segments);
+    EXPECT_LE(held, segments + 3 + 4) << "segments " << segments;  // + the active one's syncers, lock, dirs
+  }
+  LogStore s(o);
+  write_some(s, 40);
+  const std::size_t segments = segment_files(dir.path(), "t").size();
+  EXPECT_LE(open_fds() - before, segments + 3 + 4) << "segments " << segments;
+  EXPECT_TRUE(s.verify().empty());
+  EXPECT_EQ(s.committed_offset("t"), 80u);
+}
+
 // ---- retention ------------------------------------------------------------------------
 
 TEST(TopicLog, RetentionByBytes) {
