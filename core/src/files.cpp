@@ -49,20 +49,3 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
 }
 
 }  // namespace diaspora
-
-// ---- thread names (diaspora/thread_name.hpp) ----------------------------------------------------
-
-#include <pthread.h>
-
-#include "diaspora/thread_name.hpp"
-
-namespace diaspora {
-
-void name_this_thread(std::string_view name) noexcept {
-  char buf[16] = {};
-  const std::size_t n = name.size() < sizeof buf - 1 ? name.size() : sizeof buf - 1;
-  for (std::size_t i = 0; i < n; ++i) buf[i] = name[i];
-  pthread_setname_np(pthread_self(), buf);
-}
-
-}  // namespace diaspora

@@ -339,17 +339,18 @@ struct Segment {
   Segment& operator=(const Segment&) = delete;
   ~Segment() {
     if (fd >= 0) ::close(fd);
-    for (int f : sync_fds)
-      if (f >= 0) ::close(f);
+    close_sync_fds();
   }
-  /// Closes sync_fds when they can no longer be used (see pipeline_groups). Under pipe_mu_.
-  void maybe_close_sync_fds() noexcept {
-    if (!sealed || pipeline_groups != 0 || syncs_running != 0) return;
+  void close_sync_fds() noexcept {
     for (int& f : sync_fds)
       if (f >= 0) {
         ::close(f);
         f = -1;
       }
+  }
+  /// Closes sync_fds when they can no longer be used (see pipeline_groups). Under pipe_mu_.
+  void maybe_close_sync_fds() noexcept {
+    if (sealed && pipeline_groups == 0 && syncs_running == 0) close_sync_fds();
   }
   /// Opens sync_fds (fsync always); false with errno set when the file cannot be opened.
   bool open_sync_fds(int n) {
@@ -859,10 +860,7 @@ void LogStore::Impl::recover_topic(const std::string& name) {
     seg->base = files[i].first;
     seg->path = files[i].second;
     seg->fd = ::open(seg->path.c_str(), O_RDWR | O_CLOEXEC);
-    // Only the last segment takes writes: it alone needs the syncers' descriptors.
-    const bool last = i + 1 == files.size();
-    if (seg->fd < 0 || (opt_.fsync.mode == FsyncPolicy::Mode::always && last && !seg->open_sync_fds(kSyncers)))
-      throw Error("cannot open segment " + seg->path.string() + ": " + errno_text(errno));
+    if (seg->fd < 0) throw Error("cannot open segment " + seg->path.string() + ": " + errno_text(errno));
     struct stat st {};
     if (::fstat(seg->fd, &st) != 0) throw Error("cannot stat " + seg->path.string() + ": " + errno_text(errno));
     const auto size = static_cast<std::uint64_t>(st.st_size);
@@ -927,7 +925,8 @@ void LogStore::Impl::recover_topic(const std::string& name) {
   if (!t->segments.empty()) next = std::max(next, t->segments.back()->base);
   if (!t->segments.empty()) {
     t->active = t->segments.back();
-    if (opt_.fsync.mode == FsyncPolicy::Mode::always && t->active->sync_fds[0] < 0 && !t->active->open_sync_fds(kSyncers))
+    // Only the segment that takes writes needs the syncers' descriptors.
+    if (opt_.fsync.mode == FsyncPolicy::Mode::always && !t->active->open_sync_fds(kSyncers))
       throw Error("cannot open segment " + t->active->path.string() + ": " + errno_text(errno));
   }
   t->next_offset = t->committed_next = next;
@@ -1100,7 +1099,7 @@ bool LogStore::Impl::has_unclaimed() const {
 
 // fsync always: takes every written group not yet being synced, syncs each segment they
 // wrote (one fdatasync per file covers them all), then reveals whatever is ready in order.
-// With two of these a group written while another group's sync runs starts its own sync
+// With several of these a group written while another group's sync runs starts its own sync
 // at once instead of waiting for that one to finish (the disk serves both in parallel).
 //
 // A sync also vouches for the groups ahead of its own that are still waiting for theirs:
@@ -1490,11 +1489,7 @@ void LogStore::Impl::rollback(TopicWork& w, const std::string& why) {
       if (s.fd >= 0) {
         ::close(s.fd);
         s.fd = -1;
-        for (int& f : s.sync_fds)
-          if (f >= 0) {
-            ::close(f);
-            f = -1;
-          }
+        s.close_sync_fds();
         std::error_code ec;
         fs::remove(s.path, ec);
       }
