@@ -11,11 +11,15 @@
 
 #include <boost/json.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <exception>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <sstream>
 #include <thread>
@@ -24,6 +28,7 @@
 #include "diaspora/files.hpp"
 #include "diaspora/plugin.h"
 #include "diaspora/rehearsal.hpp"
+#include "diaspora/thread_name.hpp"
 #include "diaspora/trainer.hpp"
 #include "plot.hpp"
 #include "random.hpp"
@@ -277,6 +282,19 @@ struct Position {
   std::int64_t step = 0;  // global step count (also the sampler's step)
 };
 
+/// A checkpoint whose files are being written by a background thread (`dsp-checkpoint`):
+/// the step's state was captured at the step boundary (serialised model and optimizer,
+/// copies of the buffer and of the drawn representatives), so training goes on while the
+/// rank file is serialised, written and fsynced. It is complete once every rank's file is
+/// durable and rank 0 has written the manifest and LATEST (Job::poll_checkpoint).
+struct PendingCheckpoint {
+  std::string name;      // "ckpt-<step>"
+  std::string manifest;  // rank 0: the manifest's text
+  std::atomic<bool> done{false};
+  std::exception_ptr error;  // set by the writer before done
+  std::jthread writer;
+};
+
 class Job {
  public:
   Job(const TrainerConfig& cfg, const RankOptions& opt) : cfg_(cfg), opt_(opt) {}
@@ -297,7 +315,10 @@ class Job {
   int agree_stop(int local);
   // checkpoints
   fs::path checkpoint_root() const;
-  void save_checkpoint(const std::string& why);
+  void save_checkpoint(const std::string& why, bool background = false);
+  void finish_checkpoint();
+  void poll_checkpoint(int max_state);
+  int checkpoint_state() const;
   void load_checkpoint(const fs::path& from);
   // output
   void log_step(double loss, double step_s, double wait_s, std::int64_t reps);
@@ -326,6 +347,7 @@ class Job {
   double sum_step_s_ = 0, sum_wait_s_ = 0;
   std::int64_t steps_here_ = 0, samples_here_ = 0;
   std::string resumed_from_;
+  std::unique_ptr<PendingCheckpoint> pending_;  // a background checkpoint not yet complete
 };
 
 void Job::setup_groups() {
@@ -521,13 +543,21 @@ std::vector<double> Job::evaluate() {
   return out;
 }
 
+// Once a step, every rank: the largest stop request over the ranks, and (in the same
+// all-reduce) the state of a background checkpoint, which completes it once every rank's
+// file is durable.
 int Job::agree_stop(int local) {
-  if (world_ == 1) return local;
-  std::vector<torch::Tensor> v{torch::tensor({static_cast<std::int64_t>(local)}, torch::kLong)};
-  c10d::AllreduceOptions o;
-  o.reduceOp = c10d::ReduceOp::MAX;
-  train_group_->allreduce(v, o)->wait();
-  return static_cast<int>(v[0].item<std::int64_t>());
+  int st = checkpoint_state();
+  if (world_ > 1) {
+    std::vector<torch::Tensor> v{torch::tensor({static_cast<std::int64_t>(local), static_cast<std::int64_t>(st)}, torch::kLong)};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::MAX;
+    train_group_->allreduce(v, o)->wait();
+    local = static_cast<int>(v[0][0].item<std::int64_t>());
+    st = static_cast<int>(v[0][1].item<std::int64_t>());
+  }
+  poll_checkpoint(st);
+  return local;
 }
 
 void Job::barrier() {
@@ -585,53 +615,84 @@ std::vector<std::int64_t> to_vec(const torch::Tensor& t) {
   return {c.data_ptr<std::int64_t>(), c.data_ptr<std::int64_t>() + c.numel()};
 }
 
-void Job::save_checkpoint(const std::string& why) {
+// The serialised form of a module or optimizer, taken now (the live tensors change).
+torch::Tensor archive_bytes(const std::function<void(torch::serialize::OutputArchive&)>& save) {
+  torch::serialize::OutputArchive a;
+  save(a);
+  std::ostringstream os;
+  a.save_to(os);
+  const std::string b = os.str();
+  torch::Tensor t = torch::empty({static_cast<std::int64_t>(b.size())}, torch::kByte);
+  std::memcpy(t.data_ptr<std::uint8_t>(), b.data(), b.size());
+  return t;
+}
+
+// Reads what archive_bytes wrote under `key` (or, from checkpoints of earlier versions, a
+// nested archive of that name) into `into`.
+void read_archive(torch::serialize::InputArchive& a, const std::string& key, torch::serialize::InputArchive& into) {
+  torch::Tensor b;
+  if (a.try_read(key + ".bytes", b)) {
+    b = b.contiguous();
+    into.load_from(reinterpret_cast<const char*>(b.data_ptr<std::uint8_t>()), static_cast<std::size_t>(b.numel()));
+  } else {
+    a.read(key, into);
+  }
+}
+
+// Rank 0, once every rank's file of checkpoint `name` is durable: the manifest, then
+// LATEST, then the older checkpoints go. Each file is written atomically, in this order,
+// so a crash at any moment leaves LATEST naming a complete checkpoint.
+void publish_checkpoint(const fs::path& root, const std::string& name, const std::string& manifest) {
+  write_file_atomic(root / name / "manifest.json", manifest);
+  write_file_atomic(root / "LATEST", name + "\n");
+  for (const auto& e : fs::directory_iterator(root))  // older checkpoints are superseded
+    if (e.is_directory() && e.path().filename().string().rfind("ckpt-", 0) == 0 && e.path().filename() != name)
+      fs::remove_all(e.path());
+}
+
+void Job::save_checkpoint(const std::string& why, bool background) {
+  finish_checkpoint();  // one checkpoint at a time, completed in order
   const fs::path root = checkpoint_root();
   const std::string name = "ckpt-" + std::to_string(pos_.step);
   const fs::path dir = root / name;
   if (rank_ == 0) fs::create_directories(dir);
   barrier();
-  torch::serialize::OutputArchive a;
-  a.write("step", c10::IValue(pos_.step));
+  // Everything the archive holds is a copy taken now: training may go on while it is written.
+  auto a = std::make_unique<torch::serialize::OutputArchive>();
+  a->write("step", c10::IValue(pos_.step));
   if (rank_ == 0) {
-    torch::serialize::OutputArchive m, o;
-    model_->save(m);
-    optim_->save(o);
-    a.write("model", m);
-    a.write("optimizer", o);
+    a->write("model.bytes", archive_bytes([&](auto& m) { model_->save(m); }));
+    a->write("optimizer.bytes", archive_bytes([&](auto& o) { optim_->save(o); }));
   }
   if (buffer_) {
     if (inserter_) inserter_->flush();
     BufferSnapshot s = buffer_->snapshot();
-    a.write("buffer.capacity", c10::IValue(s.capacity));
-    a.write("buffer.seen", c10::IValue(static_cast<std::int64_t>(s.seen)));
-    a.write("buffer.rows", s.rows.defined() ? s.rows : torch::empty({0}, torch::kByte));
-    a.write("buffer.class_labels", to_tensor(s.class_labels));
-    a.write("buffer.class_seen", to_tensor(s.class_seen));
+    a->write("buffer.capacity", c10::IValue(s.capacity));
+    a->write("buffer.seen", c10::IValue(static_cast<std::int64_t>(s.seen)));
+    a->write("buffer.rows", s.rows.defined() ? s.rows : torch::empty({0}, torch::kByte));
+    a->write("buffer.class_labels", to_tensor(s.class_labels));
+    a->write("buffer.class_seen", to_tensor(s.class_seen));
     std::vector<std::int64_t> counts, slots;
     for (const auto& c : s.class_slots) {
       counts.push_back(static_cast<std::int64_t>(c.size()));
       slots.insert(slots.end(), c.begin(), c.end());
     }
-    a.write("buffer.class_counts", to_tensor(counts));
-    a.write("buffer.class_slots", to_tensor(slots));
-    a.write("buffer.rng", to_tensor(s.rng_state));
-    auto pre = sampler_->prefetched();
-    a.write("reps.present", c10::IValue(pre.has_value()));
+    a->write("buffer.class_counts", to_tensor(counts));
+    a->write("buffer.class_slots", to_tensor(slots));
+    a->write("buffer.rng", to_tensor(s.rng_state));
+    auto pre = sampler_->prefetched();  // its tensors are never modified, only read
+    a->write("reps.present", c10::IValue(pre.has_value()));
     if (pre) {
-      a.write("reps.step", c10::IValue(static_cast<std::int64_t>(pre->step)));
+      a->write("reps.step", c10::IValue(static_cast<std::int64_t>(pre->step)));
       for (std::size_t k = 0; k < pre->batch.tensors.size(); ++k)
-        a.write("reps.tensor" + std::to_string(k), pre->batch.tensors[k]);
-      a.write("reps.outputs", pre->batch.outputs.defined() ? pre->batch.outputs : torch::empty({0}));
-      a.write("reps.global_indices", to_tensor(pre->global_indices));
-      a.write("reps.rank_sizes", to_tensor(pre->rank_sizes));
+        a->write("reps.tensor" + std::to_string(k), pre->batch.tensors[k]);
+      a->write("reps.outputs", pre->batch.outputs.defined() ? pre->batch.outputs : torch::empty({0}));
+      a->write("reps.global_indices", to_tensor(pre->global_indices));
+      a->write("reps.rank_sizes", to_tensor(pre->rank_sizes));
     }
   }
-  a.write("torch_rng", at::detail::getDefaultCPUGenerator().get_state());
-  std::ostringstream bytes;
-  a.save_to(bytes);
-  write_file_atomic(dir / ("rank-" + std::to_string(rank_) + ".pt"), bytes.str());
-  barrier();  // every rank's file is durable
+  a->write("torch_rng", at::detail::getDefaultCPUGenerator().get_state());
+  std::string manifest;
   if (rank_ == 0) {
     json::object m;
     m["version"] = 1;
@@ -649,13 +710,82 @@ void Job::save_checkpoint(const std::string& why) {
     json::array mat;
     for (const auto& row : matrix_) mat.push_back(json::value_from(row));
     m["matrix"] = mat;
-    write_file_atomic(dir / "manifest.json", json::serialize(m) + "\n");
-    write_file_atomic(root / "LATEST", name + "\n");
-    for (const auto& e : fs::directory_iterator(root))  // older checkpoints are superseded
-      if (e.is_directory() && e.path().filename().string().rfind("ckpt-", 0) == 0 && e.path().filename() != name)
-        fs::remove_all(e.path());
+    manifest = json::serialize(m) + "\n";
   }
-  barrier();
+  auto write_rank_file = [a = std::move(a), file = dir / ("rank-" + std::to_string(rank_) + ".pt")] {
+    std::ostringstream bytes;
+    a->save_to(bytes);
+    write_file_atomic(file, bytes.str());
+  };
+  if (!background) {
+    write_rank_file();
+    barrier();  // every rank's file is durable
+    if (rank_ == 0) publish_checkpoint(root, name, manifest);
+    barrier();
+    return;
+  }
+  pending_ = std::make_unique<PendingCheckpoint>();
+  PendingCheckpoint* p = pending_.get();
+  p->name = name;
+  p->manifest = std::move(manifest);
+  const bool alone = world_ == 1;  // no other rank to wait for: the writer publishes it
+  const auto delay = std::chrono::milliseconds(opt_.checkpoint_delay_ms);
+  p->writer = std::jthread([p, root, alone, delay, write = std::move(write_rank_file)]() mutable {
+    name_this_thread("dsp-checkpoint");
+    std::this_thread::sleep_for(delay);
+    try {
+      write();
+      if (alone) publish_checkpoint(root, p->name, p->manifest);
+    } catch (...) {
+      p->error = std::current_exception();
+    }
+    p->done.store(true, std::memory_order_release);
+  });
+}
+
+// 0: no background checkpoint, or this rank's part of it is done; 1: still writing;
+// 2: writing failed.
+int Job::checkpoint_state() const {
+  if (!pending_) return 0;
+  if (!pending_->done.load(std::memory_order_acquire)) return 1;
+  return pending_->error ? 2 : 0;
+}
+
+// Called by every rank with the largest checkpoint_state() over the ranks: completes the
+// background checkpoint once every rank's file is durable, or fails the job on every rank
+// if one could not write its file.
+void Job::poll_checkpoint(int max_state) {
+  if (!pending_ || max_state == 1) return;
+  if (pending_->writer.joinable()) pending_->writer.join();
+  std::unique_ptr<PendingCheckpoint> p = std::move(pending_);
+  if (max_state == 2) {
+    std::string why = "another rank could not write its file";
+    if (p->error) {
+      try {
+        std::rethrow_exception(p->error);
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    }
+    throw RehearsalError("checkpoint " + (checkpoint_root() / p->name).string() + " was not written: " + why);
+  }
+  if (world_ > 1 && rank_ == 0) publish_checkpoint(checkpoint_root(), p->name, p->manifest);
+}
+
+// Waits for the background checkpoint, if any, and completes it (every rank calls it at
+// the same point: before the next checkpoint and at the end of the job).
+void Job::finish_checkpoint() {
+  if (!pending_) return;
+  pending_->writer.join();
+  int st = checkpoint_state();
+  if (world_ > 1) {
+    std::vector<torch::Tensor> v{torch::tensor({static_cast<std::int64_t>(st)}, torch::kLong)};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::MAX;
+    train_group_->allreduce(v, o)->wait();
+    st = static_cast<int>(v[0].item<std::int64_t>());
+  }
+  poll_checkpoint(st);
 }
 
 void Job::load_checkpoint(const fs::path& from) {
@@ -720,8 +850,8 @@ void Job::load_checkpoint(const fs::path& from) {
   {
     auto a = open(0);
     torch::serialize::InputArchive mm, oo;
-    a.read("model", mm);
-    a.read("optimizer", oo);
+    read_archive(a, "model", mm);
+    read_archive(a, "optimizer", oo);
     model_->load(mm);
     optim_->load(oo);
   }
@@ -910,7 +1040,7 @@ int Job::run() {
                         << "; continue with --resume " << opt_.out.string() << "\n";
             return stop;
           }
-          if (cfg_.checkpoint_every > 0 && pos_.step % cfg_.checkpoint_every == 0) save_checkpoint("period");
+          if (cfg_.checkpoint_every > 0 && pos_.step % cfg_.checkpoint_every == 0) save_checkpoint("period", true);
         }
       }
       if (inserter_) inserter_->flush();
@@ -936,9 +1066,10 @@ int Job::run() {
       Position next = pos_;
       ++pos_.task;  // the checkpoint of a task's end resumes at the next task
       pos_.epoch = 0;
-      save_checkpoint("task end");
+      save_checkpoint("task end", true);
       pos_ = next;
     }
+    finish_checkpoint();  // the last task's checkpoint is durable before the job reports done
     if (rank_ == 0) write_summary();
     if (plugin_) plugin_->finished(true, "");
   } catch (const std::exception& e) {

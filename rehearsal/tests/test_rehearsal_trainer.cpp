@@ -219,7 +219,8 @@ struct TrainRun {
   std::string log;
 };
 
-// Runs diaspora-train with `args`; `on_start` (if set) gets the child's pid.
+// Runs diaspora-train with `args`; `on_start` (if set) gets the child's pid, which is also
+// the id of the job's process group (the ranks it spawns are in it).
 TrainRun train(const std::vector<std::string>& args, const fs::path& log, std::function<void(pid_t)> on_start = nullptr) {
   std::vector<std::string> a{DIASPORA_TRAIN_BIN};
   a.insert(a.end(), args.begin(), args.end());
@@ -228,6 +229,7 @@ TrainRun train(const std::vector<std::string>& args, const fs::path& log, std::f
   argv.push_back(nullptr);
   pid_t pid = ::fork();
   if (pid == 0) {
+    ::setpgid(0, 0);  // its own process group: a test can kill the job with its spawned ranks
     FILE* f = std::freopen(log.c_str(), "w", stderr);
     (void)f;
     ::execv(argv[0], argv.data());
@@ -335,6 +337,73 @@ TEST(Trainer, TwoRanksResumeExactlyOnTwo) {
   ASSERT_EQ(lc.size(), 33u);
   for (const auto& [step, loss] : lc) EXPECT_EQ(loss, la[step]) << "step " << step;
   EXPECT_EQ(json::serialize(summary(full).at("accuracy_matrix")), json::serialize(summary(rest).at("accuracy_matrix")));
+}
+
+std::string read_file(const fs::path& f) {
+  std::ifstream in(f);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Task-end and periodic checkpoints are written by a background thread while training goes
+// on; --checkpoint-delay-ms holds each write back so that later steps surely run meanwhile.
+// The job is SIGKILLed (both ranks) as soon as one is published: LATEST names a complete
+// periodic checkpoint, and resuming from it reproduces the uninterrupted run from that step
+// on, so what was written is the state of that step boundary, not of a later one.
+TEST(Trainer, KilledJobResumesExactlyFromABackgroundCheckpoint) {
+  Watchdog dog(300s, "background checkpoint");
+  TempDir tmp;
+  auto cfg = write_config(tmp.path(), std::string(kSmall) + "checkpoint: {every_steps: 3}\n");
+  const fs::path full = tmp.path() / "full", part = tmp.path() / "part", rest = tmp.path() / "rest";
+  const std::vector<std::string> more{"--world-size", "2", "--set", "dataset.train_per_task=4800"};
+  auto args = [&](std::vector<std::string> a) {
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  TrainRun a = train(args({"--config", cfg.string(), "--out", full.string()}), tmp.path() / "a.log");
+  ASSERT_EQ(a.status, 0) << a.log;
+  TrainRun b = train(args({"--config", cfg.string(), "--out", part.string(), "--checkpoint-delay-ms", "150"}),
+                     tmp.path() / "b.log", [&](pid_t pid) {
+    for (int i = 0; i < 24000 && !fs::exists(part / "checkpoint" / "LATEST"); ++i) std::this_thread::sleep_for(5ms);
+    ::kill(-pid, SIGKILL);
+  });
+  ASSERT_EQ(b.status, 128 + SIGKILL) << "the job ended before it could be killed: " << b.log;
+  std::string name = read_file(part / "checkpoint" / "LATEST");
+  while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+  auto manifest = json::parse(read_file(part / "checkpoint" / name / "manifest.json")).as_object();
+  EXPECT_EQ(manifest.at("reason").as_string(), "period");
+  const std::int64_t at = manifest.at("step").as_int64();
+  EXPECT_EQ(at % 3, 0);
+  EXPECT_TRUE(fs::exists(part / "checkpoint" / name / "rank-1.pt"));
+  TrainRun c = train(args({"--config", cfg.string(), "--out", rest.string(), "--resume", part.string()}), tmp.path() / "c.log");
+  ASSERT_EQ(c.status, 0) << c.log;
+  auto la = losses(full), lc = losses(rest);
+  ASSERT_EQ(la.size(), 150u);  // 4800 / (2 x 32) = 75 steps a task
+  ASSERT_EQ(lc.size(), la.size() - static_cast<std::size_t>(at));
+  for (const auto& [step, loss] : lc) EXPECT_EQ(loss, la[step]) << "step " << step;
+  EXPECT_EQ(json::serialize(summary(full).at("accuracy_matrix")), json::serialize(summary(rest).at("accuracy_matrix")));
+  // The finished job's last checkpoint (its final task end) was completed before it exited.
+  EXPECT_EQ(read_file(full / "checkpoint" / "LATEST"), "ckpt-150\n");
+  EXPECT_TRUE(fs::exists(full / "checkpoint" / "ckpt-150" / "manifest.json"));
+}
+
+// A background checkpoint that cannot be written fails the job on every rank, with the
+// file named, and LATEST never names it.
+TEST(Trainer, BackgroundCheckpointFailureStopsEveryRank) {
+  Watchdog dog(300s, "background checkpoint failure");
+  TempDir tmp;
+  auto cfg = write_config(tmp.path(), std::string(kSmall) + "checkpoint: {every_steps: 4}\n");
+  const fs::path out = tmp.path() / "out";
+  fs::create_directories(out / "checkpoint" / "ckpt-4" / "rank-0.pt.tmp");  // a directory: the write fails
+  TrainRun r = train({"--config", cfg.string(), "--out", out.string(), "--world-size", "2"}, tmp.path() / "a.log");
+  EXPECT_EQ(r.status, dr::kTrainError) << r.log;
+  EXPECT_NE(r.log.find("rank 0: checkpoint " + (out / "checkpoint" / "ckpt-4").string() + " was not written: "),
+            std::string::npos) << r.log;
+  EXPECT_NE(r.log.find("rank-0.pt.tmp: cannot create"), std::string::npos) << r.log;
+  EXPECT_NE(r.log.find("rank 1: checkpoint"), std::string::npos) << r.log;
+  EXPECT_FALSE(fs::exists(out / "checkpoint" / "LATEST"));
+  EXPECT_FALSE(fs::exists(out / "summary.json"));
 }
 
 TEST(Trainer, TwoSpawnedRanksAndResumeOnOne) {

@@ -122,6 +122,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets;
   int world = 1, rank = -1;
   std::int64_t stop_after = 0;
+  int checkpoint_delay_ms = 0;
   app.add_option("--config", config, "trainer config (YAML; schemas/rehearsal.schema.json)")->required();
   app.add_option("--out", out, "output directory: metrics.jsonl, summary.json, curves.png, checkpoint/")->required();
   app.add_option("--set", sets, "override a config key, e.g. --set strategy=er --set train.epochs=2");
@@ -131,6 +132,9 @@ int main(int argc, char** argv) {
   app.add_option("--resume", resume, "continue from the checkpoint in this directory (a previous --out, or its checkpoint/)");
   app.add_option("--stop-after", stop_after, "checkpoint and exit 3 after this many steps (drills and tests)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 60));
+  app.add_option("--checkpoint-delay-ms", checkpoint_delay_ms,
+                 "delay each background checkpoint write by this much (drills and tests)")
+      ->check(CLI::Range(0, 600000));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -172,6 +176,7 @@ int main(int argc, char** argv) {
   o.master = master.empty() ? "127.0.0.1:0" : master;
   if (!resume.empty()) o.resume = resume;
   o.stop_after = stop_after;
+  o.checkpoint_delay_ms = checkpoint_delay_ms;
   o.progress_bar = o.rank == 0 && ::isatty(2);
   o.stop_flag = &g_stop;
   return dr::run_trainer(cfg, o);

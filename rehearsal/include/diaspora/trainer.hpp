@@ -100,6 +100,9 @@ struct RankOptions {
   std::string master = "127.0.0.1:0";  ///< HOST:PORT of rank 0's rendezvous store (world > 1)
   std::optional<std::filesystem::path> resume;  ///< a previous OUT or checkpoint dir
   std::int64_t stop_after = 0;    ///< > 0: checkpoint and stop after this many steps of this run
+  /// > 0: each background checkpoint's writer waits this long before it serialises the
+  /// state it was given (drills and tests: training goes on meanwhile).
+  int checkpoint_delay_ms = 0;
   bool progress_bar = false;      ///< draw a progress bar on stderr (rank 0)
   /// Set from a signal handler (SIGTERM/SIGINT): checkpoint at the next step and stop.
   const std::atomic<int>* stop_flag = nullptr;
