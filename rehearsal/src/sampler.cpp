@@ -1,7 +1,8 @@
 // GlobalSampler: R representatives per rank per step, uniform over the union of all
-// ranks' buffers, moved with c10d collectives (allgather of sizes, one alltoall_base of
-// packed rows), prefetched one step ahead on a background thread (one for the sampler's
-// life; a thread started per step made 2-rank DER++ steps 2-3 % slower).
+// ranks' buffers, moved with one c10d alltoall_base a step (packed rows, headed by the
+// sender's buffer size for the next step's draw; an allgather of sizes only when there is
+// no previous exchange), prefetched one step ahead on a background thread (one for the
+// sampler's life; a thread started per step made 2-rank DER++ steps 2-3 % slower).
 #include <ATen/ops/empty.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -67,6 +68,10 @@ struct GlobalSampler::Impl {
   std::exception_ptr ready_error;     // pending's failure, taken out by prefetched()
   bool broken = false;
   std::string broken_reason;
+  // (size, fingerprint, row bytes) per rank from the last step's exchange: the next draw's
+  // sizes. Empty: the next step gathers them first. Used by one step at a time (the
+  // worker's or take()'s), handed over through the future.
+  std::vector<std::int64_t> known;
 
   // The prefetch thread: runs one draw at a time, handed over as a packaged task. Last
   // member, so it stops before the members its draws use are destroyed.
@@ -126,56 +131,68 @@ struct GlobalSampler::Impl {
     }
   }
 
+  static constexpr std::int64_t kInfo = 3;  // size, fingerprint, row bytes
+  static constexpr std::int64_t kHeader = kInfo * static_cast<std::int64_t>(sizeof(std::int64_t));
+
+  // This rank's (size, fingerprint, row bytes) now.
+  void local_info(std::int64_t* p) const {
+    const auto layout = buffer.layout();
+    const std::uint64_t fp = layout ? layout->fingerprint() : 0;
+    p[0] = buffer.size();
+    std::memcpy(&p[1], &fp, sizeof fp);
+    p[2] = layout ? static_cast<std::int64_t>(layout->row_bytes()) : 0;
+  }
+
+  std::vector<std::int64_t> gather_info(std::uint64_t step) {
+    at::Tensor info = at::empty({kInfo}, at::TensorOptions().dtype(at::kLong));
+    local_info(info.data_ptr<std::int64_t>());
+    std::vector<at::Tensor> inputs{info.to(device)};
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < world; ++r) outputs[0].push_back(at::empty({kInfo}, at::TensorOptions().dtype(at::kLong).device(device)));
+    collective("allgather of buffer sizes", step, [&] { return group->allgather(outputs, inputs)->wait(); });
+    std::vector<std::int64_t> all;
+    for (int r = 0; r < world; ++r) {
+      at::Tensor t = outputs[0][static_cast<std::size_t>(r)].to(at::kCPU).contiguous();
+      all.insert(all.end(), t.data_ptr<std::int64_t>(), t.data_ptr<std::int64_t>() + kInfo);
+    }
+    return all;
+  }
+
   SampledBatch run_step(std::uint64_t step) {
+    // A step that throws leaves no exchange behind: the next one gathers afresh.
+    std::vector<std::int64_t> info = known.empty() ? gather_info(step) : std::move(known);
+    known.clear();
     SampledBatch out;
     out.step = step;
     const auto layout = buffer.layout();
-    const std::int64_t local_size = buffer.size();  // the snapshot this rank serves from
-
-    // 1. allgather (size, layout fingerprint, row bytes).
-    at::Tensor info = at::empty({3}, at::TensorOptions().dtype(at::kLong));
-    {
-      auto* p = info.data_ptr<std::int64_t>();
-      const std::uint64_t fp = layout ? layout->fingerprint() : 0;  // of the same snapshot
-      p[0] = local_size;
-      std::memcpy(&p[1], &fp, sizeof fp);
-      p[2] = layout ? static_cast<std::int64_t>(layout->row_bytes()) : 0;
-    }
-    std::vector<at::Tensor> inputs{info.to(device)};
-    std::vector<std::vector<at::Tensor>> outputs(1);
-    for (int r = 0; r < world; ++r) outputs[0].push_back(at::empty({3}, at::TensorOptions().dtype(at::kLong).device(device)));
-    collective("allgather of buffer sizes", step, [&] { return group->allgather(outputs, inputs)->wait(); });
 
     std::vector<std::int64_t> sizes(static_cast<std::size_t>(world));
     std::vector<std::uint64_t> fps(static_cast<std::size_t>(world));
     for (int r = 0; r < world; ++r) {
-      at::Tensor t = outputs[0][static_cast<std::size_t>(r)].to(at::kCPU);
-      const auto* p = t.data_ptr<std::int64_t>();
-      sizes[static_cast<std::size_t>(r)] = p[0];
-      std::memcpy(&fps[static_cast<std::size_t>(r)], &p[1], sizeof(std::uint64_t));
+      sizes[static_cast<std::size_t>(r)] = info[static_cast<std::size_t>(r * kInfo)];
+      std::memcpy(&fps[static_cast<std::size_t>(r)], &info[static_cast<std::size_t>(r * kInfo + 1)], sizeof(std::uint64_t));
     }
     out.rank_sizes = sizes;
 
-    // Every rank takes the same decisions from the same gathered numbers.
+    // Every rank takes the same decisions from the same numbers.
     std::int64_t total = 0;
     for (auto n : sizes) total += n;
     const bool all_have_layout = std::all_of(fps.begin(), fps.end(), [](std::uint64_t f) { return f != 0; });
-    if (total == 0 || !all_have_layout) {
-      // Nothing to draw, or a rank cannot decode rows yet (its buffer has seen no batch
-      // and was built without a layout): this step has no representatives, on all ranks.
-      if (layout) out.batch = RehearsalBuffer::unpack(*layout, at::empty({0, static_cast<std::int64_t>(layout->row_bytes())},
-                                                                         at::TensorOptions().dtype(at::kByte)));
-      return out;
+    const bool draw_now = total > 0 && all_have_layout;
+    if (draw_now) {
+      for (int r = 1; r < world; ++r)
+        if (fps[static_cast<std::size_t>(r)] != fps[0])
+          throw RehearsalError("rehearsal sampler, step " + std::to_string(step) + ": rank " + std::to_string(r) +
+                               "'s buffer layout differs from rank 0's (fingerprints " +
+                               std::to_string(fps[static_cast<std::size_t>(r)]) + " and " + std::to_string(fps[0]) +
+                               "); this rank's is " + layout->to_string());
     }
-    for (int r = 1; r < world; ++r)
-      if (fps[static_cast<std::size_t>(r)] != fps[0])
-        throw RehearsalError("rehearsal sampler, step " + std::to_string(step) + ": rank " + std::to_string(r) +
-                             "'s buffer layout differs from rank 0's (fingerprints " +
-                             std::to_string(fps[static_cast<std::size_t>(r)]) + " and " + std::to_string(fps[0]) +
-                             "); this rank's is " + layout->to_string());
+    // (A layout, once fixed, never changes: equal fingerprints then mean equal layouts now.)
+    const std::int64_t row = draw_now ? info[2] : 0;
 
-    // 2. the draw, identical on all ranks.
-    const auto chunks = draw(cfg.seed, step, sizes, cfg.representatives);
+    // 2. the draw, identical on all ranks (none when nothing can be drawn: headers only).
+    const auto chunks = draw_now ? draw(cfg.seed, step, sizes, cfg.representatives)
+                                 : std::vector<std::vector<std::int64_t>>(static_cast<std::size_t>(world));
     std::vector<std::int64_t> offsets(static_cast<std::size_t>(world) + 1, 0);
     for (int r = 0; r < world; ++r) offsets[static_cast<std::size_t>(r) + 1] = offsets[static_cast<std::size_t>(r)] + sizes[static_cast<std::size_t>(r)];
     auto owner = [&](std::int64_t g) {
@@ -183,7 +200,8 @@ struct GlobalSampler::Impl {
     };
 
     // 3. what this rank sends to each rank (its own samples in their chunks, chunk order)
-    //    and what it receives from each (grouped by source rank, in chunk order).
+    //    and what it receives from each (grouped by source rank, in chunk order), each
+    //    chunk headed by the sender's (size, fingerprint, row bytes) now.
     std::vector<std::int64_t> send_slots;
     std::vector<std::int64_t> send_counts(static_cast<std::size_t>(world), 0);
     std::vector<std::int64_t> recv_counts(static_cast<std::size_t>(world), 0);
@@ -196,31 +214,65 @@ struct GlobalSampler::Impl {
     const auto& mine = chunks[static_cast<std::size_t>(rank)];
     for (auto g : mine) ++recv_counts[static_cast<std::size_t>(owner(g))];
 
-    const auto row = static_cast<std::int64_t>(layout->row_bytes());
-    at::Tensor send = buffer.pack(send_slots);
+    std::int64_t header[kInfo];
+    local_info(header);  // before packing: these slots will still hold samples when read
+    at::Tensor rows = draw_now ? buffer.pack(send_slots) : at::empty({0}, at::TensorOptions().dtype(at::kByte));
+    std::vector<std::int64_t> send_splits(static_cast<std::size_t>(world)), recv_splits(static_cast<std::size_t>(world));
+    std::int64_t send_bytes = 0, recv_bytes = 0;
+    for (int k = 0; k < world; ++k) {
+      send_splits[static_cast<std::size_t>(k)] = kHeader + send_counts[static_cast<std::size_t>(k)] * row;
+      recv_splits[static_cast<std::size_t>(k)] = kHeader + recv_counts[static_cast<std::size_t>(k)] * row;
+      send_bytes += send_splits[static_cast<std::size_t>(k)];
+      recv_bytes += recv_splits[static_cast<std::size_t>(k)];
+    }
+    at::Tensor send = at::empty({send_bytes}, at::TensorOptions().dtype(at::kByte));
+    {
+      auto* dst = send.data_ptr<std::uint8_t>();
+      const auto* src = rows.numel() > 0 ? rows.contiguous().data_ptr<std::uint8_t>() : nullptr;
+      for (int k = 0; k < world; ++k) {  // rows are packed destination by destination
+        std::memcpy(dst, header, kHeader);
+        dst += kHeader;
+        const auto n = static_cast<std::size_t>(send_counts[static_cast<std::size_t>(k)] * row);
+        if (n > 0) std::memcpy(dst, src, n);
+        dst += n;
+        src += n;
+      }
+    }
     if (!device.is_cpu()) send = send.to(device);
-    at::Tensor recv = at::empty({static_cast<std::int64_t>(mine.size()), row},
-                                at::TensorOptions().dtype(at::kByte).device(device));
+    at::Tensor recv = at::empty({recv_bytes}, at::TensorOptions().dtype(at::kByte).device(device));
     // ProcessGroupGloo moves the split vectors into its work object: pass copies.
-    std::vector<std::int64_t> recv_splits = recv_counts, send_splits = send_counts;
-    collective("alltoall of representatives", step,
-               [&] { return group->alltoall_base(recv, send, recv_splits, send_splits)->wait(); });
+    std::vector<std::int64_t> rs = recv_splits, ss = send_splits;
+    collective("alltoall of representatives", step, [&] { return group->alltoall_base(recv, send, rs, ss)->wait(); });
     recv = recv.to(at::kCPU).contiguous();
 
-    // Back to draw order.
-    std::vector<std::int64_t> cursor(static_cast<std::size_t>(world), 0);
-    for (int r = 1; r < world; ++r)
-      cursor[static_cast<std::size_t>(r)] = cursor[static_cast<std::size_t>(r) - 1] + recv_counts[static_cast<std::size_t>(r) - 1];
-    at::Tensor ordered = at::empty({static_cast<std::int64_t>(mine.size()), row}, at::TensorOptions().dtype(at::kByte));
-    const auto* src = recv.data_ptr<std::uint8_t>();
-    auto* dst = ordered.data_ptr<std::uint8_t>();
-    for (std::size_t p = 0; p < mine.size(); ++p) {
-      const std::int64_t from = cursor[static_cast<std::size_t>(owner(mine[p]))]++;
-      std::memcpy(dst + p * static_cast<std::size_t>(row), src + static_cast<std::size_t>(from * row),
-                  static_cast<std::size_t>(row));
+    // Headers for the next step; rows back to draw order.
+    const auto* base = recv.data_ptr<std::uint8_t>();
+    std::vector<std::size_t> from(static_cast<std::size_t>(world));  // byte offset of each source's rows
+    std::vector<std::int64_t> next(static_cast<std::size_t>(world * kInfo));
+    std::size_t off = 0;
+    for (int r = 0; r < world; ++r) {
+      std::memcpy(&next[static_cast<std::size_t>(r * kInfo)], base + off, kHeader);
+      from[static_cast<std::size_t>(r)] = off + kHeader;
+      off += static_cast<std::size_t>(recv_splits[static_cast<std::size_t>(r)]);
     }
-    out.batch = RehearsalBuffer::unpack(*layout, ordered);
-    out.global_indices = mine;
+    out.next_info = next;
+    if (draw_now) {
+      at::Tensor ordered = at::empty({static_cast<std::int64_t>(mine.size()), row}, at::TensorOptions().dtype(at::kByte));
+      auto* dst = ordered.data_ptr<std::uint8_t>();
+      for (std::size_t p = 0; p < mine.size(); ++p) {
+        std::size_t& f = from[static_cast<std::size_t>(owner(mine[p]))];
+        std::memcpy(dst + p * static_cast<std::size_t>(row), base + f, static_cast<std::size_t>(row));
+        f += static_cast<std::size_t>(row);
+      }
+      out.batch = RehearsalBuffer::unpack(*layout, ordered);
+      out.global_indices = mine;
+    } else if (layout) {
+      // Nothing to draw, or a rank cannot decode rows yet (its buffer has seen no batch
+      // and was built without a layout): this step has no representatives, on all ranks.
+      out.batch = RehearsalBuffer::unpack(*layout, at::empty({0, static_cast<std::int64_t>(layout->row_bytes())},
+                                                             at::TensorOptions().dtype(at::kByte)));
+    }
+    known = std::move(next);
     return out;
   }
 };
@@ -317,6 +369,11 @@ void GlobalSampler::seek(std::uint64_t step, std::optional<SampledBatch> batch) 
   if (self_->pending.valid())
     throw RehearsalError("GlobalSampler::seek: a prefetch is in flight; seek before the first next()");
   self_->next_step = step;
+  // The step after the given batch draws from the sizes exchanged with it, as it would
+  // have in the run that drew it; without them it gathers sizes afresh.
+  self_->known = batch && batch->next_info.size() == static_cast<std::size_t>(self_->world * Impl::kInfo)
+                     ? batch->next_info
+                     : std::vector<std::int64_t>{};
   self_->ready = std::move(batch);
   self_->ready_error = nullptr;
 }

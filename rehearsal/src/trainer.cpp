@@ -462,7 +462,7 @@ double Job::train_step(const torch::Tensor& idx, int task) {
   // full stop per step: the draw for step i+1 starts mid-step i, right after step i-1's
   // insertion is flushed (it ran during this forward pass), and step i's insertion is
   // submitted once that draw has read the buffers (it ran during this backward pass). So
-  // draw i+1 always sees the buffers as of step i-1, as with a flush after each insertion.
+  // draw i+1 always sees the buffers as of step i-1 (with the sizes draw i exchanged).
   const bool det = sampler_ && cfg_.train.deterministic;
   if (sampler_) {
     const auto w0 = Clock::now();
@@ -689,6 +689,7 @@ void Job::save_checkpoint(const std::string& why, bool background) {
       a->write("reps.outputs", pre->batch.outputs.defined() ? pre->batch.outputs : torch::empty({0}));
       a->write("reps.global_indices", to_tensor(pre->global_indices));
       a->write("reps.rank_sizes", to_tensor(pre->rank_sizes));
+      a->write("reps.next_info", to_tensor(pre->next_info));
     }
   }
   a->write("torch_rng", at::detail::getDefaultCPUGenerator().get_state());
@@ -913,6 +914,8 @@ void Job::load_checkpoint(const fs::path& from) {
       mine.read("reps.rank_sizes", rs);
       b.global_indices = to_vec(gi);
       b.rank_sizes = to_vec(rs);
+      torch::Tensor ni;  // absent from checkpoints of earlier versions: sizes are gathered afresh
+      if (mine.try_read("reps.next_info", ni)) b.next_info = to_vec(ni);
       reps = std::move(b);
     }
   } else {

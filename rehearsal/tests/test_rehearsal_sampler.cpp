@@ -242,18 +242,36 @@ TEST(GlobalSampler, EmptyRankReceivesFromTheOther) {
 }
 
 // No data anywhere, or a rank that cannot decode rows yet: empty batches on all ranks,
-// then representatives once every rank has a layout.
+// then representatives once every rank has a layout. A step draws from the sizes the
+// previous step exchanged, so what is inserted becomes drawable one step later; a seek()
+// without a batch gathers sizes afresh.
 TEST(GlobalSampler, EmptyBatchesUntilEveryRankHasALayout) {
   Watchdog dog(60s, "EmptyBatchesUntilEveryRankHasALayout");
   run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
     RehearsalBuffer buf(exactly(300, 5));  // no layout until the first insert
     GlobalSampler sampler(buf, group, sampling(4, 1, false));
-    EXPECT_EQ(sampler.next().batch.size(), 0);  // nothing anywhere
-    if (rank == 0) buf.insert(items(0, 300));
-    EXPECT_EQ(sampler.next().batch.size(), 0);  // rank 1 has no layout yet
-    if (rank == 1) buf.insert(items(1000, 100));
     SampledBatch s = sampler.next();
-    EXPECT_EQ(s.step, 2u);
+    EXPECT_EQ(s.batch.size(), 0);  // nothing anywhere
+    EXPECT_EQ(s.next_info.size(), 6u);
+    if (rank == 0) buf.insert(items(0, 300));
+    s = sampler.next();
+    EXPECT_EQ(s.batch.size(), 0);  // drawn from step 0's sizes: nothing anywhere
+    EXPECT_EQ(s.rank_sizes, (std::vector<std::int64_t>{0, 0}));
+    s = sampler.next();
+    EXPECT_EQ(s.batch.size(), 0);  // rank 1 has no layout yet
+    EXPECT_EQ(s.rank_sizes, (std::vector<std::int64_t>{300, 0}));
+    if (rank == 1) buf.insert(items(1000, 100));
+    EXPECT_EQ(sampler.next().batch.size(), 0);  // step 3 draws from step 2's exchange
+    s = sampler.next();
+    EXPECT_EQ(s.step, 4u);
+    EXPECT_EQ(s.rank_sizes, (std::vector<std::int64_t>{300, 100}));
+    EXPECT_EQ(s.batch.size(), 4);
+    check_rows(s, 300);
+    // seek() without a batch: the next step gathers the sizes of now.
+    if (rank == 1) buf.insert(items(1100, 50));
+    sampler.seek(5);
+    s = sampler.next();
+    EXPECT_EQ(s.rank_sizes, (std::vector<std::int64_t>{300, 150}));
     EXPECT_EQ(s.batch.size(), 4);
     check_rows(s, 300);
   });

@@ -321,7 +321,9 @@ TEST(Trainer, TwoRanksResumeExactlyOnTwo) {
   TempDir tmp;
   auto cfg = write_config(tmp.path(), kSmall);
   const fs::path full = tmp.path() / "full", part = tmp.path() / "part", rest = tmp.path() / "rest";
-  const std::vector<std::string> two{"--world-size", "2"};
+  // Buffers of 500 a rank still fill at step 7 (32 samples a step): the resumed job must
+  // draw from the sizes exchanged before the stop, which the checkpoint keeps.
+  const std::vector<std::string> two{"--world-size", "2", "--set", "buffer_size=1000"};
   auto args = [&](std::vector<std::string> a) {
     a.insert(a.end(), two.begin(), two.end());
     return a;

@@ -91,7 +91,11 @@ struct SampledBatch {
   Batch batch;                             ///< on the CPU, in draw order
   std::uint64_t step = 0;                  ///< the step this batch was drawn for
   std::vector<std::int64_t> global_indices;  ///< index of each row in the union (rank offset + slot)
-  std::vector<std::int64_t> rank_sizes;    ///< each rank's buffer size when the step started
+  std::vector<std::int64_t> rank_sizes;    ///< each rank's buffer size this step drew from
+  /// What every rank reported in this step's exchange, for the next step's draw: per rank
+  /// (buffer size, layout fingerprint, row bytes), 3 x world values. Empty when this step
+  /// exchanged nothing (it failed, or the batch was built by hand).
+  std::vector<std::int64_t> next_info;
 };
 
 /// A self-contained copy of a buffer's state, for checkpoints: restoring it into a buffer
@@ -296,9 +300,11 @@ class AsyncInserter {
 /// ranks' buffers, and moves them to the ranks that train on them.
 ///
 /// Protocol of step s (every rank runs it, same order; docs/rehearsal.md):
-///  1. allgather (size, layout fingerprint, row bytes) of each rank's buffer: sizes
-///     n_0..n_{W-1}, N = sum. Slots 0..n_r-1 of rank r stay valid afterwards because a
-///     buffer never shrinks. N = 0, or a rank without a layout: no draw this step.
+///  1. the (size, layout fingerprint, row bytes) of each rank's buffer as exchanged in
+///     step s-1's alltoall (step 3), or, for the first step and after a failed step or a
+///     seek() without a batch, gathered now with an allgather: sizes n_0..n_{W-1}, N =
+///     sum. Slots 0..n_r-1 of rank r stay valid afterwards because a buffer never
+///     shrinks. N = 0, or a rank without a layout: no draw this step.
 ///  2. every rank runs the same generator, seeded from (seed, s): if N >= W*R it draws
 ///     W*R distinct indices of [0, N) in random order, else W independent draws of
 ///     min(R, N) distinct indices; chunk k goes to rank k. Each chunk is thus a uniform
@@ -306,9 +312,12 @@ class AsyncInserter {
 ///     on all ranks, so nothing is broadcast.
 ///  3. index g belongs to rank r with offset_r <= g < offset_r + n_r, slot g - offset_r;
 ///     each rank packs the samples it owns for each destination and one alltoall_base
-///     delivers exactly the rows each rank needs (W*R rows in all).
-/// A slot's content is read when its owner packs it, so an insertion between steps 1
-/// and 3 can replace it by a newer sample of the same buffer.
+///     delivers exactly the rows each rank needs (W*R rows in all), each chunk headed by
+///     the sender's current (size, fingerprint, row bytes) for step s+1: one collective
+///     a step in the steady state.
+/// A slot's content is read when its owner packs it, so an insertion since the sizes
+/// were taken can replace it by a newer sample of the same buffer; samples inserted
+/// since then are drawable from the next step on.
 ///
 /// Every rank must call next() the same number of times. The sampler issues collectives
 /// from a background thread while the training step may issue its own: give it a
