@@ -159,8 +159,11 @@ struct GlobalSampler::Impl {
   }
 
   SampledBatch run_step(std::uint64_t step) {
-    // A step that throws leaves no exchange behind: the next one gathers afresh.
-    std::vector<std::int64_t> info = known.empty() ? gather_info(step) : std::move(known);
+    // One rank: nothing to exchange, the sizes of now. Several: the previous step's
+    // exchange; a step that throws leaves none behind and the next one gathers afresh.
+    std::vector<std::int64_t> info(static_cast<std::size_t>(kInfo));
+    if (world == 1) local_info(info.data());
+    else info = known.empty() ? gather_info(step) : std::move(known);
     known.clear();
     SampledBatch out;
     out.step = step;
@@ -216,7 +219,8 @@ struct GlobalSampler::Impl {
 
     std::int64_t header[kInfo];
     local_info(header);  // before packing: these slots will still hold samples when read
-    at::Tensor rows = draw_now ? buffer.pack(send_slots) : at::empty({0}, at::TensorOptions().dtype(at::kByte));
+    const at::Tensor rows =
+        draw_now ? buffer.pack(send_slots).contiguous() : at::empty({0}, at::TensorOptions().dtype(at::kByte));
     std::vector<std::int64_t> send_splits(static_cast<std::size_t>(world)), recv_splits(static_cast<std::size_t>(world));
     std::int64_t send_bytes = 0, recv_bytes = 0;
     for (int k = 0; k < world; ++k) {
@@ -228,7 +232,7 @@ struct GlobalSampler::Impl {
     at::Tensor send = at::empty({send_bytes}, at::TensorOptions().dtype(at::kByte));
     {
       auto* dst = send.data_ptr<std::uint8_t>();
-      const auto* src = rows.numel() > 0 ? rows.contiguous().data_ptr<std::uint8_t>() : nullptr;
+      const auto* src = rows.numel() > 0 ? rows.data_ptr<std::uint8_t>() : nullptr;
       for (int k = 0; k < world; ++k) {  // rows are packed destination by destination
         std::memcpy(dst, header, kHeader);
         dst += kHeader;
@@ -242,7 +246,8 @@ struct GlobalSampler::Impl {
     at::Tensor recv = at::empty({recv_bytes}, at::TensorOptions().dtype(at::kByte).device(device));
     // ProcessGroupGloo moves the split vectors into its work object: pass copies.
     std::vector<std::int64_t> rs = recv_splits, ss = send_splits;
-    collective("alltoall of representatives", step, [&] { return group->alltoall_base(recv, send, rs, ss)->wait(); });
+    if (world == 1) recv = send;  // its own chunk
+    else collective("alltoall of representatives", step, [&] { return group->alltoall_base(recv, send, rs, ss)->wait(); });
     recv = recv.to(at::kCPU).contiguous();
 
     // Headers for the next step; rows back to draw order.
@@ -255,7 +260,7 @@ struct GlobalSampler::Impl {
       from[static_cast<std::size_t>(r)] = off + kHeader;
       off += static_cast<std::size_t>(recv_splits[static_cast<std::size_t>(r)]);
     }
-    out.next_info = next;
+    if (world > 1) out.next_info = next;
     if (draw_now) {
       at::Tensor ordered = at::empty({static_cast<std::int64_t>(mine.size()), row}, at::TensorOptions().dtype(at::kByte));
       auto* dst = ordered.data_ptr<std::uint8_t>();
@@ -272,7 +277,7 @@ struct GlobalSampler::Impl {
       out.batch = RehearsalBuffer::unpack(*layout, at::empty({0, static_cast<std::int64_t>(layout->row_bytes())},
                                                              at::TensorOptions().dtype(at::kByte)));
     }
-    known = std::move(next);
+    if (world > 1) known = std::move(next);
     return out;
   }
 };
