@@ -15,13 +15,16 @@
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <mutex>
 #include <sstream>
+#include <stop_token>
 #include <thread>
 
 #include "diaspora/datasets.hpp"
@@ -313,6 +316,7 @@ class Job {
   void allreduce_grads();
   std::vector<double> evaluate();
   int agree_stop(int local);
+  std::vector<std::int64_t> max_over_ranks(std::vector<std::int64_t> values);
   // checkpoints
   fs::path checkpoint_root() const;
   void save_checkpoint(const std::string& why, bool background = false);
@@ -547,17 +551,20 @@ std::vector<double> Job::evaluate() {
 // all-reduce) the state of a background checkpoint, which completes it once every rank's
 // file is durable.
 int Job::agree_stop(int local) {
-  int st = checkpoint_state();
-  if (world_ > 1) {
-    std::vector<torch::Tensor> v{torch::tensor({static_cast<std::int64_t>(local), static_cast<std::int64_t>(st)}, torch::kLong)};
-    c10d::AllreduceOptions o;
-    o.reduceOp = c10d::ReduceOp::MAX;
-    train_group_->allreduce(v, o)->wait();
-    local = static_cast<int>(v[0][0].item<std::int64_t>());
-    st = static_cast<int>(v[0][1].item<std::int64_t>());
-  }
-  poll_checkpoint(st);
-  return local;
+  const auto v = max_over_ranks({local, checkpoint_state()});
+  poll_checkpoint(static_cast<int>(v[1]));
+  return static_cast<int>(v[0]);
+}
+
+// The element-wise maximum of `values` over the ranks (a collective; one rank: `values`).
+std::vector<std::int64_t> Job::max_over_ranks(std::vector<std::int64_t> values) {
+  if (world_ == 1) return values;
+  std::vector<torch::Tensor> v{torch::tensor(values, torch::kLong)};
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp::MAX;
+  train_group_->allreduce(v, o)->wait();
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = v[0][static_cast<std::int64_t>(i)].item<std::int64_t>();
+  return values;
 }
 
 void Job::barrier() {
@@ -731,9 +738,14 @@ void Job::save_checkpoint(const std::string& why, bool background) {
   p->manifest = std::move(manifest);
   const bool alone = world_ == 1;  // no other rank to wait for: the writer publishes it
   const auto delay = std::chrono::milliseconds(opt_.checkpoint_delay_ms);
-  p->writer = std::jthread([p, root, alone, delay, write = std::move(write_rank_file)]() mutable {
+  p->writer = std::jthread([p, root, alone, delay, write = std::move(write_rank_file)](std::stop_token stop) mutable {
     name_this_thread("dsp-checkpoint");
-    std::this_thread::sleep_for(delay);
+    if (delay.count() > 0) {  // --checkpoint-delay-ms; cut short when the job is torn down
+      std::mutex m;
+      std::condition_variable_any cv;
+      std::unique_lock lk(m);
+      cv.wait_for(lk, stop, delay, [] { return false; });
+    }
     try {
       write();
       if (alone) publish_checkpoint(root, p->name, p->manifest);
@@ -770,7 +782,20 @@ void Job::poll_checkpoint(int max_state) {
     }
     throw RehearsalError("checkpoint " + (checkpoint_root() / p->name).string() + " was not written: " + why);
   }
-  if (world_ > 1 && rank_ == 0) publish_checkpoint(checkpoint_root(), p->name, p->manifest);
+  if (world_ == 1) return;  // the writer published it
+  // Rank 0 publishes; every rank learns whether that worked (one more all-reduce a
+  // checkpoint), so that a failure stops them all.
+  std::string why;
+  if (rank_ == 0) {
+    try {
+      publish_checkpoint(checkpoint_root(), p->name, p->manifest);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  }
+  if (max_over_ranks({why.empty() ? 0 : 1})[0] != 0)
+    throw RehearsalError("checkpoint " + (checkpoint_root() / p->name).string() + " was not published: " +
+                         (rank_ == 0 ? why : "rank 0 could not write its manifest or LATEST"));
 }
 
 // Waits for the background checkpoint, if any, and completes it (every rank calls it at
@@ -778,15 +803,7 @@ void Job::poll_checkpoint(int max_state) {
 void Job::finish_checkpoint() {
   if (!pending_) return;
   pending_->writer.join();
-  int st = checkpoint_state();
-  if (world_ > 1) {
-    std::vector<torch::Tensor> v{torch::tensor({static_cast<std::int64_t>(st)}, torch::kLong)};
-    c10d::AllreduceOptions o;
-    o.reduceOp = c10d::ReduceOp::MAX;
-    train_group_->allreduce(v, o)->wait();
-    st = static_cast<int>(v[0].item<std::int64_t>());
-  }
-  poll_checkpoint(st);
+  poll_checkpoint(static_cast<int>(max_over_ranks({checkpoint_state()})[0]));
 }
 
 void Job::load_checkpoint(const fs::path& from) {
@@ -1043,7 +1060,10 @@ int Job::run() {
                         << "; continue with --resume " << opt_.out.string() << "\n";
             return stop;
           }
-          if (cfg_.checkpoint_every > 0 && pos_.step % cfg_.checkpoint_every == 0) save_checkpoint("period", true);
+          // Not on a task's last step: the task-end checkpoint of that same step follows.
+          const bool task_done = pos_.batch == spe && pos_.epoch + 1 == cfg_.train.epochs;
+          if (cfg_.checkpoint_every > 0 && pos_.step % cfg_.checkpoint_every == 0 && !task_done)
+            save_checkpoint("period", true);
         }
       }
       if (inserter_) inserter_->flush();

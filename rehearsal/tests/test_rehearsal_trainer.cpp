@@ -351,8 +351,9 @@ std::string read_file(const fs::path& f) {
 // Task-end and periodic checkpoints are written by a background thread while training goes
 // on; --checkpoint-delay-ms holds each write back so that later steps surely run meanwhile.
 // The job is SIGKILLed (both ranks) as soon as one is published: LATEST names a complete
-// periodic checkpoint, and resuming from it reproduces the uninterrupted run from that step
-// on, so what was written is the state of that step boundary, not of a later one.
+// checkpoint, and resuming from it reproduces the uninterrupted run from that step on, so
+// what was written is the state of that step boundary, not of a later one. (Steps 75 and
+// 150 end the tasks: no periodic checkpoint there, the task-end one takes its place.)
 TEST(Trainer, KilledJobResumesExactlyFromABackgroundCheckpoint) {
   Watchdog dog(300s, "background checkpoint");
   TempDir tmp;
@@ -374,7 +375,8 @@ TEST(Trainer, KilledJobResumesExactlyFromABackgroundCheckpoint) {
   std::string name = read_file(part / "checkpoint" / "LATEST");
   while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
   auto manifest = json::parse(read_file(part / "checkpoint" / name / "manifest.json")).as_object();
-  EXPECT_EQ(manifest.at("reason").as_string(), "period");
+  const std::string reason(manifest.at("reason").as_string());
+  EXPECT_TRUE(reason == "period" || reason == "task end") << reason;  // both are written in the background
   const std::int64_t at = manifest.at("step").as_int64();
   EXPECT_EQ(at % 3, 0);
   EXPECT_TRUE(fs::exists(part / "checkpoint" / name / "rank-1.pt"));
@@ -387,11 +389,12 @@ TEST(Trainer, KilledJobResumesExactlyFromABackgroundCheckpoint) {
   EXPECT_EQ(json::serialize(summary(full).at("accuracy_matrix")), json::serialize(summary(rest).at("accuracy_matrix")));
   // The finished job's last checkpoint (its final task end) was completed before it exited.
   EXPECT_EQ(read_file(full / "checkpoint" / "LATEST"), "ckpt-150\n");
-  EXPECT_TRUE(fs::exists(full / "checkpoint" / "ckpt-150" / "manifest.json"));
+  auto last = json::parse(read_file(full / "checkpoint" / "ckpt-150" / "manifest.json")).as_object();
+  EXPECT_EQ(last.at("reason").as_string(), "task end");
 }
 
-// A background checkpoint that cannot be written fails the job on every rank, with the
-// file named, and LATEST never names it.
+// A background checkpoint that cannot be written, or published, fails the job on every
+// rank, with the file named, and LATEST never names it.
 TEST(Trainer, BackgroundCheckpointFailureStopsEveryRank) {
   Watchdog dog(300s, "background checkpoint failure");
   TempDir tmp;
@@ -406,6 +409,17 @@ TEST(Trainer, BackgroundCheckpointFailureStopsEveryRank) {
   EXPECT_NE(r.log.find("rank 1: checkpoint"), std::string::npos) << r.log;
   EXPECT_FALSE(fs::exists(out / "checkpoint" / "LATEST"));
   EXPECT_FALSE(fs::exists(out / "summary.json"));
+  // Every rank file written, but rank 0 cannot write the manifest: both ranks stop too.
+  const fs::path out2 = tmp.path() / "out2";
+  fs::create_directories(out2 / "checkpoint" / "ckpt-4" / "manifest.json.tmp");
+  r = train({"--config", cfg.string(), "--out", out2.string(), "--world-size", "2"}, tmp.path() / "b.log");
+  EXPECT_EQ(r.status, dr::kTrainError) << r.log;
+  EXPECT_NE(r.log.find("rank 0: checkpoint " + (out2 / "checkpoint" / "ckpt-4").string() + " was not published: "),
+            std::string::npos) << r.log;
+  EXPECT_NE(r.log.find("rank 1: checkpoint " + (out2 / "checkpoint" / "ckpt-4").string() +
+                       " was not published: rank 0 could not write its manifest or LATEST"),
+            std::string::npos) << r.log;
+  EXPECT_FALSE(fs::exists(out2 / "checkpoint" / "LATEST"));
 }
 
 TEST(Trainer, TwoSpawnedRanksAndResumeOnOne) {

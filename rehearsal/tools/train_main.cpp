@@ -16,9 +16,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <iostream>
+#include <thread>
 #include <vector>
 
 #include "diaspora/spec.hpp"
@@ -61,7 +63,8 @@ int free_loopback_port() {
 
 // Runs `argv` once per rank with --rank/--master appended; returns the job's status: 0 if
 // every rank returned 0, else the first non-zero status in rank order (a rank that dies
-// of a signal counts as kTrainError, and the others are stopped).
+// of a signal counts as kTrainError, and the others are killed if they have not ended 3 s
+// later).
 int spawn_ranks(int world, const std::vector<std::string>& args) {
   const int port = free_loopback_port();
   if (port < 0) {
@@ -89,10 +92,25 @@ int spawn_ranks(int world, const std::vector<std::string>& args) {
     }
     g_children.push_back(pid);
   }
+  // A failed rank can leave the others waiting in a collective: they get a grace period
+  // to fail on their own (and say why), then are killed.
+  constexpr auto kGrace = std::chrono::seconds(3);
+  bool grace = false;  // someone failed: waiting until kill_at for the others
+  std::chrono::steady_clock::time_point kill_at{};
   int left = world;
   while (left > 0) {
     int st = 0;
-    pid_t p = ::waitpid(-1, &st, 0);
+    pid_t p = ::waitpid(-1, &st, grace ? WNOHANG : 0);
+    if (p == 0) {  // someone failed, the others are still running
+      if (std::chrono::steady_clock::now() >= kill_at) {
+        for (int q = 0; q < world; ++q)
+          if (status[static_cast<std::size_t>(q)] < 0) ::kill(g_children[static_cast<std::size_t>(q)], SIGKILL);
+        grace = false;  // now wait for them to go
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      continue;
+    }
     if (p < 0) {
       if (errno == EINTR) continue;
       break;
@@ -102,10 +120,12 @@ int spawn_ranks(int world, const std::vector<std::string>& args) {
       const int code = WIFEXITED(st) ? WEXITSTATUS(st) : dr::kTrainError;
       status[static_cast<std::size_t>(r)] = code;
       --left;
-      if (code == dr::kTrainError) {  // a failed rank leaves the others hanging in a collective
+      if (code == dr::kTrainError) {
         if (!WIFEXITED(st)) std::cerr << "diaspora-train: rank " << r << " died of signal " << WTERMSIG(st) << "\n";
-        for (int q = 0; q < world; ++q)
-          if (status[static_cast<std::size_t>(q)] < 0) ::kill(g_children[static_cast<std::size_t>(q)], SIGKILL);
+        if (!grace && left > 0) {
+          grace = true;
+          kill_at = std::chrono::steady_clock::now() + kGrace;
+        }
       }
     }
   }
