@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
+#include <unistd.h>
 
 
 #include <boost/json.hpp>
@@ -1109,7 +1110,11 @@ int run_trainer(const TrainerConfig& config, const RankOptions& options) {
     Job job(config, options);
     return job.run();
   } catch (const std::exception& e) {
-    std::cerr << "diaspora-train: rank " << options.rank << ": " << e.what() << "\n";
+    // One write, so that the lines of ranks failing together do not interleave.
+    const std::string line = "diaspora-train: rank " + std::to_string(options.rank) + ": " + e.what() + "\n";
+    std::cerr.flush();
+    std::fflush(stderr);
+    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());  // nothing to do on failure
     return kTrainError;
   }
 }
