@@ -7,6 +7,7 @@
 #   bash bench/rehearsal/run.sh [BUILD_DIR]        # full: about 45 min on 2 cores
 #   QUICK=1 bash bench/rehearsal/run.sh build      # 1 rank, buffers 200 and 2000 only
 #   SEED=1 OUT=/tmp/rb bash bench/rehearsal/run.sh
+#   ONLY=ptycho bash bench/rehearsal/run.sh build  # one dataset: fashion-mnist or ptycho
 set -euo pipefail
 BUILD_DIR=${1:-build}
 cd "$(dirname "$0")/../.."
@@ -30,14 +31,18 @@ run() {  # NAME CONFIG ARGS...: one job unless its summary is already there
 if [ -n "${QUICK:-}" ]; then RANKS="1"; BUFFERS="200 2000"; else RANKS="1 2"; BUFFERS="200 500 2000"; fi
 FM=rehearsal/configs/fashion-mnist.yaml
 PT=rehearsal/configs/ptycho-sim.yaml
+ONLY=${ONLY:-}
+case "$ONLY" in ""|fashion-mnist|ptycho) ;; *) echo "ONLY must be fashion-mnist or ptycho, not '$ONLY'"; exit 2;; esac
+[ "$ONLY" = ptycho ] && RANKS=""
 for w in $RANKS; do
   for s in scratch incremental; do run "fm-$s-w$w" "$FM" --world-size "$w" --set strategy=$s; done
   for b in $BUFFERS; do
     for s in er der derpp; do run "fm-$s-b$b-w$w" "$FM" --world-size "$w" --set strategy=$s --set buffer_size="$b"; done
   done
 done
-for s in scratch incremental; do run "pt-$s-w1" "$PT" --set strategy=$s; done
-for b in 200 2000; do
+[ "$ONLY" = fashion-mnist ] && PT_BUFFERS="" || PT_BUFFERS="200 2000"
+[ "$ONLY" = fashion-mnist ] || for s in scratch incremental; do run "pt-$s-w1" "$PT" --set strategy=$s; done
+for b in $PT_BUFFERS; do
   for s in er der derpp; do run "pt-$s-b$b-w1" "$PT" --set strategy=$s --set buffer_size="$b"; done
 done
 /usr/bin/python3 bench/rehearsal/table.py "$OUT"

@@ -6,6 +6,7 @@
 #include <ATen/ops/fft_fft2.h>
 #include <ATen/ops/fft_fftshift.h>
 #include <c10/core/ScalarType.h>
+#include <c10/util/StringUtil.h>
 #include <c10/util/complex.h>
 #include <zlib.h>
 
@@ -285,6 +286,30 @@ at::Tensor far_field_intensity(const at::Tensor& exit_waves) {
   const at::Tensor f = at::fft_fft2(exit_waves);  // last two dims, unnormalised ("backward")
   const at::Tensor a = at::abs(f);
   return a.mul(a);
+}
+
+at::Tensor illumination_weight(const at::Tensor& probe) {
+  if (!probe.defined() || !probe.is_complex() || probe.dim() != 2)
+    throw RehearsalError("illumination_weight: probe must be a complex [n,n] tensor");
+  const at::Tensor a = at::abs(probe).to(at::kFloat);
+  const at::Tensor i = a.mul(a);
+  const double total = i.sum().item<double>();
+  if (!(total > 0) || !std::isfinite(total))
+    throw RehearsalError("illumination_weight: the probe is dark or not finite (sum |probe|^2 = " +
+                         std::to_string(total) + ")");
+  return i.div(total);
+}
+
+at::Tensor ptycho_error(const at::Tensor& pred, const at::Tensor& target, const at::Tensor& weight) {
+  if (pred.dim() != 4 || pred.size(1) != 2 || !pred.sizes().equals(target.sizes()) || weight.dim() != 2 ||
+      weight.size(0) != pred.size(2) || weight.size(1) != pred.size(3)) {
+    throw RehearsalError("ptycho_error: expected predictions and targets [B,2,n,n] and a weight [n,n], got " +
+                         c10::str(pred.sizes()) + ", " + c10::str(target.sizes()) + ", " + c10::str(weight.sizes()));
+  }
+  const at::Tensor amp = pred.select(1, 0).sub(target.select(1, 0));
+  const at::Tensor d = pred.select(1, 1).sub(target.select(1, 1));
+  const at::Tensor phase = d.sub(d.mul(weight).sum({1, 2}, true));
+  return amp.mul(amp).add(phase.mul(phase)).mul(weight).sum({1, 2}).mul(0.5);
 }
 
 PtychoScan simulate_ptycho(const PtychoConfig& cfg, int task, std::uint64_t seed) {

@@ -112,6 +112,7 @@ struct Stream {
   bool classification = true;
   std::vector<TaskData> train, test;
   std::vector<std::int64_t> output_sizes;  // per-sample model output shape
+  torch::Tensor weight;                     // ptycho: illumination_weight(probe), [n,n]
 };
 
 torch::Tensor first_rows(const torch::Tensor& t, std::int64_t limit) {
@@ -149,6 +150,7 @@ Stream load_stream(const TrainerConfig& cfg) {
     auto ti = first_rows(torch::tensor(tr), d.train_per_task);
     auto vi = first_rows(torch::tensor(te), d.test_per_task);
     auto target = torch::cat({scan.amplitude, scan.phase}, 1);
+    if (t == 0) s.weight = illumination_weight(scan.probe);  // the probe is the same for every task
     s.train.push_back({scan.diffraction.index_select(0, ti), target.index_select(0, ti)});
     s.test.push_back({scan.diffraction.index_select(0, vi), target.index_select(0, vi)});
   }
@@ -431,8 +433,15 @@ const TaskData& Job::task_data(int task) {
   return scratch_;
 }
 
-torch::Tensor task_loss(bool classification, const torch::Tensor& out, const torch::Tensor& y) {
-  return classification ? torch::nn::functional::cross_entropy(out, y) : torch::mse_loss(out, y);
+// The task's loss: cross-entropy, or (ptycho) the mean ptycho_error over the batch.
+torch::Tensor task_loss(const Stream& s, const torch::Tensor& out, const torch::Tensor& y) {
+  return s.classification ? torch::nn::functional::cross_entropy(out, y) : ptycho_error(out, y, s.weight).mean();
+}
+
+// DER's distance to stored outputs: MSE of the logits, or (ptycho) the same error as the
+// task's, so the part of an output its data does not determine is not rehearsed either.
+torch::Tensor output_distance(const Stream& s, const torch::Tensor& out, const torch::Tensor& stored) {
+  return s.classification ? torch::mse_loss(out, stored) : ptycho_error(out, stored, s.weight).mean();
 }
 
 void Job::allreduce_grads() {
@@ -459,7 +468,6 @@ double Job::train_step(const torch::Tensor& idx, int task) {
   const TaskData& source = task_data(task);
   torch::Tensor x = source.x.index_select(0, idx);
   torch::Tensor y = source.y.index_select(0, idx);
-  const bool cls = data_.classification;
   double wait_s = 0;
   std::int64_t nreps = 0;
   SampledBatch reps;
@@ -486,20 +494,20 @@ double Job::train_step(const torch::Tensor& idx, int task) {
     sampler_->prefetch();  // draw i+1 sees them, and nothing newer
   }
   torch::Tensor stream_out = out.narrow(0, 0, b);
-  torch::Tensor loss = task_loss(cls, stream_out, y);
+  torch::Tensor loss = task_loss(data_, stream_out, y);
   if (nreps > 0) {
     torch::Tensor rout = out.narrow(0, b, nreps);
     const torch::Tensor& ry = reps.batch.tensors[1];
     if (cfg_.strategy == "er") {
-      loss = task_loss(cls, out, torch::cat({y, ry}));
+      loss = task_loss(data_, out, torch::cat({y, ry}));
     } else {
       // DER: alpha * MSE to the stored outputs; DER++ uses the first half of the R
       // representatives for that and the second, disjoint half for beta * the task loss,
       // so every rehearsal strategy trains on the same number of samples a step.
       const std::int64_t h = cfg_.strategy == "derpp" ? (nreps + 1) / 2 : nreps;
-      loss = loss + cfg_.alpha * torch::mse_loss(rout.narrow(0, 0, h), reps.batch.outputs.narrow(0, 0, h));
+      loss = loss + cfg_.alpha * output_distance(data_, rout.narrow(0, 0, h), reps.batch.outputs.narrow(0, 0, h));
       if (cfg_.strategy == "derpp" && nreps - h > 0)
-        loss = loss + cfg_.beta * task_loss(cls, rout.narrow(0, h, nreps - h), ry.narrow(0, h, nreps - h));
+        loss = loss + cfg_.beta * task_loss(data_, rout.narrow(0, h, nreps - h), ry.narrow(0, h, nreps - h));
     }
   }
   loss.backward();
@@ -524,8 +532,8 @@ double Job::train_step(const torch::Tensor& idx, int task) {
   return lv;
 }
 
-// Metric on every task's test set: accuracy (classification) or the mean squared error of
-// amplitude and phase (ptycho). Each rank evaluates every world-th sample; sums are all-reduced.
+// Metric on every task's test set: accuracy (classification) or the mean ptycho_error
+// (probe-weighted squared error of amplitude and phase, phase up to a constant). Each rank evaluates every world-th sample; sums are all-reduced.
 std::vector<double> Job::evaluate() {
   torch::NoGradGuard ng;
   std::vector<double> out;
@@ -538,7 +546,7 @@ std::vector<double> Job::evaluate() {
       auto pred = model_->forward(t.x.index_select(0, idx));
       auto y = t.y.index_select(0, idx);
       if (data_.classification) sum += pred.argmax(1).eq(y).sum().item<double>();
-      else sum += (pred - y).pow(2).mean({1, 2, 3}).sum().item<double>();
+      else sum += ptycho_error(pred, y, data_.weight).sum().item<double>();
       count += static_cast<double>(idx.size(0));
     }
     std::vector<torch::Tensor> v{torch::tensor({sum, count}, torch::kDouble)};

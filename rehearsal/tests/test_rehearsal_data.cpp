@@ -6,6 +6,8 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/rand.h>
+#include <ATen/ops/zeros.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -370,6 +372,77 @@ TEST(PtychoSim, RejectsBadConfig) {
   c.photons = 0;
   EXPECT_THROW(dr::simulate_ptycho(c, 0, 1), dr::RehearsalError);
   EXPECT_THROW(dr::simulate_ptycho(dr::PtychoConfig{}, -1, 1), dr::RehearsalError);
+}
+
+// The reason for ptycho_error's definition: a constant phase factor leaves every pattern
+// unchanged, so no model can recover a patch's mean phase from its pattern.
+TEST(PtychoSim, AConstantPhaseFactorLeavesThePatternUnchanged) {
+  dr::PtychoConfig cfg;
+  cfg.poisson = false;
+  const dr::PtychoScan s = dr::simulate_ptycho(cfg, 0, 3);
+  const at::Tensor shifted = s.exit_waves.mul(c10::complex<double>(std::cos(0.9), std::sin(0.9)));
+  const at::Tensor a = dr::far_field_intensity(s.exit_waves);
+  const at::Tensor b = dr::far_field_intensity(shifted);
+  EXPECT_TRUE(at::allclose(a, b, 1e-4, 1e-3));
+  EXPECT_FALSE(at::allclose(s.exit_waves, shifted, 1e-4, 1e-3));
+}
+
+TEST(PtychoError, IlluminationWeightIsTheNormalisedProbeIntensity) {
+  const dr::PtychoScan s = dr::simulate_ptycho(dr::PtychoConfig{}, 0, 1);
+  const at::Tensor w = dr::illumination_weight(s.probe);
+  ASSERT_EQ(w.sizes(), (std::vector<std::int64_t>{32, 32}));
+  EXPECT_NEAR(w.sum().item<double>(), 1.0, 1e-5);
+  // Gaussian probe, sigma = n/6: bright in the centre, dark in the corners.
+  EXPECT_GT(w[16][16].item<double>(), 1e3 * w[0][0].item<double>() + 1e-12);
+  EXPECT_LT(w[0][0].item<double>(), 1e-9);
+  // The share of the patch below 1 % of the peak (the docs say 60 %).
+  const double dark = w.lt(w.max().item<double>() * 0.01).sum().item<double>() / (32.0 * 32.0);
+  EXPECT_NEAR(dark, 0.60, 0.03);
+  EXPECT_THROW(dr::illumination_weight(at::zeros({4, 4}, at::kComplexFloat)), dr::RehearsalError);
+  EXPECT_THROW(dr::illumination_weight(at::zeros({4, 4})), dr::RehearsalError);  // not complex
+}
+
+TEST(PtychoError, ZeroForTheTargetAndBlindToAConstantPhaseOnly) {
+  const dr::PtychoScan s = dr::simulate_ptycho(dr::PtychoConfig{}, 0, 1);
+  const at::Tensor w = dr::illumination_weight(s.probe);
+  at::Tensor target = at::rand({3, 2, 32, 32});
+  EXPECT_LT(dr::ptycho_error(target, target, w).abs().max().item<double>(), 1e-9);
+  // A constant phase offset, different per sample: still zero.
+  at::Tensor pred = target.clone();
+  pred.select(1, 1).add_(at::arange(3, at::kFloat).mul(0.7).view({3, 1, 1}));
+  EXPECT_LT(dr::ptycho_error(pred, target, w).abs().max().item<double>(), 1e-9);
+  // A phase ramp is not a constant: its weighted variance, halved.
+  pred = target.clone();
+  const at::Tensor ramp = at::arange(32, at::kFloat).mul(0.1).view({1, 32}).expand({32, 32});
+  pred.select(1, 1).add_(ramp);
+  const at::Tensor mean = ramp.mul(w).sum();
+  const double want = ramp.sub(mean).pow(2).mul(w).sum().item<double>() / 2;
+  const at::Tensor got = dr::ptycho_error(pred, target, w);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(got[i].item<double>(), want, 1e-6);
+  EXPECT_GT(want, 1e-3);
+}
+
+TEST(PtychoError, AmplitudeErrorIsWeightedByIllumination) {
+  const dr::PtychoScan s = dr::simulate_ptycho(dr::PtychoConfig{}, 0, 1);
+  const at::Tensor w = dr::illumination_weight(s.probe);
+  const at::Tensor target = at::rand({1, 2, 32, 32});
+  // A large error where the probe is dark costs nothing measurable...
+  at::Tensor pred = target.clone();
+  pred[0][0][0][0] += 1.0;
+  pred[0][0][31][31] += 1.0;
+  EXPECT_LT(dr::ptycho_error(pred, target, w).item<double>(), 1e-9);
+  // ... and one in the illuminated centre costs w * d^2 / 2 (mean of the two channels).
+  pred = target.clone();
+  pred[0][0][16][16] += 0.5;
+  EXPECT_NEAR(dr::ptycho_error(pred, target, w).item<double>(), w[16][16].item<double>() * 0.25 / 2, 1e-7);
+}
+
+TEST(PtychoError, RejectsMismatchedShapes) {
+  const at::Tensor w = at::full({32, 32}, 1.0 / 1024);
+  const at::Tensor a = at::rand({2, 2, 32, 32});
+  EXPECT_THROW(dr::ptycho_error(a, at::rand({2, 2, 32, 16}), w), dr::RehearsalError);
+  EXPECT_THROW(dr::ptycho_error(at::rand({2, 1, 32, 32}), at::rand({2, 1, 32, 32}), w), dr::RehearsalError);
+  EXPECT_THROW(dr::ptycho_error(a, a, at::full({16, 16}, 1.0)), dr::RehearsalError);
 }
 
 }  // namespace

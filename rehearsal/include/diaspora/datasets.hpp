@@ -102,4 +102,25 @@ PtychoScan simulate_ptycho(const PtychoConfig& config, int task, std::uint64_t s
 /// shifted: by Parseval, its sum over a pattern is n*n times sum |x|^2.
 at::Tensor far_field_intensity(const at::Tensor& exit_waves);
 
+/// The weight of each patch pixel in the ptycho-sim error: the probe's intensity
+/// |probe|^2 normalised to sum 1 (Float [n,n]). A diffraction pattern carries information
+/// about the object only where the probe illuminates it: with the default probe (Gaussian,
+/// sigma = n/6) |probe|^2 is below 1 % of its peak on 60 % of the patch.
+/// Thread-safe (pure). @throws RehearsalError if `probe` is not a complex [n,n] tensor
+/// with some non-zero value.
+at::Tensor illumination_weight(const at::Tensor& probe);
+
+/// The ptycho-sim reconstruction error of each sample: for predictions and targets
+/// [B,2,n,n] (channel 0 amplitude, channel 1 phase) and `weight` [n,n] from
+/// illumination_weight(), the mean over the two channels of
+///   amplitude: sum_r w(r) (a_pred - a_true)^2
+///   phase:     min_c sum_r w(r) (phi_pred - phi_true - c)^2
+///              = sum_r w(r) (d(r) - dbar)^2,  d = phi_pred - phi_true, dbar = sum_r w(r) d(r)
+/// i.e. the probe-weighted mean squared error, with the phase compared up to a constant.
+/// A pattern |FFT(probe * O)|^2 is the same for O and O * exp(i c), so a patch's mean phase
+/// is not in its data; neither is the object where the probe is dark. Returns Float [B];
+/// differentiable (the trainer's loss for ptycho-sim is its mean).
+/// Thread-safe (pure). @throws RehearsalError if the shapes do not match.
+at::Tensor ptycho_error(const at::Tensor& pred, const at::Tensor& target, const at::Tensor& weight);
+
 }  // namespace diaspora::rehearsal
