@@ -15,7 +15,7 @@ OUT=${OUT:-/tmp/diaspora-bench-rehearsal}
 SEED=${SEED:-0}
 TRAIN="$BUILD_DIR/bin/diaspora-train"
 [ -x "$TRAIN" ] || { echo "no $TRAIN (configure with -DDIASPORA_WITH_TORCH=ON)"; exit 1; }
-mkdir -p "$OUT"
+mkdir -p "$OUT/pair"
 
 run() {  # NAME CONFIG ARGS...: one job unless its summary is already there
   local name=$1 config=$2
@@ -28,6 +28,20 @@ run() {  # NAME CONFIG ARGS...: one job unless its summary is already there
   fi
 }
 
+# A rehearsal job and, right before it, an incremental job of the same config and ranks
+# (OUT/pair/NAME): the table's "x incremental" divides by that neighbour's runtime, so a
+# host that slows down for a few minutes (this VM's step time swings by up to 1.7x) moves
+# both sides of the ratio.
+cell() {  # NAME CONFIG ARGS...
+  local name=$1 config=$2
+  shift 2
+  if [ ! -f "$OUT/$name/summary.json" ]; then
+    rm -rf "${OUT:?}/pair/$name"
+    run "pair/$name" "$config" "$@" --set strategy=incremental
+  fi
+  run "$name" "$config" "$@"
+}
+
 if [ -n "${QUICK:-}" ]; then RANKS="1"; BUFFERS="200 2000"; else RANKS="1 2"; BUFFERS="200 500 2000"; fi
 FM=rehearsal/configs/fashion-mnist.yaml
 PT=rehearsal/configs/ptycho-sim.yaml
@@ -37,12 +51,12 @@ case "$ONLY" in ""|fashion-mnist|ptycho) ;; *) echo "ONLY must be fashion-mnist 
 for w in $RANKS; do
   for s in scratch incremental; do run "fm-$s-w$w" "$FM" --world-size "$w" --set strategy=$s; done
   for b in $BUFFERS; do
-    for s in er der derpp; do run "fm-$s-b$b-w$w" "$FM" --world-size "$w" --set strategy=$s --set buffer_size="$b"; done
+    for s in er der derpp; do cell "fm-$s-b$b-w$w" "$FM" --world-size "$w" --set strategy=$s --set buffer_size="$b"; done
   done
 done
 [ "$ONLY" = fashion-mnist ] && PT_BUFFERS="" || PT_BUFFERS="200 2000"
 [ "$ONLY" = fashion-mnist ] || for s in scratch incremental; do run "pt-$s-w1" "$PT" --set strategy=$s; done
 for b in $PT_BUFFERS; do
-  for s in er der derpp; do run "pt-$s-b$b-w1" "$PT" --set strategy=$s --set buffer_size="$b"; done
+  for s in er der derpp; do cell "pt-$s-b$b-w1" "$PT" --set strategy=$s --set buffer_size="$b"; done
 done
 /usr/bin/python3 bench/rehearsal/table.py "$OUT"

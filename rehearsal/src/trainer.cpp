@@ -501,7 +501,7 @@ double Job::train_step(const torch::Tensor& idx, int task) {
     if (cfg_.strategy == "er") {
       loss = task_loss(data_, out, torch::cat({y, ry}));
     } else {
-      // DER: alpha * MSE to the stored outputs; DER++ uses the first half of the R
+      // DER: alpha * the distance to the stored outputs; DER++ uses the first half of the R
       // representatives for that and the second, disjoint half for beta * the task loss,
       // so every rehearsal strategy trains on the same number of samples a step.
       const std::int64_t h = cfg_.strategy == "derpp" ? (nreps + 1) / 2 : nreps;
@@ -533,7 +533,8 @@ double Job::train_step(const torch::Tensor& idx, int task) {
 }
 
 // Metric on every task's test set: accuracy (classification) or the mean ptycho_error
-// (probe-weighted squared error of amplitude and phase, phase up to a constant). Each rank evaluates every world-th sample; sums are all-reduced.
+// (probe-weighted squared error of amplitude and phase, phase up to a constant). Each rank
+// evaluates every world-th sample; sums are all-reduced.
 std::vector<double> Job::evaluate() {
   torch::NoGradGuard ng;
   std::vector<double> out;
