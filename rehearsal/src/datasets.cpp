@@ -306,10 +306,11 @@ at::Tensor ptycho_error(const at::Tensor& pred, const at::Tensor& target, const 
     throw RehearsalError("ptycho_error: expected predictions and targets [B,2,n,n] and a weight [n,n], got " +
                          c10::str(pred.sizes()) + ", " + c10::str(target.sizes()) + ", " + c10::str(weight.sizes()));
   }
+  const at::Tensor w = weight.div(weight.sum());  // sum 1 (illumination_weight's already is)
   const at::Tensor amp = pred.select(1, 0).sub(target.select(1, 0));
   const at::Tensor d = pred.select(1, 1).sub(target.select(1, 1));
-  const at::Tensor phase = d.sub(d.mul(weight).sum({1, 2}, true));
-  return amp.mul(amp).add(phase.mul(phase)).mul(weight).sum({1, 2}).mul(0.5);
+  const at::Tensor phase = d.sub(d.mul(w).sum({1, 2}, true));  // the best constant: the weighted mean
+  return amp.mul(amp).add(phase.mul(phase)).mul(w).sum({1, 2}).mul(0.5);
 }
 
 PtychoScan simulate_ptycho(const PtychoConfig& cfg, int task, std::uint64_t seed) {

@@ -723,6 +723,7 @@ void Job::save_checkpoint(const std::string& why, bool background) {
     m["strategy"] = cfg_.strategy;
     m["dataset"] = cfg_.dataset.name;
     m["tasks"] = cfg_.dataset.tasks;
+    m["metric"] = data_.classification ? "accuracy" : "ptycho_error";  // what the matrix holds
     m["reason"] = why;
     m["elapsed_s"] = elapsed_before_ + seconds_since(started_);
     json::array mat;
@@ -841,6 +842,14 @@ void Job::load_checkpoint(const fs::path& from) {
     mismatch("strategy", std::string(m.at("strategy").as_string()), cfg_.strategy);
     mismatch("dataset", std::string(m.at("dataset").as_string()), cfg_.dataset.name);
     mismatch("tasks", std::to_string(m.at("tasks").to_number<int>()), std::to_string(cfg_.dataset.tasks));
+    // Before the field existed, ptycho-sim's matrix held the whole-patch MSE: rows of the two
+    // errors must not be mixed in one matrix.
+    if (!data_.classification && !m.contains("metric"))
+      throw RehearsalError("checkpoint " + dir.string() +
+                           " was written by an older diaspora-train whose ptycho-sim error was the whole-patch "
+                           "MSE; its error matrix cannot be continued with ptycho_error: start the job again");
+    if (const auto* metric = m.if_contains("metric"))
+      mismatch("metric", std::string(metric->as_string()), data_.classification ? "accuracy" : "ptycho_error");
     pos_.step = m.at("step").to_number<std::int64_t>();
     pos_.task = m.at("task").to_number<int>();
     pos_.epoch = m.at("epoch").to_number<int>();

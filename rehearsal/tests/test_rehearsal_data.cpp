@@ -411,15 +411,20 @@ TEST(PtychoError, ZeroForTheTargetAndBlindToAConstantPhaseOnly) {
   at::Tensor pred = target.clone();
   pred.select(1, 1).add_(at::arange(3, at::kFloat).mul(0.7).view({3, 1, 1}));
   EXPECT_LT(dr::ptycho_error(pred, target, w).abs().max().item<double>(), 1e-9);
-  // A phase ramp is not a constant: its weighted variance, halved.
+  // A curved phase error is not a constant: its variance about the *weighted* mean, halved
+  // (curved, so its weighted and unweighted means differ under the symmetric probe).
   pred = target.clone();
-  const at::Tensor ramp = at::arange(32, at::kFloat).mul(0.1).view({1, 32}).expand({32, 32});
-  pred.select(1, 1).add_(ramp);
-  const at::Tensor mean = ramp.mul(w).sum();
-  const double want = ramp.sub(mean).pow(2).mul(w).sum().item<double>() / 2;
+  const at::Tensor bend = at::arange(32, at::kFloat).mul(0.1).pow(2).view({1, 32}).expand({32, 32});
+  pred.select(1, 1).add_(bend);
+  const at::Tensor mean = bend.mul(w).sum();
+  ASSERT_GT(std::abs(mean.item<double>() - bend.mean().item<double>()), 0.1);
+  const double want = bend.sub(mean).pow(2).mul(w).sum().item<double>() / 2;
   const at::Tensor got = dr::ptycho_error(pred, target, w);
   for (int i = 0; i < 3; ++i) EXPECT_NEAR(got[i].item<double>(), want, 1e-6);
   EXPECT_GT(want, 1e-3);
+  // Any non-negative weight is normalised first: a scaled weight gives the same error.
+  const at::Tensor scaled = dr::ptycho_error(pred, target, w.mul(7.0));
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(scaled[i].item<double>(), want, 1e-6);
 }
 
 TEST(PtychoError, AmplitudeErrorIsWeightedByIllumination) {

@@ -480,20 +480,52 @@ TEST(Trainer, PtychoSimErrorMatrix) {
     for (const auto& v : row.as_array()) EXPECT_TRUE(std::isfinite(v.as_double()));
   EXPECT_GT(s.at("average_error").as_double(), 0.0);
   // The model learned the inversion: on each scan's test positions (every 5th) it beats the
-  // best constant map (the scan's mean amplitude; any constant phase) by a wide margin.
+  // best constant map by a wide margin (amplitude: the weighted mean of the test targets;
+  // phase: any constant, the error ignores it).
   dr::PtychoConfig pc;
   pc.object_size = 64;
   pc.step = 4;
   for (int t = 0; t < 2; ++t) {
     const dr::PtychoScan scan = dr::simulate_ptycho(pc, t, 0);
+    const at::Tensor w = dr::illumination_weight(scan.probe);
     const at::Tensor test = at::arange(0, scan.amplitude.size(0), 5, at::kLong);
     const at::Tensor target = at::cat({scan.amplitude, scan.phase}, 1).index_select(0, test);
     at::Tensor constant = at::zeros_like(target);
-    constant.select(1, 0).fill_(scan.amplitude.mean().item<double>());
-    const double baseline = dr::ptycho_error(constant, target, dr::illumination_weight(scan.probe)).mean().item<double>();
+    constant.select(1, 0).fill_(target.select(1, 0).mul(w).sum({1, 2}).mean().item<double>());
+    const double baseline = dr::ptycho_error(constant, target, w).mean().item<double>();
     const double trained = m.back().as_array().at(static_cast<std::size_t>(t)).as_double();
     EXPECT_LT(trained, 0.5 * baseline) << "scan " << t;
   }
+}
+
+// A ptycho-sim checkpoint holds which error its matrix is in; one written before the field
+// existed (the whole-patch MSE) is refused rather than continued with another error.
+TEST(Trainer, PtychoCheckpointOfTheOldErrorIsRefused) {
+  Watchdog dog(300s, "ptycho resume");
+  TempDir tmp;
+  auto cfg = write_config(tmp.path(),
+                          "strategy: er\nbuffer_size: 40\ndataset: {name: ptycho-sim, tasks: 2, object_size: 64, "
+                          "scan_step: 8}\ntrain: {batch_size: 4, threads: 1, optimizer: adam}\n");
+  const fs::path part = tmp.path() / "part";
+  TrainRun a = train({"--config", cfg.string(), "--out", part.string(), "--stop-after", "3"}, tmp.path() / "a.log");
+  ASSERT_EQ(a.status, dr::kTrainCheckpointed) << a.log;
+  std::string name = read_file(part / "checkpoint" / "LATEST");
+  while (!name.empty() && name.back() == '\n') name.pop_back();
+  const fs::path manifest = part / "checkpoint" / name / "manifest.json";
+  json::object m = json::parse(read_file(manifest)).as_object();
+  ASSERT_EQ(m.at("metric").as_string(), "ptycho_error");
+  // As it resumes today:
+  TrainRun b = train({"--config", cfg.string(), "--out", (tmp.path() / "b").string(), "--resume", part.string()},
+                     tmp.path() / "b.log");
+  EXPECT_EQ(b.status, 0) << b.log;
+  // As an older trainer wrote it:
+  m.erase("metric");
+  std::ofstream(manifest, std::ios::trunc) << json::serialize(m);
+  TrainRun c = train({"--config", cfg.string(), "--out", (tmp.path() / "c").string(), "--resume", part.string()},
+                     tmp.path() / "c.log");
+  EXPECT_EQ(c.status, dr::kTrainError);
+  EXPECT_NE(c.log.find("whole-patch MSE"), std::string::npos) << c.log;
+  EXPECT_FALSE(fs::exists(tmp.path() / "c" / "summary.json"));
 }
 
 TEST(Trainer, BadCommandLinesAndConfigs) {

@@ -112,7 +112,8 @@ at::Tensor illumination_weight(const at::Tensor& probe);
 
 /// The ptycho-sim reconstruction error of each sample: for predictions and targets
 /// [B,2,n,n] (channel 0 amplitude, channel 1 phase) and `weight` [n,n] from
-/// illumination_weight(), the mean over the two channels of
+/// illumination_weight() (any non-negative weight is normalised to sum 1 first), the mean
+/// over the two channels of
 ///   amplitude: sum_r w(r) (a_pred - a_true)^2
 ///   phase:     min_c sum_r w(r) (phi_pred - phi_true - c)^2
 ///              = sum_r w(r) (d(r) - dbar)^2,  d = phi_pred - phi_true, dbar = sum_r w(r) d(r)
