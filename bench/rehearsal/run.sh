@@ -8,6 +8,8 @@
 #   QUICK=1 bash bench/rehearsal/run.sh build      # 1 rank, buffers 200 and 2000 only
 #   SEED=1 OUT=/tmp/rb bash bench/rehearsal/run.sh
 #   ONLY=ptycho bash bench/rehearsal/run.sh build  # one dataset: fashion-mnist or ptycho
+#   ONLY=fashion-mnist RANKS=1 REPEAT=3 bash bench/rehearsal/run.sh build
+#                                # 1 rank, each rehearsal/incremental pair run three times
 set -euo pipefail
 BUILD_DIR=${1:-build}
 cd "$(dirname "$0")/../.."
@@ -32,17 +34,30 @@ run() {  # NAME CONFIG ARGS...: one job unless its summary is already there
 # (OUT/pair/NAME): the table's "x incremental" divides by that neighbour's runtime, so a
 # host that slows down for a few minutes (this VM's step time swings by up to 1.7x) moves
 # both sides of the ratio.
-cell() {  # NAME CONFIG ARGS...
-  local name=$1 config=$2
-  shift 2
-  if [ ! -f "$OUT/$name/summary.json" ]; then
-    rm -rf "${OUT:?}/pair/$name"
-    run "pair/$name" "$config" "$@" --set strategy=incremental
+# REPEAT=N runs each pair N times (the extra ones under OUT/repeat/K/): the table then gives
+# the median of the N ratios and lists them.
+pair_and_cell() {  # PREFIX NAME CONFIG ARGS...
+  local prefix=$1 name=$2 config=$3
+  shift 3
+  if [ ! -f "$OUT/$prefix$name/summary.json" ]; then
+    rm -rf "${OUT:?}/${prefix}pair/$name"
+    run "${prefix}pair/$name" "$config" "$@" --set strategy=incremental
   fi
-  run "$name" "$config" "$@"
+  run "$prefix$name" "$config" "$@"
+}
+cell() {  # NAME CONFIG ARGS...
+  local k
+  pair_and_cell "" "$@"
+  for ((k = 2; k <= REPEAT; k++)); do
+    mkdir -p "$OUT/repeat/$k/pair"
+    pair_and_cell "repeat/$k/" "$@"
+  done
 }
 
-if [ -n "${QUICK:-}" ]; then RANKS="1"; BUFFERS="200 2000"; else RANKS="1 2"; BUFFERS="200 500 2000"; fi
+REPEAT=${REPEAT:-1}
+[[ "$REPEAT" =~ ^[1-9][0-9]*$ ]] || { echo "REPEAT must be a positive integer, not '$REPEAT'"; exit 2; }
+if [ -n "${QUICK:-}" ]; then DEF_RANKS="1"; BUFFERS="200 2000"; else DEF_RANKS="1 2"; BUFFERS="200 500 2000"; fi
+RANKS=${RANKS:-$DEF_RANKS}  # RANKS=1 or RANKS=2: one block of Fashion-MNIST
 FM=rehearsal/configs/fashion-mnist.yaml
 PT=rehearsal/configs/ptycho-sim.yaml
 ONLY=${ONLY:-}
