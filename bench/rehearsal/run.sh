@@ -17,13 +17,14 @@ OUT=${OUT:-/tmp/diaspora-bench-rehearsal}
 SEED=${SEED:-0}
 TRAIN="$BUILD_DIR/bin/diaspora-train"
 [ -x "$TRAIN" ] || { echo "no $TRAIN (configure with -DDIASPORA_WITH_TORCH=ON)"; exit 1; }
-mkdir -p "$OUT/pair"
+mkdir -p "$OUT"
 
 run() {  # NAME CONFIG ARGS...: one job unless its summary is already there
   local name=$1 config=$2
   shift 2
   if [ -f "$OUT/$name/summary.json" ]; then return; fi
   rm -rf "${OUT:?}/$name"
+  mkdir -p "$(dirname "$OUT/$name")"  # pair/ and repeat/K/pair/
   echo "  $name" >&2
   if ! "$TRAIN" --config "$config" --out "$OUT/$name" --set seed="$SEED" "$@" >"$OUT/$name.log" 2>&1; then
     echo "FAILED: $name (log: $OUT/$name.log)"; tail -5 "$OUT/$name.log"; exit 1
@@ -49,7 +50,6 @@ cell() {  # NAME CONFIG ARGS...
   local k
   pair_and_cell "" "$@"
   for ((k = 2; k <= REPEAT; k++)); do
-    mkdir -p "$OUT/repeat/$k/pair"
     pair_and_cell "repeat/$k/" "$@"
   done
 }

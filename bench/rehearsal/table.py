@@ -14,34 +14,32 @@ def load(out: Path) -> dict:
     return runs
 
 
-def ratio_of(name: str, s: dict, pairs: dict, inc: dict, repeats: dict) -> tuple:
-    """(runtime / incremental's, incremental's runtime, every ratio): against the
-    incremental job run right before this one (OUT/pair/NAME) when there is one, else the
-    table's incremental row. With repeats (OUT/repeat/K/), the median of the pairs'
-    ratios; the runtime shown is the first pair's."""
-    base = pairs.get(name) or inc.get((s["dataset"], s["world_size"]))
-    if not base:
-        return None, None, []
-    ratios = [s["runtime_s"] / base["runtime_s"]] + [r / b for r, b in repeats.get(name, [])]
-    return statistics.median(ratios), base["runtime_s"], ratios
-
-
-def load_repeats(out: Path) -> dict:
-    """NAME -> [(runtime, its incremental neighbour's runtime)] from OUT/repeat/K/."""
-    reps = {}
-    for d in sorted((out / "repeat").glob("*")):
-        cells, pairs = load(d), load(d / "pair")
+def load_pairs(out: Path) -> dict:
+    """NAME -> [(its runtime, the runtime of the incremental job run right before it)]:
+    OUT/NAME with OUT/pair/NAME first, then OUT/repeat/K/NAME with OUT/repeat/K/pair/NAME."""
+    pairs = {}
+    for d in [out] + sorted((out / "repeat").glob("*")):
+        cells, before = load(d), load(d / "pair")
         for name, s in cells.items():
-            if name in pairs:
-                reps.setdefault(name, []).append((s["runtime_s"], pairs[name]["runtime_s"]))
-    return reps
+            if name in before:
+                pairs.setdefault(name, []).append((s["runtime_s"], before[name]["runtime_s"]))
+    return pairs
+
+
+def ratio_of(name: str, s: dict, pairs: dict, inc: dict) -> tuple:
+    """(runtime / incremental's, every ratio): the median over the job's pairs when it has
+    any, else against the table's incremental row (None when there is none)."""
+    if name in pairs:
+        ratios = [r / b for r, b in pairs[name]]
+        return statistics.median(ratios), ratios
+    base = inc.get((s["dataset"], s["world_size"]))
+    return (s["runtime_s"] / base["runtime_s"], []) if base else (None, [])
 
 
 def main() -> int:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/diaspora-bench-rehearsal")
     runs = load(out)
-    pairs = load(out / "pair")
-    repeats = load_repeats(out)
+    pairs = load_pairs(out)
     if not runs:
         print(f"no summary.json under {out}")
         return 1
@@ -55,11 +53,11 @@ def main() -> int:
     for name, s in rows:
         cls = "average_accuracy" in s
         avg = s["average_accuracy"] if cls else s["average_error"]
-        r, base_s, all_r = ratio_of(name, s, pairs, inc, repeats)
+        r, all_r = ratio_of(name, s, pairs, inc)
         ratio = f"{r:.2f}" if r is not None else "-"
         if len(all_r) > 1:
             ratio += " (median of " + ", ".join(f"{x:.2f}" for x in all_r) + ")"
-        before = f"{base_s:.1f}" if name in pairs else "-"
+        before = f"{pairs[name][0][1]:.1f}" if name in pairs else "-"
         fmt = (lambda v: f"{100 * v:.1f} %") if cls else (lambda v: f"{v:.3g}")
         print(f"| {s['dataset']} | {s['world_size']} | {s['strategy']} | {s['buffer_size'] or '-'} | "
               f"{fmt(avg)} {'acc' if cls else 'err'} | {fmt(s['first_task_final'])} | {s['runtime_s']:.1f} | {before} | {ratio} | "
@@ -90,7 +88,7 @@ def main() -> int:
                   f"{'met' if ok else 'NOT met'}")
         reh = [(n, s) for n, s in rows if s["dataset"] == "fashion-mnist" and s["world_size"] == w and s["buffer_size"]]
         if reh:
-            worst = max(ratio_of(n, s, pairs, inc, repeats)[0] for n, s in reh)
+            worst = max(ratio_of(n, s, pairs, inc)[0] for n, s in reh)
             wait = max(s["wait_fraction"] for _, s in reh)
             print(f"  rehearsal runtime <= {worst:.2f} x incremental (target 1.2: {'met' if worst <= 1.2 else 'NOT met'}); "
                   f"waiting <= {100 * wait:.2f} % of step time (target 5 %: {'met' if wait <= 0.05 else 'NOT met'})")
@@ -105,7 +103,7 @@ def main() -> int:
                       f"{s['first_task_final']:.3g} = {r:.2f} x scratch's {e0:.3g}{target}")
     reh = [(n, s) for n, s in rows if s["dataset"] == "ptycho-sim" and s["buffer_size"]]
     if ic and reh:
-        worst = max(ratio_of(n, s, pairs, inc, repeats)[0] for n, s in reh)
+        worst = max(ratio_of(n, s, pairs, inc)[0] for n, s in reh)
         print(f"- ptycho rehearsal runtime <= {worst:.2f} x incremental (target 1.2: {'met' if worst <= 1.2 else 'NOT met'})")
     return 0
 

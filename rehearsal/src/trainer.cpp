@@ -438,11 +438,14 @@ torch::Tensor task_loss(const Stream& s, const torch::Tensor& out, const torch::
   return s.classification ? torch::nn::functional::cross_entropy(out, y) : ptycho_error(out, y, s.weight).mean();
 }
 
-// DER's distance to stored outputs: MSE of the logits, or (ptycho) the same error as the
-// task's, so the part of an output its data does not determine is not rehearsed either.
+// DER's distance to stored outputs: MSE of the logits, or (ptycho) the task's own loss, so
+// the part of an output its data does not determine is not rehearsed either.
 torch::Tensor output_distance(const Stream& s, const torch::Tensor& out, const torch::Tensor& stored) {
-  return s.classification ? torch::mse_loss(out, stored) : ptycho_error(out, stored, s.weight).mean();
+  return s.classification ? torch::mse_loss(out, stored) : task_loss(s, out, stored);
 }
+
+// What the accuracy (error) matrix holds; kept in checkpoint manifests.
+const char* metric_name(const Stream& s) { return s.classification ? "accuracy" : "ptycho_error"; }
 
 void Job::allreduce_grads() {
   if (world_ == 1) return;
@@ -723,7 +726,7 @@ void Job::save_checkpoint(const std::string& why, bool background) {
     m["strategy"] = cfg_.strategy;
     m["dataset"] = cfg_.dataset.name;
     m["tasks"] = cfg_.dataset.tasks;
-    m["metric"] = data_.classification ? "accuracy" : "ptycho_error";  // what the matrix holds
+    m["metric"] = metric_name(data_);
     m["reason"] = why;
     m["elapsed_s"] = elapsed_before_ + seconds_since(started_);
     json::array mat;
@@ -849,7 +852,7 @@ void Job::load_checkpoint(const fs::path& from) {
                            " was written by an older diaspora-train whose ptycho-sim error was the whole-patch "
                            "MSE; its error matrix cannot be continued with ptycho_error: start the job again");
     if (const auto* metric = m.if_contains("metric"))
-      mismatch("metric", std::string(metric->as_string()), data_.classification ? "accuracy" : "ptycho_error");
+      mismatch("metric", std::string(metric->as_string()), metric_name(data_));
     pos_.step = m.at("step").to_number<std::int64_t>();
     pos_.task = m.at("task").to_number<int>();
     pos_.epoch = m.at("epoch").to_number<int>();
