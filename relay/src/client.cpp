@@ -224,12 +224,20 @@ struct RelayClient::Impl {
 
   json::object receive_json() {
     std::string text = receive();
-    boost::system::error_code ec;
-    json::value v = json::parse(text, ec);
-    if (ec || !v.is_object()) throw RelayClientError("the relay sent a frame that is not a JSON object: " + text.substr(0, 200));
-    return std::move(v.get_object());
+    auto o = RelayClient::parse_frame(text);
+    if (!o) throw RelayClientError("the relay sent a frame that is not a JSON object: " + text.substr(0, 200));
+    return std::move(*o);
   }
 };
+
+std::optional<json::object> RelayClient::parse_frame(std::string_view text) {
+  json::parse_options opt;
+  opt.max_depth = 64;
+  boost::system::error_code ec;
+  json::value v = json::parse(text, ec, {}, opt);
+  if (ec || !v.is_object()) return std::nullopt;
+  return std::move(v.get_object());
+}
 
 RelayClient::RelayClient(RelayClientOptions options) : self_(std::make_unique<Impl>()) {
   self_->opt = std::move(options);

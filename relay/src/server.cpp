@@ -17,7 +17,9 @@
 #include <boost/json.hpp>
 #include <openssl/ssl.h>
 
+#include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -53,14 +55,56 @@ namespace {
 constexpr std::uint16_t kCloseUnauthorized = 4001;
 constexpr std::uint16_t kCloseForbidden = 4003;
 constexpr std::uint16_t kCloseSlowConsumer = 4008;
-constexpr std::uint16_t kCloseProtocol = 4000;
+
+// Limits on what one connection may make the relay hold (docs/protocol.md, "Limits").
+constexpr std::size_t kMaxQueuedReplyBytes = 1u << 20;  // replies queued unread: reading pauses above this
+constexpr std::size_t kMaxIdBytes = 256;                // request ids echoed in replies
+constexpr std::size_t kMaxSubscriptions = 256;          // per connection
+constexpr std::size_t kMaxPatternBytes = 200;           // like a topic name
+constexpr auto kHelloTimeout = std::chrono::seconds(10);  // a diaspora.v1 connection must say hello by then
 
 std::string json_str(std::string_view s) { return json::serialize(json::string(s)); }
 
+// A request id a reply may repeat: a number, or a string of at most kMaxIdBytes.
+bool echoable_id(const json::value& v) {
+  return v.is_number() || (v.is_string() && v.get_string().size() <= kMaxIdBytes);
+}
+
+// Client text quoted in a message, cut to a readable length.
+std::string clip(std::string_view text, std::size_t max = 64) {
+  if (text.size() <= max) return std::string(text);
+  return std::string(text.substr(0, max)) + "...";
+}
+
+// `ref` repeats the request's id or seq when it is echoable (anything else is left out,
+// so that no reply is larger than a few hundred bytes plus its message).
 std::string error_frame(std::string_view code, std::string_view message, const json::value* ref = nullptr) {
   json::object o{{"op", "error"}, {"code", code}, {"message", message}};
-  if (ref) o["ref"] = *ref;
+  if (ref && echoable_id(*ref)) o["ref"] = *ref;
   return json::serialize(o);
+}
+
+// An offset in text: decimal digits only, within 64 bits.
+std::optional<std::uint64_t> parse_offset(std::string_view text) {
+  std::uint64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || text.front() == '-') return std::nullopt;
+  return v;
+}
+
+// A WebSocket close reason is at most 123 bytes: cut at a UTF-8 character boundary.
+std::string close_reason_text(std::string text, std::size_t max = 120) {
+  if (text.size() <= max) return text;
+  std::size_t n = max;
+  while (n > 0 && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) --n;  // text[n] continues a character
+  text.resize(n);
+  return text;
+}
+
+// A subscribe pattern: 1-200 characters of the topic alphabet and '*'.
+bool valid_pattern(std::string_view p) {
+  if (p.empty() || p.size() > kMaxPatternBytes) return false;
+  return std::all_of(p.begin(), p.end(), [](char c) { return c == '*' || relay::valid_topic_char(c); });
 }
 
 // Per-topic counters and connection gauges for /metrics.
@@ -254,6 +298,9 @@ struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
   std::optional<tcp::acceptor> acceptor;
   std::vector<std::thread> threads;
+  // Consumer-group commits (two fsyncs each) run here, one after another, off the I/O
+  // threads: a commit must not stall every session of the thread that received it.
+  std::optional<net::thread_pool> commits{std::in_place, 1};
   std::atomic<std::uint16_t> bound_port{0};
   std::atomic<bool> stopping{false};
   std::mutex stop_mutex;
@@ -299,6 +346,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   void run(http::request<http::string_body> req, Mode mode, std::string subprotocol, std::optional<TokenClaims> claims,
            std::string ce_topic, std::string ce_from) {
     mode_ = mode;
+    accepted_at_ = Clock::now();
     claims_ = std::move(claims);
     if (claims_) set_token_deadline();
     ce_topic_ = std::move(ce_topic);
@@ -358,14 +406,10 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
         Subscription sub;
         sub.id = "ce";
         sub.pattern = ce_topic_;
+        // ce_from was checked at the upgrade: earliest, latest or an offset.
         std::uint64_t start = ce_from == "earliest" ? relay_->store->first_offset(ce_topic_)
                                                     : relay_->store->committed_offset(ce_topic_);
-        if (!ce_from.empty() && ce_from != "earliest" && ce_from != "latest") {
-          try {
-            start = std::stoull(ce_from);
-          } catch (...) {
-          }
-        }
+        if (auto offset = parse_offset(ce_from)) start = *offset;
         sub.cursors[ce_topic_] = Cursor{start};
         subs_.emplace("ce", std::move(sub));
         subscribed_.store(true, std::memory_order_release);
@@ -378,8 +422,11 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
 
   void do_read() {
     if (closing_) return;
-    if (inflight_ >= relay_->cfg.max_inflight_batches) {
-      read_paused_ = true;  // flow control: resumes when an ack frees a slot
+    if (inflight_ >= relay_->cfg.max_inflight_batches || reply_bytes_ > kMaxQueuedReplyBytes) {
+      // Flow control: resumes when an ack frees a slot (on_appended), or when the client
+      // has read its replies (on_write). A client that sends without reading is no longer
+      // read: TCP backpressure instead of a reply queue that grows without bound.
+      read_paused_ = true;
       return;
     }
     read_paused_ = false;
@@ -395,6 +442,8 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     }
     if (!ws_.got_text()) {
       buffer_.consume(buffer_.size());
+      if (mode_ == Mode::cloudevents)  // the binding has no error message: close, as for an invalid event
+        return close(websocket::close_code::unknown_data, "binary frames are not accepted; send one JSON CloudEvent per text frame");
       send_error("bad_request", "binary frames are not accepted; send JSON text frames", nullptr);
       return do_read();
     }
@@ -436,10 +485,14 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     if (op == "commit") return on_commit_offset(o);
     if (op == "ping") {
       json::object pong{{"op", "pong"}};
-      if (const auto* id = o.if_contains("id")) pong["id"] = *id;
+      if (const auto* id = o.if_contains("id")) {
+        if (!echoable_id(*id))
+          return send_error("bad_request", "'id' must be a number or a string of at most 256 bytes", nullptr);
+        pong["id"] = *id;
+      }
       return send(json::serialize(pong));
     }
-    send_error("unknown_op", "unknown op '" + std::string(op) + "'", nullptr);
+    send_error("unknown_op", "unknown op '" + clip(op) + "'", nullptr);
   }
 
   void on_hello(const json::object& o) {
@@ -503,7 +556,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   void nack(const json::value* seq, std::string_view code, const std::string& message,
             std::optional<std::size_t> index = std::nullopt) {
     json::object n{{"op", "nack"}, {"code", code}, {"message", message}};
-    n["seq"] = seq ? *seq : json::value(nullptr);
+    n["seq"] = seq && echoable_id(*seq) ? *seq : json::value(nullptr);  // null when missing or not echoable
     if (index) n["index"] = *index;
     send(json::serialize(n));
   }
@@ -580,24 +633,42 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
       } else {
         nack(&seq, "storage_error", r.error);
       }
+    } else if (!r.ok) {  // cloudevents.json has no nack: say it in the close
+      close(websocket::close_code::internal_error, close_reason_text("storage_error: " + r.error));
     }
+    after_reply();
+  }
+
+  // A request in flight got its reply: reading may resume (do_read checks the limits
+  // again), and a graceful close may have been waiting for it.
+  void after_reply() {
     if (read_paused_ && !closing_ && !close_after_drain_) do_read();
     maybe_close();
   }
 
   void on_subscribe(const json::object& o) {
     const json::value* idv = o.if_contains("id");
-    if (!idv || !(idv->is_string() || idv->is_number()))
-      return send_error("bad_request", "'id' (string or number) names the subscription in 'events' frames", nullptr);
+    if (!idv || !echoable_id(*idv))
+      return send_error("bad_request",
+                        "'id' (a number or a string of at most 256 bytes) names the subscription in 'events' frames",
+                        nullptr);
     std::string key = json::serialize(*idv);
     if (subs_.count(key)) return send_error("bad_request", "subscription id " + key + " is already in use", idv);
+    if (subs_.size() >= kMaxSubscriptions)
+      return send_error("bad_request",
+                        "at most " + std::to_string(kMaxSubscriptions) +
+                            " subscriptions per connection: unsubscribe one, or use a pattern",
+                        idv);
     const json::value* tv = o.if_contains("topic");
     if (!tv || !tv->is_string() || tv->get_string().empty())
       return send_error("bad_request", "'topic' must be a topic name or a pattern with '*'", idv);
     std::string pattern(tv->get_string());
     bool is_pattern = pattern.find('*') != std::string::npos;
-    if (!is_pattern && !relay::valid_topic_name(pattern))
-      return send_error("bad_topic", "'" + pattern + "' is not a valid topic name", idv);
+    if (is_pattern ? !valid_pattern(pattern) : !relay::valid_topic_name(pattern))
+      return send_error("bad_topic",
+                        "'" + clip(pattern) + "' is not a valid topic name" +
+                            (is_pattern ? " or pattern (1-200 characters of A-Z a-z 0-9 . _ - *)" : ""),
+                        idv);
     if (!allowed("subscribe", pattern, idv)) return;
     Subscription sub;
     sub.id = *idv;
@@ -666,12 +737,26 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
                         nullptr);
     std::string topic(t->get_string());
     if (!allowed("subscribe", topic, nullptr)) return;
-    try {
-      relay_->store->commit_group_offset(std::string(g->get_string()), topic, off->to_number<std::uint64_t>());
-    } catch (const std::exception& e) {
-      return send_error("storage_error", e.what(), nullptr);
-    }
-    send(json::serialize(json::object{{"op", "committed"}, {"group", *g}, {"topic", *t}, {"offset", *off}}));
+    // Synced on the relay's commit thread (in arrival order); the reply comes back here.
+    // Counted in flight so that a graceful close waits for it.
+    ++inflight_;
+    std::string reply =
+        json::serialize(json::object{{"op", "committed"}, {"group", *g}, {"topic", *t}, {"offset", *off}});
+    net::post(*relay_->commits, [self = shared_from_this(), group = std::string(g->get_string()), topic,
+                                 offset = off->to_number<std::uint64_t>(), reply = std::move(reply)]() mutable {
+      std::string error;
+      try {
+        self->relay_->store->commit_group_offset(group, topic, offset);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      net::post(self->ws_.get_executor(), [self, error = std::move(error), reply = std::move(reply)]() mutable {
+        --self->inflight_;
+        if (error.empty()) self->send(std::move(reply));
+        else self->send_error("storage_error", error, nullptr);
+        self->after_reply();
+      });
+    });
   }
 
   // ---- cloudevents.json ----
@@ -685,9 +770,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     if (ec) return close(websocket::close_code::bad_payload, "not a JSON event");
     std::vector<relay::AppendRecord> records(1);
     if (auto err = to_record(ev, records[0], text)) {
-      std::string reason = err->first + ": " + err->second;
-      if (reason.size() > 120) reason.resize(120);  // a close reason is at most 123 bytes
-      return close(websocket::close_code::bad_payload, reason);
+      return close(websocket::close_code::bad_payload, close_reason_text(err->first + ": " + err->second));
     }
     std::uint64_t bytes = records[0].payload.size();
     submit(ce_topic_, 0, std::move(records), bytes, json::value(nullptr));
@@ -724,7 +807,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
             count = recs.size();
             for (auto& r : recs) {
               bytes += r.payload.size();
-              send(std::move(r.payload));
+              send(std::move(r.payload), true);
             }
           } else {
             // Framed straight from the reader's buffer: no copy of each stored event.
@@ -752,7 +835,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
             frame += R"(],"next_offset":)";
             frame += std::to_string(cursor.next);
             frame += '}';
-            send(std::move(frame));
+            send(std::move(frame), true);
           }
           relay_->metrics.out(topic, count, bytes);
           progressed = true;
@@ -784,8 +867,17 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
         self->close(static_cast<websocket::close_code>(kCloseUnauthorized), "token expired");
         return;
       }
+      if (self->mode_ == Mode::v1 && !self->hello_done_ && Clock::now() - self->accepted_at_ > kHelloTimeout) {
+        self->relay_->metrics.refused_auth++;
+        self->send_error("hello_required", "no 'hello' within 10 s of the upgrade", nullptr);
+        self->close(static_cast<websocket::close_code>(kCloseUnauthorized), "no hello");
+        return;
+      }
       if (self->full_since_ && Clock::now() - *self->full_since_ > self->relay_->cfg.slow_subscriber_timeout) {
         self->relay_->metrics.slow_disconnects++;
+        // What it has not read would only delay the close: drop every queued frame but the
+        // one being written, so the close frame follows it.
+        self->drop_unsent();
         self->close(static_cast<websocket::close_code>(kCloseSlowConsumer),
                     "slow_consumer: send queue full for longer than the slow-subscriber timeout");
         return;
@@ -799,16 +891,27 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     send(error_frame(code, message, ref));
   }
 
-  void send(std::string frame) {
+  // Queues a frame. Replies (acks, errors, pongs...) count against kMaxQueuedReplyBytes;
+  // deliveries (pump) are bounded by subscriber_queue_frames instead.
+  void send(std::string frame, bool delivery = false) {
     if (closing_) return;
-    queue_.push_back(std::make_shared<const std::string>(std::move(frame)));
+    const std::size_t reply = delivery ? 0 : frame.size();
+    queue_.push_back(Outgoing{std::make_shared<const std::string>(std::move(frame)), reply});
+    reply_bytes_ += reply;
     if (!writing_) do_write();
+  }
+
+  void drop_unsent() {
+    while (queue_.size() > (writing_ ? 1u : 0u)) {
+      reply_bytes_ -= queue_.back().reply_bytes;
+      queue_.pop_back();
+    }
   }
 
   void do_write() {
     writing_ = true;
     ws_.text(true);
-    ws_.async_write(net::buffer(*queue_.front()), beast::bind_front_handler(&WsSession::on_write, shared_from_this()));
+    ws_.async_write(net::buffer(*queue_.front().frame), beast::bind_front_handler(&WsSession::on_write, shared_from_this()));
   }
 
   void on_write(beast::error_code ec, std::size_t) {
@@ -816,13 +919,17 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     if (ec) {
       closing_ = true;
       queue_.clear();
+      reply_bytes_ = 0;
       timer_.cancel();
       return;
     }
+    reply_bytes_ -= queue_.front().reply_bytes;
     queue_.pop_front();
     if (close_after_drain_ && queue_.empty()) return maybe_close();
     if (!queue_.empty()) do_write();
-    if (!close_after_drain_) pump();
+    if (close_after_drain_) return;
+    if (read_paused_ && reply_bytes_ <= kMaxQueuedReplyBytes) do_read();  // the client read its replies
+    pump();
   }
 
   // Sends what is queued (errors explaining the close), then the close frame.
@@ -849,7 +956,13 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   std::shared_ptr<Relay::Impl> relay_;
   net::steady_timer timer_;
   beast::flat_buffer buffer_;
-  std::deque<std::shared_ptr<const std::string>> queue_;
+  struct Outgoing {
+    std::shared_ptr<const std::string> frame;
+    std::size_t reply_bytes = 0;  // the frame's size when it is a reply, 0 for a delivery
+  };
+  std::deque<Outgoing> queue_;
+  std::size_t reply_bytes_ = 0;  // sum of queue_[i].reply_bytes
+  Clock::time_point accepted_at_{};
   bool writing_ = false;
   bool closing_ = false;
   bool close_after_drain_ = false;
@@ -955,6 +1068,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
                        "token of '" + claims->subject + "' grants neither publish nor subscribe on '" + topic + "'\n");
       }
       std::string from = target.query.count("from") ? target.query["from"] : "latest";
+      if (from != "earliest" && from != "latest" && !parse_offset(from))
+        return respond(req, http::status::bad_request, "text/plain",
+                       "?from= must be earliest, latest or an offset (decimal digits), not '" + clip(from) + "'\n");
       auto ws = std::make_shared<WsSession>(std::move(stream_), relay_);
       return ws->run(std::move(req), WsSession::Mode::cloudevents, offered.empty() ? "" : "cloudevents.json",
                      std::move(claims), topic, from);
@@ -1149,6 +1265,8 @@ void validate_relay_config(const RelayConfig& c) {
   relay::FsyncPolicy::parse(c.fsync);
   if (c.threads < 1 || c.threads > 64) throw Error("threads must be 1 to 64");
   if (c.max_event_bytes > c.max_frame_bytes) throw Error("max_event_bytes must not exceed max_frame_bytes");
+  // A log record holds at most 16 MiB with its headers, producer id and (source, id) key.
+  if (c.max_event_bytes > (15u << 20)) throw Error("max_event_bytes must be at most 15MiB (the log's record limit is 16MiB)");
   if (c.max_inflight_batches < 1 || c.subscriber_queue_frames < 1 || c.max_batch_events < 1 || c.delivery_batch_events < 1)
     throw Error("limits must be at least 1");
 }
@@ -1209,6 +1327,7 @@ void Relay::start() {
   if (ec) throw Error("cannot listen on " + s.cfg.listen + ": " + ec.message());
   s.bound_port = s.acceptor->local_endpoint().port();
   s.work.emplace(s.ioc->get_executor());
+  net::post(*s.commits, [] { name_this_thread("relay-commit"); });
   s.do_accept();
   for (int i = 0; i < s.cfg.threads; ++i) s.threads.emplace_back([&s] {
     name_this_thread("relay-io");
@@ -1261,11 +1380,13 @@ void Relay::stop() {
   for (auto& t : s.threads)
     if (t.joinable()) t.join();
   s.threads.clear();
+  s.commits->join();  // commits already queued finish (the store is still open)
   // The writer finishes and syncs what was appended; its completions are posted to the
   // (stopped) io_context and destroyed with it below, which also breaks the
   // session -> Impl -> io_context -> handler -> session ownership cycle.
   s.store.reset();
   s.acceptor.reset();
+  s.commits.reset();  // the replies it posted died with the stopped io_context's queue, below
   s.ioc.reset();
   std::lock_guard lock(s.stop_mutex);
   s.stopped = true;

@@ -636,12 +636,13 @@ const std::vector<double> kFsyncBounds = {0.0001, 0.00025, 0.0005, 0.001, 0.0025
 
 }  // namespace
 
+bool valid_topic_char(char c) noexcept {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+}
+
 bool valid_topic_name(std::string_view name) noexcept {
   if (name.empty() || name.size() > 200 || name.front() == '.') return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-           c == '-';
-  });
+  return std::all_of(name.begin(), name.end(), valid_topic_char);
 }
 
 FsyncPolicy FsyncPolicy::parse(std::string_view text) {

@@ -99,6 +99,8 @@ struct TopicInfo {
 
 /// Names of topics: 1-200 characters of [A-Za-z0-9._-], not starting with '.'.
 bool valid_topic_name(std::string_view name) noexcept;
+/// One character of a topic name: [A-Za-z0-9._-].
+bool valid_topic_char(char c) noexcept;
 
 /// The store of all topics under one data directory.
 class LogStore {

@@ -430,6 +430,10 @@ def test_relay_refuses_bad_configuration_clearly(creds, tmp_path):
            "--tls-cert", creds.certs / "server.pem", "--tls-key", creds.certs / "client-key.pem",
            "--auth-secret-file", creds.secret_file, check=False)
     assert p.returncode == 1 and "TLS setup" in p.stderr
+    # An event limit the log cannot store (a record holds at most 16 MiB) is refused up front.
+    cfg.write_text("listen: 127.0.0.1:0\nlimits:\n  max_frame_bytes: 67108864\n  max_event_bytes: 20971520\n")
+    p = sh(DIASPORA.parent / "diaspora-relay", "--config", cfg, check=False)
+    assert p.returncode == 2 and f"{cfg}:4:20: error: limits.max_event_bytes: must be <= 15728640" in p.stderr, p.stderr
 
 
 def test_stored_event_is_the_validated_one_whatever_the_frame_spelling(relay, creds):
@@ -485,4 +489,80 @@ def test_sessions_end_when_their_token_expires(relay, creds):
             with pytest.raises(websockets.ConnectionClosed) as c:
                 await asyncio.wait_for(ws.recv(), 15)
             assert c.value.code == 4001
+    run(go())
+
+
+# ---- limits on what one connection can make the relay hold ----------------------------------
+
+def test_a_client_that_never_reads_its_replies_is_no_longer_read(relay, creds):
+    """Replies queued unread are bounded (1 MiB): the relay then stops reading the
+    connection, so a client that only sends stalls instead of growing the relay's memory.
+    Without the bound, all 300,000 pings (about 90 MB of replies) would be accepted; with
+    it, the client stalls once the kernel's socket buffers on both sides are full too
+    (after 30-40 MB here)."""
+    async def go():
+        tok = admin(creds)
+        ws = await session(relay, tok, max_queue=1, read_limit=2**16, write_limit=2**16)
+        frame = json.dumps({"op": "ping", "id": "p" * 250})
+        sent, stalled = 0, False
+        while sent < 300000:
+            try:
+                await asyncio.wait_for(ws.send(frame), 3)
+            except asyncio.TimeoutError:
+                stalled = True
+                break
+            sent += 1
+        assert stalled, f"the relay kept reading: {sent} pings sent without reading a reply"
+        # The relay serves everyone else meanwhile.
+        ok = await session(relay, tok)
+        assert (await request(ok, {"op": "ping", "id": 1})) == {"op": "pong", "id": 1}
+    run(go())
+
+
+def test_request_limits_get_documented_errors(relay, creds):
+    async def go():
+        ws = await session(relay, admin(creds))
+        r = await request(ws, {"op": "ping", "id": "i" * 300})
+        assert r["code"] == "bad_request" and "ref" not in r
+        r = await request(ws, {"op": "x" * 10000})
+        assert r["code"] == "unknown_op" and len(r["message"]) < 200
+        r = await request(ws, {"op": "subscribe", "id": 1, "topic": "a*" + "b" * 300})
+        assert r["code"] == "bad_topic" and r["ref"] == 1 and len(r["message"]) < 300
+        r = await request(ws, {"op": "subscribe", "id": 2, "topic": "bad pattern*"})
+        assert r["code"] == "bad_topic"
+        r = await request(ws, {"op": "subscribe", "id": "s" * 300, "topic": "t"})
+        assert r["code"] == "bad_request" and "ref" not in r
+        nack = await publish(ws, "t", "q" * 1000, [event(1)])
+        assert nack["op"] == "nack" and nack["seq"] is None
+        for i in range(256):
+            await ws.send(json.dumps({"op": "subscribe", "id": i, "topic": f"t{i}"}))
+        replies = [await recv(ws) for _ in range(256)]
+        assert all(r["op"] == "subscribed" for r in replies)
+        r = await request(ws, {"op": "subscribe", "id": 256, "topic": "one.more"})
+        assert r["code"] == "bad_request" and "256 subscriptions" in r["message"]
+        assert (await request(ws, {"op": "unsubscribe", "id": 0}))["op"] == "unsubscribed"
+        assert (await request(ws, {"op": "subscribe", "id": 256, "topic": "one.more"}))["op"] == "subscribed"
+        # cloudevents.json: ?from= must be earliest, latest or an offset.
+        for bad in ("-1", "abc", "12x"):
+            with pytest.raises(websockets.InvalidStatusCode) as e:
+                await connect(relay, admin(creds), path=f"/ce/ce.from?from={bad}", subprotocol="cloudevents.json")
+            assert e.value.status_code == 400, bad
+        ce = await connect(relay, admin(creds), path="/ce/ce.from?from=0", subprotocol="cloudevents.json")
+        await ce.send(b"\x00binary")
+        with pytest.raises(websockets.ConnectionClosed) as c:
+            await asyncio.wait_for(ce.recv(), 20)
+        assert c.value.code == 1003
+    run(go())
+
+
+def test_a_connection_without_hello_is_closed_after_10_s(relay, creds):
+    async def go():
+        ws = await connect(relay, None)
+        t0 = time.monotonic()
+        m = json.loads(await asyncio.wait_for(ws.recv(), 20))
+        assert m["code"] == "hello_required" and "10 s" in m["message"]
+        with pytest.raises(websockets.ConnectionClosed) as c:
+            await asyncio.wait_for(ws.recv(), 20)
+        assert c.value.code == 4001
+        assert 9 < time.monotonic() - t0 < 15
     run(go())

@@ -60,8 +60,15 @@ class RelayClient {
   /// poll_receive()/receive() (or while send() waits), so no frame is lost. Throws
   /// RelayClientError on close or error.
   std::optional<std::string> poll_receive(std::chrono::milliseconds wait);
-  /// receive() parsed as a JSON object; an {"op":"error"} frame is returned, not thrown.
+  /// receive() parsed as a JSON object (see parse_frame); an {"op":"error"} frame is
+  /// returned, not thrown.
   boost::json::object receive_json();
+
+  /// Parses a frame the relay sent: JSON nested up to 64 levels (an `events` frame nests
+  /// each event one level deeper than the publish that carried it, and the relay accepts
+  /// publishes nested up to 32). Returns nullopt when the text is not a JSON object.
+  /// Thread-safe (no state).
+  static std::optional<boost::json::object> parse_frame(std::string_view text);
   /// The relay's welcome message (diaspora.v1).
   const boost::json::object& welcome() const noexcept;
   /// Sends a close frame and waits briefly for the reply. Never throws.
