@@ -46,23 +46,39 @@ void write_buf(char* buf, std::size_t len, std::string_view msg) noexcept {
   buf[n] = '\0';
 }
 
-// Fails a call: records the message on the handle, returns the status.
+// Fails a call: records the message on the handle, returns the status. (Building `msg`
+// may throw std::bad_alloc in the caller: every entry point runs inside guarded().)
 int fail(diaspora_plugin* p, int status, const std::string& msg) noexcept {
-  if (p && p->impl) p->impl->set_error(msg);
+  try {
+    if (p && p->impl) p->impl->set_error(msg);
+  } catch (...) {  // out of memory for the message: the status still tells what failed
+  }
   return status;
 }
 
+// Names an argument in messages, e.g. "task_id" or "metrics[3].name". Formatted only when
+// a check fails: the hook path must not allocate.
+struct Label {
+  Label(const char* n, std::size_t i = SIZE_MAX, const char* m = "") noexcept : name(n), index(i), member(m) {}
+  const char* name;
+  std::size_t index;  // SIZE_MAX: not an array element
+  const char* member;
+  std::string str() const {
+    return index == SIZE_MAX ? std::string(name) : std::string(name) + "[" + std::to_string(index) + "]" + member;
+  }
+};
+
 // Checks an optional (or, with `required`, mandatory) string argument.
-int check_str(diaspora_plugin* p, const char* s, std::size_t max, bool required, const char* what,
-              std::string_view& out) noexcept {
+int check_str(diaspora_plugin* p, const char* s, std::size_t max, bool required, const Label& what,
+              std::string_view& out) {
   if (!s) {
-    if (required) return fail(p, DIASPORA_ERR_NULL, std::string(what) + " is NULL (required)");
+    if (required) return fail(p, DIASPORA_ERR_NULL, what.str() + " is NULL (required)");
     out = {};
     return DIASPORA_OK;
   }
   const std::size_t n = strnlen(s, max + 1);
-  if (n > max) return fail(p, DIASPORA_ERR_INVALID, std::string(what) + " is longer than " + std::to_string(max) + " bytes");
-  if (n == 0 && required) return fail(p, DIASPORA_ERR_INVALID, std::string(what) + " is empty (required)");
+  if (n > max) return fail(p, DIASPORA_ERR_INVALID, what.str() + " is longer than " + std::to_string(max) + " bytes");
+  if (n == 0 && required) return fail(p, DIASPORA_ERR_INVALID, what.str() + " is empty (required)");
   out = std::string_view(s, n);
   return DIASPORA_OK;
 }
@@ -82,17 +98,18 @@ bool metric_name_ok(std::string_view n) noexcept {
   return true;
 }
 
-int check_metrics(diaspora_plugin* p, const diaspora_metric_value* m, std::size_t count, HookArgs& a) noexcept {
+int check_metrics(diaspora_plugin* p, const diaspora_metric_value* m, std::size_t count, HookArgs& a) {
   if (count == 0) return DIASPORA_OK;
   if (!m) return fail(p, DIASPORA_ERR_NULL, "metrics is NULL but metric_count is " + std::to_string(count));
   if (count > DIASPORA_MAX_METRICS)
     return fail(p, DIASPORA_ERR_INVALID, "metric_count " + std::to_string(count) + " is over DIASPORA_MAX_METRICS (64)");
   for (std::size_t i = 0; i < count; ++i) {
     std::string_view name;
-    const std::string what = "metrics[" + std::to_string(i) + "].name";
-    if (int rc = check_str(p, m[i].name, DIASPORA_MAX_METRIC_NAME, true, what.c_str(), name)) return rc;
+    const Label what{"metrics", i, ".name"};
+    if (int rc = check_str(p, m[i].name, DIASPORA_MAX_METRIC_NAME, true, what, name)) return rc;
     if (!metric_name_ok(name))
-      return fail(p, DIASPORA_ERR_INVALID, what + " '" + std::string(name) + "' may only hold letters, digits, '_', '.', ':' and '-'");
+      return fail(p, DIASPORA_ERR_INVALID,
+                  what.str() + " '" + std::string(name) + "' may only hold letters, digits, '_', '.', ':' and '-'");
     if (!std::isfinite(m[i].value)) return fail(p, DIASPORA_ERR_INVALID, "metrics[" + std::to_string(i) + "].value is not finite");
     a.metric_len[i] = static_cast<std::uint8_t>(name.size());
   }
@@ -104,12 +121,22 @@ int check_metrics(diaspora_plugin* p, const diaspora_metric_value* m, std::size_
 // 9999-12-31T23:59:59.999999Z: the last time an RFC 3339 timestamp can hold.
 constexpr std::int64_t kMaxTimeUs = 253402300799999999;
 
-int check_time(diaspora_plugin* p, std::int64_t t, HookArgs& a) noexcept {
+int check_time(diaspora_plugin* p, std::int64_t t, HookArgs& a) {
   if (t < 0) return fail(p, DIASPORA_ERR_INVALID, "timestamp_us is negative");
   if (t > kMaxTimeUs)
     return fail(p, DIASPORA_ERR_INVALID, "timestamp_us is after the year 9999 (microseconds expected, not nanoseconds?)");
   a.head.time_us = t == 0 ? dp::now_us() : t;
   return DIASPORA_OK;
+}
+
+// DIASPORA_ERR_INTERNAL, with "internal error: <what>" as the handle's last error when
+// there is memory left for the message.
+int internal_error(diaspora_plugin* p, const char* what) noexcept {
+  try {
+    return fail(p, DIASPORA_ERR_INTERNAL, std::string("internal error") + (what ? std::string(": ") + what : ""));
+  } catch (...) {
+    return DIASPORA_ERR_INTERNAL;
+  }
 }
 
 // Wraps a body so that nothing escapes as an exception.
@@ -118,9 +145,9 @@ int guarded(diaspora_plugin* p, Body&& body) noexcept {
   try {
     return body();
   } catch (const std::exception& e) {
-    return fail(p, DIASPORA_ERR_INTERNAL, std::string("internal error: ") + e.what());
+    return internal_error(p, e.what());
   } catch (...) {
-    return fail(p, DIASPORA_ERR_INTERNAL, "internal error");
+    return internal_error(p, nullptr);
   }
 }
 
@@ -129,7 +156,7 @@ int guarded(diaspora_plugin* p, Body&& body) noexcept {
     if (int rc_ = (expr)) return rc_; \
   } while (0)
 
-int task_hook(diaspora_plugin* p, const diaspora_task_info* info, Kind kind) noexcept {
+int task_hook(diaspora_plugin* p, const diaspora_task_info* info, Kind kind) {
   if (!p || !p->impl) return DIASPORA_ERR_NULL;
   if (!info) return fail(p, DIASPORA_ERR_NULL, "info is NULL");
   if (info->struct_size < kTaskInfoV1)

@@ -343,72 +343,84 @@ void Plugin::add_side_event(std::string text) {
 
 void Plugin::take_coalesced(const std::function<void(std::string_view)>& sink) {
   if (!coalesced_pending_.exchange(false, std::memory_order_acq_rel)) return;
-  std::vector<std::pair<RecordHead, std::string>> merged;  // copied out, serialised unlocked
+  // Copied out under each slot's spin lock, serialised unlocked. Nothing under a lock may
+  // throw (a lock left set would make every hook of that slot spin for ever): the vector
+  // is sized for every slot before the first lock.
+  struct Copy {
+    RecordHead head;
+    char arena[sizeof(Coalesced::arena)];
+  };
+  std::vector<Copy> merged;
+  merged.reserve(kCoalesceSlots);
   for (std::size_t i = 0; i < kCoalesceSlots; ++i) {
     Coalesced& c = coalesced_[i];
     if (!c.used) continue;  // racy peek; confirmed under the lock
     while (c.lock.test_and_set(std::memory_order_acquire)) {
     }
     if (c.used) {
-      RecordHead h = c.head;
-      h.integer2 = static_cast<std::int64_t>(c.merged);
-      merged.emplace_back(h, std::string(c.arena, c.head.arena_used));
+      Copy& m = merged.emplace_back();  // within the reserved capacity: no allocation
+      m.head = c.head;
+      m.head.integer2 = static_cast<std::int64_t>(c.merged);
+      std::memcpy(m.arena, c.arena, c.head.arena_used);
       c.used = false;
     }
     c.lock.clear(std::memory_order_release);
   }
   std::string text;
-  for (auto& [h, arena] : merged) {
+  for (const Copy& m : merged) {
     text.clear();
     const EventId id(instance_, "c", spill_counter_.fetch_add(1, std::memory_order_relaxed));
-    append_record_event(text, RecordView{&h, arena.data()}, id.view(), static_cast<std::uint64_t>(h.integer2));
+    append_record_event(text, RecordView{&m.head, m.arena}, id.view(), static_cast<std::uint64_t>(m.head.integer2));
     sink(text);
   }
 }
 
 void Plugin::move_queue_to_spool_locked() {
-  std::vector<std::string> texts = take_side_events();
+  // Whatever this takes from the queue (and the side and coalesced lists) ends in the spool
+  // or, when something throws (the spool's disk, memory), in events_lost.
+  std::vector<std::string> texts;
   std::vector<std::string> droppable;
-  take_coalesced([&](std::string_view text) { droppable.emplace_back(text); });
-  for (;;) {
-    std::string text;
-    const bool got = queue_.try_pop([&](Slot& s, std::uint64_t pos) {
-      append_record_event(text, RecordView{&s.head, s.arena}, EventId(instance_, "", pos).view(), 0);
-    });
-    if (!got) {
-      // Empty, or the next slot is reserved by an engine thread still copying into it.
-      // In the second case later slots may hold older events of other threads (and of
-      // the thread that is spilling now): wait for the writer, which never blocks.
-      if (queue_.size_approx() == 0) break;
-      std::this_thread::yield();
-      continue;
-    }
-    texts.push_back(std::move(text));
-    if (texts.size() >= 4096) {
-      std::vector<std::string_view> v(texts.begin(), texts.end());
-      try {
-        spool_->append(v);
-      } catch (...) {
-        lost_.fetch_add(texts.size(), std::memory_order_relaxed);
-        throw;
+  bool popping = false;  // an event is out of its slot and not yet in `texts`
+  try {
+    texts = take_side_events();
+    take_coalesced([&](std::string_view text) { droppable.emplace_back(text); });
+    for (;;) {
+      std::string text;
+      popping = true;
+      const bool got = queue_.try_pop([&](Slot& s, std::uint64_t pos) {
+        append_record_event(text, RecordView{&s.head, s.arena}, EventId(instance_, "", pos).view(), 0);
+      });
+      if (got) texts.push_back(std::move(text));
+      popping = false;
+      if (!got) {
+        // Empty, or the next slot is reserved by an engine thread still copying into it.
+        // In the second case later slots may hold older events of other threads (and of
+        // the thread that is spilling now): wait for the writer, which never blocks.
+        if (queue_.size_approx() == 0) break;
+        std::this_thread::yield();
+        continue;
       }
+      if (texts.size() >= 4096) {
+        std::vector<std::string_view> v(texts.begin(), texts.end());
+        spool_->append(v);
+        texts.clear();
+      }
+    }
+    // Warnings raised while serialising the queue land in side_: take them too.
+    for (auto& t : take_side_events()) texts.push_back(std::move(t));
+    if (!texts.empty()) {
+      std::vector<std::string_view> v(texts.begin(), texts.end());
+      spool_->append(v);
       texts.clear();
     }
-  }
-  // Warnings raised while serialising the queue land in side_: take them too.
-  for (auto& t : take_side_events()) texts.push_back(std::move(t));
-  if (!texts.empty()) {
-    std::vector<std::string_view> v(texts.begin(), texts.end());
-    try {
-      spool_->append(v);
-    } catch (...) {
-      lost_.fetch_add(texts.size(), std::memory_order_relaxed);  // taken from the queue, not written
-      throw;
+    if (!droppable.empty()) {
+      std::vector<std::string_view> v(droppable.begin(), droppable.end());
+      if (spool_->append(v, true) == 0) lost_.fetch_add(droppable.size(), std::memory_order_relaxed);
+      droppable.clear();
     }
-  }
-  if (!droppable.empty()) {
-    std::vector<std::string_view> v(droppable.begin(), droppable.end());
-    if (spool_->append(v, true) == 0) lost_.fetch_add(droppable.size(), std::memory_order_relaxed);
+  } catch (...) {
+    lost_.fetch_add(texts.size() + droppable.size() + (popping ? 1 : 0), std::memory_order_relaxed);
+    throw;
   }
   spool_active_.store(spool_->records() > 0, std::memory_order_release);
 }
@@ -619,7 +631,7 @@ void Plugin::on_disconnect(const std::string& why) {
   set_error("lost the relay session: " + why + " (unacked events went back to the spool; reconnecting)");
   std::vector<std::string_view> live;
   for (const Batch& b : inflight_)
-    if (!b.from_spool)
+    if (!b.from_spool && !b.resent)  // a resent batch's events went back at the first drop and are still there
       for (std::size_t i = 0; i < b.count(); ++i)
         if (!rejected(b.event(i))) live.push_back(b.event(i));
   if (pending_)
@@ -693,9 +705,16 @@ bool Plugin::build_live_batch(Batch& out, bool flush_now) {
     take_coalesced([&](std::string_view text) { b.add(text); });
     while (!full()) {
       const bool got = queue_.try_pop([&](Slot& s, std::uint64_t pos) {
-        if (!b.ends.empty()) b.body += ',';  // serialised in place, not through a copy
-        append_record_event(b.body, RecordView{&s.head, s.arena}, EventId(instance_, "", pos).view(), 0);
-        b.ends.push_back(static_cast<std::uint32_t>(b.body.size()));
+        const std::size_t mark = b.body.size();
+        try {
+          if (!b.ends.empty()) b.body += ',';  // serialised in place, not through a copy
+          append_record_event(b.body, RecordView{&s.head, s.arena}, EventId(instance_, "", pos).view(), 0);
+          b.ends.push_back(static_cast<std::uint32_t>(b.body.size()));
+        } catch (...) {  // out of memory: the batch keeps only whole events; this one is counted lost
+          b.body.resize(mark);
+          lost_.fetch_add(1, std::memory_order_relaxed);
+          throw;
+        }
       });
       if (!got) break;
     }
@@ -761,10 +780,9 @@ void Plugin::pump() {
 }
 
 void Plugin::handle_frame(const std::string& frame) {
-  boost::system::error_code ec;
-  json::value v = json::parse(frame, ec);
-  if (ec || !v.is_object()) throw RelayClientError("the relay sent a frame that is not a JSON object");
-  const json::object& m = v.get_object();
+  const auto parsed = RelayClient::parse_frame(frame);
+  if (!parsed) throw RelayClientError("the relay sent a frame that is not a JSON object");
+  const json::object& m = *parsed;
   const json::value* op = m.if_contains("op");
   if (!op || !op->is_string()) return;
   const std::string_view o = op->get_string();
@@ -864,7 +882,9 @@ int Plugin::close(std::chrono::milliseconds timeout) noexcept {
   std::lock_guard lock(close_mu_);
   if (closed_) return close_status_;
   closed_ = true;
-  flush_deadline_ = Clock::now() + timeout;
+  // A caller's "wait for ever" (e.g. INT64_MAX ms) would overflow the clock: a year is
+  // as good as for ever here.
+  flush_deadline_ = Clock::now() + std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24 * 366));
   closing_.store(true);
   // The control thread first (after a running callback returns), so that outcomes it
   // publishes last are flushed by the publisher.
@@ -953,6 +973,18 @@ std::string Plugin::action_done_event(const Action& a, bool ok, std::string_view
 int Plugin::set_callback(diaspora_action_callback cb, void* user) noexcept {
   if (on_control_thread()) return DIASPORA_ERR_CLOSED;
   std::lock_guard lock(action_mu_);
+  if (!callback_) {
+    // Actions that arrived while no callback was installed belong to diaspora_poll_action,
+    // even those the control thread has not handed on yet.
+    try {
+      while (!to_deliver_.empty()) {
+        poll_queue_.push_back(std::move(to_deliver_.front()));
+        to_deliver_.pop_front();
+      }
+    } catch (const std::exception&) {  // out of memory: the rest stay for the callback
+      return DIASPORA_ERR_INTERNAL;
+    }
+  }
   callback_ = cb;
   callback_user_ = user;
   action_cv_.notify_all();
@@ -1130,10 +1162,9 @@ void Plugin::control_main() {
     try {
       auto frame = c->poll_receive(20ms);
       if (!frame) continue;
-      boost::system::error_code ec;
-      json::value v = json::parse(*frame, ec);
-      if (ec || !v.is_object()) continue;
-      const json::object& m = v.get_object();
+      const auto parsed = RelayClient::parse_frame(*frame);
+      if (!parsed) continue;
+      const json::object& m = *parsed;
       const json::value* op = m.if_contains("op");
       if (!op || !op->is_string()) continue;
       if (op->get_string() == "subscribed") {

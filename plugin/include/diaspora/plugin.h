@@ -121,7 +121,8 @@ DIASPORA_API int diaspora_open_file(const char* spec_path, diaspora_plugin** out
 DIASPORA_API int diaspora_open_yaml(const char* yaml, diaspora_plugin** out, char* errbuf,
                                     size_t errbuf_len);
 
-/* Flushes and closes. Waits about flush_timeout_ms (>= 0) for queued events to be acked
+/* Flushes and closes. Waits about flush_timeout_ms (>= 0; more than a year counts as a
+ * year, so INT64_MAX may stand for "as long as it takes") for queued events to be acked
  * by the relay (a connection attempt or a blocked send in progress may add up to its own
  * 5 s timeout); what is not acked by then is written to the spool (and synced),
  * to be replayed by the next open on the same spool directory. Stops the threads (after
