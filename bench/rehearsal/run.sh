@@ -10,6 +10,8 @@
 #   ONLY=ptycho bash bench/rehearsal/run.sh build  # one dataset: fashion-mnist or ptycho
 #   ONLY=fashion-mnist RANKS=1 REPEAT=3 bash bench/rehearsal/run.sh build
 #                                # 1 rank, each rehearsal/incremental pair run three times
+#   OUT=/tmp/rb-r8 ONLY=ptycho SET="sampling.representatives=8 train.epochs=24" bash bench/rehearsal/run.sh build
+#                                # every job with these --set overrides (use a fresh OUT)
 set -euo pipefail
 BUILD_DIR=${1:-build}
 cd "$(dirname "$0")/../.."
@@ -26,7 +28,7 @@ run() {  # NAME CONFIG ARGS...: one job unless its summary is already there
   rm -rf "${OUT:?}/$name"
   mkdir -p "$(dirname "$OUT/$name")"  # pair/ and repeat/K/pair/
   echo "  $name" >&2
-  if ! "$TRAIN" --config "$config" --out "$OUT/$name" --set seed="$SEED" "$@" >"$OUT/$name.log" 2>&1; then
+  if ! "$TRAIN" --config "$config" --out "$OUT/$name" --set seed="$SEED" "${EXTRA[@]}" "$@" >"$OUT/$name.log" 2>&1; then
     echo "FAILED: $name (log: $OUT/$name.log)"; tail -5 "$OUT/$name.log"; exit 1
   fi
 }
@@ -54,6 +56,11 @@ cell() {  # NAME CONFIG ARGS...
   done
 }
 
+EXTRA=()  # SET="key=value ...": one --set each, for every job (before the job's own)
+for kv in ${SET:-}; do
+  [[ "$kv" == *=* ]] || { echo "SET takes key=value words, not '$kv'"; exit 2; }
+  EXTRA+=(--set "$kv")
+done
 REPEAT=${REPEAT:-1}
 [[ "$REPEAT" =~ ^[1-9][0-9]*$ ]] || { echo "REPEAT must be a positive integer, not '$REPEAT'"; exit 2; }
 if [ -n "${QUICK:-}" ]; then DEF_RANKS="1"; BUFFERS="200 2000"; else DEF_RANKS="1 2"; BUFFERS="200 500 2000"; fi

@@ -36,6 +36,15 @@ def ratio_of(name: str, s: dict, pairs: dict, inc: dict) -> tuple:
     return (s["runtime_s"] / base["runtime_s"], []) if base else (None, [])
 
 
+def shape(s: dict) -> str:
+    """Per rank and step: stream samples + representatives, then epochs ('?' for a summary
+    written before these fields existed)."""
+    if "batch_size" not in s:
+        return "?"
+    reps = f" + {s['representatives']}" if s.get("representatives") else ""
+    return f"{s['batch_size']}{reps}, {s['epochs']}"
+
+
 def main() -> int:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/diaspora-bench-rehearsal")
     runs = load(out)
@@ -47,9 +56,9 @@ def main() -> int:
     rows = sorted(runs.items(), key=lambda kv: (kv[1]["dataset"], kv[1]["world_size"], order[kv[1]["strategy"]],
                                                  kv[1]["buffer_size"]))
     inc = {(s["dataset"], s["world_size"]): s for _, s in rows if s["strategy"] == "incremental"}
-    print("| dataset | ranks | strategy | buffer | final average | first task at the end | runtime s | "
+    print("| dataset | ranks | strategy | buffer | b + R, epochs | final average | first task at the end | runtime s | "
           "incremental before it s | x incremental | waiting for representatives | seed |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, s in rows:
         cls = "average_accuracy" in s
         avg = s["average_accuracy"] if cls else s["average_error"]
@@ -59,7 +68,7 @@ def main() -> int:
             ratio += " (median of " + ", ".join(f"{x:.2f}" for x in all_r) + ")"
         before = f"{pairs[name][0][1]:.1f}" if name in pairs else "-"
         fmt = (lambda v: f"{100 * v:.1f} %") if cls else (lambda v: f"{v:.3g}")
-        print(f"| {s['dataset']} | {s['world_size']} | {s['strategy']} | {s['buffer_size'] or '-'} | "
+        print(f"| {s['dataset']} | {s['world_size']} | {s['strategy']} | {s['buffer_size'] or '-'} | {shape(s)} | "
               f"{fmt(avg)} {'acc' if cls else 'err'} | {fmt(s['first_task_final'])} | {s['runtime_s']:.1f} | {before} | {ratio} | "
               f"{100 * s['wait_fraction']:.2f} % | {s['seed']} |")
 

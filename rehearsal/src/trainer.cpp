@@ -975,6 +975,9 @@ void Job::write_summary() {
   json::object s;
   s["strategy"] = cfg_.strategy;
   s["buffer_size"] = cfg_.uses_buffer() ? cfg_.buffer_size : 0;
+  s["representatives"] = cfg_.uses_buffer() ? cfg_.rehearsal.sampling.representatives : 0;  // R per rank and step
+  s["batch_size"] = cfg_.train.batch_size;                                         // stream samples per rank and step
+  s["epochs"] = cfg_.train.epochs;
   s["world_size"] = world_;
   s["seed"] = cfg_.seed;
   s["dataset"] = cfg_.dataset.name;

@@ -474,6 +474,10 @@ TEST(Trainer, PtychoSimErrorMatrix) {
   ASSERT_EQ(r.status, 0) << r.log;
   auto s = summary(out);
   ASSERT_TRUE(s.contains("error_matrix"));
+  // What the runtime depends on is recorded with the results (the benchmark table shows it).
+  EXPECT_EQ(s.at("representatives").as_int64(), 4);
+  EXPECT_EQ(s.at("batch_size").as_int64(), 8);
+  EXPECT_EQ(s.at("epochs").as_int64(), 20);
   const auto& m = s.at("error_matrix").as_array();
   ASSERT_EQ(m.size(), 2u);
   for (const auto& row : m)
