@@ -2,10 +2,17 @@
 // task tracker, the lock-free slot queue under contention, and the whole plugin with many
 // engine threads against an embedded relay (real TLS on 127.0.0.1) -- the test that also
 // runs under ThreadSanitizer (make test-tsan).
+#include <arpa/inet.h>
 #include <boost/json.hpp>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <future>
 #include <map>
 #include <set>
 #include <thread>
@@ -250,19 +257,16 @@ struct EmbeddedRelay {
   std::unique_ptr<diaspora::Relay> relay;
   std::string url, token;
 
-  EmbeddedRelay() {
+  // port 0: a free port, the relay listening at once. A given port: credentials and
+  // url now, the relay only when start() is called (a relay that comes up late).
+  explicit EmbeddedRelay(std::uint16_t port = 0) {
     diaspora::write_dev_certificates(dir.path() / "certs");
     diaspora::write_secret_file(dir.path() / "secret");
-    diaspora::RelayConfig cfg;
-    cfg.listen = "127.0.0.1:0";
-    cfg.data_dir = dir.path() / "data";
-    cfg.tls_cert = dir.path() / "certs/server.pem";
-    cfg.tls_key = dir.path() / "certs/server-key.pem";
-    cfg.auth_secret_file = dir.path() / "secret";
-    cfg.fsync = "never";
-    relay = std::make_unique<diaspora::Relay>(cfg);
-    relay->start();
-    url = "wss://127.0.0.1:" + std::to_string(relay->port());
+    if (port == 0) {
+      start(0);
+      port = relay->port();
+    }
+    url = "wss://127.0.0.1:" + std::to_string(port);
     diaspora::TokenClaims c;
     c.subject = "test";
     c.scopes = {"publish:*", "subscribe:*"};
@@ -270,6 +274,18 @@ struct EmbeddedRelay {
     c.expires_at = c.issued_at + std::chrono::hours(1);
     token = diaspora::issue_token(diaspora::load_secret_file(dir.path() / "secret"), c);
     std::ofstream(dir.path() / "token") << token << "\n";
+  }
+
+  void start(std::uint16_t port) {
+    diaspora::RelayConfig cfg;
+    cfg.listen = "127.0.0.1:" + std::to_string(port);
+    cfg.data_dir = dir.path() / "data";
+    cfg.tls_cert = dir.path() / "certs/server.pem";
+    cfg.tls_key = dir.path() / "certs/server-key.pem";
+    cfg.auth_secret_file = dir.path() / "secret";
+    cfg.fsync = "never";
+    relay = std::make_unique<diaspora::Relay>(cfg);
+    relay->start();
   }
 
   std::string spec(const std::string& extra_plugin = "") const {
@@ -367,8 +383,11 @@ TEST(PluginConcurrency, ManyEngineThreadsEveryEventOnceInOrderPerThread) {
 // The resilience engine inside the plugin: the spec's policy watches heartbeat silence;
 // when a task's heartbeats stop, a `restart` action reaches the engine (here by polling,
 // with the relay unreachable: decisions do not need it).
-TEST(PluginPolicies, SilentTaskIsRestartedThroughTheActionPath) {
-  TempDir dir;
+namespace {
+
+// A plugin with the relay unreachable (decisions do not need it) and a policy that
+// restarts a task whose heartbeats stop.
+diaspora_plugin* open_with_restart_policy(const TempDir& dir) {
   std::ofstream(dir.path() / "token") << "t\n";
   const std::string spec = "version: 1\nname: pol\nrelay: {url: 'wss://127.0.0.1:1', token_file: '" +
                            (dir.path() / "token").string() + "'}\nplugin: {spool_dir: '" + (dir.path() / "spool").string() +
@@ -377,18 +396,32 @@ TEST(PluginPolicies, SilentTaskIsRestartedThroughTheActionPath) {
                            "    threshold: 8\n    cooldown: 30s\n    action: restart\n    max_attempts: 2\n";
   diaspora_plugin* h = nullptr;
   char err[2048];
-  ASSERT_EQ(diaspora_open_yaml(spec.c_str(), &h, err, sizeof err), DIASPORA_OK) << err;
+  EXPECT_EQ(diaspora_open_yaml(spec.c_str(), &h, err, sizeof err), DIASPORA_OK) << err;
+  return h;
+}
+
+// Task `id` on site a: submitted, started, a heartbeat every 50 ms for 0.75 s, then silence.
+void beat_then_fall_silent(diaspora_plugin* h, const char* id) {
   diaspora_task_info info{};
   info.struct_size = sizeof info;
-  info.task_id = "worker-1";
+  info.task_id = id;
   info.site = "a";
   info.step = -1;
   ASSERT_EQ(diaspora_task_submitted(h, &info), DIASPORA_OK);
   ASSERT_EQ(diaspora_task_started(h, &info), DIASPORA_OK);
-  for (int i = 0; i < 15; ++i) {  // a heartbeat every 50 ms, then silence
+  for (int i = 0; i < 15; ++i) {
     ASSERT_EQ(diaspora_task_heartbeat(h, &info), DIASPORA_OK);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+}
+
+}  // namespace
+
+TEST(PluginPolicies, SilentTaskIsRestartedThroughTheActionPath) {
+  TempDir dir;
+  diaspora_plugin* h = open_with_restart_policy(dir);
+  ASSERT_NE(h, nullptr);
+  beat_then_fall_silent(h, "worker-1");
   diaspora_action a{};
   a.struct_size = sizeof a;
   const auto silent_since = std::chrono::steady_clock::now();
@@ -428,4 +461,117 @@ TEST(PluginPolicies, AnInvalidPolicyIsRefusedAtOpen) {
   EXPECT_EQ(h, nullptr);
   EXPECT_NE(std::string(err).find("<yaml>:"), std::string::npos) << err;
   EXPECT_NE(std::string(err).find("odd"), std::string::npos) << err;
+}
+
+// A port nothing listens on now (bound to port 0, then released).
+std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  EXPECT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// "Wait for ever" (INT64_MAX ms) must not overflow the deadline into the past: close waits
+// for a relay that comes up late, and every event is delivered instead of spooled.
+TEST(PluginClose, AForeverTimeoutWaitsForALateRelay) {
+  const std::uint16_t port = free_port();
+  EmbeddedRelay relay(port);
+  diaspora_plugin* h = nullptr;
+  char err[2048];
+  ASSERT_EQ(diaspora_open_yaml(relay.spec(", reconnect_max: 200ms").c_str(), &h, err, sizeof err), DIASPORA_OK) << err;
+  constexpr int tasks = 20;
+  for (int t = 0; t < tasks; ++t) {
+    const std::string id = "late-" + std::to_string(t);
+    diaspora_task_info info{};
+    info.struct_size = sizeof info;
+    info.task_id = id.c_str();
+    info.step = -1;
+    ASSERT_EQ(diaspora_task_submitted(h, &info), DIASPORA_OK);
+  }
+  auto closed = std::async(std::launch::async, [h] { return diaspora_close(h, INT64_MAX); });
+  EXPECT_EQ(closed.wait_for(std::chrono::milliseconds(1500)), std::future_status::timeout)
+      << "close returned before the relay was up: the deadline overflowed";
+  relay.start(port);
+  ASSERT_EQ(closed.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "close still waiting 60 s later";
+  EXPECT_EQ(closed.get(), DIASPORA_OK);
+  const auto events = relay.read(tasks);
+  std::set<std::string> ids;
+  for (const auto& e : events)
+    if (e.at("type").as_string().starts_with("org.diaspora.task.")) ids.insert(std::string(e.at("data").at("task_id").as_string()));
+  EXPECT_EQ(ids.size(), static_cast<std::size_t>(tasks));
+}
+
+// A validation message names the argument that failed, also past the tenth metric (the
+// label is formatted only on failure, so the hook path does not allocate).
+TEST(PluginAbi, TheMessageNamesTheMetricThatFailed) {
+  TempDir dir;
+  std::ofstream(dir.path() / "token") << "t\n";
+  const std::string spec = "version: 1\nname: lbl\nrelay: {url: 'wss://127.0.0.1:1', token_file: '" +
+                           (dir.path() / "token").string() + "'}\nplugin: {spool_dir: '" + (dir.path() / "spool").string() +
+                           "', control: false}\nsites: [{name: a, engine: local}]\n";
+  diaspora_plugin* h = nullptr;
+  char err[2048];
+  ASSERT_EQ(diaspora_open_yaml(spec.c_str(), &h, err, sizeof err), DIASPORA_OK) << err;
+  std::vector<std::string> names;
+  for (int i = 0; i < 12; ++i) names.push_back("m" + std::to_string(i));
+  std::vector<diaspora_metric_value> m;
+  for (const auto& n : names) m.push_back({n.c_str(), 1.0});
+  diaspora_task_info info{};
+  info.struct_size = sizeof info;
+  info.task_id = "t";
+  info.step = -1;
+  info.metrics = m.data();
+  info.metric_count = m.size();
+  ASSERT_EQ(diaspora_task_heartbeat(h, &info), DIASPORA_OK);
+  auto last_error = [h] {
+    char buf[1024];
+    diaspora_last_error(h, buf, sizeof buf);
+    return std::string(buf);
+  };
+  m[11].name = "bad name";
+  EXPECT_EQ(diaspora_task_heartbeat(h, &info), DIASPORA_ERR_INVALID);
+  EXPECT_NE(last_error().find("metrics[11].name 'bad name'"), std::string::npos) << last_error();
+  m[11].name = nullptr;
+  EXPECT_EQ(diaspora_task_heartbeat(h, &info), DIASPORA_ERR_NULL);
+  EXPECT_NE(last_error().find("metrics[11].name is NULL"), std::string::npos) << last_error();
+  m[11].name = names[11].c_str();
+  m[10].value = std::nan("");
+  EXPECT_EQ(diaspora_task_heartbeat(h, &info), DIASPORA_ERR_INVALID);
+  EXPECT_NE(last_error().find("metrics[10].value is not finite"), std::string::npos) << last_error();
+  diaspora_close(h, 0);
+}
+
+// Actions that arrived while no callback was installed stay with diaspora_poll_action when
+// one is installed later; the callback does not receive them.
+TEST(PluginActions, ActionsBeforeTheCallbackStayPollable) {
+  TempDir dir;
+  diaspora_plugin* h = open_with_restart_policy(dir);
+  ASSERT_NE(h, nullptr);
+  beat_then_fall_silent(h, "w");
+  diaspora_stats st{};
+  st.struct_size = sizeof st;
+  const auto t0 = std::chrono::steady_clock::now();
+  do {  // the restart is decided while nobody listens
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_EQ(diaspora_get_stats(h, &st), DIASPORA_OK);
+  } while (st.actions_received == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+  ASSERT_GE(st.actions_received, 1u) << "no action after 10 s of silence";
+  std::atomic<int> called{0};
+  auto cb = [](const diaspora_action*, void* user) { static_cast<std::atomic<int>*>(user)->fetch_add(1); };
+  ASSERT_EQ(diaspora_set_action_callback(h, cb, &called), DIASPORA_OK);
+  diaspora_action a{};
+  a.struct_size = sizeof a;
+  ASSERT_EQ(diaspora_poll_action(h, &a), DIASPORA_OK) << "the action decided before the callback was lost to polling";
+  EXPECT_EQ(std::string(a.kind_name), "restart");
+  EXPECT_EQ(std::string(a.task_id), "w");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(called.load(), 0) << "the callback received an action that was already waiting for polling";
+  EXPECT_EQ(diaspora_action_done(h, a.id, "restarted"), DIASPORA_OK);
+  diaspora_close(h, 0);
 }
