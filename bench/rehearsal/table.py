@@ -37,12 +37,14 @@ def ratio_of(name: str, s: dict, pairs: dict, inc: dict) -> tuple:
 
 
 def shape(s: dict) -> str:
-    """Per rank and step: stream samples + representatives, then epochs ('?' for a summary
-    written before these fields existed)."""
+    """Per rank and step: stream samples + representatives, then epochs, then the weights'
+    moving average when one was evaluated ('?' for a summary written before these fields
+    existed)."""
     if "batch_size" not in s:
         return "?"
     reps = f" + {s['representatives']}" if s.get("representatives") else ""
-    return f"{s['batch_size']}{reps}, {s['epochs']}"
+    ema = f", ema {s['ema']}" if s.get("ema") else ""
+    return f"{s['batch_size']}{reps}, {s['epochs']}{ema}"
 
 
 def main() -> int:

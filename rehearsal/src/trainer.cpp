@@ -317,6 +317,7 @@ class Job {
   // training
   double train_step(const torch::Tensor& idx, int task);
   void allreduce_grads();
+  void update_ema();
   std::vector<double> evaluate();
   int agree_stop(int local);
   std::vector<std::int64_t> max_over_ranks(std::vector<std::int64_t> values);
@@ -339,6 +340,8 @@ class Job {
   TaskData scratch_;      // scratch: tasks 0..scratch_task_ concatenated
   int scratch_task_ = -1;
   std::shared_ptr<NetImpl> model_;
+  std::shared_ptr<NetImpl> ema_;  // train.ema > 0: the averaged weights that are evaluated
+  std::int64_t ema_updates_ = 0;
   std::unique_ptr<torch::optim::Optimizer> optim_;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroup> train_group_, sampler_group_;
@@ -387,8 +390,20 @@ void Job::setup_groups() {
 }
 
 void Job::build_model() {
-  if (data_.classification) model_ = std::make_shared<SmallCnn>(static_cast<int>(data_.output_sizes[0]));
-  else model_ = std::make_shared<PtychoNet>();
+  auto make_net = [&]() -> std::shared_ptr<NetImpl> {
+    if (data_.classification) return std::make_shared<SmallCnn>(static_cast<int>(data_.output_sizes[0]));
+    return std::make_shared<PtychoNet>();
+  };
+  model_ = make_net();
+  ema_.reset();
+  ema_updates_ = 0;
+  if (cfg_.train.ema > 0) {  // the averaged copy starts as the model (its own tensors)
+    ema_ = make_net();
+    torch::NoGradGuard ng;
+    auto from = model_->parameters();
+    auto to = ema_->parameters();
+    for (std::size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+  }
   const bool adam = cfg_.train.optimizer == "adam";
   const double lr = cfg_.train.lr > 0 ? cfg_.train.lr : (adam ? 1e-3 : 0.05);
   if (adam) optim_ = std::make_unique<torch::optim::Adam>(model_->parameters(), torch::optim::AdamOptions(lr));
@@ -516,6 +531,7 @@ double Job::train_step(const torch::Tensor& idx, int task) {
   loss.backward();
   allreduce_grads();
   optim_->step();
+  update_ema();
   if (inserter_) {
     if (det) {
       // The in-flight draw must not see this step's candidates at a timing-dependent moment.
@@ -535,6 +551,20 @@ double Job::train_step(const torch::Tensor& idx, int task) {
   return lv;
 }
 
+// train.ema: the evaluated weights are an exponential moving average of the trained ones,
+// w_ema <- d w_ema + (1 - d) w with d = min(ema, (1 + n) / (10 + n)) after the n-th update
+// (the usual warm-up, so the first steps do not keep the initial weights). Every rank
+// holds the same weights (gradients are all-reduced), so every rank's average is the same.
+void Job::update_ema() {
+  if (!ema_) return;
+  const double n = static_cast<double>(ema_updates_++);
+  const double d = std::min(cfg_.train.ema, (1 + n) / (10 + n));
+  torch::NoGradGuard ng;
+  auto from = model_->parameters();
+  auto to = ema_->parameters();
+  for (std::size_t i = 0; i < to.size(); ++i) to[i].mul_(d).add_(from[i], 1 - d);
+}
+
 // Metric on every task's test set: accuracy (classification) or the mean ptycho_error
 // (probe-weighted squared error of amplitude and phase, phase up to a constant). Each rank
 // evaluates every world-th sample; sums are all-reduced.
@@ -547,7 +577,7 @@ std::vector<double> Job::evaluate() {
     auto mine = torch::arange(rank_, n, world_, torch::kLong);
     for (std::int64_t i = 0; i < mine.size(0); i += 500) {
       auto idx = mine.narrow(0, i, std::min<std::int64_t>(500, mine.size(0) - i));
-      auto pred = model_->forward(t.x.index_select(0, idx));
+      auto pred = (ema_ ? ema_ : model_)->forward(t.x.index_select(0, idx));
       auto y = t.y.index_select(0, idx);
       if (data_.classification) sum += pred.argmax(1).eq(y).sum().item<double>();
       else sum += ptycho_error(pred, y, data_.weight).sum().item<double>();
@@ -683,6 +713,10 @@ void Job::save_checkpoint(const std::string& why, bool background) {
   if (rank_ == 0) {
     a->write("model.bytes", archive_bytes([&](auto& m) { model_->save(m); }));
     a->write("optimizer.bytes", archive_bytes([&](auto& o) { optim_->save(o); }));
+    if (ema_) {
+      a->write("ema.bytes", archive_bytes([&](auto& m) { ema_->save(m); }));
+      a->write("ema.updates", c10::IValue(ema_updates_));
+    }
   }
   if (buffer_) {
     if (inserter_) inserter_->flush();
@@ -894,6 +928,20 @@ void Job::load_checkpoint(const fs::path& from) {
     read_archive(a, "optimizer", oo);
     model_->load(mm);
     optim_->load(oo);
+    torch::Tensor probe;
+    const bool has_ema = a.try_read("ema.bytes", probe);
+    if (has_ema != static_cast<bool>(ema_))
+      throw RehearsalError("checkpoint " + dir.string() + (has_ema ? " holds" : " does not hold") +
+                           " averaged weights but this run's train.ema is " + std::to_string(cfg_.train.ema) +
+                           ": resume with the train.ema the checkpoint was written with");
+    if (ema_) {
+      torch::serialize::InputArchive ee;
+      read_archive(a, "ema", ee);
+      ema_->load(ee);
+      c10::IValue n;
+      a.read("ema.updates", n);
+      ema_updates_ = n.toInt();
+    }
   }
   auto mine = open(old_world == world_ ? rank_ : 0);
   torch::Tensor rng_state;
@@ -978,6 +1026,7 @@ void Job::write_summary() {
   s["representatives"] = cfg_.uses_buffer() ? cfg_.rehearsal.sampling.representatives : 0;  // R per rank and step
   s["batch_size"] = cfg_.train.batch_size;                                         // stream samples per rank and step
   s["epochs"] = cfg_.train.epochs;
+  s["ema"] = cfg_.train.ema;  // 0: the trained weights were evaluated
   s["world_size"] = world_;
   s["seed"] = cfg_.seed;
   s["dataset"] = cfg_.dataset.name;

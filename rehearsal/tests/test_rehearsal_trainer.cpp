@@ -90,6 +90,8 @@ TEST(TrainerConfig, BadInputIsLocated) {
   EXPECT_NE(d.find("KEY=VALUE"), std::string::npos) << d;
   d = diagnostics_of("{}", {"train.epochs=-1"});
   EXPECT_NE(d.find("--set train.epochs=-1: error: train.epochs"), std::string::npos) << d;
+  d = diagnostics_of("{}", {"train.ema=1"});
+  EXPECT_NE(d.find("train.ema"), std::string::npos) << d;
   d = diagnostics_of("{}", {"no_such_key=1"});
   EXPECT_NE(d.find("no_such_key"), std::string::npos) << d;
 }
@@ -316,6 +318,40 @@ TEST(Trainer, StoppedAndResumedRunMatchesTheUninterruptedOneExactly) {
   EXPECT_GT(m[1].as_array()[1].as_double(), 0.4);
   EXPECT_TRUE(fs::exists(full / "curves.png"));
   EXPECT_TRUE(sc.contains("resumed_from"));
+}
+
+// train.ema: the evaluated weights are a moving average, which the checkpoint carries, so
+// a resumed run evaluates exactly what the uninterrupted one does; a checkpoint with or
+// without the average is refused by a run configured the other way.
+TEST(Trainer, MovingAverageOfTheWeightsResumesExactly) {
+  Watchdog dog(300s, "ema resume");
+  TempDir tmp;
+  auto cfg = write_config(tmp.path(), kSmall);
+  const fs::path plain = tmp.path() / "plain", full = tmp.path() / "full", part = tmp.path() / "part",
+                 rest = tmp.path() / "rest";
+  const std::vector<std::string> ema{"--set", "train.ema=0.9"};
+  auto args = [&](std::vector<std::string> a, bool with_ema = true) {
+    if (with_ema) a.insert(a.end(), ema.begin(), ema.end());
+    return a;
+  };
+  ASSERT_EQ(train(args({"--config", cfg.string(), "--out", plain.string()}, false), tmp.path() / "p.log").status, 0);
+  TrainRun a = train(args({"--config", cfg.string(), "--out", full.string()}), tmp.path() / "a.log");
+  ASSERT_EQ(a.status, 0) << a.log;
+  TrainRun b = train(args({"--config", cfg.string(), "--out", part.string(), "--stop-after", "50"}), tmp.path() / "b.log");
+  ASSERT_EQ(b.status, dr::kTrainCheckpointed) << b.log;
+  TrainRun c = train(args({"--config", cfg.string(), "--out", rest.string(), "--resume", part.string()}), tmp.path() / "c.log");
+  ASSERT_EQ(c.status, 0) << c.log;
+  auto sp = summary(plain), sa = summary(full), sc = summary(rest);
+  // The same training (the average does not feed back), another evaluated model.
+  EXPECT_EQ(losses(plain), losses(full));
+  EXPECT_NE(json::serialize(sp.at("accuracy_matrix")), json::serialize(sa.at("accuracy_matrix")));
+  EXPECT_EQ(json::serialize(sa.at("accuracy_matrix")), json::serialize(sc.at("accuracy_matrix")));
+  EXPECT_DOUBLE_EQ(sa.at("ema").as_double(), 0.9);
+  EXPECT_DOUBLE_EQ(sp.at("ema").as_double(), 0.0);
+  TrainRun d = train(args({"--config", cfg.string(), "--out", (tmp.path() / "d").string(), "--resume", part.string()}, false),
+                     tmp.path() / "d.log");
+  EXPECT_EQ(d.status, dr::kTrainError);
+  EXPECT_NE(d.log.find("averaged weights"), std::string::npos) << d.log;
 }
 
 TEST(Trainer, TwoRanksResumeExactlyOnTwo) {

@@ -41,6 +41,7 @@ struct TrainConfig {
   double lr = 0;                   ///< 0: the optimizer's default (sgd 0.05, adam 0.001)
   std::string optimizer = "sgd";
   double momentum = 0;
+  double ema = 0;                  ///< 0: off; else the decay of the evaluated weights' moving average
   int threads = 0;                 ///< 0: hardware threads / ranks
   bool deterministic = true;
   std::int64_t log_every = 50;
