@@ -12,6 +12,8 @@
 #                                # 1 rank, each rehearsal/incremental pair run three times
 #   OUT=/tmp/rb-r8 ONLY=ptycho SET="sampling.representatives=8 train.epochs=24" bash bench/rehearsal/run.sh build
 #                                # every job with these --set overrides (use a fresh OUT)
+#   PAIRS=sequential bash bench/rehearsal/run.sh build
+#                                # 1-rank pairs one after the other, as 2-rank pairs always are
 set -euo pipefail
 BUILD_DIR=${1:-build}
 cd "$(dirname "$0")/../.."
@@ -33,22 +35,61 @@ run() {  # NAME CONFIG ARGS...: one job unless its summary is already there
   fi
 }
 
-# A rehearsal job and, right before it, an incremental job of the same config and ranks
-# (OUT/pair/NAME): the table's "x incremental" divides by that neighbour's runtime, so a
-# host that slows down for a few minutes (this VM's step time swings by up to 1.7x) moves
-# both sides of the ratio.
+# A rehearsal job and its incremental neighbour of the same config and ranks
+# (OUT/pair/NAME): the table's "x incremental" divides by the neighbour's runtime. A 1-rank
+# pair runs at the same time, each job pinned to a core of its own (swapped from pair to
+# pair), so both see the same host: this VM's speed drifts by up to 1.7x within minutes,
+# and jobs run one after the other measured the drift as much as the job (27 sequential
+# 1-rank pairs gave 0.80x-1.56x; concurrent pairs of one cell agree within 1 %). The
+# rehearsal job's own threads (inserter, sampler, checkpoint writer) share its core.
+# 2-rank pairs (two cores a job) and PAIRS=sequential run the incremental job right before.
 # REPEAT=N runs each pair N times (the extra ones under OUT/repeat/K/): the table then gives
 # the median of the N ratios and lists them.
-pair_and_cell() {  # PREFIX NAME CONFIG ARGS...
-  local prefix=$1 name=$2 config=$3
+PAIR_NO=0
+RUNNING=""  # pids of the two jobs of a concurrent pair while they run
+trap 'for p in $RUNNING; do kill "$p" 2>/dev/null; done' EXIT
+trap 'exit 130' INT TERM
+launch() {  # CPU NAME CONFIG ARGS...: one job pinned to CPU, in the background; LAUNCHED=its pid
+  local cpu=$1 name=$2 config=$3
   shift 3
-  if [ ! -f "$OUT/$prefix$name/summary.json" ]; then
-    rm -rf "${OUT:?}/${prefix}pair/$name"
-    run "${prefix}pair/$name" "$config" "$@" --set strategy=incremental
-  fi
-  run "$prefix$name" "$config" "$@"
+  rm -rf "${OUT:?}/$name"
+  mkdir -p "$(dirname "$OUT/$name")"
+  echo "  $name (cpu $cpu)" >&2
+  taskset -c "$cpu" "$TRAIN" --config "$config" --out "$OUT/$name" --set seed="$SEED" "${EXTRA[@]}" "$@" \
+    >"$OUT/$name.log" 2>&1 &
+  LAUNCHED=$!
 }
-cell() {  # NAME CONFIG ARGS...
+finish() {  # PID NAME: waits for a launched job; on failure the script stops (the trap kills the other)
+  wait "$1" && return
+  echo "FAILED: $2 (log: $OUT/$2.log)"; tail -5 "$OUT/$2.log"; exit 1
+}
+pair_and_cell() {  # PREFIX NAME RANKS CONFIG ARGS...
+  local prefix=$1 name=$2 ranks=$3 config=$4 p1 p2 first
+  shift 4
+  if [ "$ranks" = 1 ] && [ "$PAIRS" = concurrent ]; then
+    # Done only when both jobs and the mark are there (an interrupted pair runs again whole).
+    [ -f "$OUT/$prefix$name/summary.json" ] && [ -f "$OUT/${prefix}pair/$name/summary.json" ] &&
+      [ -f "$OUT/${prefix}pair/$name.concurrent" ] && return
+    rm -f "$OUT/${prefix}pair/$name.concurrent"
+    first=$((PAIR_NO % 2))
+    PAIR_NO=$((PAIR_NO + 1))
+    launch "${CPUS[$first]}" "${prefix}pair/$name" "$config" "$@" --set strategy=incremental
+    p1=$LAUNCHED
+    launch "${CPUS[$((1 - first))]}" "$prefix$name" "$config" "$@"
+    p2=$LAUNCHED
+    RUNNING="$p1 $p2"
+    finish "$p1" "${prefix}pair/$name"
+    finish "$p2" "$prefix$name"
+    RUNNING=""
+    touch "$OUT/${prefix}pair/$name.concurrent"
+  else
+    [ -f "$OUT/$prefix$name/summary.json" ] && return
+    rm -rf "${OUT:?}/${prefix}pair/$name" "${OUT:?}/${prefix}pair/$name.concurrent"
+    run "${prefix}pair/$name" "$config" "$@" --set strategy=incremental
+    run "$prefix$name" "$config" "$@"
+  fi
+}
+cell() {  # NAME RANKS CONFIG ARGS...
   local k
   pair_and_cell "" "$@"
   for ((k = 2; k <= REPEAT; k++)); do
@@ -62,6 +103,16 @@ for kv in ${SET:-}; do
   EXTRA+=(--set "$kv")
 done
 REPEAT=${REPEAT:-1}
+PAIRS=${PAIRS:-concurrent}
+case "$PAIRS" in concurrent|sequential) ;; *) echo "PAIRS must be concurrent or sequential, not '$PAIRS'"; exit 2;; esac
+CPUS=()
+if [ "$PAIRS" = concurrent ]; then  # the first two CPUs this process may run on
+  read -r -a CPUS < <(/usr/bin/python3 -c 'import os; print(*sorted(os.sched_getaffinity(0))[:2])')
+  if [ "${#CPUS[@]}" -lt 2 ] || ! command -v taskset >/dev/null; then
+    echo "concurrent pairs need two CPUs and taskset (util-linux): running them one after the other"
+    PAIRS=sequential
+  fi
+fi
 [[ "$REPEAT" =~ ^[1-9][0-9]*$ ]] || { echo "REPEAT must be a positive integer, not '$REPEAT'"; exit 2; }
 if [ -n "${QUICK:-}" ]; then DEF_RANKS="1"; BUFFERS="200 2000"; else DEF_RANKS="1 2"; BUFFERS="200 500 2000"; fi
 RANKS=${RANKS:-$DEF_RANKS}  # RANKS=1 or RANKS=2: one block of Fashion-MNIST
@@ -73,12 +124,12 @@ case "$ONLY" in ""|fashion-mnist|ptycho) ;; *) echo "ONLY must be fashion-mnist 
 for w in $RANKS; do
   for s in scratch incremental; do run "fm-$s-w$w" "$FM" --world-size "$w" --set strategy=$s; done
   for b in $BUFFERS; do
-    for s in er der derpp; do cell "fm-$s-b$b-w$w" "$FM" --world-size "$w" --set strategy=$s --set buffer_size="$b"; done
+    for s in er der derpp; do cell "fm-$s-b$b-w$w" "$w" "$FM" --world-size "$w" --set strategy=$s --set buffer_size="$b"; done
   done
 done
 [ "$ONLY" = fashion-mnist ] && PT_BUFFERS="" || PT_BUFFERS="200 2000"
 [ "$ONLY" = fashion-mnist ] || for s in scratch incremental; do run "pt-$s-w1" "$PT" --set strategy=$s; done
 for b in $PT_BUFFERS; do
-  for s in er der derpp; do cell "pt-$s-b$b-w1" "$PT" --set strategy=$s --set buffer_size="$b"; done
+  for s in er der derpp; do cell "pt-$s-b$b-w1" 1 "$PT" --set strategy=$s --set buffer_size="$b"; done
 done
 /usr/bin/python3 bench/rehearsal/table.py "$OUT"

@@ -15,14 +15,17 @@ def load(out: Path) -> dict:
 
 
 def load_pairs(out: Path) -> dict:
-    """NAME -> [(its runtime, the runtime of the incremental job run right before it)]:
-    OUT/NAME with OUT/pair/NAME first, then OUT/repeat/K/NAME with OUT/repeat/K/pair/NAME."""
+    """NAME -> [(its runtime, the runtime of its incremental neighbour, whether the two ran
+    at the same time)]: OUT/NAME with OUT/pair/NAME first, then OUT/repeat/K/NAME with
+    OUT/repeat/K/pair/NAME. run.sh marks a concurrent pair with OUT/pair/NAME.concurrent;
+    otherwise the neighbour ran right before."""
     pairs = {}
     for d in [out] + sorted((out / "repeat").glob("*")):
-        cells, before = load(d), load(d / "pair")
+        cells, neighbours = load(d), load(d / "pair")
         for name, s in cells.items():
-            if name in before:
-                pairs.setdefault(name, []).append((s["runtime_s"], before[name]["runtime_s"]))
+            if name in neighbours:
+                same_time = (d / "pair" / f"{name}.concurrent").exists()
+                pairs.setdefault(name, []).append((s["runtime_s"], neighbours[name]["runtime_s"], same_time))
     return pairs
 
 
@@ -30,7 +33,7 @@ def ratio_of(name: str, s: dict, pairs: dict, inc: dict) -> tuple:
     """(runtime / incremental's, every ratio): the median over the job's pairs when it has
     any, else against the table's incremental row (None when there is none)."""
     if name in pairs:
-        ratios = [r / b for r, b in pairs[name]]
+        ratios = [r / b for r, b, _ in pairs[name]]
         return statistics.median(ratios), ratios
     base = inc.get((s["dataset"], s["world_size"]))
     return (s["runtime_s"] / base["runtime_s"], []) if base else (None, [])
@@ -59,7 +62,7 @@ def main() -> int:
                                                  kv[1]["buffer_size"]))
     inc = {(s["dataset"], s["world_size"]): s for _, s in rows if s["strategy"] == "incremental"}
     print("| dataset | ranks | strategy | buffer | b + R, epochs | final average | first task at the end | runtime s | "
-          "incremental before it s | x incremental | waiting for representatives | seed |")
+          "incremental neighbour s | x incremental | waiting for representatives | seed |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, s in rows:
         cls = "average_accuracy" in s
@@ -68,7 +71,10 @@ def main() -> int:
         ratio = f"{r:.2f}" if r is not None else "-"
         if len(all_r) > 1:
             ratio += " (median of " + ", ".join(f"{x:.2f}" for x in all_r) + ")"
-        before = f"{pairs[name][0][1]:.1f}" if name in pairs else "-"
+        before = "-"
+        if name in pairs:
+            _, b, same_time = pairs[name][0]
+            before = f"{b:.1f}, {'same time' if same_time else 'before'}"
         fmt = (lambda v: f"{100 * v:.1f} %") if cls else (lambda v: f"{v:.3g}")
         print(f"| {s['dataset']} | {s['world_size']} | {s['strategy']} | {s['buffer_size'] or '-'} | {shape(s)} | "
               f"{fmt(avg)} {'acc' if cls else 'err'} | {fmt(s['first_task_final'])} | {s['runtime_s']:.1f} | {before} | {ratio} | "
