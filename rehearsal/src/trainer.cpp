@@ -398,7 +398,12 @@ void Job::build_model() {
   ema_.reset();
   ema_updates_ = 0;
   if (cfg_.train.ema > 0) {  // the averaged copy starts as the model (its own tensors)
+    // Its initialisation must not consume the generator: a run with the average draws
+    // the same numbers as one without.
+    auto gen = at::detail::getDefaultCPUGenerator();
+    const auto state = gen.get_state();
     ema_ = make_net();
+    gen.set_state(state);
     torch::NoGradGuard ng;
     auto from = model_->parameters();
     auto to = ema_->parameters();
@@ -761,6 +766,7 @@ void Job::save_checkpoint(const std::string& why, bool background) {
     m["dataset"] = cfg_.dataset.name;
     m["tasks"] = cfg_.dataset.tasks;
     m["metric"] = metric_name(data_);
+    m["ema"] = cfg_.train.ema;
     m["reason"] = why;
     m["elapsed_s"] = elapsed_before_ + seconds_since(started_);
     json::array mat;
@@ -887,6 +893,15 @@ void Job::load_checkpoint(const fs::path& from) {
                            "MSE; its error matrix cannot be continued with ptycho_error: start the job again");
     if (const auto* metric = m.if_contains("metric"))
       mismatch("metric", std::string(metric->as_string()), metric_name(data_));
+    // The averaged weights continue only with the decay they were averaged with (a
+    // checkpoint from before the field had none).
+    const double ema = m.contains("ema") ? m.at("ema").to_number<double>() : 0.0;
+    auto text = [](double v) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.10g", v);
+      return std::string(b);
+    };
+    if (ema != cfg_.train.ema) mismatch("train.ema", text(ema), text(cfg_.train.ema));
     pos_.step = m.at("step").to_number<std::int64_t>();
     pos_.task = m.at("task").to_number<int>();
     pos_.epoch = m.at("epoch").to_number<int>();

@@ -321,8 +321,8 @@ TEST(Trainer, StoppedAndResumedRunMatchesTheUninterruptedOneExactly) {
 }
 
 // train.ema: the evaluated weights are a moving average, which the checkpoint carries, so
-// a resumed run evaluates exactly what the uninterrupted one does; a checkpoint with or
-// without the average is refused by a run configured the other way.
+// a resumed run evaluates exactly what the uninterrupted one does; a run with another
+// train.ema (none, or another decay) is refused.
 TEST(Trainer, MovingAverageOfTheWeightsResumesExactly) {
   Watchdog dog(300s, "ema resume");
   TempDir tmp;
@@ -351,7 +351,12 @@ TEST(Trainer, MovingAverageOfTheWeightsResumesExactly) {
   TrainRun d = train(args({"--config", cfg.string(), "--out", (tmp.path() / "d").string(), "--resume", part.string()}, false),
                      tmp.path() / "d.log");
   EXPECT_EQ(d.status, dr::kTrainError);
-  EXPECT_NE(d.log.find("averaged weights"), std::string::npos) << d.log;
+  EXPECT_NE(d.log.find("train.ema 0.9"), std::string::npos) << d.log;
+  TrainRun e = train({"--config", cfg.string(), "--out", (tmp.path() / "e").string(), "--resume", part.string(), "--set",
+                      "train.ema=0.5"},
+                     tmp.path() / "e.log");
+  EXPECT_EQ(e.status, dr::kTrainError);
+  EXPECT_NE(e.log.find("this config has 0.5"), std::string::npos) << e.log;
 }
 
 TEST(Trainer, TwoRanksResumeExactlyOnTwo) {

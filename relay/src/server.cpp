@@ -744,16 +744,24 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
         json::serialize(json::object{{"op", "committed"}, {"group", *g}, {"topic", *t}, {"offset", *off}});
     net::post(*relay_->commits, [self = shared_from_this(), group = std::string(g->get_string()), topic,
                                  offset = off->to_number<std::uint64_t>(), reply = std::move(reply)]() mutable {
-      std::string error;
+      std::string error, code = "storage_error";
       try {
         self->relay_->store->commit_group_offset(group, topic, offset);
+      } catch (const relay::GroupLimitError& e) {
+        error = e.what();
+        code = "too_many_groups";
       } catch (const std::exception& e) {
         error = e.what();
       }
-      net::post(self->ws_.get_executor(), [self, error = std::move(error), reply = std::move(reply)]() mutable {
+      net::post(self->ws_.get_executor(), [self, error = std::move(error), code = std::move(code), group, topic,
+                                           reply = std::move(reply)]() mutable {
         --self->inflight_;
-        if (error.empty()) self->send(std::move(reply));
-        else self->send_error("storage_error", error, nullptr);
+        if (error.empty()) {
+          self->send(std::move(reply));
+        } else {  // commits may be answered out of order: say which one failed
+          self->send(json::serialize(json::object{
+              {"op", "error"}, {"code", code}, {"message", error}, {"group", group}, {"topic", topic}}));
+        }
         self->after_reply();
       });
     });
@@ -1267,7 +1275,8 @@ void validate_relay_config(const RelayConfig& c) {
   if (c.max_event_bytes > c.max_frame_bytes) throw Error("max_event_bytes must not exceed max_frame_bytes");
   // A log record holds at most 16 MiB with its headers, producer id and (source, id) key.
   if (c.max_event_bytes > (15u << 20)) throw Error("max_event_bytes must be at most 15MiB (the log's record limit is 16MiB)");
-  if (c.max_inflight_batches < 1 || c.subscriber_queue_frames < 1 || c.max_batch_events < 1 || c.delivery_batch_events < 1)
+  if (c.max_inflight_batches < 1 || c.subscriber_queue_frames < 1 || c.max_batch_events < 1 || c.delivery_batch_events < 1 ||
+      c.max_consumer_groups < 1)
     throw Error("limits must be at least 1");
 }
 
@@ -1300,6 +1309,7 @@ Relay::Relay(RelayConfig config) : self_(std::make_shared<Impl>()) {
   lo.segment_bytes = cfg.segment_bytes;
   lo.retention_bytes = cfg.retention_bytes;
   lo.retention_age = cfg.retention_age;
+  lo.max_groups = cfg.max_consumer_groups;
   self_->store = std::make_unique<relay::LogStore>(lo);
   std::weak_ptr<Impl> weak = self_;
   self_->store->set_commit_listener([weak](const std::string& topic, std::uint64_t) {

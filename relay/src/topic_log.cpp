@@ -1734,6 +1734,10 @@ void LogStore::commit_group_offset(const std::string& group, const std::string& 
   {
     std::lock_guard lk(self_->groups_mu_);
     if (auto it = self_->groups_.find(group); it != self_->groups_.end()) offsets = it->second;
+    else if (self_->groups_.size() >= self_->opt_.max_groups)
+      throw GroupLimitError("the relay keeps at most " + std::to_string(self_->opt_.max_groups) +
+                            " consumer groups (limits.max_consumer_groups) and has as many: commit with a group that "
+                            "exists, or raise the limit");
   }
   offsets[topic] = offset;
 

@@ -52,6 +52,12 @@ struct FsyncPolicy {
   static FsyncPolicy parse(std::string_view text);
 };
 
+/// commit_group_offset for a new group when LogOptions::max_groups groups exist already.
+class GroupLimitError : public Error {
+ public:
+  using Error::Error;
+};
+
 struct LogOptions {
   std::filesystem::path data_dir;           ///< topics live in data_dir/topics/<topic>/
   FsyncPolicy fsync;
@@ -60,6 +66,7 @@ struct LogOptions {
   std::chrono::seconds retention_age{0};      ///< 0 = unlimited
   std::uint32_t index_interval_bytes = 4096;  ///< one sparse index entry per this many bytes
   std::size_t dedupe_window = 1u << 18;       ///< remembered (source, id) keys per topic (32 B each); 0 = no event dedupe
+  std::size_t max_groups = 10000;             ///< consumer groups kept; a commit that would add one more throws GroupLimitError
   /// Fault injection for tests: when set, called instead of ::fdatasync(fd) on a segment
   /// (returns 0 or -1 with errno set, like fdatasync). Called from the syncer threads.
   std::function<int(int fd)> segment_sync;
@@ -173,7 +180,8 @@ class LogStore {
   void enforce_retention();
 
   /// Consumer-group offsets, persisted atomically in data_dir/groups/<group>.json.
-  /// commit_group_offset blocks for two fsyncs and throws Error for a group or topic name
+  /// commit_group_offset blocks for two fsyncs and throws GroupLimitError for a group that
+  /// would be one more than LogOptions::max_groups, Error for a group or topic name
   /// that is not a valid_topic_name() or when the file cannot be written.
   void commit_group_offset(const std::string& group, const std::string& topic, std::uint64_t offset);
   std::optional<std::uint64_t> group_offset(const std::string& group, const std::string& topic) const;

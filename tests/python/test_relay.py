@@ -399,6 +399,29 @@ def test_slow_subscriber_is_disconnected_with_4008(creds, tmp_path):
         assert relay.stop() == 0
 
 
+def test_consumer_groups_are_bounded_and_kept_across_a_restart(creds, tmp_path):
+    """limits.max_consumer_groups: a commit that would add one more group is refused with
+    too_many_groups (nothing else changes); existing groups still commit, also after a
+    restart, which reloads the groups from disk and keeps counting them."""
+    relay = RelayProcess(creds, tmp_path / "groups", config={"limits": {"max_consumer_groups": 2}}).start()
+    try:
+        async def commits(groups):
+            ws = await session(relay, admin(creds))
+            return [await request(ws, {"op": "commit", "group": g, "topic": "t", "offset": n})
+                    for n, g in enumerate(groups)]
+        r = run(commits(["a", "b", "c", "a"]))
+        assert [m["op"] for m in r] == ["committed", "committed", "error", "committed"], r
+        assert r[2]["code"] == "too_many_groups" and "max_consumer_groups" in r[2]["message"], r[2]
+        assert (r[2]["group"], r[2]["topic"]) == ("c", "t"), r[2]
+        assert relay.stop() == 0
+        relay.start()
+        r = run(commits(["d", "b"]))
+        assert r[0]["code"] == "too_many_groups" and r[1]["op"] == "committed", r
+        assert sorted(p.stem for p in (tmp_path / "groups" / "groups").glob("*.json")) == ["a", "b"]
+    finally:
+        assert relay.stop() == 0
+
+
 def test_idle_subscription_outlives_the_http_phase_deadlines(relay, creds):
     """A subscriber idle for longer than every HTTP/TLS-phase deadline (30 s) still gets
     events: long-lived connections are governed by WebSocket keep-alive pings only."""

@@ -421,7 +421,7 @@ TEST(PluginPolicies, SilentTaskIsRestartedThroughTheActionPath) {
   TempDir dir;
   diaspora_plugin* h = open_with_restart_policy(dir);
   ASSERT_NE(h, nullptr);
-  beat_then_fall_silent(h, "worker-1");
+  ASSERT_NO_FATAL_FAILURE(beat_then_fall_silent(h, "worker-1"));
   diaspora_action a{};
   a.struct_size = sizeof a;
   const auto silent_since = std::chrono::steady_clock::now();
@@ -463,25 +463,32 @@ TEST(PluginPolicies, AnInvalidPolicyIsRefusedAtOpen) {
   EXPECT_NE(std::string(err).find("odd"), std::string::npos) << err;
 }
 
-// A port nothing listens on now (bound to port 0, then released).
-std::uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  EXPECT_GE(fd, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+// A loopback port held bound but not listening (connections to it are refused) until
+// the descriptor is closed, so that nothing else takes it meanwhile.
+struct ReservedPort {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  std::uint16_t port = 0;
+  ReservedPort() {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+    port = ntohs(a.sin_port);
+  }
+  void release() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+  ~ReservedPort() { release(); }
+};
 
 // "Wait for ever" (INT64_MAX ms) must not overflow the deadline into the past: close waits
 // for a relay that comes up late, and every event is delivered instead of spooled.
 TEST(PluginClose, AForeverTimeoutWaitsForALateRelay) {
-  const std::uint16_t port = free_port();
-  EmbeddedRelay relay(port);
+  ReservedPort port;
+  EmbeddedRelay relay(port.port);
   diaspora_plugin* h = nullptr;
   char err[2048];
   ASSERT_EQ(diaspora_open_yaml(relay.spec(", reconnect_max: 200ms").c_str(), &h, err, sizeof err), DIASPORA_OK) << err;
@@ -494,11 +501,23 @@ TEST(PluginClose, AForeverTimeoutWaitsForALateRelay) {
     info.step = -1;
     ASSERT_EQ(diaspora_task_submitted(h, &info), DIASPORA_OK);
   }
-  auto closed = std::async(std::launch::async, [h] { return diaspora_close(h, INT64_MAX); });
+  // close runs on a thread of its own, detached if the test fails while it still waits
+  // (a close that never returns must fail the test, not hang it).
+  auto result = std::make_shared<std::promise<int>>();
+  std::future<int> closed = result->get_future();
+  std::thread closer([h, result] { result->set_value(diaspora_close(h, INT64_MAX)); });
+  struct DetachOnExit {
+    std::thread& t;
+    ~DetachOnExit() {
+      if (t.joinable()) t.detach();
+    }
+  } guard{closer};
   EXPECT_EQ(closed.wait_for(std::chrono::milliseconds(1500)), std::future_status::timeout)
       << "close returned before the relay was up: the deadline overflowed";
-  relay.start(port);
+  port.release();
+  relay.start(port.port);
   ASSERT_EQ(closed.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "close still waiting 60 s later";
+  closer.join();
   EXPECT_EQ(closed.get(), DIASPORA_OK);
   const auto events = relay.read(tasks);
   std::set<std::string> ids;
@@ -553,7 +572,7 @@ TEST(PluginActions, ActionsBeforeTheCallbackStayPollable) {
   TempDir dir;
   diaspora_plugin* h = open_with_restart_policy(dir);
   ASSERT_NE(h, nullptr);
-  beat_then_fall_silent(h, "w");
+  ASSERT_NO_FATAL_FAILURE(beat_then_fall_silent(h, "w"));
   diaspora_stats st{};
   st.struct_size = sizeof st;
   const auto t0 = std::chrono::steady_clock::now();

@@ -927,6 +927,20 @@ TEST(TopicLog, GroupOffsetsPersistAndCorruptFilesAreIgnored) {
   EXPECT_EQ(s.group_offset("broken", "t"), 5u);
 }
 
+TEST(TopicLog, GroupsAreBoundedInNumber) {
+  TempDir dir;
+  auto o = options(dir.path());
+  o.max_groups = 2;
+  LogStore s(o);
+  s.commit_group_offset("a", "t", 1);
+  s.commit_group_offset("b", "t", 2);
+  EXPECT_THROW(s.commit_group_offset("c", "t", 3), diaspora::relay::GroupLimitError);
+  EXPECT_FALSE(s.group_offset("c", "t"));
+  EXPECT_FALSE(fs::exists(dir.path() / "groups" / "c.json"));
+  s.commit_group_offset("a", "u", 4);  // existing groups still commit, on any topic
+  EXPECT_EQ(s.group_offset("a", "u"), 4u);
+}
+
 TEST(TopicLog, OneStorePerDirectory) {
   TempDir dir;
   LogStore s(options(dir.path()));

@@ -35,6 +35,7 @@ struct RelayConfig {
   std::chrono::seconds slow_subscriber_timeout{30};  ///< paused this long => disconnected (slow_consumer)
   std::size_t delivery_batch_events = 1000;   ///< events per `events` frame
   std::size_t delivery_batch_bytes = 1u << 20;
+  std::size_t max_consumer_groups = 10000;    ///< groups with committed offsets; one more is refused (too_many_groups)
   bool validate_payloads = true;              ///< check org.diaspora.* data against its schema
   bool public_metrics = true;                 ///< /metrics without a token (false: admin scope needed)
   int threads = 2;                            ///< I/O threads
