@@ -40,7 +40,7 @@ run() {  # NAME CONFIG ARGS...: one job unless its summary is already there
 # pair runs at the same time, each job pinned to a core of its own (swapped from pair to
 # pair), so both see the same host: this VM's speed drifts by up to 1.7x within minutes,
 # and jobs run one after the other measured the drift as much as the job (27 sequential
-# 1-rank pairs gave 0.80x-1.56x; concurrent pairs of one cell agree within 1 %). The
+# 1-rank pairs gave 0.80x-1.56x; concurrent pairs of one cell agree within about 3 %). The
 # rehearsal job's own threads (inserter, sampler, checkpoint writer) share its core.
 # 2-rank pairs (two cores a job) and PAIRS=sequential run the incremental job right before.
 # REPEAT=N runs each pair N times (the extra ones under OUT/repeat/K/): the table then gives
