@@ -1,6 +1,8 @@
 // diaspora-relay: serve the event fabric on one TLS port until SIGTERM/SIGINT.
 #include <CLI/CLI.hpp>
 
+#include <sys/resource.h>
+
 #include <csignal>
 #include <iostream>
 
@@ -45,6 +47,13 @@ int main(int argc, char** argv) {
   if (!secret.empty()) cfg.auth_secret_file = secret;
   if (!port_file.empty()) cfg.port_file = port_file;
   if (!fsync.empty()) cfg.fsync = fsync;
+
+  // Every segment of every topic holds a descriptor: take all the open files the hard
+  // limit allows (a soft limit of 1024 is common and too low for a long log).
+  if (rlimit nofile{}; ::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &nofile);
+  }
 
   // Block the signals before any thread starts, then wait for one on this thread.
   sigset_t set;

@@ -631,10 +631,10 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
         if (r.duplicate_batch) a["duplicate_batch"] = true;
         send(json::serialize(a));
       } else {
-        nack(&seq, "storage_error", r.error);
+        nack(&seq, r.code, r.error);
       }
     } else if (!r.ok) {  // cloudevents.json has no nack: say it in the close
-      close(websocket::close_code::internal_error, close_reason_text("storage_error: " + r.error));
+      close(websocket::close_code::internal_error, close_reason_text(r.code + ": " + r.error));
     }
     after_reply();
   }
@@ -1276,7 +1276,7 @@ void validate_relay_config(const RelayConfig& c) {
   // A log record holds at most 16 MiB with its headers, producer id and (source, id) key.
   if (c.max_event_bytes > (15u << 20)) throw Error("max_event_bytes must be at most 15MiB (the log's record limit is 16MiB)");
   if (c.max_inflight_batches < 1 || c.subscriber_queue_frames < 1 || c.max_batch_events < 1 || c.delivery_batch_events < 1 ||
-      c.max_consumer_groups < 1)
+      c.max_consumer_groups < 1 || c.max_topics < 1)
     throw Error("limits must be at least 1");
 }
 
@@ -1310,6 +1310,7 @@ Relay::Relay(RelayConfig config) : self_(std::make_shared<Impl>()) {
   lo.retention_bytes = cfg.retention_bytes;
   lo.retention_age = cfg.retention_age;
   lo.max_groups = cfg.max_consumer_groups;
+  lo.max_topics = cfg.max_topics;
   self_->store = std::make_unique<relay::LogStore>(lo);
   std::weak_ptr<Impl> weak = self_;
   self_->store->set_commit_listener([weak](const std::string& topic, std::uint64_t) {

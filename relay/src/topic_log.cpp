@@ -629,6 +629,7 @@ struct TopicWork {
   bool advanced = false;  // written, and the writer's state moved past it
   bool failed = false;
   std::string error;
+  std::string code = "storage_error";  // AppendResult::code of its failed batches
 };
 
 const std::vector<double> kFsyncBounds = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
@@ -708,7 +709,7 @@ struct LogStore::Impl {
   void interval_syncer_loop();
   void commit_ready(std::unique_lock<std::mutex>& lk);
   bool has_unclaimed() const;
-  Topic* get_or_create_topic(const std::string& name, std::string& error);
+  Topic* get_or_create_topic(const std::string& name, std::string& error, std::string& code);
   void enforce_retention_locked();
 
   // ---- recovery and lookup ----
@@ -1219,7 +1220,7 @@ void LogStore::Impl::process_locked(Group& g) {
   for (auto& [name, w] : work) {
     try {
       std::string error;
-      w.topic = get_or_create_topic(std::string(name), error);
+      w.topic = get_or_create_topic(std::string(name), error, w.code);
       if (w.topic && w.topic->broken.load(std::memory_order_acquire))
         error = "topic '" + w.topic->name + "' takes no writes until the relay restarts (" + w.topic->broken_why + ")";
       if (!w.topic || !error.empty()) {
@@ -1264,6 +1265,7 @@ void LogStore::Impl::finish(Group& g) {
       for (std::size_t i : w.to_finish) {
         g.results[i] = AppendResult{};
         g.results[i].error = w.error;
+        g.results[i].code = w.code;
       }
       continue;
     }
@@ -1293,8 +1295,17 @@ void LogStore::Impl::finish(Group& g) {
   }
 }
 
-Topic* LogStore::Impl::get_or_create_topic(const std::string& name, std::string& error) {
+Topic* LogStore::Impl::get_or_create_topic(const std::string& name, std::string& error, std::string& code) {
   if (Topic* t = find_topic(name)) return t;
+  {
+    std::shared_lock lk(topics_mu_);
+    if (topics_.size() >= opt_.max_topics) {
+      code = "too_many_topics";
+      error = "the relay keeps at most " + std::to_string(opt_.max_topics) +
+              " topics (limits.max_topics) and has as many: publish to a topic that exists, or raise the limit";
+      return nullptr;
+    }
+  }
   auto t = std::make_unique<Topic>();
   t->name = name;
   t->dir = topics_dir_ / name;

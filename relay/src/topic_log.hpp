@@ -67,6 +67,7 @@ struct LogOptions {
   std::uint32_t index_interval_bytes = 4096;  ///< one sparse index entry per this many bytes
   std::size_t dedupe_window = 1u << 18;       ///< remembered (source, id) keys per topic (32 B each); 0 = no event dedupe
   std::size_t max_groups = 10000;             ///< consumer groups kept; a commit that would add one more throws GroupLimitError
+  std::size_t max_topics = 10000;             ///< topics kept; an append that would create one more fails (too_many_topics)
   /// Fault injection for tests: when set, called instead of ::fdatasync(fd) on a segment
   /// (returns 0 or -1 with errno set, like fdatasync). Called from the syncer threads.
   std::function<int(int fd)> segment_sync;
@@ -82,6 +83,7 @@ struct AppendRecord {
 struct AppendResult {
   bool ok = false;
   std::string error;                 ///< when !ok: why (I/O error text)
+  std::string code = "storage_error";  ///< when !ok: the nack code (too_many_topics for a topic over LogOptions::max_topics)
   std::uint64_t first_offset = 0;    ///< offset of the first newly written record
   std::uint32_t written = 0;         ///< records written
   std::uint32_t duplicates = 0;      ///< records dropped as duplicates by (source, id)

@@ -13,8 +13,8 @@ import urllib.request
 import pytest
 import websockets
 
-from relay_harness import (DIASPORA, TIMEOUT, Credentials, RelayProcess, connect, event, new_id, recv, request, run,
-                           session, sh)
+from relay_harness import (DIASPORA, TIMEOUT, Credentials, RelayProcess, collect_all, connect, event, new_id, recv,
+                           request, run, session, sh)
 
 
 @pytest.fixture(scope="module")
@@ -418,6 +418,28 @@ def test_consumer_groups_are_bounded_and_kept_across_a_restart(creds, tmp_path):
         r = run(commits(["d", "b"]))
         assert r[0]["code"] == "too_many_groups" and r[1]["op"] == "committed", r
         assert sorted(p.stem for p in (tmp_path / "groups" / "groups").glob("*.json")) == ["a", "b"]
+    finally:
+        assert relay.stop() == 0
+
+
+def test_topics_are_bounded_in_number(creds, tmp_path):
+    """limits.max_topics: a publish that would create one more topic is nacked with
+    too_many_topics (on /ce/: closed 1011 naming it); existing topics take writes."""
+    relay = RelayProcess(creds, tmp_path / "topics", config={"limits": {"max_topics": 2}}).start()
+    try:
+        async def go():
+            ws = await session(relay, admin(creds))
+            acks = [await publish(ws, t, n, [event(f"{t}-{n}")]) for n, t in enumerate(["t1", "t2", "t3", "t1"])]
+            assert [a["op"] for a in acks] == ["ack", "ack", "nack", "ack"], acks
+            assert acks[2]["code"] == "too_many_topics" and "max_topics" in acks[2]["message"], acks[2]
+            ce = await connect(relay, admin(creds), path="/ce/t4", subprotocol="cloudevents.json")
+            await ce.send(json.dumps(event("ce-1")))
+            with pytest.raises(websockets.ConnectionClosed) as c:
+                await asyncio.wait_for(ce.recv(), 20)
+            assert c.value.code == 1011 and "too_many_topics" in c.value.reason, (c.value.code, c.value.reason)
+            got = await collect_all(relay, admin(creds), "t1", 2)
+            assert len(got) == 2
+        run(go())
     finally:
         assert relay.stop() == 0
 

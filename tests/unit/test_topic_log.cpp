@@ -941,6 +941,26 @@ TEST(TopicLog, GroupsAreBoundedInNumber) {
   EXPECT_EQ(s.group_offset("a", "u"), 4u);
 }
 
+TEST(TopicLog, TopicsAreBoundedInNumberAlsoAfterARestart) {
+  TempDir dir;
+  auto o = options(dir.path());
+  o.max_topics = 2;
+  {
+    LogStore s(o);
+    EXPECT_TRUE(append_sync(s, "a", "p", 1, payloads({"1"})).ok);
+    EXPECT_TRUE(append_sync(s, "b", "p", 1, payloads({"2"})).ok);
+    AppendResult r = append_sync(s, "c", "p", 1, payloads({"3"}));
+    EXPECT_FALSE(r.ok);
+    EXPECT_EQ(r.code, "too_many_topics");
+    EXPECT_NE(r.error.find("max_topics"), std::string::npos) << r.error;
+    EXPECT_FALSE(fs::exists(dir.path() / "topics" / "c"));
+    EXPECT_TRUE(append_sync(s, "a", "p", 2, payloads({"4"})).ok);  // existing topics take writes
+  }
+  LogStore s(o);  // the recovered topics count
+  EXPECT_EQ(append_sync(s, "c", "p", 1, payloads({"3"})).code, "too_many_topics");
+  EXPECT_EQ(texts(s.read("a", 0, 10, 1 << 20)), (std::vector<std::string>{"1", "4"}));
+}
+
 TEST(TopicLog, OneStorePerDirectory) {
   TempDir dir;
   LogStore s(options(dir.path()));

@@ -36,6 +36,7 @@ struct RelayConfig {
   std::size_t delivery_batch_events = 1000;   ///< events per `events` frame
   std::size_t delivery_batch_bytes = 1u << 20;
   std::size_t max_consumer_groups = 10000;    ///< groups with committed offsets; one more is refused (too_many_groups)
+  std::size_t max_topics = 10000;             ///< topics in the log; a publish creating one more is nacked (too_many_topics)
   bool validate_payloads = true;              ///< check org.diaspora.* data against its schema
   bool public_metrics = true;                 ///< /metrics without a token (false: admin scope needed)
   int threads = 2;                            ///< I/O threads
