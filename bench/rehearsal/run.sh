@@ -23,18 +23,6 @@ TRAIN="$BUILD_DIR/bin/diaspora-train"
 [ -x "$TRAIN" ] || { echo "no $TRAIN (configure with -DDIASPORA_WITH_TORCH=ON)"; exit 1; }
 mkdir -p "$OUT"
 
-run() {  # NAME CONFIG ARGS...: one job unless its summary is already there
-  local name=$1 config=$2
-  shift 2
-  if [ -f "$OUT/$name/summary.json" ]; then return; fi
-  rm -rf "${OUT:?}/$name"
-  mkdir -p "$(dirname "$OUT/$name")"  # pair/ and repeat/K/pair/
-  echo "  $name" >&2
-  if ! "$TRAIN" --config "$config" --out "$OUT/$name" --set seed="$SEED" "${EXTRA[@]}" "$@" >"$OUT/$name.log" 2>&1; then
-    echo "FAILED: $name (log: $OUT/$name.log)"; tail -5 "$OUT/$name.log"; exit 1
-  fi
-}
-
 # A rehearsal job and its incremental neighbour of the same config and ranks
 # (OUT/pair/NAME): the table's "x incremental" divides by the neighbour's runtime. A 1-rank
 # pair runs at the same time, each job pinned to a core of its own (swapped from pair to
@@ -46,22 +34,29 @@ run() {  # NAME CONFIG ARGS...: one job unless its summary is already there
 # REPEAT=N runs each pair N times (the extra ones under OUT/repeat/K/): the table then gives
 # the median of the N ratios and lists them.
 PAIR_NO=0
-RUNNING=""  # pids of the two jobs of a concurrent pair while they run
+RUNNING=""  # pids of the jobs running now (killed if the script stops)
 trap 'for p in $RUNNING; do kill "$p" 2>/dev/null; done' EXIT
 trap 'exit 130' INT TERM
-launch() {  # CPU NAME CONFIG ARGS...: one job pinned to CPU, in the background; LAUNCHED=its pid
+launch() {  # CPU NAME CONFIG ARGS...: one job in the background (pinned to CPU unless it is ""); LAUNCHED=its pid
   local cpu=$1 name=$2 config=$3
   shift 3
   rm -rf "${OUT:?}/$name"
-  mkdir -p "$(dirname "$OUT/$name")"
-  echo "  $name (cpu $cpu)" >&2
-  taskset -c "$cpu" "$TRAIN" --config "$config" --out "$OUT/$name" --set seed="$SEED" "${EXTRA[@]}" "$@" \
+  mkdir -p "$(dirname "$OUT/$name")"  # pair/ and repeat/K/pair/
+  echo "  $name${cpu:+ (cpu $cpu)}" >&2
+  ${cpu:+taskset -c "$cpu"} "$TRAIN" --config "$config" --out "$OUT/$name" --set seed="$SEED" "${EXTRA[@]}" "$@" \
     >"$OUT/$name.log" 2>&1 &
   LAUNCHED=$!
 }
 finish() {  # PID NAME: waits for a launched job; on failure the script stops (the trap kills the other)
   wait "$1" && return
   echo "FAILED: $2 (log: $OUT/$2.log)"; tail -5 "$OUT/$2.log"; exit 1
+}
+run() {  # NAME CONFIG ARGS...: one job, unpinned, unless its summary is already there
+  [ -f "$OUT/$1/summary.json" ] && return
+  launch "" "$@"
+  RUNNING=$LAUNCHED
+  finish "$LAUNCHED" "$1"
+  RUNNING=""
 }
 pair_and_cell() {  # PREFIX NAME RANKS CONFIG ARGS...
   local prefix=$1 name=$2 ranks=$3 config=$4 p1 p2 first

@@ -110,7 +110,7 @@ int check_metrics(diaspora_plugin* p, const diaspora_metric_value* m, std::size_
     if (!metric_name_ok(name))
       return fail(p, DIASPORA_ERR_INVALID,
                   what.str() + " '" + std::string(name) + "' may only hold letters, digits, '_', '.', ':' and '-'");
-    if (!std::isfinite(m[i].value)) return fail(p, DIASPORA_ERR_INVALID, "metrics[" + std::to_string(i) + "].value is not finite");
+    if (!std::isfinite(m[i].value)) return fail(p, DIASPORA_ERR_INVALID, Label{"metrics", i, ".value"}.str() + " is not finite");
     a.metric_len[i] = static_cast<std::uint8_t>(name.size());
   }
   a.metrics = m;

@@ -970,6 +970,13 @@ std::string Plugin::action_done_event(const Action& a, bool ok, std::string_view
   return text;
 }
 
+void Plugin::hand_to_polling_locked() {
+  while (!to_deliver_.empty()) {
+    poll_queue_.push_back(std::move(to_deliver_.front()));
+    to_deliver_.pop_front();
+  }
+}
+
 int Plugin::set_callback(diaspora_action_callback cb, void* user) noexcept {
   if (on_control_thread()) return DIASPORA_ERR_CLOSED;
   std::lock_guard lock(action_mu_);
@@ -977,10 +984,7 @@ int Plugin::set_callback(diaspora_action_callback cb, void* user) noexcept {
     // Actions that arrived while no callback was installed belong to diaspora_poll_action,
     // even those the control thread has not handed on yet.
     try {
-      while (!to_deliver_.empty()) {
-        poll_queue_.push_back(std::move(to_deliver_.front()));
-        to_deliver_.pop_front();
-      }
+      hand_to_polling_locked();
     } catch (const std::exception&) {  // out of memory: the rest stay for the callback
       return DIASPORA_ERR_INTERNAL;
     }
@@ -1100,8 +1104,7 @@ void Plugin::deliver_actions() {
     cb = callback_;
     user = callback_user_;
     if (!cb) {
-      for (auto& a : to_deliver_) poll_queue_.push_back(std::move(a));
-      to_deliver_.clear();
+      hand_to_polling_locked();
       while (poll_queue_.size() > kMaxPollQueue) {
         expired_events.push_back(action_done_event(poll_queue_.front(), false, "the engine did not poll for it (4096 actions waiting)"));
         poll_queue_.pop_front();

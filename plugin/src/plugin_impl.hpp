@@ -159,6 +159,9 @@ class Plugin {
   // control thread
   void control_main();
   void deliver_actions();
+  /// Under action_mu_: the actions waiting for the callback go to diaspora_poll_action
+  /// instead, oldest first. Throws std::bad_alloc with the rest still waiting.
+  void hand_to_polling_locked();
   void handle_action_event(const boost::json::value& ev);
   std::string action_done_event(const Action& a, bool ok, std::string_view message);
 

@@ -943,13 +943,7 @@ void Job::load_checkpoint(const fs::path& from) {
     read_archive(a, "optimizer", oo);
     model_->load(mm);
     optim_->load(oo);
-    torch::Tensor probe;
-    const bool has_ema = a.try_read("ema.bytes", probe);
-    if (has_ema != static_cast<bool>(ema_))
-      throw RehearsalError("checkpoint " + dir.string() + (has_ema ? " holds" : " does not hold") +
-                           " averaged weights but this run's train.ema is " + std::to_string(cfg_.train.ema) +
-                           ": resume with the train.ema the checkpoint was written with");
-    if (ema_) {
+    if (ema_) {  // the manifest's train.ema matched: the average is in the file
       torch::serialize::InputArchive ee;
       read_archive(a, "ema", ee);
       ema_->load(ee);

@@ -634,7 +634,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
         nack(&seq, r.code, r.error);
       }
     } else if (!r.ok) {  // cloudevents.json has no nack: say it in the close
-      close(websocket::close_code::internal_error, close_reason_text(r.code + ": " + r.error));
+      close(websocket::close_code::internal_error, close_reason_text(std::string(r.code) + ": " + r.error));
     }
     after_reply();
   }

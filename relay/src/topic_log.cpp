@@ -629,7 +629,7 @@ struct TopicWork {
   bool advanced = false;  // written, and the writer's state moved past it
   bool failed = false;
   std::string error;
-  std::string code = "storage_error";  // AppendResult::code of its failed batches
+  const char* code = "storage_error";  // AppendResult::code of its failed batches
 };
 
 const std::vector<double> kFsyncBounds = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
@@ -709,7 +709,7 @@ struct LogStore::Impl {
   void interval_syncer_loop();
   void commit_ready(std::unique_lock<std::mutex>& lk);
   bool has_unclaimed() const;
-  Topic* get_or_create_topic(const std::string& name, std::string& error, std::string& code);
+  Topic* get_or_create_topic(const std::string& name, std::string& error, const char*& code);
   void enforce_retention_locked();
 
   // ---- recovery and lookup ----
@@ -1295,7 +1295,7 @@ void LogStore::Impl::finish(Group& g) {
   }
 }
 
-Topic* LogStore::Impl::get_or_create_topic(const std::string& name, std::string& error, std::string& code) {
+Topic* LogStore::Impl::get_or_create_topic(const std::string& name, std::string& error, const char*& code) {
   if (Topic* t = find_topic(name)) return t;
   {
     std::shared_lock lk(topics_mu_);

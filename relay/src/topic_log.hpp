@@ -83,7 +83,7 @@ struct AppendRecord {
 struct AppendResult {
   bool ok = false;
   std::string error;                 ///< when !ok: why (I/O error text)
-  std::string code = "storage_error";  ///< when !ok: the nack code (too_many_topics for a topic over LogOptions::max_topics)
+  const char* code = "storage_error";  ///< when !ok: the nack code (too_many_topics for a topic over LogOptions::max_topics); a literal
   std::uint64_t first_offset = 0;    ///< offset of the first newly written record
   std::uint32_t written = 0;         ///< records written
   std::uint32_t duplicates = 0;      ///< records dropped as duplicates by (source, id)
