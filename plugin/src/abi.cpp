@@ -125,7 +125,14 @@ int check_time(diaspora_plugin* p, std::int64_t t, HookArgs& a) {
   if (t < 0) return fail(p, DIASPORA_ERR_INVALID, "timestamp_us is negative");
   if (t > kMaxTimeUs)
     return fail(p, DIASPORA_ERR_INVALID, "timestamp_us is after the year 9999 (microseconds expected, not nanoseconds?)");
-  a.head.time_us = t == 0 ? dp::now_us() : t;
+  if (t != 0) {
+    a.head.time_us = t;
+  } else if (p->impl->tick_time()) {  // the publisher turns ticks into wall-clock time
+    a.head.time_us = static_cast<std::int64_t>(dp::TickClock::ticks());
+    a.head.flags |= dp::time_in_ticks;
+  } else {
+    a.head.time_us = dp::now_us();
+  }
   return DIASPORA_OK;
 }
 

@@ -271,6 +271,7 @@ bool Plugin::coalesce(const HookArgs& a) noexcept {
              RecordView{&c.head, c.arena}.str(f_name) == a.strings[f_name] && c.head.scope == a.head.scope) {
     c.head.number = a.head.number;
     c.head.time_us = a.head.time_us;
+    c.head.flags = static_cast<std::uint8_t>((c.head.flags & ~time_in_ticks) | (a.head.flags & time_in_ticks));
     ++c.merged;
     coalesced_count_.fetch_add(1, std::memory_order_relaxed);
   } else {
@@ -307,7 +308,15 @@ int Plugin::spill(const HookArgs& a) noexcept {
 
 // ---- publisher thread: serialisation -------------------------------------------------------
 
-void Plugin::append_record_event(std::string& out, const RecordView& r, std::string_view id, std::uint64_t coalesced) {
+void Plugin::append_record_event(std::string& out, const RecordView& view, std::string_view id, std::uint64_t coalesced) {
+  RecordHead settled;
+  RecordView r = view;
+  if (view.head->flags & time_in_ticks) {  // stamped by a hook with the counter: wall-clock time now
+    settled = *view.head;
+    settled.time_us = tick_clock_.to_us(static_cast<std::uint64_t>(settled.time_us));
+    settled.flags = static_cast<std::uint8_t>(settled.flags & ~time_in_ticks);
+    r.head = &settled;
+  }
   TaskTracker::Result res = tracker_.observe(r);
   res.derived.coalesced = coalesced;
   if (!res.warning.empty()) invalid_.fetch_add(1, std::memory_order_relaxed);

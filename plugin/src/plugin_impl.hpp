@@ -32,6 +32,7 @@
 #include "record.hpp"
 #include "serialize.hpp"
 #include "spool.hpp"
+#include "tick_clock.hpp"
 #include "tracker.hpp"
 
 namespace diaspora {
@@ -117,6 +118,9 @@ class Plugin {
 
   void stats(diaspora_stats& out) const noexcept;
   bool closing() const noexcept { return closing_.load(std::memory_order_relaxed); }
+  /// Whether hooks without a timestamp stamp records with TickClock::ticks() (flag
+  /// time_in_ticks) instead of reading the clock; fixed at open. Any thread.
+  bool tick_time() const noexcept { return tick_time_; }
   bool on_control_thread() const noexcept { return std::this_thread::get_id() == control_.get_id(); }
 
   /// Per-handle last error (any thread).
@@ -142,6 +146,8 @@ class Plugin {
   void take_coalesced(const std::function<void(std::string_view)>& sink);
   std::vector<std::string> take_side_events();
   RelayClientOptions client_options(const std::string& client_id) const;
+  /// Feeds a record to the tracker (and policies) and appends its event to `out`; a time
+  /// in ticks becomes wall-clock time here. Under spool_mu_ (tracker, policies, tick_clock_).
   void append_record_event(std::string& out, const RecordView& r, std::string_view id, std::uint64_t coalesced);
   void add_side_event(std::string text);
   // resilience engine (spool_mu_ held)
@@ -180,6 +186,8 @@ class Plugin {
   mutable std::mutex spool_mu_;
   std::unique_ptr<Spool> spool_;
   std::atomic<bool> spool_active_{false};  ///< the spool holds at least one record
+  const bool tick_time_ = TickClock::usable();
+  TickClock tick_clock_;  ///< guarded by spool_mu_: records are serialised under it
 
   // Coalesced metrics (hooks with a full queue -> publisher).
   std::unique_ptr<Coalesced[]> coalesced_;

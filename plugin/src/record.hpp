@@ -45,6 +45,7 @@ enum Flag : std::uint8_t {
   has_bytes = 8,
   has_deadline = 16,
   has_progress = 32,
+  time_in_ticks = 64,  ///< time_us holds a TickClock::ticks() reading, converted when serialised
 };
 
 /// Fixed part of a record. Trivially copyable: raw spool records store its bytes.

@@ -26,6 +26,7 @@
 #include "record.hpp"
 #include "serialize.hpp"
 #include "test_helpers.hpp"
+#include "tick_clock.hpp"
 #include "tracker.hpp"
 
 namespace dp = diaspora::plugin;
@@ -378,6 +379,81 @@ TEST(PluginConcurrency, ManyEngineThreadsEveryEventOnceInOrderPerThread) {
   ASSERT_EQ(per_task.size(), static_cast<std::size_t>(threads * tasks));
   const std::vector<std::string> lifecycle{"submitted", "started", "heartbeat", "heartbeat", "heartbeat", "completed"};
   for (const auto& [task, kinds] : per_task) EXPECT_EQ(kinds, lifecycle) << task;
+}
+
+// Hooks called without a time stamp their records with the CPU's counter (when the kernel
+// keeps time with it) and the publisher converts; either way an event's time is the
+// wall-clock time of its hook call.
+namespace {
+
+std::int64_t wall_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+TEST(PluginClock, TicksBecomeWallClockTime) {
+  if (!DIASPORA_HAVE_TSC) GTEST_FAIL() << "no time-stamp counter on this CPU: TickClock is not used here";
+  dp::TickClock clock;
+  // Before calibration (2 ms) the clock's time now; after it, the counter's rate.
+  for (int round = 0; round < 3; ++round) {
+    const std::int64_t before = wall_us();
+    const std::uint64_t t = dp::TickClock::ticks();
+    const std::int64_t after = wall_us();
+    const std::int64_t us = clock.to_us(t);
+    EXPECT_GE(us, before - 200) << "round " << round;
+    EXPECT_LE(us, after + 2500) << "round " << round;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // A reading converted long after it was taken keeps its own time, not the conversion's,
+  // also across a refresh of the pair (every 50 ms).
+  const std::int64_t then = wall_us();
+  const std::uint64_t old = dp::TickClock::ticks();
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));
+  const std::int64_t now = wall_us();
+  const std::uint64_t fresh = dp::TickClock::ticks();
+  EXPECT_NEAR(static_cast<double>(clock.to_us(fresh)), static_cast<double>(now), 500.0);
+  EXPECT_NEAR(static_cast<double>(clock.to_us(old)), static_cast<double>(then), 500.0);
+  EXPECT_LT(clock.to_us(old), clock.to_us(fresh));
+}
+
+TEST(PluginClock, HookTimesAreTheWallClockWithAndWithoutTicks) {
+  for (const char* tsc : {"1", "0"}) {
+    SCOPED_TRACE(std::string("DIASPORA_PLUGIN_TSC=") + tsc);
+    ASSERT_EQ(setenv("DIASPORA_PLUGIN_TSC", tsc, 1), 0);
+    EmbeddedRelay relay;
+    diaspora_plugin* h = nullptr;
+    char err[2048];
+    ASSERT_EQ(diaspora_open_yaml(relay.spec().c_str(), &h, err, sizeof err), DIASPORA_OK) << err;
+    std::map<std::string, std::pair<std::int64_t, std::int64_t>> window;  // task -> (before, after) its hooks
+    for (int t = 0; t < 20; ++t) {
+      const std::string id = "clock-" + std::to_string(t);
+      diaspora_task_info info{};
+      info.struct_size = sizeof info;
+      info.task_id = id.c_str();
+      info.step = -1;
+      const std::int64_t before = wall_us();
+      EXPECT_EQ(diaspora_task_submitted(h, &info), DIASPORA_OK);
+      EXPECT_EQ(diaspora_task_completed(h, &info), DIASPORA_OK);
+      window[id] = {before, wall_us()};
+      std::this_thread::sleep_for(std::chrono::milliseconds(t < 10 ? 1 : 10));  // also past a refresh
+    }
+    ASSERT_EQ(diaspora_close(h, 60000), DIASPORA_OK);
+    unsetenv("DIASPORA_PLUGIN_TSC");
+    std::size_t checked = 0;
+    for (const auto& e : relay.read(40)) {
+      if (!e.at("type").as_string().starts_with("org.diaspora.task.")) continue;
+      const auto at = diaspora::parse_rfc3339(std::string_view(e.at("time").as_string()));
+      ASSERT_TRUE(at.has_value()) << e.at("time");
+      const std::int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(at->time_since_epoch()).count();
+      const auto& [before, after] = window.at(std::string(e.at("data").at("task_id").as_string()));
+      // Before calibration (the first 2 ms) a converted time may lag by up to that much.
+      EXPECT_GE(us, before - 200) << e.at("data").at("task_id");
+      EXPECT_LE(us, after + 2500) << e.at("data").at("task_id");
+      ++checked;
+    }
+    EXPECT_EQ(checked, 40u);
+  }
 }
 
 // The resilience engine inside the plugin: the spec's policy watches heartbeat silence;
