@@ -359,8 +359,40 @@ struct Schema::Impl {
     const json::value* unique_items = nullptr;  // "uniqueItems"
     const json::value* ref_target = nullptr;  // what "$ref" resolves to
     unsigned type_mask = 0;                    // "type" as type_bits() of the names
+    const Pattern* pattern_re = nullptr;       // "pattern", compiled (set by finish())
+    // Only keywords that look at a string ("type", "minLength", "maxLength", "pattern",
+    // "errorMessage"): an object key checked by "propertyNames" against such a schema is
+    // checked as it is, without making a JSON value of it.
+    bool string_only = false;
   };
   std::unordered_map<const json::object*, Keywords> keywords;
+  // The same, for lookups while validating: open addressing by the schema object's
+  // address (keywords_of() runs once per validated value; std::unordered_map's modulo
+  // and node hop showed in the relay's profile). Built by finish(); empty slots are null.
+  std::vector<std::pair<const json::object*, const Keywords*>> table;
+  std::size_t table_mask = 0;
+
+  static std::size_t slot_of(const json::object* o, std::size_t mask) noexcept {
+    return static_cast<std::size_t>((reinterpret_cast<std::uintptr_t>(o) >> 4) * 0x9E3779B97F4A7C15ULL >> 20) & mask;
+  }
+  /// After check(): resolves each "pattern" and fills the lookup table.
+  void finish() {
+    std::size_t cap = 16;
+    while (cap < keywords.size() * 2) cap <<= 1;
+    table.assign(cap, {nullptr, nullptr});
+    table_mask = cap - 1;
+    for (auto& [obj, k] : keywords) {
+      if (k.pattern && k.pattern->is_string())
+        if (auto it = regexes.find(&k.pattern->get_string()); it != regexes.end()) k.pattern_re = &it->second;
+      k.string_only = !(k.ref || k.enum_ || k.const_ || k.all_of || k.any_of || k.one_of || k.not_ || k.if_ ||
+                        k.minimum || k.maximum || k.exclusive_minimum || k.exclusive_maximum || k.properties ||
+                        k.pattern_properties || k.additional_properties || k.property_names || k.required ||
+                        k.min_items || k.max_items || k.items || k.unique_items);
+      std::size_t i = slot_of(obj, table_mask);
+      while (table[i].first) i = (i + 1) & table_mask;
+      table[i] = {obj, &k};
+    }
+  }
 
   Keywords compile(const json::object& so) const {
     Keywords out;
@@ -408,7 +440,9 @@ struct Schema::Impl {
     return out;
   }
   const Keywords& keywords_of(const json::object& so) const {
-    if (auto it = keywords.find(&so); it != keywords.end()) return it->second;
+    if (!table.empty())
+      for (std::size_t i = slot_of(&so, table_mask); table[i].first; i = (i + 1) & table_mask)
+        if (table[i].first == &so) return *table[i].second;
     thread_local Keywords scratch;  // not reached: check() registers every schema object
     scratch = compile(so);
     return scratch;
@@ -483,17 +517,44 @@ struct Schema::Impl {
     return Pattern(std::string(pattern)).search(text);
   }
 
+  using ViewPath = std::vector<std::variant<std::string_view, std::size_t>>;
+
+  // Issues own their path; while validating, the path is views into the instance's keys
+  // (a string per visited key showed in the relay's profile).
+  static Path own(const ViewPath& vp) {
+    Path p;
+    p.reserve(vp.size());
+    for (const auto& seg : vp) {
+      if (const auto* key = std::get_if<std::string_view>(&seg)) p.emplace_back(std::in_place_type<std::string>, *key);
+      else p.emplace_back(std::get<std::size_t>(seg));
+    }
+    return p;
+  }
+
+  template <class Report>
+  void string_keywords(const Keywords& k, std::string_view str, Report& report) const {
+    std::size_t len = utf8_length(str);
+    if (const auto* m = k.min_length; m && len < as_double(*m))
+      report(as_double(*m) == 1 ? std::string("must not be empty")
+                                : "must be at least " + number_text(*m) + " characters long");
+    if (const auto* m = k.max_length; m && len > as_double(*m))
+      report("must be at most " + number_text(*m) + " characters long");
+    if (const auto* p = k.pattern;
+        p && !(k.pattern_re ? k.pattern_re->search(str) : regex_search(p->get_string(), str)))
+      report("must match the pattern " + json::serialize(*p));
+  }
+
   // Validates `v` against schema `s`, appending issues under `path`.
-  void validate(const json::value& s, const json::value& v, Path& path, std::vector<Issue>& out) const {
+  void validate(const json::value& s, const json::value& v, ViewPath& path, std::vector<Issue>& out) const {
     if (s.is_bool()) {
-      if (!s.get_bool()) out.push_back({path, "is not allowed here", false});
+      if (!s.get_bool()) out.push_back({own(path), "is not allowed here", false});
       return;
     }
     const json::object& so = s.get_object();
     const Keywords& k = keywords_of(so);
     const json::value* custom = k.error_message;
     auto value_issue = [&](std::string generic) {
-      out.push_back({path, custom && custom->is_string() ? std::string(custom->get_string()) : std::move(generic), false});
+      out.push_back({own(path), custom && custom->is_string() ? std::string(custom->get_string()) : std::move(generic), false});
     };
 
     if (k.ref) validate(*k.ref_target, v, path, out);  // check() made sure it resolves
@@ -509,7 +570,7 @@ struct Schema::Impl {
       if (t->is_string()) consider(t->get_string());
       else for (const auto& n : t->get_array()) consider(n.get_string());
       std::string generic = "expected " + expected + ", got " + kind_name(v);
-      if (structural) out.push_back({path, generic, false});
+      if (structural) out.push_back({own(path), generic, false});
       else value_issue(generic);
       return;  // the other keywords would only repeat the type mismatch
     }
@@ -522,17 +583,7 @@ struct Schema::Impl {
       if (!json_equal(*c, v)) value_issue("must be " + json::serialize(*c));
     }
     if (v.is_number()) number_keywords(k, v, value_issue);
-    if (v.is_string()) {
-      const auto& str = v.get_string();
-      std::size_t len = utf8_length(str);
-      if (const auto* m = k.min_length; m && len < as_double(*m))
-        value_issue(as_double(*m) == 1 ? std::string("must not be empty")
-                                       : "must be at least " + number_text(*m) + " characters long");
-      if (const auto* m = k.max_length; m && len > as_double(*m))
-        value_issue("must be at most " + number_text(*m) + " characters long");
-      if (const auto* p = k.pattern; p && !regex_search(p->get_string(), str))
-        value_issue("must match the pattern " + json::serialize(*p));
-    }
+    if (v.is_string()) string_keywords(k, v.get_string(), value_issue);
     if (v.is_object()) object_keywords(k, v.get_object(), path, out);
     if (v.is_array()) array_keywords(k, v.get_array(), path, out);
 
@@ -567,7 +618,7 @@ struct Schema::Impl {
     if (const auto* n = k.not_) {
       std::vector<Issue> trial;
       validate(*n, v, path, trial);
-      if (trial.empty()) out.push_back({path, not_message(*n), false});
+      if (trial.empty()) out.push_back({own(path), not_message(*n), false});
     }
     if (const auto* cond = k.if_) {
       std::vector<Issue> trial;
@@ -613,7 +664,7 @@ struct Schema::Impl {
       report("must be < " + number_text(*m));
   }
 
-  void object_keywords(const Keywords& k, const json::object& obj, Path& path, std::vector<Issue>& out) const {
+  void object_keywords(const Keywords& k, const json::object& obj, ViewPath& path, std::vector<Issue>& out) const {
     const json::object* props = nullptr;
     if (const auto* p = k.properties) props = &p->get_object();
     const json::object* pattern_props = nullptr;
@@ -623,12 +674,23 @@ struct Schema::Impl {
 
     for (const auto& kv : obj) {
       const std::string_view key = kv.key();
-      path.emplace_back(std::in_place_type<std::string>, key);
+      path.emplace_back(std::in_place_type<std::string_view>, key);
       if (names) {
-        std::vector<Issue> trial;
-        Path empty = path;
-        validate(*names, json::value(kv.key()), empty, trial);
-        for (auto& issue : trial) out.push_back({path, "key '" + std::string(key) + "' " + issue.message, true});
+        const Keywords* nk = names->is_object() ? &keywords_of(names->get_object()) : nullptr;
+        if (nk && nk->string_only && (!nk->type || (nk->type_mask & kString))) {  // the key as it is
+          auto key_issue = [&](std::string generic) {
+            const json::value* custom = nk->error_message;
+            out.push_back({own(path), "key '" + std::string(key) + "' " +
+                                          (custom && custom->is_string() ? std::string(custom->get_string()) : std::move(generic)),
+                           true});
+          };
+          string_keywords(*nk, key, key_issue);
+        } else {
+          std::vector<Issue> trial;
+          ViewPath empty = path;
+          validate(*names, json::value(kv.key()), empty, trial);
+          for (auto& issue : trial) out.push_back({own(path), "key '" + std::string(key) + "' " + issue.message, true});
+        }
       }
       bool covered = false;
       if (props) {
@@ -654,7 +716,7 @@ struct Schema::Impl {
             std::string best = closest_match(key, known);
             if (!best.empty()) msg += "; did you mean '" + best + "'?";
           }
-          out.push_back({path, msg, true});
+          out.push_back({own(path), msg, true});
         } else {
           validate(*additional, kv.value(), path, out);
         }
@@ -664,16 +726,16 @@ struct Schema::Impl {
     if (const auto* req = k.required) {
       for (const auto& r : req->get_array())
         if (!obj.contains(r.get_string()))
-          out.push_back({path, "missing required key '" + std::string(r.get_string()) + "'", false});
+          out.push_back({own(path), "missing required key '" + std::string(r.get_string()) + "'", false});
     }
   }
 
-  void array_keywords(const Keywords& k, const json::array& arr, Path& path, std::vector<Issue>& out) const {
+  void array_keywords(const Keywords& k, const json::array& arr, ViewPath& path, std::vector<Issue>& out) const {
     if (const auto* m = k.min_items; m && arr.size() < as_double(*m))
-      out.push_back({path, as_double(*m) == 1 ? std::string("must not be empty")
+      out.push_back({own(path), as_double(*m) == 1 ? std::string("must not be empty")
                                               : "must have at least " + number_text(*m) + " items", false});
     if (const auto* m = k.max_items; m && arr.size() > as_double(*m))
-      out.push_back({path, "must have at most " + number_text(*m) + " items", false});
+      out.push_back({own(path), "must have at most " + number_text(*m) + " items", false});
     if (const auto* items = k.items) {
       for (std::size_t i = 0; i < arr.size(); ++i) {
         path.emplace_back(i);
@@ -686,7 +748,7 @@ struct Schema::Impl {
         for (std::size_t j = 0; j < i; ++j)
           if (json_equal(arr[i], arr[j])) {
             path.emplace_back(i);
-            out.push_back({path, "duplicate item " + json::serialize(arr[i]) + " (same as item " +
+            out.push_back({own(path), "duplicate item " + json::serialize(arr[i]) + " (same as item " +
                                      std::to_string(j) + ")", false});
             path.pop_back();
             break;
@@ -699,6 +761,7 @@ Schema::Schema(json::value document, std::string name) : self_(std::make_unique<
   self_->doc = std::move(document);
   self_->name = std::move(name);
   self_->check(self_->doc, "#");
+  self_->finish();
 }
 Schema::~Schema() = default;
 Schema::Schema(Schema&&) noexcept = default;
@@ -708,7 +771,8 @@ const std::string& Schema::name() const noexcept { return self_->name; }
 
 std::vector<Issue> Schema::validate(const json::value& instance) const {
   std::vector<Issue> out;
-  Path path;
+  Impl::ViewPath path;
+  path.reserve(8);
   self_->validate(self_->doc, instance, path, out);
   return out;
 }
