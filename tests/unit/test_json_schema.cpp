@@ -65,6 +65,24 @@ TEST(JsonSchema, CombinatorsAndCustomMessages) {
             std::vector<std::string>{"e: must be one of: \"local\", \"dask\"; did you mean 'dask'?"});
 }
 
+// A key checked by a string-only schema (checked as it is) and by any other schema (made a
+// JSON value and validated): the same messages, at the key's path, deep in the instance.
+TEST(JsonSchema, PropertyNamesOnBothPaths) {
+  const char* plain = R"({"properties":{"m":{"type":"object","propertyNames":{"type":"string","pattern":"^[a-z]+$",
+    "maxLength":4},"additionalProperties":{"type":"number"}}}})";
+  EXPECT_TRUE(errors(plain, R"({"m":{"cpu":1,"mem":2}})").empty());
+  EXPECT_EQ(errors(plain, R"({"m":{"cpu":1,"Disk":2,"network":"x"}})"),
+            (std::vector<std::string>{"m.Disk: key 'Disk' must match the pattern \"^[a-z]+$\"",
+                                      "m.network: key 'network' must be at most 4 characters long",
+                                      "m.network: expected number, got string"}));
+  const char* custom = R"({"propertyNames":{"pattern":"^[a-z]+$","errorMessage":"is not a lower-case name"}})";
+  EXPECT_EQ(errors(custom, R"({"a":1,"B":2})"), std::vector<std::string>{"B: key 'B' is not a lower-case name"});
+  const char* general = R"({"propertyNames":{"enum":["cpu","mem"]}})";
+  EXPECT_TRUE(errors(general, R"({"cpu":1})").empty());
+  EXPECT_EQ(errors(general, R"({"cpu":1,"men":2})"),
+            std::vector<std::string>{"men: key 'men' must be one of: \"cpu\", \"mem\"; did you mean 'mem'?"});
+}
+
 TEST(JsonSchema, IfThenElse) {
   const char* s = R"({"if":{"properties":{"kind":{"const":"slow"}},"required":["kind"]},
     "then":{"required":["factor"]},"else":{"not":{"required":["factor"]}}})";
