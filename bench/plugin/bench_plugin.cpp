@@ -123,7 +123,7 @@ struct Env {
                              "', token_file: '" + token_file.string() + "'}\nplugin: {spool_dir: '" +
                              (dir / ("spool-" + name)).string() +
                              "', control: false, queue_size: " + std::to_string(queue_size) +
-                             ", batch: {max_events: 1000, max_delay: 5ms}}\nsites: [{name: local, engine: local}]\n";
+                             ", batch: {max_events: 2000, max_delay: 5ms}}\nsites: [{name: local, engine: local}]\n";
     diaspora_plugin* h = nullptr;
     char err[2048];
     if (diaspora_open_yaml(spec.c_str(), &h, err, sizeof err) != DIASPORA_OK) {
