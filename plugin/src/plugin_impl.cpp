@@ -687,17 +687,17 @@ void Plugin::send_batch(Batch&& b) {
 }
 
 void Plugin::send_frame(Batch&& b) {
-  std::string frame;
-  frame.reserve(b.body.size() + cfg_.events_topic.size() + 64);
-  frame += "{\"op\":\"publish\",\"topic\":\"";
-  frame += cfg_.events_topic;
-  frame += "\",\"seq\":";
-  frame += std::to_string(b.seq);
-  frame += ",\"events\":[";
-  frame += b.body;
-  frame += "]}";
+  // Header, the batch's events and trailer go out as one frame without being joined (the
+  // body is most of a megabyte: a copy of it per batch showed in the publisher's profile).
+  std::string head;
+  head.reserve(cfg_.events_topic.size() + 64);
+  head += "{\"op\":\"publish\",\"topic\":\"";
+  head += cfg_.events_topic;
+  head += "\",\"seq\":";
+  head += std::to_string(b.seq);
+  head += ",\"events\":[";
   inflight_.push_back(std::move(b));
-  client_->send(frame);
+  client_->send({head, inflight_.back().body, "]}"});
 }
 
 bool Plugin::build_live_batch(Batch& out, bool flush_now) {

@@ -1,5 +1,8 @@
 // Blocking relay client: asynchronous Beast operations driven by io_context::run_for, so
 // every step has a timeout (synchronous Asio calls cannot time out).
+#include <array>
+#include <span>
+
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
@@ -168,10 +171,16 @@ struct RelayClient::Impl {
     }
   }
 
-  void send(std::string_view frame) {
+  void send(std::string_view frame) { send_parts({frame}); }
+
+  void send_parts(std::initializer_list<std::string_view> parts) {
+    std::array<net::const_buffer, 4> bufs;
+    if (parts.size() > bufs.size()) throw RelayClientError("internal: a frame of more than 4 parts");
+    std::size_t n = 0;
+    for (std::string_view p : parts) bufs[n++] = net::const_buffer(p.data(), p.size());
     bool done = false;
     beast::error_code ec;
-    ws->async_write(net::buffer(frame.data(), frame.size()), [&](beast::error_code e, std::size_t) {
+    ws->async_write(std::span<const net::const_buffer>(bufs.data(), n), [&](beast::error_code e, std::size_t) {
       ec = e;
       done = true;
     });
@@ -247,6 +256,7 @@ RelayClient::RelayClient(RelayClientOptions options) : self_(std::make_unique<Im
 RelayClient::~RelayClient() { close(); }
 
 void RelayClient::send(std::string_view frame) { self_->send(frame); }
+void RelayClient::send(std::initializer_list<std::string_view> parts) { self_->send_parts(parts); }
 std::string RelayClient::receive() { return self_->receive(); }
 std::optional<std::string> RelayClient::poll_receive(std::chrono::milliseconds wait) {
   return self_->poll_receive(wait);

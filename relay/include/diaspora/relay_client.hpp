@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -52,6 +53,9 @@ class RelayClient {
 
   /// Sends one text frame. Throws RelayClientError.
   void send(std::string_view frame);
+  /// Sends one text frame made of `parts` in order, without joining them first (a large
+  /// publish: header, the batch's events, trailer). Throws RelayClientError.
+  void send(std::initializer_list<std::string_view> parts);
   /// Receives one text frame, waiting at most the timeout. Throws RelayClientError on
   /// timeout, close or error.
   std::string receive();
