@@ -180,6 +180,7 @@ int main(int argc, char** argv) {
     });
   }
   while (ready < a.producers) std::this_thread::yield();
+  diaspora::bench::settle_disk();
   auto start = Clock::now();
   go = true;
   for (auto& t : prods) t.join();

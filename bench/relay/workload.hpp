@@ -26,6 +26,11 @@ inline std::int64_t now_ns() {
       .count();
 }
 
+/// Writes back whatever the page cache holds dirty (sync(2)), so that a run's fsyncs do not
+/// queue behind writeback left by earlier runs or other programs. Both benchmarks call it
+/// once, with everything connected, just before the timed part starts.
+inline void settle_disk() { ::sync(); }
+
 /// A CloudEvent of about `size` bytes whose data carries the send time `t_ns`.
 inline std::string make_event(int producer, std::uint64_t i, std::size_t size, std::int64_t t_ns) {
   std::string e = R"({"specversion":"1.0","id":")" + std::to_string(i) + R"(","source":"/bench/p)" +

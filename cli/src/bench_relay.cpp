@@ -185,6 +185,7 @@ int run_bench(BenchArgs a) {
       }
     });
   }
+  bench::settle_disk();
   start_line.arrive_and_wait();
   auto t_start = Clock::now();
   for (auto& t : prods) t.join();
