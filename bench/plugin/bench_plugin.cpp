@@ -25,8 +25,6 @@
 #include <boost/json.hpp>
 #include <x86intrin.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -48,6 +46,7 @@
 #include "diaspora/relay.hpp"
 #include "diaspora/relay_client.hpp"
 #include "diaspora/token.hpp"
+#include "../relay/workload.hpp"
 
 // ---- allocation counting (per thread: the plugin's own threads allocate freely) -------------
 
@@ -312,12 +311,8 @@ struct EndToEnd {
 // most events take the spool path (the overload figure). `rate` > 0: the engine offers
 // that many events per second in 1-ms bursts (a sustained load); with `spilled` 0 every
 // event went hook -> queue -> publisher -> relay, and the figure is the sustained rate.
-// Writes back what earlier runs left dirty in the page cache (the hook benchmarks publish
-// gigabytes), so that a run's fdatasyncs do not queue behind another run's writeback.
-void settle_disk() { ::sync(); }
-
 EndToEnd plugin_end_to_end(std::uint64_t events, double rate) {
-  settle_disk();
+  diaspora::bench::settle_disk();  // earlier runs' writeback is not this run's
   diaspora_plugin* h = g_env->open("e2e-" + std::to_string(static_cast<long long>(rate)), g_e2e_queue);
   // Let it connect first: the figure is hooks -> acked, not the TLS handshake.
   const auto deadline = Clock::now() + std::chrono::seconds(30);
@@ -338,14 +333,14 @@ EndToEnd plugin_end_to_end(std::uint64_t events, double rate) {
 }
 
 double direct_producer(std::uint64_t events) {
-  settle_disk();
+  diaspora::bench::settle_disk();
   diaspora::RelayClientOptions o;
   o.url = g_env->url;
   o.ca_file = g_env->ca;
   o.token = g_env->token;
   o.producer_id = "direct-" + diaspora::make_uuid().substr(0, 8);
   diaspora::RelayClient c(o);
-  const std::size_t batch = 1000, window = 16;
+  const std::size_t batch = 2000, window = 16;  // as the plugins' batch.max_events
   std::uint64_t sent = 0, acked = 0, seq = 0;
   std::size_t inflight = 0;
   const auto t0 = Clock::now();

@@ -130,6 +130,7 @@ int run_bench(BenchArgs a) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
 
   std::atomic<std::uint64_t> acked{0};
+  // Two phases: every producer connected, then (after the main thread's sync) go.
   std::barrier start_line(a.producers + 1);
   std::vector<std::thread> prods;
   for (int p = 0; p < a.producers; ++p) {
@@ -139,7 +140,8 @@ int run_bench(BenchArgs a) {
         o.client_id = "bench-pub-" + std::to_string(p);
         o.producer_id = "bench-" + topic + "-" + std::to_string(p);
         RelayClient client(o);
-        start_line.arrive_and_wait();
+        start_line.arrive_and_wait();  // connected
+        start_line.arrive_and_wait();  // go
         const double per_producer_rate = a.rate / a.producers;
         auto t0 = Clock::now();
         std::uint64_t next = 0, seq = 0;
@@ -185,6 +187,7 @@ int run_bench(BenchArgs a) {
       }
     });
   }
+  start_line.arrive_and_wait();  // every producer connected (or failed)
   bench::settle_disk();
   start_line.arrive_and_wait();
   auto t_start = Clock::now();

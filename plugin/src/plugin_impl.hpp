@@ -187,7 +187,7 @@ class Plugin {
   std::unique_ptr<Spool> spool_;
   std::atomic<bool> spool_active_{false};  ///< the spool holds at least one record
   const bool tick_time_ = TickClock::usable();
-  TickClock tick_clock_;  ///< guarded by spool_mu_: records are serialised under it
+  std::optional<TickClock> tick_clock_;  ///< made when tick_time_; guarded by spool_mu_ (records are serialised under it)
 
   // Coalesced metrics (hooks with a full queue -> publisher).
   std::unique_ptr<Coalesced[]> coalesced_;

@@ -27,7 +27,7 @@ bool kernel_clocksource_is_tsc() noexcept {
   }
 }
 
-constexpr std::int64_t kCalibrationNs = 2'000'000;  // rate known after this much
+constexpr std::int64_t kCalibrationNs = 1'000'000;  // the first rate: from a 1 ms span
 constexpr std::int64_t kRefreshNs = 50'000'000;     // a new pair at least this often
 
 }  // namespace
@@ -55,7 +55,14 @@ TickClock::Pair TickClock::sample() noexcept {
   return best;
 }
 
-TickClock::TickClock() noexcept : origin_(sample()), anchor_(origin_) {}
+// The first rate is measured here, over 1 ms of waiting, so that every conversion uses
+// one (the time of the conversion instead would make the first events' times run ahead
+// of later ones'). Refreshes then measure it again over the whole span since the origin.
+TickClock::TickClock() noexcept : origin_(sample()), anchor_(origin_) {
+  while (read_ns(CLOCK_MONOTONIC) - origin_.mono_ns < kCalibrationNs) {
+  }
+  refresh();
+}
 
 // The rate comes from the whole span since the origin (CLOCK_MONOTONIC, which NTP slews
 // but never steps), so it gets more precise as the plugin runs; the anchor's
@@ -72,7 +79,7 @@ void TickClock::refresh() noexcept {
 
 std::int64_t TickClock::to_us(std::uint64_t t) noexcept {
   if (ns_per_tick_ == 0 || static_cast<std::int64_t>(t - anchor_.tsc) > refresh_ticks_) refresh();
-  if (ns_per_tick_ == 0) return anchor_.real_ns / 1000;
+  if (ns_per_tick_ == 0) return read_ns(CLOCK_REALTIME) / 1000;  // a counter that did not advance
   const double delta_ns = static_cast<double>(static_cast<std::int64_t>(t - anchor_.tsc)) * ns_per_tick_;
   const std::int64_t ns = anchor_.real_ns + std::llround(delta_ns);
   return ns < 0 ? 0 : ns / 1000;

@@ -39,14 +39,15 @@ class TickClock {
   /// plugin calls this once, at open). Any thread.
   static bool usable() noexcept;
 
-  /// Takes the first (counter, clock) pair; the calibration starts here.
+  /// Takes the first (counter, clock) pair and measures the counter's rate over 1 ms
+  /// (spinning: the plugin's open takes that much longer).
   TickClock() noexcept;
 
   /// Wall-clock microseconds since the epoch of counter reading `t`, taken after this
-  /// object was made. Refreshes the pair when `t` is more than 50 ms past it, so a record
-  /// is converted against a pair taken close to it. Until 2 ms of calibration have passed
-  /// (the counter's rate is not known yet) it returns the clock's time now, which is at
-  /// most that much later than `t`. Never fails.
+  /// object was made. Refreshes the pair (and the rate, measured over the whole span
+  /// since construction) when `t` is more than 50 ms past it, so a record is converted
+  /// against a pair taken close to it. Never fails; if the counter has not advanced since
+  /// construction it returns the clock's time now.
   std::int64_t to_us(std::uint64_t t) noexcept;
 
  private:
@@ -59,7 +60,7 @@ class TickClock {
   void refresh() noexcept;
 
   Pair origin_, anchor_;
-  double ns_per_tick_ = 0;         // 0 until calibrated
+  double ns_per_tick_ = 0;          // 0 only if the counter did not advance
   std::int64_t refresh_ticks_ = 0;  // anchor age that triggers a refresh
 };
 

@@ -393,16 +393,17 @@ std::int64_t wall_us() {
 }  // namespace
 
 TEST(PluginClock, TicksBecomeWallClockTime) {
-  if (!DIASPORA_HAVE_TSC) GTEST_FAIL() << "no time-stamp counter on this CPU: TickClock is not used here";
+  if (!dp::TickClock::usable())  // the plugin reads the clock in the hook there instead
+    GTEST_SKIP() << "the kernel does not keep time with the TSC here: TickClock is not used";
   dp::TickClock clock;
-  // Before calibration (2 ms) the clock's time now; after it, the counter's rate.
+  // Right after construction (the rate measured over 1 ms) and later on.
   for (int round = 0; round < 3; ++round) {
     const std::int64_t before = wall_us();
     const std::uint64_t t = dp::TickClock::ticks();
     const std::int64_t after = wall_us();
     const std::int64_t us = clock.to_us(t);
     EXPECT_GE(us, before - 200) << "round " << round;
-    EXPECT_LE(us, after + 2500) << "round " << round;
+    EXPECT_LE(us, after + 200) << "round " << round;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   // A reading converted long after it was taken keeps its own time, not the conversion's,
@@ -418,6 +419,9 @@ TEST(PluginClock, TicksBecomeWallClockTime) {
 }
 
 TEST(PluginClock, HookTimesAreTheWallClockWithAndWithoutTicks) {
+  struct Unset {
+    ~Unset() { unsetenv("DIASPORA_PLUGIN_TSC"); }
+  } unset;  // also when an assertion ends the test early
   for (const char* tsc : {"1", "0"}) {
     SCOPED_TRACE(std::string("DIASPORA_PLUGIN_TSC=") + tsc);
     ASSERT_EQ(setenv("DIASPORA_PLUGIN_TSC", tsc, 1), 0);
@@ -447,9 +451,8 @@ TEST(PluginClock, HookTimesAreTheWallClockWithAndWithoutTicks) {
       ASSERT_TRUE(at.has_value()) << e.at("time");
       const std::int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(at->time_since_epoch()).count();
       const auto& [before, after] = window.at(std::string(e.at("data").at("task_id").as_string()));
-      // Before calibration (the first 2 ms) a converted time may lag by up to that much.
       EXPECT_GE(us, before - 200) << e.at("data").at("task_id");
-      EXPECT_LE(us, after + 2500) << e.at("data").at("task_id");
+      EXPECT_LE(us, after + 200) << e.at("data").at("task_id");
       ++checked;
     }
     EXPECT_EQ(checked, 40u);
