@@ -166,7 +166,7 @@ Plugin::Plugin(Config config)
   batch_events_ = cfg_.batch_events;
   batch_bytes_ = cfg_.batch_bytes;
   max_inflight_ = cfg_.max_inflight;
-  if (tick_time_) tick_clock_.emplace();  // before any hook can stamp a record with ticks
+  if (TickClock::usable()) tick_clock_.emplace();  // before any hook can stamp a record with ticks
   SpoolOptions so;
   so.dir = cfg_.spool_dir;
   so.max_bytes = cfg_.spool_limit;
@@ -312,7 +312,7 @@ int Plugin::spill(const HookArgs& a) noexcept {
 void Plugin::append_record_event(std::string& out, const RecordView& view, std::string_view id, std::uint64_t coalesced) {
   RecordHead settled;
   RecordView r = view;
-  if (view.head->flags & time_in_ticks) {  // stamped by a hook with the counter: wall-clock time now
+  if (view.head->flags & time_in_ticks) {  // stamped by a hook with the counter: the call's wall-clock time
     settled = *view.head;
     settled.time_us = tick_clock_->to_us(static_cast<std::uint64_t>(settled.time_us));
     settled.flags = static_cast<std::uint8_t>(settled.flags & ~time_in_ticks);

@@ -120,7 +120,7 @@ class Plugin {
   bool closing() const noexcept { return closing_.load(std::memory_order_relaxed); }
   /// Whether hooks without a timestamp stamp records with TickClock::ticks() (flag
   /// time_in_ticks) instead of reading the clock; fixed at open. Any thread.
-  bool tick_time() const noexcept { return tick_time_; }
+  bool tick_time() const noexcept { return tick_clock_.has_value(); }
   bool on_control_thread() const noexcept { return std::this_thread::get_id() == control_.get_id(); }
 
   /// Per-handle last error (any thread).
@@ -186,8 +186,9 @@ class Plugin {
   mutable std::mutex spool_mu_;
   std::unique_ptr<Spool> spool_;
   std::atomic<bool> spool_active_{false};  ///< the spool holds at least one record
-  const bool tick_time_ = TickClock::usable();
-  std::optional<TickClock> tick_clock_;  ///< made when tick_time_; guarded by spool_mu_ (records are serialised under it)
+  /// Made at open when TickClock::usable(), never changed after; to_us() under spool_mu_
+  /// (records are serialised under it).
+  std::optional<TickClock> tick_clock_;
 
   // Coalesced metrics (hooks with a full queue -> publisher).
   std::unique_ptr<Coalesced[]> coalesced_;

@@ -7,8 +7,8 @@
 
 #include <chrono>
 #include <filesystem>
-#include <memory>
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
