@@ -289,12 +289,13 @@ int Plugin::spill(const HookArgs& a) noexcept {
     std::string arena(arena_bytes(a), '\0');
     pack(a, head, arena.data());
     const EventId id(instance_, "s", spill_counter_.fetch_add(1, std::memory_order_relaxed));
-    std::lock_guard lock(spool_mu_);
+    std::lock_guard lock(feed_mu_);
     if (closing()) return DIASPORA_ERR_CLOSED;
-    move_queue_to_spool_locked();  // older events first
+    move_queue_to_spool_fed();  // older events first
     std::string text;
     append_record_event(text, RecordView{&head, arena.data()}, id.view(), 0);
     std::string_view v = text;
+    std::lock_guard spool_lock(spool_mu_);
     spool_->append(std::span<const std::string_view>(&v, 1));
     spool_active_.store(true, std::memory_order_release);
     spilled_.fetch_add(1, std::memory_order_relaxed);
@@ -385,22 +386,34 @@ void Plugin::take_coalesced(const std::function<void(std::string_view)>& sink) {
   }
 }
 
-void Plugin::move_queue_to_spool_locked() {
+void Plugin::move_queue_to_spool_fed() {
   // Whatever this takes from the queue (and the side and coalesced lists) ends in the spool
-  // or, when something throws (the spool's disk, memory), in events_lost.
-  std::vector<std::string> texts;
+  // or, when something throws (the spool's disk, memory), in events_lost. Events are
+  // serialised straight into the framed bytes the spool writes, under feed_mu_ only:
+  // spool_mu_ is taken for each append, so the publisher goes on reading the spool (and
+  // stats() answers) while a long queue is serialised here.
+  SpoolRecords& recs = spool_records_;
   std::vector<std::string> droppable;
-  bool popping = false;  // an event is out of its slot and not yet in `texts`
+  bool popping = false;      // an event is out of its slot and not yet a whole record
+  std::size_t unframed = 0;  // side events taken and not yet records
+  recs.clear();
+  auto add_side = [&](std::vector<std::string> texts) {
+    unframed = texts.size();
+    for (const auto& t : texts) {
+      recs.begin().append(t);
+      recs.end();
+      --unframed;
+    }
+  };
   try {
-    texts = take_side_events();
+    add_side(take_side_events());
     take_coalesced([&](std::string_view text) { droppable.emplace_back(text); });
     for (;;) {
-      std::string text;
       popping = true;
       const bool got = queue_.try_pop([&](Slot& s, std::uint64_t pos) {
-        append_record_event(text, RecordView{&s.head, s.arena}, EventId(instance_, "", pos).view(), 0);
+        append_record_event(recs.begin(), RecordView{&s.head, s.arena}, EventId(instance_, "", pos).view(), 0);
+        recs.end();
       });
-      if (got) texts.push_back(std::move(text));
       popping = false;
       if (!got) {
         // Empty, or the next slot is reserved by an engine thread still copying into it.
@@ -410,32 +423,34 @@ void Plugin::move_queue_to_spool_locked() {
         std::this_thread::yield();
         continue;
       }
-      if (texts.size() >= 4096) {
-        std::vector<std::string_view> v(texts.begin(), texts.end());
-        spool_->append(v);
-        texts.clear();
+      if (recs.count() >= 4096) {
+        std::lock_guard spool_lock(spool_mu_);
+        spool_->append(recs);
+        spool_active_.store(true, std::memory_order_release);
+        recs.clear();
       }
     }
     // Warnings raised while serialising the queue land in side_: take them too.
-    for (auto& t : take_side_events()) texts.push_back(std::move(t));
-    if (!texts.empty()) {
-      std::vector<std::string_view> v(texts.begin(), texts.end());
-      spool_->append(v);
-      texts.clear();
+    add_side(take_side_events());
+    std::lock_guard spool_lock(spool_mu_);
+    if (!recs.empty()) {
+      spool_->append(recs);
+      recs.clear();
     }
     if (!droppable.empty()) {
       std::vector<std::string_view> v(droppable.begin(), droppable.end());
       if (spool_->append(v, true) == 0) lost_.fetch_add(droppable.size(), std::memory_order_relaxed);
       droppable.clear();
     }
+    spool_active_.store(spool_->records() > 0, std::memory_order_release);
   } catch (...) {
-    lost_.fetch_add(texts.size() + droppable.size() + (popping ? 1 : 0), std::memory_order_relaxed);
+    lost_.fetch_add(recs.count() + unframed + droppable.size() + (popping ? 1 : 0), std::memory_order_relaxed);
+    recs.clear();
     throw;
   }
-  spool_active_.store(spool_->records() > 0, std::memory_order_release);
 }
 
-// ---- the resilience engine (under spool_mu_, like the tracker) -------------------------------
+// ---- the resilience engine (under feed_mu_, like the tracker) -------------------------------
 
 namespace {
 
@@ -565,7 +580,7 @@ void Plugin::publisher_main() {
       last_tick_ = Clock::now();
       try {
         std::vector<resilience::Decision> decisions;
-        std::lock_guard lock(spool_mu_);
+        std::lock_guard lock(feed_mu_);
         policy_->tick(static_cast<double>(now_us()) / 1e6, decisions);
         act_on(decisions);
       } catch (const std::exception& e) {
@@ -575,8 +590,8 @@ void Plugin::publisher_main() {
     if (!client_ && Clock::now() >= next_connect_) try_connect();
     if (!client_) {
       try {
-        std::lock_guard lock(spool_mu_);
-        move_queue_to_spool_locked();
+        std::lock_guard lock(feed_mu_);
+        move_queue_to_spool_fed();
       } catch (const std::exception& e) {
         set_error(std::string("spool: ") + e.what());
       }
@@ -703,7 +718,7 @@ void Plugin::send_frame(Batch&& b) {
 
 bool Plugin::build_live_batch(Batch& out, bool flush_now) {
   {
-    std::lock_guard lock(spool_mu_);
+    std::lock_guard lock(feed_mu_);  // spilling hooks append to the spool only under it
     if (spool_active_.load(std::memory_order_acquire)) return false;
     if (!pending_) {
       pending_ = std::make_unique<Batch>();
@@ -739,23 +754,29 @@ bool Plugin::build_live_batch(Batch& out, bool flush_now) {
 }
 
 bool Plugin::build_spool_batch(Batch& b) {
-  std::vector<std::string> records;
-  {
+  for (;;) {
+    // The queue's events are newer than the spool's and leave after them. Until the queue
+    // is half full they wait there, so that the spool drains, its last batches are acked,
+    // and the publisher returns to the live path (no write and read back: faster) instead
+    // of feeding the spool for ever at a rate near its capacity.
+    if (queue_.size_approx() >= queue_.capacity() / 2) {
+      // A hook on the spill path may be moving the queue now: then read what is spooled
+      // already rather than wait for it.
+      std::unique_lock feed(feed_mu_, std::try_to_lock);
+      if (feed.owns_lock()) move_queue_to_spool_fed();
+    }
     std::lock_guard lock(spool_mu_);
-    move_queue_to_spool_locked();
     if (!spool_->has_unread()) return false;
-    spool_->read(records, batch_events_, batch_bytes_, b.end);
-  }
-  b.from_spool = true;
-  for (const auto& r : records)
-    if (!rejected(r)) b.add(r);
-  if (b.count() == 0 && !records.empty()) {  // only refused events: done with them
-    std::lock_guard lock(spool_mu_);
-    spool_->commit(b.end);
+    if (b.body.capacity() == 0) b.body.reserve(std::min<std::size_t>(batch_bytes_, batch_events_ * 400));
+    // Copied from the spool's read buffer straight into the batch.
+    const std::size_t read = spool_->read([&](std::string_view r) { if (!rejected(r)) b.add(r); },
+                                          batch_events_, batch_bytes_, b.end);
+    b.from_spool = true;
+    if (b.count() > 0) return true;
+    if (read == 0) return false;
+    spool_->commit(b.end);  // only refused events: done with them
     spool_active_.store(spool_->records() > 0, std::memory_order_release);
-    return build_spool_batch(b);
   }
-  return b.count() > 0;
 }
 
 void Plugin::pump() {
@@ -876,8 +897,9 @@ void Plugin::finalize() {
   }
   connected_.store(0);
   try {
-    std::lock_guard lock(spool_mu_);
-    move_queue_to_spool_locked();
+    std::lock_guard lock(feed_mu_);
+    move_queue_to_spool_fed();
+    std::lock_guard spool_lock(spool_mu_);
     spool_->sync();
     close_status_ = spool_->records() > 0 ? DIASPORA_ERR_TIMEOUT : DIASPORA_OK;
   } catch (const std::exception& e) {

@@ -6,9 +6,12 @@
 //
 // Ordering invariant: events leave in the order they entered, per engine thread. The
 // publisher sends "live" batches (straight from the queue) only while the spool holds no
-// record; as soon as it does, queue contents are appended to the spool and batches are
-// read from it. So in-flight batches are always some live ones followed by some spool
-// ones, and when a connection drops the live ones are put back at the head of the spool.
+// record; as soon as it does, batches are read from the spool, and queue contents (always
+// newer than the spool's) join the spool's tail when a hook finds the queue full, when the
+// queue is half full, or while the relay is away. So in-flight batches are always some
+// live ones followed by some spool ones, and when a connection drops the live ones are
+// put back at the head of the spool. Once the spool is empty and acked, the rest of the
+// queue goes live again.
 #pragma once
 
 #include <atomic>
@@ -141,16 +144,18 @@ class Plugin {
   void send_batch(Batch&& b);
   void send_frame(Batch&& b);
   void handle_frame(const std::string& frame);
-  void move_queue_to_spool_locked();
+  /// Serialises what the queue holds (and the side and coalesced events) into the spool.
+  /// feed_mu_ held by the caller; takes spool_mu_ for each append.
+  void move_queue_to_spool_fed();
   /// Serialises the coalesced metric samples waiting, each handed to `sink`.
   void take_coalesced(const std::function<void(std::string_view)>& sink);
   std::vector<std::string> take_side_events();
   RelayClientOptions client_options(const std::string& client_id) const;
   /// Feeds a record to the tracker (and policies) and appends its event to `out`; a time
-  /// in ticks becomes wall-clock time here. Under spool_mu_ (tracker, policies, tick_clock_).
+  /// in ticks becomes wall-clock time here. Under feed_mu_ (tracker, policies, tick_clock_).
   void append_record_event(std::string& out, const RecordView& r, std::string_view id, std::uint64_t coalesced);
   void add_side_event(std::string text);
-  // resilience engine (spool_mu_ held)
+  // resilience engine (feed_mu_ held)
   void feed_policies(const RecordView& r, const TaskTracker::Result& res);
   void observe_signal(std::string_view signal, std::string_view task, std::string_view site, double value,
                       std::int64_t time_us);
@@ -182,11 +187,16 @@ class Plugin {
   SlotQueue queue_;
   std::atomic<std::uint64_t> spill_counter_{0};
 
-  // Spool, guarded by spool_mu_ (publisher, and hooks on the spill path).
+  // Lock order: feed_mu_, then spool_mu_.
+  // feed_mu_: taking events out of the queue and serialising them, in order (the tracker,
+  // the policies and tick_clock_ see them under it): the publisher, and hooks on the spill path.
+  std::mutex feed_mu_;
+  // spool_mu_: the spool itself (publisher, stats(), and appends of the feed_mu_ holder).
   mutable std::mutex spool_mu_;
   std::unique_ptr<Spool> spool_;
   std::atomic<bool> spool_active_{false};  ///< the spool holds at least one record
-  /// Made at open when TickClock::usable(), never changed after; to_us() under spool_mu_
+  SpoolRecords spool_records_;  ///< move_queue_to_spool_fed's buffer (under feed_mu_), kept for its memory
+  /// Made at open when TickClock::usable(), never changed after; to_us() under feed_mu_
   /// (records are serialised under it).
   std::optional<TickClock> tick_clock_;
 
@@ -212,7 +222,7 @@ class Plugin {
   std::chrono::milliseconds backoff_{};
   bool ever_connected_ = false;
   TaskTracker tracker_;
-  std::unique_ptr<resilience::PolicyEngine> policy_;  ///< guarded by spool_mu_, as the tracker
+  std::unique_ptr<resilience::PolicyEngine> policy_;  ///< guarded by feed_mu_, as the tracker
   std::chrono::steady_clock::time_point last_tick_{};
   std::atomic<std::uint64_t> action_counter_{0};
   std::chrono::steady_clock::time_point last_stats_{};

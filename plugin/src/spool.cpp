@@ -341,7 +341,9 @@ struct Spool::Impl {
   std::deque<Mark> marks_;
   Reader reader_;
   std::uint64_t reader_segment_ = kNoSegment;
-  std::string wbuf_;
+  SpoolRecords wbuf_;  // append(span) and prepend() frame their records here
+  /// Writes framed records at the tail (the write path of both append()s).
+  std::size_t write_tail(const SpoolRecords& r, bool droppable);
 };
 
 Spool::Impl::Impl(SpoolOptions options) : opt_(std::move(options)) {
@@ -549,15 +551,46 @@ void Spool::Impl::check_records(std::span<const std::string_view> records, std::
   }
 }
 
+std::string& SpoolRecords::begin() {
+  if (open_ != std::string::npos) end();
+  open_ = buf_.size();
+  buf_.append(kFrameBytes, '\0');
+  return buf_;
+}
+
+void SpoolRecords::end() {
+  if (open_ == std::string::npos) return;
+  const std::size_t at = open_, n = buf_.size() - at - kFrameBytes;
+  if (n == 0 || n > kMaxPayload) {
+    cancel();
+    // Not the spool's directory: these records belong to no spool yet.
+    if (n) throw SpoolError("cannot spool a record of " + std::to_string(n) + " bytes: the limit is 64 MiB");
+    return;
+  }
+  put_u32(buf_.data() + at, static_cast<std::uint32_t>(n));
+  put_u32(buf_.data() + at + 4, crc32c(buf_.data() + at + kFrameBytes, n));
+  open_ = std::string::npos;
+  ++count_;
+}
+
+void SpoolRecords::cancel() noexcept {
+  if (open_ == std::string::npos) return;
+  buf_.resize(open_);
+  open_ = std::string::npos;
+}
+
+void SpoolRecords::clear() noexcept {
+  if (buf_.capacity() > kShrinkAbove) std::string().swap(buf_);
+  buf_.clear();
+  open_ = std::string::npos;
+  count_ = 0;
+}
+
 void Spool::Impl::encode(std::span<const std::string_view> records) {
-  if (wbuf_.capacity() > kShrinkAbove) std::string().swap(wbuf_);
   wbuf_.clear();
   for (std::string_view r : records) {
-    char h[kFrameBytes];
-    put_u32(h, static_cast<std::uint32_t>(r.size()));
-    put_u32(h + 4, crc32c(r.data(), r.size()));
-    wbuf_.append(h, kFrameBytes);
-    wbuf_.append(r);
+    wbuf_.begin().append(r);
+    wbuf_.end();
   }
 }
 
@@ -696,8 +729,18 @@ std::size_t Spool::append(std::span<const std::string_view> records, bool droppa
   if (records.empty()) return 0;
   if (droppable && bytes() + total > m.opt_.max_bytes) return 0;
   m.encode(records);
+  return m.write_tail(m.wbuf_, false);
+}
+
+std::size_t Spool::append(const SpoolRecords& records, bool droppable) { return self_->write_tail(records, droppable); }
+
+std::size_t Spool::Impl::write_tail(const SpoolRecords& r, bool droppable) {
+  Impl& m = *this;
+  if (r.count_ == 0) return 0;
+  const std::size_t total = r.open_ == std::string::npos ? r.buf_.size() : r.open_;
+  if (droppable && total_size_ - cursor_.offset + total > m.opt_.max_bytes) return 0;
   Segment& t = m.writable_tail();
-  if (int err = pwrite_all(t.fd.get(), m.wbuf_.data(), m.wbuf_.size(), t.size)) {
+  if (int err = pwrite_all(t.fd.get(), r.buf_.data(), total, t.size)) {
     if (::ftruncate(t.fd.get(), static_cast<off_t>(t.size)) != 0) {
       // Recovery would keep a whole-record prefix of this write; later appends must not
       // follow the torn rest, so they go to a new segment.
@@ -707,10 +750,10 @@ std::size_t Spool::append(std::span<const std::string_view> records, bool droppa
     m.fail("cannot append to spool segment " + t.path.string(), err);
   }
   t.size += total;
-  t.records += records.size();
+  t.records += r.count_;
   m.total_size_ += total;
-  m.total_records_ += records.size();
-  return records.size();
+  m.total_records_ += r.count_;
+  return r.count_;
 }
 
 void Spool::prepend(std::span<const std::string_view> records) {
@@ -736,7 +779,7 @@ void Spool::prepend(std::span<const std::string_view> records) {
     m.fail(what, err);
   };
   m.encode(records);
-  if (int err = pwrite_all(p.fd.get(), m.wbuf_.data(), m.wbuf_.size(), 0))
+  if (int err = pwrite_all(p.fd.get(), m.wbuf_.buf_.data(), m.wbuf_.buf_.size(), 0))
     give_up("cannot write " + p.path.string(), err);
   p.size = total;
   p.records = records.size();
@@ -792,7 +835,22 @@ void Spool::prepend(std::span<const std::string_view> records) {
 
 std::size_t Spool::read(std::vector<std::string>& out, std::size_t max_records, std::size_t max_bytes,
                         SpoolPosition& end) {
+  return read([&](std::string_view r) { out.emplace_back(r); }, max_records, max_bytes, end);
+}
+
+std::size_t Spool::read(const std::function<void(std::string_view)>& sink, std::size_t max_records,
+                        std::size_t max_bytes, SpoolPosition& end) {
   Impl& m = *self_;
+  // A sink that throws leaves the read position as it was: this call's records come again.
+  struct Restore {
+    Impl& m;
+    SpoolPosition read;
+    std::uint64_t before;
+    bool armed = true;
+    ~Restore() {
+      if (armed) m.read_ = read, m.read_before_ = before;
+    }
+  } restore{m, m.read_, m.read_before_};
   std::size_t n = 0;
   std::size_t bytes = 0;
   std::size_t idx = m.find(m.read_.segment);
@@ -821,12 +879,13 @@ std::size_t Spool::read(std::vector<std::string>& out, std::size_t max_records, 
       m.skip_corrupt(s, "checksum mismatch");
       continue;
     }
-    out.emplace_back(payload, f.length);
+    sink(std::string_view(payload, f.length));
     ++n;
     bytes += f.length;
     m.read_.offset += kFrameBytes + f.length;
     ++m.read_before_;
   }
+  restore.armed = false;
   end = m.read_;
   if (n > 0) {
     m.marks_.push_back({m.read_, m.read_before_});

@@ -66,6 +66,37 @@ struct SpoolPosition {
   friend auto operator<=>(const SpoolPosition&, const SpoolPosition&) = default;
 };
 
+/// Records framed as a spool segment stores them (u32 length, u32 CRC32C, payload), built in
+/// place: a caller serialises each payload straight into the bytes Spool::append() writes,
+/// with no string and no copy per record.
+///
+/// @par Thread Safety
+/// Not thread-safe: one owner at a time.
+class SpoolRecords {
+ public:
+  /// Starts a record and returns the buffer to append its payload to (only append: the
+  /// bytes before the payload are the frames of earlier records). Ends the record begun
+  /// before, if end() was not called for it.
+  std::string& begin();
+  /// Ends the record begun last: fills in its frame. A record left empty is dropped (the
+  /// spool never stores an empty one). Throws SpoolError, the record dropped, when its
+  /// payload is over 64 MiB.
+  void end();
+  /// Drops the record begun last (its payload could not be completed). No effect without one.
+  void cancel() noexcept;
+  /// Whole records held (an open one is not counted).
+  std::size_t count() const noexcept { return count_; }
+  bool empty() const noexcept { return count_ == 0; }
+  /// Drops every record; keeps the buffer's memory unless it grew past 8 MiB.
+  void clear() noexcept;
+
+ private:
+  friend class Spool;
+  std::string buf_;
+  std::size_t open_ = std::string::npos;  ///< frame offset of the open record
+  std::size_t count_ = 0;
+};
+
 /// A bounded, crash-safe FIFO of byte strings on disk, with a read position that runs ahead
 /// of a durable cursor (delivered but not yet acknowledged records are re-read after
 /// rewind() or a restart).
@@ -97,6 +128,8 @@ class Spool {
   /// too, later appends go to a new segment and a restart keeps at most a whole-record
   /// prefix of the failed call.
   std::size_t append(std::span<const std::string_view> records, bool droppable = false);
+  /// The same for records framed in place; a record still open in `records` is not written.
+  std::size_t append(const SpoolRecords& records, bool droppable = false);
 
   /// Puts `records` (in this order) before the first unacknowledged record, e.g. the unacked
   /// batches of a connection that dropped. Calls rewind() first. Durable when it returns:
@@ -117,6 +150,12 @@ class Spool {
   /// (logged, counted in corrupt_records_skipped()). Throws SpoolError on an I/O error.
   std::size_t read(std::vector<std::string>& out, std::size_t max_records, std::size_t max_bytes,
                    SpoolPosition& end);
+  /// The same, handing each record to `sink` instead of copying it into a string: the view
+  /// is valid during the call only. When `sink` throws, the read position stays where it
+  /// was before this call (the records of this call are read again) and the exception
+  /// propagates.
+  std::size_t read(const std::function<void(std::string_view)>& sink, std::size_t max_records,
+                   std::size_t max_bytes, SpoolPosition& end);
 
   /// Everything before `end` (from read()) has been delivered: moves the durable cursor there
   /// (temp file + rename, no fsync: a stale cursor only causes re-delivery) and deletes the
