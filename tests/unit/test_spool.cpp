@@ -7,6 +7,7 @@
 
 #include <csignal>
 #include <deque>
+#include <optional>
 #include <random>
 #include <cstring>
 #include <filesystem>
@@ -23,6 +24,7 @@ using diaspora::plugin::Spool;
 using diaspora::plugin::SpoolError;
 using diaspora::plugin::SpoolOptions;
 using diaspora::plugin::SpoolPosition;
+using diaspora::plugin::SpoolRecords;
 using diaspora::test::TempDir;
 
 namespace {
@@ -556,6 +558,93 @@ TEST(Spool, RejectsEmptyAndOversizedRecords) {
   EXPECT_EQ(s.records(), 1u);
   EXPECT_EQ(read_all(s), std::vector<std::string>{"first"});
   EXPECT_THROW(Spool{SpoolOptions{}}, SpoolError);
+}
+
+// Records framed in place (what the plugin serialises into) read back like appended ones;
+// an empty record is dropped, a cancelled one leaves nothing, an open one is not written.
+TEST(Spool, RecordsFramedInPlaceReadBackInOrder) {
+  TempDir dir;
+  std::optional<Spool> held(std::in_place, options(dir.path(), 64));
+  Spool& s = *held;  // small segments: the framed bytes still roll over
+  SpoolRecords r;
+  for (int i = 0; i < 5; ++i) {
+    r.begin() += numbered(i);
+    r.end();
+  }
+  r.begin();  // left empty: dropped
+  r.end();
+  r.begin() += "half-written";
+  r.cancel();
+  r.begin() += numbered(5);  // a begin() ends the record before it
+  r.begin() += numbered(6);
+  EXPECT_EQ(r.count(), 6u);  // the open one is not counted
+  EXPECT_EQ(s.append(r), 6u);
+  EXPECT_EQ(s.records(), 6u);
+  r.end();
+  EXPECT_EQ(r.count(), 7u);
+  EXPECT_EQ(s.bytes(), 6 * on_disk(numbered(0)));
+  r.clear();
+  EXPECT_TRUE(r.empty());
+  EXPECT_EQ(s.append(r), 0u);
+  r.begin() += numbered(6);
+  r.end();
+  EXPECT_EQ(s.append(r, true), 1u);
+  EXPECT_EQ(read_all(s), numbers(0, 7));
+  held.reset();  // releases the directory's lock
+  // The framing is the spool's own: recovery on reopen checks every CRC and keeps them all.
+  Spool again(options(dir.path(), 64));
+  EXPECT_EQ(again.corrupt_records_skipped(), 0u);
+  EXPECT_EQ(read_all(again), numbers(0, 7));
+}
+
+TEST(Spool, RecordsFramedInPlaceRefuseAnOversizedPayload) {
+  SpoolRecords r;
+  r.begin() += "kept";
+  r.end();
+  r.begin().append((64u << 20) + 1, 'x');
+  EXPECT_THROW(r.end(), SpoolError);
+  EXPECT_EQ(r.count(), 1u);
+  TempDir dir;
+  Spool s(options(dir.path()));
+  EXPECT_EQ(s.append(r), 1u);
+  EXPECT_EQ(read_all(s), std::vector<std::string>{"kept"});
+}
+
+TEST(Spool, DroppableFramedRecordsHonourMaxBytes) {
+  TempDir dir;
+  SpoolOptions o = options(dir.path());
+  o.max_bytes = 100;
+  Spool s(o);
+  SpoolRecords r;
+  r.begin().append(92, 'm');  // 100 bytes on disk
+  r.end();
+  r.begin() += "m";
+  r.end();
+  EXPECT_EQ(s.append(r, true), 0u);  // all or none
+  EXPECT_EQ(s.append(r), 2u);        // events are never refused
+  EXPECT_EQ(s.records(), 2u);
+}
+
+// A sink that throws (out of memory in the caller's batch) leaves the read position where it
+// was: the same records come again, none is skipped.
+TEST(Spool, ReadIntoASinkThatThrowsReadsTheSameRecordsAgain) {
+  TempDir dir;
+  Spool s(options(dir.path(), 64));
+  ASSERT_EQ(append(s, numbers(0, 8)), 8u);
+  EXPECT_EQ(read(s, 2), numbers(0, 2));
+  std::vector<std::string> got;
+  SpoolPosition end;
+  EXPECT_THROW(s.read([&](std::string_view r) {
+                 if (got.size() == 3) throw std::bad_alloc();
+                 got.emplace_back(r);
+               }, 10, 1 << 20, end),
+               std::bad_alloc);
+  EXPECT_EQ(got, numbers(2, 5));
+  got.clear();
+  EXPECT_EQ(s.read([&](std::string_view r) { got.emplace_back(r); }, 10, 1 << 20, end), 6u);
+  EXPECT_EQ(got, numbers(2, 8));
+  s.commit(end);
+  EXPECT_EQ(s.records(), 0u);
 }
 
 TEST(Spool, SecondSpoolOnTheSameDirectoryThrows) {
