@@ -4,13 +4,17 @@
 // into the spool as a "raw" record with the same layout.
 #pragma once
 
+#include <sys/mman.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
 #include <string_view>
+#include <type_traits>
 
 namespace diaspora::plugin {
 
@@ -132,11 +136,12 @@ inline constexpr std::size_t kSlotArenaBytes = sizeof(Slot::arena);
 /// power of two fixed at construction.
 class SlotQueue {
  public:
+  /// Throws std::bad_alloc.
   explicit SlotQueue(std::size_t min_capacity) {
     std::size_t cap = 16;
     while (cap < min_capacity) cap <<= 1;
     mask_ = cap - 1;
-    slots_.reset(new Slot[cap]);
+    slots_.reset(allocate(cap));
     for (std::size_t i = 0; i < cap; ++i) slots_[i].seq.store(i, std::memory_order_relaxed);
   }
 
@@ -209,7 +214,31 @@ class SlotQueue {
   }
 
  private:
-  std::unique_ptr<Slot[]> slots_;
+  // The ring (32 MiB at the default 65,536 slots) spans more 4 KiB pages than the TLB
+  // holds: a push would walk the page tables about every eighth slot. It is allocated on
+  // 2 MiB boundaries and offered to transparent huge pages (madvise; ignored where the
+  // kernel has them off). Measured (session 11, THP "madvise" against "never", same
+  // build): one engine thread's p99 358-394 -> 100-139 ns, Google Benchmark's wall time
+  // per call 173-199 -> 123-140 ns; the median stays at 89-99 ns.
+  static constexpr std::size_t kHugePage = 2u << 20;
+  struct Free {
+    void operator()(Slot* p) const noexcept { std::free(p); }
+  };
+  static Slot* allocate(std::size_t cap) {
+    const std::size_t bytes = cap * sizeof(Slot);
+    const bool huge = bytes >= kHugePage;
+    const std::size_t align = huge ? kHugePage : alignof(Slot);
+    void* p = std::aligned_alloc(align, (bytes + align - 1) / align * align);
+    if (!p) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    if (huge) ::madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    Slot* slots = static_cast<Slot*>(p);
+    for (std::size_t i = 0; i < cap; ++i) new (&slots[i]) Slot;  // Slot is trivially destructible
+    return slots;
+  }
+  static_assert(std::is_trivially_destructible_v<Slot>);
+  std::unique_ptr<Slot[], Free> slots_;
   std::size_t mask_ = 0;
   alignas(64) std::atomic<std::uint64_t> tail_{0};
   alignas(64) std::atomic<std::uint64_t> head_{0};
