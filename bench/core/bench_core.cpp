@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "diaspora/core.hpp"
+#include "event_text.hpp"
 
 namespace {
 
@@ -51,6 +52,22 @@ void BM_PublishFrame(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * 1000);
 }
 BENCHMARK(BM_PublishFrame)->Arg(0)->Arg(1)->ArgName("validate_payload");
+
+// The relay's second pass over the same frame: where each event's text lies (it stores
+// the text as written). Arg: bytes of padding string in each event's data (0: heartbeats
+// as the plugin sends them; 1,500: a 2 KiB event of the relay benchmark's kind).
+void BM_EventTexts(benchmark::State& state) {
+  std::string hb = heartbeat_text();
+  if (state.range(0) > 0) hb.insert(hb.rfind('}'), ",\"pad\":\"" + std::string(static_cast<std::size_t>(state.range(0)), 'p') + "\"");
+  std::string frame = R"({"op":"publish","topic":"bench","seq":1,"events":[)";
+  for (int i = 0; i < 1000; ++i) frame += (i ? "," : "") + hb;
+  frame += "]}";
+  if (diaspora::relay::event_texts(frame)->size() != 1000) state.SkipWithError("the scan did not find 1,000 events");
+  for (auto _ : state) benchmark::DoNotOptimize(diaspora::relay::event_texts(frame));
+  state.SetItemsProcessed(state.iterations() * 1000);
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(frame.size()));
+}
+BENCHMARK(BM_EventTexts)->Arg(0)->Arg(1500)->ArgName("pad_bytes");
 
 void BM_EncodeHeartbeat(benchmark::State& state) {
   diaspora::Event e = diaspora::decode_event(heartbeat_text());

@@ -36,6 +36,7 @@
 #include "diaspora/thread_name.hpp"
 #include "diaspora/token.hpp"
 #include "diaspora/version.hpp"
+#include "event_text.hpp"
 #include "topic_log.hpp"
 
 namespace diaspora {
@@ -196,92 +197,6 @@ std::optional<std::string> bearer_of(const http::request<http::string_body>& req
   return std::string();  // present but not a bearer token: refused as malformed
 }
 
-
-// ---- raw event text ------------------------------------------------------------------------
-// The relay stores each published event exactly as the client wrote it, instead of
-// serialising the parsed value again. These helpers locate the elements of the frame's
-// "events" array in the frame text; they run only on text Boost.JSON has already
-// accepted as valid JSON, so they need not re-check the grammar.
-
-std::size_t skip_ws(std::string_view t, std::size_t p) {
-  while (p < t.size() && (t[p] == ' ' || t[p] == '\t' || t[p] == '\n' || t[p] == '\r')) ++p;
-  return p;
-}
-
-// Position just past the string that starts at p (t[p] == '"'): memchr to each quote,
-// then an odd run of backslashes before it means the quote is escaped.
-std::size_t skip_string(std::string_view t, std::size_t p) {
-  for (std::size_t q = p + 1;;) {
-    const void* hit = std::memchr(t.data() + q, '"', t.size() - q);
-    if (!hit) return t.size();  // not reached: Boost.JSON accepted the text
-    q = static_cast<std::size_t>(static_cast<const char*>(hit) - t.data());
-    std::size_t b = q;
-    while (t[b - 1] == '\\') --b;
-    if ((q - b) % 2 == 0) return q + 1;
-    ++q;
-  }
-}
-
-// Position just past the JSON value that starts at p.
-std::size_t skip_value(std::string_view t, std::size_t p) {
-  if (t[p] == '"') return skip_string(t, p);
-  if (t[p] == '{' || t[p] == '[') {
-    int depth = 0;
-    do {
-      const char c = t[p];
-      if (c == '"') {
-        p = skip_string(t, p);
-        continue;
-      }
-      if (c == '{' || c == '[') ++depth;
-      else if (c == '}' || c == ']') --depth;
-      ++p;
-    } while (depth > 0);
-    return p;
-  }
-  while (p < t.size() && t[p] != ',' && t[p] != '}' && t[p] != ']' && t[p] != ' ' && t[p] != '\t' && t[p] != '\n' &&
-         t[p] != '\r')
-    ++p;
-  return p;
-}
-
-// The text of each element of the top-level "events" array, or nullopt when the frame
-// has no single, plainly spelled "events" key (then the caller serialises the parsed
-// value instead, so what is stored is always what was validated). One pass: the array's
-// elements are cut out while the frame is scanned.
-std::optional<std::vector<std::string_view>> event_texts(std::string_view t) {
-  std::size_t p = skip_ws(t, 0);
-  if (p >= t.size() || t[p] != '{') return std::nullopt;
-  ++p;
-  std::vector<std::string_view> out;
-  int found = 0;
-  for (;;) {
-    p = skip_ws(t, p);
-    if (t[p] == '}') break;
-    std::size_t key_end = skip_string(t, p);
-    std::string_view key = t.substr(p + 1, key_end - p - 2);
-    if (key.find('\\') != std::string_view::npos) return std::nullopt;  // escaped key: take the slow path
-    p = skip_ws(t, skip_ws(t, key_end) + 1);  // past ':'
-    if (key == "events") {
-      if (++found > 1 || t[p] != '[') return std::nullopt;
-      for (++p;;) {
-        p = skip_ws(t, p);
-        if (t[p] == ']') break;
-        const std::size_t e = skip_value(t, p);
-        out.push_back(t.substr(p, e - p));
-        p = skip_ws(t, e);
-        if (t[p] == ',') ++p;
-      }
-      ++p;  // past ']'
-    } else {
-      p = skip_value(t, p);
-    }
-    p = skip_ws(t, p);
-    if (t[p] == ',') ++p;
-  }
-  if (found != 1) return std::nullopt;
-  return out;
-}
 
 }  // namespace
 
@@ -599,7 +514,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
                                                std::to_string(relay_->cfg.max_batch_events));
     std::vector<relay::AppendRecord> records(arr.size());
     std::uint64_t bytes = 0;
-    auto texts = event_texts(frame_text);
+    auto texts = relay::event_texts(frame_text);
     if (texts && texts->size() != arr.size()) texts.reset();
     for (std::size_t i = 0; i < arr.size(); ++i) {
       auto err = texts ? to_record(arr[i], records[i], (*texts)[i]) : to_record(arr[i], records[i], json::serialize(arr[i]));
