@@ -405,10 +405,13 @@ void Plugin::move_queue_to_spool_fed() {
       --unframed;
     }
   };
+  // Up to what was pushed (or reserved) by now: under a sustained load, events pushed
+  // meanwhile are newer than this whole move and may wait in the queue, so the move ends.
+  const std::uint64_t until = queue_.pushed();
   try {
     add_side(take_side_events());
     take_coalesced([&](std::string_view text) { droppable.emplace_back(text); });
-    for (;;) {
+    while (queue_.popped() < until) {  // only feed_mu_ holders pop
       popping = true;
       const bool got = queue_.try_pop([&](Slot& s, std::uint64_t pos) {
         append_record_event(recs.begin(), RecordView{&s.head, s.arena}, EventId(instance_, "", pos).view(), 0);
@@ -416,10 +419,9 @@ void Plugin::move_queue_to_spool_fed() {
       });
       popping = false;
       if (!got) {
-        // Empty, or the next slot is reserved by an engine thread still copying into it.
-        // In the second case later slots may hold older events of other threads (and of
-        // the thread that is spilling now): wait for the writer, which never blocks.
-        if (queue_.size_approx() == 0) break;
+        // The next slot is reserved by an engine thread still copying into it; later
+        // slots may hold older events of other threads (and of the thread that is
+        // spilling now): wait for the writer, which never blocks.
         std::this_thread::yield();
         continue;
       }
@@ -435,6 +437,7 @@ void Plugin::move_queue_to_spool_fed() {
     std::lock_guard spool_lock(spool_mu_);
     if (!recs.empty()) {
       spool_->append(recs);
+      spool_active_.store(true, std::memory_order_release);  // before anything else can throw
       recs.clear();
     }
     if (!droppable.empty()) {
@@ -446,6 +449,8 @@ void Plugin::move_queue_to_spool_fed() {
   } catch (...) {
     lost_.fetch_add(recs.count() + unframed + droppable.size() + (popping ? 1 : 0), std::memory_order_relaxed);
     recs.clear();
+    std::lock_guard spool_lock(spool_mu_);  // what did reach the spool goes first, whatever failed after
+    spool_active_.store(spool_->records() > 0, std::memory_order_release);
     throw;
   }
 }
@@ -577,12 +582,14 @@ void Plugin::publisher_main() {
     }
     if (stopping && (all_flushed() || Clock::now() >= flush_deadline_)) break;
     if (policy_ && Clock::now() - last_tick_ >= 100ms) {  // heartbeat silence, deadline forecasts
-      last_tick_ = Clock::now();
       try {
         std::vector<resilience::Decision> decisions;
-        std::lock_guard lock(feed_mu_);
-        policy_->tick(static_cast<double>(now_us()) / 1e6, decisions);
-        act_on(decisions);
+        std::unique_lock lock(feed_mu_, std::try_to_lock);  // a spilling hook holds it: next round
+        if (lock.owns_lock()) {
+          last_tick_ = Clock::now();
+          policy_->tick(static_cast<double>(now_us()) / 1e6, decisions);
+          act_on(decisions);
+        }
       } catch (const std::exception& e) {
         set_error(std::string("resilience engine: ") + e.what());
       }
@@ -652,6 +659,7 @@ void Plugin::try_connect() {
 
 void Plugin::on_disconnect(const std::string& why) {
   client_.reset();
+  refused_end_.reset();  // the spool rewinds: those records are read (and skipped) again
   connected_.store(0);
   set_error("lost the relay session: " + why + " (unacked events went back to the spool; reconnecting)");
   std::vector<std::string_view> live;
@@ -718,8 +726,10 @@ void Plugin::send_frame(Batch&& b) {
 
 bool Plugin::build_live_batch(Batch& out, bool flush_now) {
   {
-    std::lock_guard lock(feed_mu_);  // spilling hooks append to the spool only under it
-    if (spool_active_.load(std::memory_order_acquire)) return false;
+    // Spilling hooks append to the spool only under feed_mu_. While one holds it the
+    // publisher does not wait: once the hook's first records are in, it reads them.
+    std::unique_lock lock(feed_mu_, std::try_to_lock);
+    if (!lock.owns_lock() || spool_active_.load(std::memory_order_acquire)) return false;
     if (!pending_) {
       pending_ = std::make_unique<Batch>();
       pending_->body.reserve(std::min<std::size_t>(batch_bytes_, batch_events_ * 400));
@@ -774,8 +784,15 @@ bool Plugin::build_spool_batch(Batch& b) {
     b.from_spool = true;
     if (b.count() > 0) return true;
     if (read == 0) return false;
-    spool_->commit(b.end);  // only refused events: done with them
-    spool_active_.store(spool_->records() > 0, std::memory_order_release);
+    // Only refused events: done with them. Committing past them now would also commit the
+    // unacked batches in flight before them (lost in a crash), so with any in flight the
+    // commit waits for the last ack.
+    if (inflight_.empty()) {
+      spool_->commit(b.end);
+      spool_active_.store(spool_->records() > 0, std::memory_order_release);
+    } else {
+      refused_end_ = b.end;
+    }
   }
 }
 
@@ -848,13 +865,16 @@ void Plugin::handle_frame(const std::string& frame) {
       backoff_ = std::chrono::milliseconds(0);  // reconnect at once
       throw RelayClientError("the relay refused event " + id + ", which is dropped: " + message);
     }
-    if (b.resent) return;  // its events are acked (and committed) again from the spool
-    acked_.fetch_add(b.count(), std::memory_order_relaxed);
-    if (b.from_spool) {
+    if (!b.resent) acked_.fetch_add(b.count(), std::memory_order_relaxed);  // a resent one's are acked again from the spool
+    const bool commit = b.from_spool && !b.resent;
+    const bool refused_done = refused_end_ && inflight_.empty();
+    if (commit || refused_done) {
       std::lock_guard lock(spool_mu_);
-      spool_->commit(b.end);
+      if (commit) spool_->commit(b.end);
+      if (refused_done) spool_->commit(*refused_end_);  // a position at or before the cursor is ignored
       spool_active_.store(spool_->records() > 0, std::memory_order_release);
     }
+    if (refused_done) refused_end_.reset();
     return;
   }
   if (o == "error") throw RelayClientError("the relay reported an error: " + frame.substr(0, 400));
@@ -898,7 +918,8 @@ void Plugin::finalize() {
   connected_.store(0);
   try {
     std::lock_guard lock(feed_mu_);
-    move_queue_to_spool_fed();
+    do move_queue_to_spool_fed();  // hooks that passed their closing() check may still push
+    while (queue_.size_approx() > 0);
     std::lock_guard spool_lock(spool_mu_);
     spool_->sync();
     close_status_ = spool_->records() > 0 ? DIASPORA_ERR_TIMEOUT : DIASPORA_OK;

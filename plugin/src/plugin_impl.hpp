@@ -7,11 +7,12 @@
 // Ordering invariant: events leave in the order they entered, per engine thread. The
 // publisher sends "live" batches (straight from the queue) only while the spool holds no
 // record; as soon as it does, batches are read from the spool, and queue contents (always
-// newer than the spool's) join the spool's tail when a hook finds the queue full, when the
-// queue is half full, or while the relay is away. So in-flight batches are always some
-// live ones followed by some spool ones, and when a connection drops the live ones are
-// put back at the head of the spool. Once the spool is empty and acked, the rest of the
-// queue goes live again.
+// newer than the spool's) join the spool's tail when a hook finds the queue full (or has a
+// call too big for a slot), when the publisher, about to read a spool batch, finds the
+// queue half full, or while the relay is away. So in-flight batches are always some live
+// ones followed by some spool ones, and when a connection drops the live ones are put
+// back at the head of the spool. Once the spool is empty and acked, the rest of the queue
+// goes live again.
 #pragma once
 
 #include <atomic>
@@ -216,6 +217,9 @@ class Plugin {
   std::deque<Batch> inflight_;
   std::deque<Batch> resend_;  ///< unacked when the session dropped: sent first, same seq
   std::unique_ptr<Batch> pending_;  ///< live batch being filled (linger)
+  /// The spool position after records read and all refused (rejected_ids_) while batches
+  /// were in flight: committed with the last of their acks (publisher thread only).
+  std::optional<SpoolPosition> refused_end_;
   std::uint64_t next_seq_ = 0;
   std::size_t batch_events_ = 512, batch_bytes_ = 1u << 20, max_inflight_ = 16;  ///< config, capped by the relay
   std::chrono::steady_clock::time_point next_connect_{};

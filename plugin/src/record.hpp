@@ -204,8 +204,10 @@ class SlotQueue {
     }
   }
 
-  /// Number of successful pushes so far.
+  /// Number of pushes so far (slots reserved; a push still copying into its slot counts).
   std::uint64_t pushed() const noexcept { return tail_.load(std::memory_order_acquire); }
+  /// Number of pops so far.
+  std::uint64_t popped() const noexcept { return head_.load(std::memory_order_acquire); }
 
   /// Approximate number of filled slots (exact when no push/pop runs concurrently).
   std::size_t size_approx() const noexcept {

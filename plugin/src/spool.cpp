@@ -553,8 +553,8 @@ void Spool::Impl::check_records(std::span<const std::string_view> records, std::
 
 std::string& SpoolRecords::begin() {
   if (open_ != std::string::npos) end();
-  open_ = buf_.size();
-  buf_.append(kFrameBytes, '\0');
+  buf_.append(kFrameBytes, '\0');  // may throw: then no record is open
+  open_ = buf_.size() - kFrameBytes;
   return buf_;
 }
 
@@ -841,7 +841,8 @@ std::size_t Spool::read(std::vector<std::string>& out, std::size_t max_records, 
 std::size_t Spool::read(const std::function<void(std::string_view)>& sink, std::size_t max_records,
                         std::size_t max_bytes, SpoolPosition& end) {
   Impl& m = *self_;
-  // A sink that throws leaves the read position as it was: this call's records come again.
+  // A sink (or a read) that throws leaves the read position as it was: this call's
+  // records come again.
   struct Restore {
     Impl& m;
     SpoolPosition read;
@@ -885,12 +886,12 @@ std::size_t Spool::read(const std::function<void(std::string_view)>& sink, std::
     m.read_.offset += kFrameBytes + f.length;
     ++m.read_before_;
   }
-  restore.armed = false;
-  end = m.read_;
   if (n > 0) {
     m.marks_.push_back({m.read_, m.read_before_});
     if (m.marks_.size() > kMaxMarks) m.marks_.pop_front();
   }
+  restore.armed = false;
+  end = m.read_;
   return n;
 }
 

@@ -151,9 +151,10 @@ class Spool {
   std::size_t read(std::vector<std::string>& out, std::size_t max_records, std::size_t max_bytes,
                    SpoolPosition& end);
   /// The same, handing each record to `sink` instead of copying it into a string: the view
-  /// is valid during the call only. When `sink` throws, the read position stays where it
-  /// was before this call (the records of this call are read again) and the exception
-  /// propagates.
+  /// is valid during the call only. When `sink` throws, or reading does (SpoolError), the
+  /// read position stays where it was before this call (the records of this call are read
+  /// again) and the exception propagates; the vector overload then leaves in `out` the
+  /// records it had taken.
   std::size_t read(const std::function<void(std::string_view)>& sink, std::size_t max_records,
                    std::size_t max_bytes, SpoolPosition& end);
 
