@@ -37,6 +37,9 @@ static int checks = 0;
   } while (0)
 
 static char spec[4096];
+static char long_id[DIASPORA_MAX_ID + 2];     /* one byte over DIASPORA_MAX_ID */
+static char long_text[DIASPORA_MAX_TEXT + 2]; /* one byte over DIASPORA_MAX_TEXT */
+static char long_metric[DIASPORA_MAX_METRIC_NAME + 2];
 
 static diaspora_task_info task(const char* id) {
   diaspora_task_info t;
@@ -51,9 +54,6 @@ typedef int (*hook_fn)(diaspora_plugin*, const diaspora_task_info*);
 
 static void check_task_hook(diaspora_plugin* h, hook_fn fn, const char* name) {
   diaspora_task_info t = task("t-1");
-  char long_id[400];
-  memset(long_id, 'x', sizeof long_id - 1);
-  long_id[sizeof long_id - 1] = '\0';
   fprintf(stderr, "  %s\n", name);
   EXPECT_RC(fn(NULL, &t), DIASPORA_ERR_NULL);
   EXPECT_RC(fn(h, NULL), DIASPORA_ERR_NULL);
@@ -72,6 +72,9 @@ static void check_task_hook(diaspora_plugin* h, hook_fn fn, const char* name) {
   t.timestamp_us = -5;
   EXPECT_RC(fn(h, &t), DIASPORA_ERR_INVALID);
   t = task("t-1");
+  t.timestamp_us = 253402300800000000LL; /* the year 10000: nanoseconds passed by mistake */
+  EXPECT_RC(fn(h, &t), DIASPORA_ERR_INVALID);
+  t = task("t-1");
   t.attempt = -1;
   EXPECT_RC(fn(h, &t), DIASPORA_ERR_INVALID);
 }
@@ -82,6 +85,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   const char* dir = argv[1];
+  memset(long_id, 'x', sizeof long_id - 1);
+  memset(long_text, 'x', sizeof long_text - 1);
+  memset(long_metric, 'x', sizeof long_metric - 1);
   char token_file[1024];
   snprintf(token_file, sizeof token_file, "%s/token", dir);
   FILE* f = fopen(token_file, "w");
@@ -116,6 +122,7 @@ int main(int argc, char** argv) {
   EXPECT(h == NULL);
   EXPECT_RC(diaspora_open_file("x.yaml", NULL, err, sizeof err), DIASPORA_ERR_NULL);
   EXPECT_RC(diaspora_open_yaml(NULL, &h, err, sizeof err), DIASPORA_ERR_NULL);
+  EXPECT_RC(diaspora_open_yaml("version: 1\n", NULL, err, sizeof err), DIASPORA_ERR_NULL);
   EXPECT_RC(diaspora_open_file("/nonexistent/spec.yaml", &h, err, sizeof err), DIASPORA_ERR_CONFIG);
   EXPECT(strstr(err, "/nonexistent/spec.yaml") != NULL);
   EXPECT_RC(diaspora_open_yaml("version: 1\nname: x\nsites: [\n", &h, err, sizeof err), DIASPORA_ERR_CONFIG);
@@ -230,7 +237,15 @@ int main(int argc, char** argv) {
   mt.name = "x";
   mt.id = NULL;
   EXPECT_RC(diaspora_metric_sample(h, &mt), DIASPORA_ERR_NULL);
+  mt.id = long_id;
+  EXPECT_RC(diaspora_metric_sample(h, &mt), DIASPORA_ERR_INVALID);
   mt.id = "t-1";
+  mt.name = long_metric;
+  EXPECT_RC(diaspora_metric_sample(h, &mt), DIASPORA_ERR_INVALID);
+  mt.name = "x";
+  mt.timestamp_us = -1;
+  EXPECT_RC(diaspora_metric_sample(h, &mt), DIASPORA_ERR_INVALID);
+  mt.timestamp_us = 0;
   mt.struct_size = 4;
   EXPECT_RC(diaspora_metric_sample(h, &mt), DIASPORA_ERR_INVALID);
 
@@ -254,6 +269,18 @@ int main(int argc, char** argv) {
   d.bytes = -2;
   EXPECT_RC(diaspora_data_arrived(h, &d), DIASPORA_ERR_INVALID);
   d.bytes = -1;
+  d.uri = long_text;
+  EXPECT_RC(diaspora_data_arrived(h, &d), DIASPORA_ERR_INVALID);
+  d.uri = NULL;
+  d.site = long_id;
+  EXPECT_RC(diaspora_data_arrived(h, &d), DIASPORA_ERR_INVALID);
+  d.site = NULL;
+  d.timestamp_us = -3;
+  EXPECT_RC(diaspora_data_arrived(h, &d), DIASPORA_ERR_INVALID);
+  d.timestamp_us = 0;
+  d.struct_size = 8;
+  EXPECT_RC(diaspora_data_arrived(h, &d), DIASPORA_ERR_INVALID);
+  d.struct_size = sizeof d;
   d.stream = NULL;
   EXPECT_RC(diaspora_data_arrived(h, &d), DIASPORA_ERR_NULL);
 
@@ -274,6 +301,23 @@ int main(int argc, char** argv) {
   EXPECT_RC(diaspora_resource_status(h, &r), DIASPORA_ERR_INVALID);
   r.state = NULL;
   EXPECT_RC(diaspora_resource_status(h, &r), DIASPORA_ERR_NULL);
+  r.state = "up";
+  r.resource_id = NULL;
+  EXPECT_RC(diaspora_resource_status(h, &r), DIASPORA_ERR_NULL);
+  r.resource_id = long_id;
+  EXPECT_RC(diaspora_resource_status(h, &r), DIASPORA_ERR_INVALID);
+  r.resource_id = "node-3";
+  r.kind = NULL;
+  EXPECT_RC(diaspora_resource_status(h, &r), DIASPORA_ERR_NULL);
+  r.kind = "gpu";
+  r.metrics = NULL;
+  r.metric_count = 2;
+  EXPECT_RC(diaspora_resource_status(h, &r), DIASPORA_ERR_NULL);
+  r.metric_count = 0;
+  r.struct_size = 8;
+  EXPECT_RC(diaspora_resource_status(h, &r), DIASPORA_ERR_INVALID);
+  r.struct_size = sizeof r;
+  EXPECT_RC(diaspora_resource_status(h, &r), DIASPORA_OK); ++ok_calls;
 
   /* actions */
   diaspora_action a;
@@ -291,6 +335,14 @@ int main(int argc, char** argv) {
   EXPECT_RC(diaspora_action_done(h, "a-1", NULL), DIASPORA_ERR_NOT_FOUND);
   EXPECT_RC(diaspora_action_failed(h, "a-1", NULL), DIASPORA_ERR_NULL);
   EXPECT_RC(diaspora_action_failed(h, "a-1", "could not"), DIASPORA_ERR_NOT_FOUND);
+  EXPECT_RC(diaspora_action_failed(NULL, "a-1", "could not"), DIASPORA_ERR_NULL);
+  EXPECT_RC(diaspora_action_failed(h, NULL, "could not"), DIASPORA_ERR_NULL);
+  EXPECT_RC(diaspora_action_done(h, "", NULL), DIASPORA_ERR_INVALID);
+  EXPECT_RC(diaspora_action_failed(h, "", "could not"), DIASPORA_ERR_INVALID);
+  EXPECT_RC(diaspora_action_failed(h, "a-1", ""), DIASPORA_ERR_INVALID); /* a reason is required */
+  EXPECT_RC(diaspora_action_done(h, long_id, NULL), DIASPORA_ERR_INVALID);
+  EXPECT_RC(diaspora_action_done(h, "a-1", long_text), DIASPORA_ERR_INVALID);
+  EXPECT_RC(diaspora_action_failed(h, "a-1", long_text), DIASPORA_ERR_INVALID);
 
   /* last error and stats */
   EXPECT(diaspora_last_error(NULL, err, sizeof err) == 0);

@@ -381,6 +381,62 @@ TEST(PluginConcurrency, ManyEngineThreadsEveryEventOnceInOrderPerThread) {
   for (const auto& [task, kinds] : per_task) EXPECT_EQ(kinds, lifecycle) << task;
 }
 
+// Metric samples that find the queue full are merged per series instead of spilled: each
+// published sample says how many it stands for, and none is lost or counted twice.
+TEST(PluginConcurrency, CoalescedMetricSamplesAreCountedAndPublished) {
+  EmbeddedRelay relay;
+  diaspora_plugin* h = nullptr;
+  char err[2048];
+  ASSERT_EQ(diaspora_open_yaml(relay.spec(", queue_size: 16").c_str(), &h, err, sizeof err), DIASPORA_OK) << err;
+  constexpr int samples = 20000;
+  diaspora_metric m{sizeof(diaspora_metric), DIASPORA_SCOPE_SITE, "local", "load", 0, 0};
+  for (int i = 0; i < samples; ++i) {  // far faster than the publisher drains 16 slots
+    m.value = i;
+    ASSERT_EQ(diaspora_metric_sample(h, &m), DIASPORA_OK);
+  }
+  diaspora_stats st{};
+  st.struct_size = sizeof st;
+  ASSERT_EQ(diaspora_get_stats(h, &st), DIASPORA_OK);
+  EXPECT_EQ(st.events_accepted, static_cast<std::uint64_t>(samples));
+  EXPECT_EQ(st.events_spilled, 0u);  // one series: every full-queue sample merges
+  ASSERT_EQ(diaspora_close(h, 60000), DIASPORA_OK);
+
+  // The relay: the samples' counts add up to every sample; the merged ones were counted
+  // in the plugin's closing statistics event.
+  diaspora::RelayClientOptions o;
+  o.url = relay.url;
+  o.ca_file = relay.dir.path() / "certs/ca.pem";
+  o.token = relay.token;
+  diaspora::RelayClient c(o);
+  c.send(R"({"op":"subscribe","id":"t","topic":"conc.events","from":"earliest"})");
+  std::int64_t represented = 0, published = 0, merged_in_stats = -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((represented < samples || merged_in_stats < 0) && std::chrono::steady_clock::now() < deadline) {
+    auto f = c.poll_receive(std::chrono::milliseconds(200));
+    if (!f) continue;
+    json::object msg = json::parse(*f).as_object();
+    if (msg["op"] != "events") continue;
+    for (auto& e : msg["events"].as_array()) {
+      const json::object& ev = e.as_object().at("event").as_object();
+      const json::object& d = ev.at("data").as_object();
+      if (ev.at("type") == "org.diaspora.metric") {
+        ++published;
+        const json::value* count = d.if_contains("count");
+        represented += count ? count->to_number<std::int64_t>() : 1;
+        if (count) {
+          EXPECT_GE(count->to_number<std::int64_t>(), 2);
+        }
+      } else if (ev.at("type") == "org.diaspora.plugin.stats" && merged_in_stats < 0) {
+        merged_in_stats = d.at("metrics_coalesced").to_number<std::int64_t>();  // published at close
+      }
+    }
+  }
+  EXPECT_EQ(represented, samples);
+  EXPECT_LT(published, samples) << "the queue never filled: nothing was coalesced";
+  EXPECT_EQ(merged_in_stats, samples - published);
+  EXPECT_EQ(static_cast<std::int64_t>(st.metrics_coalesced), merged_in_stats);
+}
+
 // Hooks called without a time stamp their records with the CPU's counter (when the kernel
 // keeps time with it) and the publisher converts; either way an event's time is the
 // wall-clock time of its hook call.

@@ -103,8 +103,8 @@ DIASPORA_API const char* diaspora_status_name(int status);
 
 /* ---- open / close ----------------------------------------------------------------------- */
 
-/* Opens a handle from a workflow spec file (YAML; the `name`, `relay` and `plugin`
- * sections are used, the rest is validated). Starts the publisher and control threads,
+/* Opens a handle from a workflow spec file (YAML; the `name`, `relay`, `plugin` and
+ * `policies` sections are used, the rest is validated). Starts the publisher and control threads,
  * opens the spool (replaying what a previous process left there) and begins connecting
  * to the relay in the background: open never waits for the relay.
  * On success returns DIASPORA_OK and stores the handle in *out. On failure returns
@@ -140,7 +140,8 @@ DIASPORA_API int diaspora_close(diaspora_plugin* plugin, int64_t flush_timeout_m
  * and returns its full length (like snprintf); 0 when nothing has gone wrong yet. The
  * message is per handle and never cleared: the most recent problem, from a failing call
  * on any thread or from the plugin's own threads (relay unreachable, spool trouble,
- * refused events). buf may be NULL when buf_len is 0. Returns 0 when plugin is NULL. */
+ * refused events). buf may be NULL when buf_len is 0. Returns 0 when plugin is NULL.
+ * Any thread, concurrently with every other call on the handle. */
 DIASPORA_API size_t diaspora_last_error(const diaspora_plugin* plugin, char* buf, size_t buf_len);
 
 /* ---- task hooks ------------------------------------------------------------------------- */
@@ -178,10 +179,13 @@ typedef struct diaspora_task_info {
  * the struct, an empty or too long string, a non-finite number, progress outside [0, 1],
  * an empty reason for failed); DIASPORA_ERR_CLOSED (the handle is closing);
  * DIASPORA_ERR_IO (the queue was full and the spool could not be written: the event is
- * lost and counted). A NULL reason for failed is DIASPORA_ERR_NULL. Any thread,
- * concurrently. Never blocks except on the spool path, taken when the queue is full or
- * when the call's strings and metrics exceed 424 bytes (a slot's room): then the call
- * writes to the spool under a lock and the publisher replays from disk for a while. */
+ * lost and counted); DIASPORA_ERR_INTERNAL (an unexpected failure such as running out of
+ * memory on the spool path; the last error says what). A NULL reason for failed is
+ * DIASPORA_ERR_NULL. Any thread, concurrently. Never blocks except on the spool path,
+ * taken when the queue is full or when the call's strings and metrics exceed 424 bytes
+ * (a slot's room): then the call moves the queue's events to the spool and writes its
+ * own after them, under a lock; the publisher sends from the spool until it is drained
+ * and acked, then from the queue again. */
 DIASPORA_API int diaspora_task_submitted(diaspora_plugin* plugin, const diaspora_task_info* info);
 DIASPORA_API int diaspora_task_started(diaspora_plugin* plugin, const diaspora_task_info* info);
 DIASPORA_API int diaspora_task_heartbeat(diaspora_plugin* plugin, const diaspora_task_info* info);
@@ -275,24 +279,28 @@ typedef void (*diaspora_action_callback)(const diaspora_action* action, void* us
 
 /* Installs (or with callback NULL removes) the action callback. Actions that arrived
  * while no callback was installed stay available to diaspora_poll_action; the callback
- * receives only later ones. Returns DIASPORA_OK, DIASPORA_ERR_NULL (plugin NULL) or
- * DIASPORA_ERR_CLOSED (called from the callback itself). Any engine thread. */
+ * receives only later ones. Returns DIASPORA_OK, DIASPORA_ERR_NULL (plugin NULL),
+ * DIASPORA_ERR_CLOSED (called from the callback itself) or DIASPORA_ERR_INTERNAL (out of
+ * memory; the last error says what). Any engine thread. */
 DIASPORA_API int diaspora_set_action_callback(diaspora_plugin* plugin, diaspora_action_callback callback,
                                               void* user_data);
 
 /* Takes the oldest action waiting for polling (one that arrived while no callback was
  * installed) into *out, whose
  * struct_size the caller sets. Returns DIASPORA_OK, DIASPORA_ERR_EMPTY (none waiting),
- * DIASPORA_ERR_NULL or DIASPORA_ERR_INVALID (struct_size too small). Never blocks. Any
- * thread. At most 4096 actions wait; older ones beyond that are failed automatically
+ * DIASPORA_ERR_NULL, DIASPORA_ERR_INVALID (struct_size too small) or
+ * DIASPORA_ERR_INTERNAL (an unexpected failure; the last error says what). Never blocks.
+ * Any thread. At most 4096 actions wait; older ones beyond that are failed automatically
  * ("the engine did not poll for it") and published as such. */
 DIASPORA_API int diaspora_poll_action(diaspora_plugin* plugin, diaspora_action* out);
 
 /* Acknowledges an action: the engine carried it out (done) or could not (failed, with a
  * reason). Published as org.diaspora.action.done with status "done" / "failed".
  * `message` is optional for done, required for failed (1..DIASPORA_MAX_TEXT bytes).
- * Returns DIASPORA_OK, DIASPORA_ERR_NULL, DIASPORA_ERR_INVALID, or
- * DIASPORA_ERR_NOT_FOUND (no such action waiting for acknowledgement). Any thread. */
+ * Returns DIASPORA_OK, DIASPORA_ERR_NULL, DIASPORA_ERR_INVALID (an empty or too long
+ * id, message or reason), DIASPORA_ERR_NOT_FOUND (no such action waiting for
+ * acknowledgement) or DIASPORA_ERR_INTERNAL (an unexpected failure; the last error says
+ * what). Any thread. */
 DIASPORA_API int diaspora_action_done(diaspora_plugin* plugin, const char* action_id, const char* message);
 DIASPORA_API int diaspora_action_failed(diaspora_plugin* plugin, const char* action_id, const char* reason);
 
