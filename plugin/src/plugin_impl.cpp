@@ -612,7 +612,11 @@ void Plugin::publisher_main() {
     } catch (const std::exception& e) {
       on_disconnect(e.what());
     }
-    maybe_publish_stats(false);
+    try {
+      maybe_publish_stats(false);
+    } catch (const std::exception& e) {
+      set_error(std::string("statistics event: ") + e.what());
+    }
   }
   finalize();
 }
@@ -910,7 +914,14 @@ void Plugin::maybe_publish_stats(bool force) {
 
 void Plugin::finalize() {
   // Whatever is not acked now goes to the spool, synced, for the next open to replay.
-  if (client_ && !all_flushed()) on_disconnect("closing with unacked events");
+  if (client_ && !all_flushed()) {
+    try {
+      on_disconnect("closing with unacked events");
+    } catch (const std::exception& e) {  // out of memory putting them back: they are lost
+      set_error(std::string("closing: ") + e.what());
+      client_.reset();
+    }
+  }
   if (client_) {
     client_->close();
     client_.reset();
@@ -1196,7 +1207,11 @@ void Plugin::control_main() {
   std::chrono::milliseconds backoff = cfg_.reconnect_min;
   std::mt19937 rng{std::random_device{}()};
   while (!control_stop_.load(std::memory_order_acquire)) {
-    deliver_actions();
+    try {
+      deliver_actions();
+    } catch (const std::exception& e) {  // out of memory: reported, never a terminate() in the engine
+      set_error(std::string("delivering actions: ") + e.what());
+    }
     if (cfg_.control && !c && Clock::now() >= next) {
       try {
         c = std::make_unique<RelayClient>(client_options("diaspora-plugin-control/" + cfg_.engine_id));
