@@ -130,6 +130,43 @@ def test_minimal_example_runs_against_a_relay(creds, token_file, tmp_path):
         relay.stop()
 
 
+def test_minimal_example_carries_out_an_operator_action(creds, token_file, tmp_path):
+    """The example engine polls for actions while it waits: an operator's cancel reaches
+    it, and its acknowledgement is published as org.diaspora.action.done."""
+    relay = RelayProcess(creds, tmp_path / "data").start()
+    try:
+        spec = write_spec(tmp_path, creds, token_file, relay.port)
+        proc = subprocess.Popen([str(MINIMAL), str(pc.LIB), str(spec), "2", "20"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        admin = creds.token("publish:*", "subscribe:*")
+
+        async def go():
+            # The example subscribes to its control topic from "latest" some time after it
+            # starts: offer a cancel every 0.5 s (bounded) and count the ones it carried out.
+            ws = await session(relay, admin)
+            for i in range(30):
+                aid = f"op-{i}"
+                data = {"action_id": aid, "action": "cancel", "task_id": "task-1", "reason": "operator cancels"}
+                ev = event(aid, source="/operator", type_="org.diaspora.action.requested", data=data)
+                await ws.send(json.dumps({"op": "publish", "topic": "plug.control.engine", "seq": i, "events": [ev]}))
+                assert (await recv(ws))["op"] == "ack"
+                await asyncio.sleep(0.5)
+        run(go())
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out + err
+        handled = [line.split()[1].rstrip(":") for line in out.splitlines()
+                   if line.startswith("action op-") and line.endswith("cancel task 'task-1' because operator cancels")]
+        assert handled, out
+        assert f"handled {len(handled)} actions" in out, out
+        evs = relay_events(relay, creds.token("subscribe:*"), len(handled),
+                           counted=lambda e: e["type"] == "org.diaspora.action.done")
+        done = {e["data"]["action_id"]: e["data"] for e in evs if e["type"] == "org.diaspora.action.done"}
+        for aid in handled:
+            assert done[aid]["status"] == "done" and done[aid]["message"] == "handled by the minimal example", done
+    finally:
+        relay.stop()
+
+
 def test_example_refuses_a_spec_with_errors(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 1\nname: x\nsites: [{name: a, engine: locl}]\n")
