@@ -146,7 +146,9 @@ inline constexpr std::size_t kCoalesceSlots = 256;
 
 struct Plugin::Coalesced {
   std::atomic_flag lock = ATOMIC_FLAG_INIT;
-  bool used = false;
+  /// Written under `lock`; atomic because the publisher peeks at it without the lock
+  /// (relaxed: the lock orders everything else).
+  std::atomic<bool> used{false};
   std::uint64_t hash = 0;
   std::uint64_t merged = 0;
   RecordHead head;
@@ -263,9 +265,9 @@ bool Plugin::coalesce(const HookArgs& a) noexcept {
   while (c.lock.test_and_set(std::memory_order_acquire)) {
   }
   bool ok = true;
-  if (!c.used) {
+  if (!c.used.load(std::memory_order_relaxed)) {
     pack(a, c.head, c.arena);
-    c.used = true;
+    c.used.store(true, std::memory_order_relaxed);
     c.hash = h;
     c.merged = 0;
   } else if (c.hash == h && RecordView{&c.head, c.arena}.str(f_key) == a.strings[f_key] &&
@@ -365,15 +367,15 @@ void Plugin::take_coalesced(const std::function<void(std::string_view)>& sink) {
   merged.reserve(kCoalesceSlots);
   for (std::size_t i = 0; i < kCoalesceSlots; ++i) {
     Coalesced& c = coalesced_[i];
-    if (!c.used) continue;  // racy peek; confirmed under the lock
+    if (!c.used.load(std::memory_order_relaxed)) continue;  // a peek; confirmed under the lock
     while (c.lock.test_and_set(std::memory_order_acquire)) {
     }
-    if (c.used) {
+    if (c.used.load(std::memory_order_relaxed)) {
       Copy& m = merged.emplace_back();  // within the reserved capacity: no allocation
       m.head = c.head;
       m.head.integer2 = static_cast<std::int64_t>(c.merged);
       std::memcpy(m.arena, c.arena, c.head.arena_used);
-      c.used = false;
+      c.used.store(false, std::memory_order_relaxed);
     }
     c.lock.clear(std::memory_order_release);
   }
