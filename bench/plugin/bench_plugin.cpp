@@ -14,8 +14,10 @@
 //     events (the relay's ceiling). Each run starts after sync(): the disk has written
 //     back what earlier runs (and the hook benchmarks) left dirty.
 //
-// Flags: --e2e-only (skip 1 and 2), --e2e-events=N, --e2e-rates=R1,R2,... (events/s, 0 =
-// flat out), --e2e-queue=SLOTS, --e2e-validate=on|off|both, --hook-queue=SLOTS.
+// Section 3 runs first. Flags: --e2e-only (skip 1 and 2), --hook-only (skip 3),
+// --e2e-events=N, --e2e-rates=R1,R2,... (events/s, 0 = flat out), --e2e-queue=SLOTS,
+// --e2e-validate=on|off|both, --e2e-spill-queue=SLOTS and --e2e-spill-rate=R (the
+// small-queue row; 0 slots: none), --hook-queue=SLOTS.
 //
 // The hook queue is drained between timed bursts (timing paused), so the figures are the
 // fast path's, not the spill path's (which writes to disk and is measured by its tests).
@@ -414,20 +416,21 @@ int main(int argc, char** argv) {
     const EndToEnd spilling = spill_row ? plugin_end_to_end(e2e_events, spill_rate, spill_queue) : EndToEnd{};
     const double direct = direct_producer(e2e_events);
     std::printf("%-52s %12s %10s %8s\n", "", "events/s", "spilled", "/direct");
+    auto row = [&](const char* label, const EndToEnd& r) {
+      std::printf("%-52s %12.0f %10llu %7.2fx\n", label, r.events_per_s, static_cast<unsigned long long>(r.spilled),
+                  r.events_per_s / direct);
+    };
+    char label[64];
     for (std::size_t i = 0; i < plugin.size(); ++i) {
-      char label[64];
       if (e2e_rates[i] > 0)
         std::snprintf(label, sizeof label, "plugin, engine offers %.0fk events/s", e2e_rates[i] / 1000);
       else
         std::snprintf(label, sizeof label, "plugin, engine calls hooks flat out (overload)");
-      std::printf("%-52s %12.0f %10llu %7.2fx\n", label, plugin[i].events_per_s,
-                  static_cast<unsigned long long>(plugin[i].spilled), plugin[i].events_per_s / direct);
+      row(label, plugin[i]);
     }
     if (spill_row) {
-      char label[64];
       std::snprintf(label, sizeof label, "  same, %zu-slot queue (spills), offers %.0fk", spill_queue, spill_rate / 1000);
-      std::printf("%-52s %12.0f %10llu %7.2fx\n", label, spilling.events_per_s,
-                  static_cast<unsigned long long>(spilling.spilled), spilling.events_per_s / direct);
+      row(label, spilling);
     }
     std::printf("%-52s %12.0f\n", "direct diaspora.v1 producer (pre-serialised)", direct);
   }

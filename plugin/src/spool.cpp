@@ -726,10 +726,8 @@ std::size_t Spool::append(std::span<const std::string_view> records, bool droppa
   Impl& m = *self_;
   std::uint64_t total = 0;
   m.check_records(records, total);
-  if (records.empty()) return 0;
-  if (droppable && bytes() + total > m.opt_.max_bytes) return 0;
   m.encode(records);
-  return m.write_tail(m.wbuf_, false);
+  return m.write_tail(m.wbuf_, droppable);
 }
 
 std::size_t Spool::append(const SpoolRecords& records, bool droppable) { return self_->write_tail(records, droppable); }
@@ -738,7 +736,8 @@ std::size_t Spool::Impl::write_tail(const SpoolRecords& r, bool droppable) {
   Impl& m = *this;
   if (r.count_ == 0) return 0;
   const std::size_t total = r.open_ == std::string::npos ? r.buf_.size() : r.open_;
-  if (droppable && total_size_ - cursor_.offset + total > m.opt_.max_bytes) return 0;
+  // Spool::bytes() after the write: what a restart would replay.
+  if (droppable && m.total_size_ - m.cursor_.offset + total > m.opt_.max_bytes) return 0;
   Segment& t = m.writable_tail();
   if (int err = pwrite_all(t.fd.get(), r.buf_.data(), total, t.size)) {
     if (::ftruncate(t.fd.get(), static_cast<off_t>(t.size)) != 0) {

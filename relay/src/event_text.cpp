@@ -5,16 +5,8 @@
 
 namespace diaspora::relay {
 
-namespace {
-
-std::size_t skip_ws(std::string_view t, std::size_t p) noexcept {
-  while (p < t.size() && (t[p] == ' ' || t[p] == '\t' || t[p] == '\n' || t[p] == '\r')) ++p;
-  return p;
-}
-
-// Position just past the string that starts at p (t[p] == '"'): memchr to each quote,
-// then an odd run of backslashes before it means the quote is escaped.
-std::size_t skip_string_impl(std::string_view t, std::size_t p) noexcept {
+// memchr to each quote; an odd run of backslashes before it means the quote is escaped.
+std::size_t skip_json_string(std::string_view t, std::size_t p) noexcept {
   for (std::size_t q = p + 1;;) {
     const void* hit = std::memchr(t.data() + q, '"', t.size() - q);
     if (!hit) return t.size();  // not reached on valid JSON
@@ -26,17 +18,24 @@ std::size_t skip_string_impl(std::string_view t, std::size_t p) noexcept {
   }
 }
 
+namespace {
+
+std::size_t skip_ws(std::string_view t, std::size_t p) noexcept {
+  while (p < t.size() && (t[p] == ' ' || t[p] == '\t' || t[p] == '\n' || t[p] == '\r')) ++p;
+  return p;
+}
+
 // Position just past the JSON value that starts at p.
 std::size_t skip_value(std::string_view t, std::size_t p) noexcept {
   if (p >= t.size()) return t.size();
-  if (t[p] == '"') return skip_string_impl(t, p);
+  if (t[p] == '"') return skip_json_string(t, p);
   if (t[p] == '{' || t[p] == '[') {
     int depth = 0;
     do {
       if (p >= t.size()) return t.size();  // not reached on valid JSON
       const char c = t[p];
       if (c == '"') {
-        p = skip_string_impl(t, p);
+        p = skip_json_string(t, p);
         continue;
       }
       if (c == '{' || c == '[') ++depth;
@@ -53,8 +52,6 @@ std::size_t skip_value(std::string_view t, std::size_t p) noexcept {
 
 }  // namespace
 
-std::size_t skip_json_string(std::string_view t, std::size_t p) noexcept { return skip_string_impl(t, p); }
-
 std::optional<std::vector<std::string_view>> event_texts(std::string_view t) {
   std::size_t p = skip_ws(t, 0);
   if (p >= t.size() || t[p] != '{') return std::nullopt;
@@ -66,7 +63,7 @@ std::optional<std::vector<std::string_view>> event_texts(std::string_view t) {
     if (p >= t.size()) return std::nullopt;
     if (t[p] == '}') break;
     if (t[p] != '"') return std::nullopt;
-    const std::size_t key_end = skip_string_impl(t, p);
+    const std::size_t key_end = skip_json_string(t, p);
     if (key_end >= t.size()) return std::nullopt;
     const std::string_view key = t.substr(p + 1, key_end - p - 2);
     if (key.find('\\') != std::string_view::npos) return std::nullopt;  // escaped key: take the slow path

@@ -5,6 +5,7 @@
 // Internal to the relay (not installed).
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string_view>
 #include <vector>
