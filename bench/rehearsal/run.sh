@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The continual-learning benchmark of docs/rehearsal.md: split Fashion-MNIST (5 x 2 classes,
 # class-incremental) with scratch, incremental, ER, DER, DER++ at buffers of 200, 500 and
-# 2,000 samples in total, on 1 and 2 ranks; then ptycho-sim (5 scans) with the same
-# strategies. Prints one table (bench/rehearsal/table.py) and the targets.
+# 2,000 samples in total, on 1 and 2 ranks; then ptycho-sim (5 scans) on the same
+# grid. Prints one table (bench/rehearsal/table.py) and the targets.
 #
 #   bash bench/rehearsal/run.sh [BUILD_DIR]        # full: about 20 min on 2 cores
 #   QUICK=1 bash bench/rehearsal/run.sh build      # 1 rank, buffers 200 and 2000 only
@@ -110,21 +110,24 @@ if [ "$PAIRS" = concurrent ]; then  # the first two CPUs this process may run on
 fi
 [[ "$REPEAT" =~ ^[1-9][0-9]*$ ]] || { echo "REPEAT must be a positive integer, not '$REPEAT'"; exit 2; }
 if [ -n "${QUICK:-}" ]; then DEF_RANKS="1"; BUFFERS="200 2000"; else DEF_RANKS="1 2"; BUFFERS="200 500 2000"; fi
-RANKS=${RANKS:-$DEF_RANKS}  # RANKS=1 or RANKS=2: one block of Fashion-MNIST
+RANKS=${RANKS:-$DEF_RANKS}  # RANKS=1 or RANKS=2: one block of each dataset
 FM=rehearsal/configs/fashion-mnist.yaml
 PT=rehearsal/configs/ptycho-sim.yaml
 ONLY=${ONLY:-}
 case "$ONLY" in ""|fashion-mnist|ptycho) ;; *) echo "ONLY must be fashion-mnist or ptycho, not '$ONLY'"; exit 2;; esac
-[ "$ONLY" = ptycho ] && RANKS=""
-for w in $RANKS; do
+FM_RANKS=$RANKS PT_RANKS=$RANKS
+[ "$ONLY" = ptycho ] && FM_RANKS=""
+[ "$ONLY" = fashion-mnist ] && PT_RANKS=""
+for w in $FM_RANKS; do
   for s in scratch incremental; do run "fm-$s-w$w" "$FM" --world-size "$w" --set strategy=$s; done
   for b in $BUFFERS; do
     for s in er der derpp; do cell "fm-$s-b$b-w$w" "$w" "$FM" --world-size "$w" --set strategy=$s --set buffer_size="$b"; done
   done
 done
-[ "$ONLY" = fashion-mnist ] && PT_BUFFERS="" || PT_BUFFERS="200 2000"
-[ "$ONLY" = fashion-mnist ] || for s in scratch incremental; do run "pt-$s-w1" "$PT" --set strategy=$s; done
-for b in $PT_BUFFERS; do
-  for s in er der derpp; do cell "pt-$s-b$b-w1" 1 "$PT" --set strategy=$s --set buffer_size="$b"; done
+for w in $PT_RANKS; do  # the same grid on ptycho-sim
+  for s in scratch incremental; do run "pt-$s-w$w" "$PT" --world-size "$w" --set strategy=$s; done
+  for b in $BUFFERS; do
+    for s in er der derpp; do cell "pt-$s-b$b-w$w" "$w" "$PT" --world-size "$w" --set strategy=$s --set buffer_size="$b"; done
+  done
 done
 /usr/bin/python3 bench/rehearsal/table.py "$OUT"

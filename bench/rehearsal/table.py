@@ -109,19 +109,23 @@ def main() -> int:
             wait = max(s["wait_fraction"] for _, s in reh)
             print(f"  rehearsal runtime <= {worst:.2f} x incremental (target 1.2: {'met' if worst <= 1.2 else 'NOT met'}); "
                   f"waiting <= {100 * wait:.2f} % of step time (target 5 %: {'met' if wait <= 0.05 else 'NOT met'})")
-    sc, ic = get("ptycho-sim", 1, "scratch"), get("ptycho-sim", 1, "incremental")
-    if sc:
-        e0 = sc["first_task_final"]
-        for _, s in rows:
-            if s["dataset"] == "ptycho-sim" and s["strategy"] != "scratch":
-                r = s["first_task_final"] / e0
-                target = f" (target <= 1.10: {'met' if r <= 1.10 else 'NOT met'})" if s["buffer_size"] else ""
-                print(f"- ptycho {s['strategy']} at {s['buffer_size'] or '-'}: first-scan error "
-                      f"{s['first_task_final']:.3g} = {r:.2f} x scratch's {e0:.3g}{target}")
-    reh = [(n, s) for n, s in rows if s["dataset"] == "ptycho-sim" and s["buffer_size"]]
-    if ic and reh:
-        worst = max(ratio_of(n, s, pairs, inc)[0] for n, s in reh)
-        print(f"- ptycho rehearsal runtime <= {worst:.2f} x incremental (target 1.2: {'met' if worst <= 1.2 else 'NOT met'})")
+    for w in (1, 2):
+        sc, ic = get("ptycho-sim", w, "scratch"), get("ptycho-sim", w, "incremental")
+        if sc:
+            e0 = sc["first_task_final"]
+            for _, s in rows:
+                if s["dataset"] == "ptycho-sim" and s["world_size"] == w and s["strategy"] != "scratch":
+                    r = s["first_task_final"] / e0
+                    target = f" (target <= 1.10: {'met' if r <= 1.10 else 'NOT met'})" if s["buffer_size"] else ""
+                    print(f"- ptycho, {w} rank(s), {s['strategy']} at {s['buffer_size'] or '-'}: first-scan error "
+                          f"{s['first_task_final']:.3g} = {r:.2f} x scratch's {e0:.3g}{target}")
+        reh = [(n, s) for n, s in rows if s["dataset"] == "ptycho-sim" and s["world_size"] == w and s["buffer_size"]]
+        if ic and reh:
+            worst = max(ratio_of(n, s, pairs, inc)[0] for n, s in reh)
+            wait = max(s["wait_fraction"] for _, s in reh)
+            print(f"- ptycho, {w} rank(s): rehearsal runtime <= {worst:.2f} x incremental "
+                  f"(target 1.2: {'met' if worst <= 1.2 else 'NOT met'}); waiting <= {100 * wait:.2f} % of step time "
+                  f"(target 5 %: {'met' if wait <= 0.05 else 'NOT met'})")
     return 0
 
 

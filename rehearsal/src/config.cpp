@@ -100,7 +100,11 @@ void apply_override(YamlDocument& doc, const std::string& spec, std::vector<Diag
     diags.push_back({where, 0, 0, key, "the value is not valid YAML: " + v.errors.front().message});
     return;
   }
-  if (!doc.root.is_object()) doc.root = json::object();
+  if (doc.root.is_null()) doc.root = json::object();  // a document of comments only
+  if (!doc.root.is_object()) {  // a list or a scalar: not replaced, the schema reports it
+    diags.push_back({where, 0, 0, key, "the config is not a mapping of keys, so there is no key to set"});
+    return;
+  }
   json::object* obj = &doc.root.as_object();
   std::size_t start = 0;
   for (;;) {

@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #ifdef DIASPORA_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -300,6 +301,12 @@ GlobalSampler::GlobalSampler(RehearsalBuffer& buffer, c10::intrusive_ptr<c10d::P
 #endif
   s.rank = s.group->getRank();
   s.world = s.group->getSize();
+#ifdef DIASPORA_WITH_CUDA
+  // "cuda" without an index: one GPU per rank on a node (NCCL refuses two ranks on one
+  // device). Untested: no GPU on the machines this is developed on.
+  if (s.device.is_cuda() && !s.device.has_index() && at::cuda::device_count() > 0)
+    s.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(s.rank % at::cuda::device_count()));
+#endif
 }
 
 GlobalSampler::~GlobalSampler() {

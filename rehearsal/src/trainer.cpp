@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
+#include <charconv>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -310,8 +311,16 @@ class Job {
   // setup
   void setup_groups();
   void build_model();
+  json::object stream_identity() const;
+  void flush_insertions(const char* where);
+  void drop_metrics_after(std::int64_t step);
+  void setup();
+  int train();
+  template <class Open>
+  void load_rank_files(Open& open, int old_world);
   std::int64_t task_samples(int task) const;
-  std::int64_t steps_per_epoch(int task) const;
+  std::int64_t steps_per_epoch(int task) const { return steps_per_epoch_at(task, world_); }
+  std::int64_t steps_per_epoch_at(int task, int world) const;
   torch::Tensor epoch_order(int task, int epoch) const;
   const TaskData& task_data(int task);
   // training
@@ -358,6 +367,7 @@ class Job {
   std::int64_t steps_here_ = 0, samples_here_ = 0;
   std::string resumed_from_;
   std::unique_ptr<PendingCheckpoint> pending_;  // a background checkpoint not yet complete
+  std::int64_t buffer_capacity_ = 0;            // slots of the buffers over all ranks
 };
 
 void Job::setup_groups() {
@@ -370,7 +380,12 @@ void Job::setup_groups() {
     if (colon == std::string::npos) throw RehearsalError("--master must be HOST:PORT, not '" + opt_.master + "'");
     host = opt_.master.substr(0, colon);
     c10d::TCPStoreOptions o;
-    o.port = static_cast<std::uint16_t>(std::stoi(opt_.master.substr(colon + 1)));
+    const std::string port = opt_.master.substr(colon + 1);
+    unsigned value = 0;
+    const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+    if (host.empty() || ec != std::errc() || end != port.data() + port.size() || value < 1 || value > 65535)
+      throw RehearsalError("--master must be HOST:PORT with a port in 1-65535, not '" + opt_.master + "'");
+    o.port = static_cast<std::uint16_t>(value);
     o.isServer = rank_ == 0;
     o.numWorkers = static_cast<std::size_t>(world_);
     o.timeout = timeout;
@@ -425,7 +440,9 @@ std::int64_t Job::task_samples(int task) const {
   return n;
 }
 
-std::int64_t Job::steps_per_epoch(int task) const { return task_samples(task) / (cfg_.train.batch_size * world_); }
+std::int64_t Job::steps_per_epoch_at(int task, int world) const {
+  return task_samples(task) / (cfg_.train.batch_size * world);
+}
 
 // The indices (into the concatenation of the task's training sets, tasks 0..task for
 // scratch) of one epoch, in a random order that depends on (seed, task, epoch) only.
@@ -512,7 +529,7 @@ double Job::train_step(const torch::Tensor& idx, int task) {
   torch::Tensor out = model_->forward(input);
   if (det) {
     const auto w0 = Clock::now();
-    if (inserter_) inserter_->flush();  // step i-1's candidates are in the buffers
+    flush_insertions("mid-step");  // step i-1's candidates are in the buffers
     wait_s += seconds_since(w0);
     sampler_->prefetch();  // draw i+1 sees them, and nothing newer
   }
@@ -697,6 +714,58 @@ void read_archive(torch::serialize::InputArchive& a, const std::string& key, tor
 // Rank 0, once every rank's file of checkpoint `name` is durable: the manifest, then
 // LATEST, then the older checkpoints go. Each file is written atomically, in this order,
 // so a crash at any moment leaves LATEST naming a complete checkpoint.
+// The keys that decide which samples the job streams and in which order (the position in a
+// checkpoint counts batches of them): a resumed run must have the same (docs/rehearsal.md
+// "Trainer", --resume). dataset.dir may change (the same files elsewhere).
+json::object Job::stream_identity() const {
+  const DatasetConfig& d = cfg_.dataset;
+  json::object o{{"seed", cfg_.seed}, {"batch_size", cfg_.train.batch_size}};
+  if (data_.classification) {
+    o["classes_per_task"] = d.classes_per_task;
+    o["train_per_task"] = d.train_per_task;
+    o["test_per_task"] = d.test_per_task;
+  } else {
+    o["patch"] = d.patch;
+    o["object_size"] = d.object_size;
+    o["scan_step"] = d.scan_step;
+    o["photons"] = d.photons;
+    o["test_every"] = d.test_every;
+  }
+  return o;
+}
+
+// A job resumed into the --out it was checkpointed from: the lines of steps after the
+// checkpoint (a segment lost to a crash, a torn last line) are dropped, so that the
+// resumed steps appear once.
+void Job::drop_metrics_after(std::int64_t step) {
+  const fs::path file = opt_.out / "metrics.jsonl";
+  if (!fs::exists(file)) return;
+  std::istringstream in(read_text(file));
+  std::string kept, line;
+  bool dropped = false;
+  while (std::getline(in, line)) {
+    boost::system::error_code ec;
+    const json::value v = json::parse(line, ec);
+    const json::object* o = !ec && v.is_object() ? &v.get_object() : nullptr;
+    const json::value* s = o ? o->if_contains("step") : nullptr;
+    // A step's line carries its index (the checkpoint at `step` follows step - 1); a task's
+    // evaluation line the step count at its end (written before that checkpoint).
+    const std::int64_t last = o && o->contains("eval_after_task") ? step : step - 1;
+    if (s && (s->is_int64() || s->is_uint64()) && s->to_number<std::int64_t>() <= last) kept.append(line).append(1, '\n');
+    else dropped = true;
+  }
+  if (dropped) write_file_atomic(file, kept);
+}
+
+// Waits until the candidates submitted so far are in the buffer; the run's order of
+// insertions and draws (deterministic mode, checkpoints) depends on it, so a wait that
+// times out is an error rather than a silent loss of reproducibility.
+void Job::flush_insertions(const char* where) {
+  if (inserter_ && !inserter_->flush())
+    throw RehearsalError(std::string("the rehearsal buffer's insertions did not finish within a minute (") + where +
+                         "): the inserter thread is stuck or the machine is overloaded");
+}
+
 void publish_checkpoint(const fs::path& root, const std::string& name, const std::string& manifest) {
   write_file_atomic(root / name / "manifest.json", manifest);
   write_file_atomic(root / "LATEST", name + "\n");
@@ -724,7 +793,7 @@ void Job::save_checkpoint(const std::string& why, bool background) {
     }
   }
   if (buffer_) {
-    if (inserter_) inserter_->flush();
+    flush_insertions("checkpoint");
     BufferSnapshot s = buffer_->snapshot();
     a->write("buffer.capacity", c10::IValue(s.capacity));
     a->write("buffer.seen", c10::IValue(static_cast<std::int64_t>(s.seen)));
@@ -767,6 +836,7 @@ void Job::save_checkpoint(const std::string& why, bool background) {
     m["tasks"] = cfg_.dataset.tasks;
     m["metric"] = metric_name(data_);
     m["ema"] = cfg_.train.ema;
+    m["stream"] = stream_identity();  // a resume must see the same samples in the same order
     m["reason"] = why;
     m["elapsed_s"] = elapsed_before_ + seconds_since(started_);
     json::array mat;
@@ -902,6 +972,22 @@ void Job::load_checkpoint(const fs::path& from) {
       return std::string(b);
     };
     if (ema != cfg_.train.ema) mismatch("train.ema", text(ema), text(cfg_.train.ema));
+    // Checkpoints from before the field was written carry no stream identity: not checked.
+    if (const auto* st = m.if_contains("stream")) {
+      const json::object have = st->as_object();
+      for (const auto& [key, want] : stream_identity()) {
+        const json::value* h = have.if_contains(key);
+        const std::string name = key == "seed"         ? std::string("seed")
+                                 : key == "batch_size" ? std::string("train.batch_size")
+                                                       : "dataset." + std::string(key);
+        auto show = [&](const json::value* v) {
+          return !v ? std::string("none") : v->is_double() ? text(v->get_double()) : json::serialize(*v);
+        };
+        const bool same = h && (h->is_number() && want.is_number() ? h->to_number<double>() == want.to_number<double>()
+                                                                    : *h == want);
+        if (!same) mismatch(name.c_str(), show(h), show(&want));
+      }
+    }
     pos_.step = m.at("step").to_number<std::int64_t>();
     pos_.task = m.at("task").to_number<int>();
     pos_.epoch = m.at("epoch").to_number<int>();
@@ -917,25 +1003,47 @@ void Job::load_checkpoint(const fs::path& from) {
                          " is not a diaspora-train manifest (a field is missing or of the wrong type: " + e.what() + ")");
   }
   if (old_world < 1 || pos_.step < 0 || pos_.task < 0 || pos_.task > cfg_.dataset.tasks || pos_.epoch < 0 ||
-      pos_.batch < 0 || matrix_.size() > static_cast<std::size_t>(cfg_.dataset.tasks))
+      pos_.batch < 0 || (pos_.task < cfg_.dataset.tasks && pos_.batch > steps_per_epoch_at(pos_.task, old_world)))
     throw RehearsalError("checkpoint " + (dir / "manifest.json").string() + " holds an impossible position (world " +
                          std::to_string(old_world) + ", task " + std::to_string(pos_.task) + ", step " +
                          std::to_string(pos_.step) + ")");
+  bool rows_ok = matrix_.size() == static_cast<std::size_t>(pos_.task);
+  for (const auto& row : matrix_) {
+    rows_ok = rows_ok && row.size() == static_cast<std::size_t>(cfg_.dataset.tasks);
+  }
+  if (!rows_ok)
+    throw RehearsalError("checkpoint " + (dir / "manifest.json").string() + " is inconsistent: its matrix has " +
+                         std::to_string(matrix_.size()) + " rows for task " + std::to_string(pos_.task) +
+                         " (one row of " + std::to_string(cfg_.dataset.tasks) + " values per finished task expected)");
   // The epoch's order depends on (seed, task, epoch) only; old_world * batch batches of
   // batch_size are consumed: continue after them (rounded down with another world size).
   pos_.batch = pos_.batch * old_world / world_;
   resumed_from_ = dir.string();
 
+  fs::path reading;  // the rank file being read, for the error message
   auto open = [&](int r) {
     torch::serialize::InputArchive a;
-    const fs::path f = dir / ("rank-" + std::to_string(r) + ".pt");
+    reading = dir / ("rank-" + std::to_string(r) + ".pt");
     try {
-      a.load_from(f.string());
+      a.load_from(reading.string());
     } catch (const std::exception& e) {
-      throw RehearsalError("checkpoint file " + f.string() + " is unreadable: " + e.what());
+      throw RehearsalError("checkpoint file " + reading.string() + " is unreadable: " + e.what());
     }
     return a;
   };
+  try {
+    load_rank_files(open, old_world);
+  } catch (const RehearsalError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw RehearsalError("checkpoint file " + reading.string() +
+                         " lacks a field or holds one of the wrong type or shape (a damaged or foreign file): " +
+                         e.what());
+  }
+}
+
+template <class Open>
+void Job::load_rank_files(Open& open, int old_world) {
   {
     auto a = open(0);
     torch::serialize::InputArchive mm, oo;
@@ -989,7 +1097,9 @@ void Job::load_checkpoint(const fs::path& from) {
     return s;
   };
   std::optional<SampledBatch> reps;
-  if (old_world == world_) {
+  c10::IValue cap;
+  mine.read("buffer.capacity", cap);
+  if (old_world == world_ && cap.toInt() == buffer_->capacity()) {  // else: re-partitioned, drawn afresh
     buffer_->restore(snapshot_of(mine));
     c10::IValue present;
     mine.read("reps.present", present);
@@ -1012,6 +1122,9 @@ void Job::load_checkpoint(const fs::path& from) {
       b.rank_sizes = to_vec(rs);
       torch::Tensor ni;  // absent from checkpoints of earlier versions: sizes are gathered afresh
       if (mine.try_read("reps.next_info", ni)) b.next_info = to_vec(ni);
+      if (b.batch.size() > 0) buffer_->validate(b.batch);  // the layout of this job's samples
+      if (b.global_indices.size() != static_cast<std::size_t>(b.batch.size()))
+        throw RehearsalError("the prefetched representatives' indices do not match their samples");
       reps = std::move(b);
     }
   } else {
@@ -1032,6 +1145,7 @@ void Job::write_summary() {
   json::object s;
   s["strategy"] = cfg_.strategy;
   s["buffer_size"] = cfg_.uses_buffer() ? cfg_.buffer_size : 0;
+  s["buffer_capacity"] = buffer_capacity_;  // slots over all ranks (buffer.memory may hold fewer than buffer_size)
   s["representatives"] = cfg_.uses_buffer() ? cfg_.rehearsal.sampling.representatives : 0;  // R per rank and step
   s["batch_size"] = cfg_.train.batch_size;                                         // stream samples per rank and step
   s["epochs"] = cfg_.train.epochs;
@@ -1082,6 +1196,19 @@ int Job::run() {
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   torch::set_num_threads(cfg_.train.threads > 0 ? cfg_.train.threads
                                                 : static_cast<int>(std::max(1u, hw / static_cast<unsigned>(world_))));
+  // The plugin first, so that a job failing while it starts (missing data, a bad
+  // checkpoint, a rendezvous that fails) is reported as a failed task too.
+  if (rank_ == 0) plugin_ = std::make_unique<PluginLink>(cfg_, opt_.resume.has_value());
+  try {
+    setup();
+  } catch (const std::exception& e) {
+    if (plugin_) plugin_->finished(false, e.what());
+    throw;
+  }
+  return train();
+}
+
+void Job::setup() {
   torch::manual_seed(cfg_.seed);
   data_ = load_stream(cfg_);
   if (steps_per_epoch(0) == 0)
@@ -1102,15 +1229,32 @@ int Job::run() {
     SamplerConfig sc = cfg_.rehearsal.sampling;
     sc.seed = sc.seed ^ cfg_.seed;
     sampler_ = std::make_unique<GlobalSampler>(*buffer_, sampler_group_, sc);
+    // buffer.memory may hold fewer samples than buffer_size asks for: say so, and report
+    // the slots there are.
+    std::vector<std::int64_t> cap{buffer_->capacity()};
+    if (world_ > 1) {
+      std::vector<torch::Tensor> v{torch::tensor(cap, torch::kLong)};
+      train_group_->allreduce(v)->wait();
+      cap[0] = v[0][0].item<std::int64_t>();
+    }
+    buffer_capacity_ = cap[0];
+    if (rank_ == 0 && buffer_capacity_ < cfg_.buffer_size)
+      std::cerr << "diaspora-train: warning: buffer.memory holds " << buffer_capacity_ << " of the " << cfg_.buffer_size
+                << " samples of buffer_size over all ranks (" << buffer_->layout()->row_bytes()
+                << " bytes a sample): raise buffer.memory\n";
   }
   if (opt_.resume) load_checkpoint(*opt_.resume);
   if (rank_ == 0) {
     fs::create_directories(opt_.out);
+    std::error_code ec;  // resumed from this job's own checkpoints (not another --out's)
+    if (opt_.resume && fs::equivalent(fs::path(resumed_from_).parent_path(), checkpoint_root(), ec))
+      drop_metrics_after(pos_.step);
     metrics_.open(opt_.out / "metrics.jsonl", std::ios::app);
     if (!metrics_) throw RehearsalError("cannot write " + (opt_.out / "metrics.jsonl").string());
-    plugin_ = std::make_unique<PluginLink>(cfg_, opt_.resume.has_value());
   }
+}
 
+int Job::train() {
   std::int64_t steps_run = 0;
   try {
     for (; pos_.task < cfg_.dataset.tasks; ++pos_.task, pos_.epoch = 0, pos_.batch = 0) {
@@ -1149,7 +1293,7 @@ int Job::run() {
             save_checkpoint("period", true);
         }
       }
-      if (inserter_) inserter_->flush();
+      flush_insertions("task end");
       matrix_.push_back(evaluate());
       if (rank_ == 0) {
         const auto& row = matrix_.back();

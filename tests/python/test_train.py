@@ -1,7 +1,9 @@
 """diaspora-train with the engine plugin against a real relay (TLS, 127.0.0.1): the job
-reports itself as a task (progress with loss and throughput metrics), an operator's
-migrate action makes it checkpoint and exit 4 with the action acknowledged, and the
-resumed job completes and reports completion."""
+reports itself as a task (progress with loss and throughput metrics); an operator's
+migrate, checkpoint, restart or cancel action makes it checkpoint and exit with its
+documented status (4, 3, 3, 5) with the action acknowledged; the job resumed after a
+migration completes and reports completion; a job that fails while it starts (missing
+data) is reported as a failed task."""
 
 from __future__ import annotations
 
@@ -55,7 +57,8 @@ def train_config(tmp_path: Path, spec: Path) -> Path:
     return cfg
 
 
-def test_migrate_action_checkpoints_and_the_resumed_job_completes(creds, tmp_path):
+@pytest.mark.parametrize("action,status", [("migrate", 4), ("checkpoint", 3), ("restart", 3), ("cancel", 5)])
+def test_action_checkpoints_and_exits_with_its_status(creds, tmp_path, action, status):
     t0 = time.monotonic()
     mark = lambda what: print(f"{time.monotonic() - t0:6.1f}s {what}")
     relay = RelayProcess(creds, tmp_path / "data").start()
@@ -77,7 +80,7 @@ def test_migrate_action_checkpoints_and_the_resumed_job_completes(creds, tmp_pat
             def request(action_id: str) -> None:
                 async def go():
                     ws = await session(relay, creds.token("publish:*"))
-                    data = {"action_id": action_id, "action": "migrate", "task_id": "train-7",
+                    data = {"action_id": action_id, "action": action, "task_id": "train-7",
                             "target_site": "cluster-b", "reason": "site a is slowing down"}
                     ev = event(action_id, source="/operator", type_="org.diaspora.action.requested", data=data)
                     await ws.send(json.dumps({"op": "publish", "topic": "plug.control.engine", "seq": 0,
@@ -87,11 +90,11 @@ def test_migrate_action_checkpoints_and_the_resumed_job_completes(creds, tmp_pat
 
             # The control subscription starts from "latest" when it connects, shortly
             # after the publisher: ask again every 2 s until the job acts (bounded).
-            status = None
+            code = None
             for i in range(30):
                 request(f"m-{i}")
                 try:
-                    status = job.wait(2)
+                    code = job.wait(2)
                     break
                 except subprocess.TimeoutExpired:
                     continue
@@ -102,7 +105,7 @@ def test_migrate_action_checkpoints_and_the_resumed_job_completes(creds, tmp_pat
                 job.kill()
                 job.wait()
         mark("job exited")
-        assert status == 4, err
+        assert code == status, err
         assert "--resume" in err
         assert (out / "checkpoint" / "LATEST").exists()
         assert not (out / "summary.json").exists()
@@ -110,7 +113,14 @@ def test_migrate_action_checkpoints_and_the_resumed_job_completes(creds, tmp_pat
         evs = relay_events(relay, reader, 1, counted=lambda e: e["type"] == "org.diaspora.action.done")
         done = [e["data"] for e in evs if e["type"] == "org.diaspora.action.done"]
         assert done and done[0]["status"] == "done", done
-        assert "checkpointed at step" in done[0]["message"] and "cluster-b" in done[0]["message"]
+        assert "checkpointed at step" in done[0]["message"], done
+        assert ("cluster-b" in done[0]["message"]) == (action == "migrate"), done
+        # The task is reported as stopped (cancelled, with the checkpoint in the reason).
+        stopped = lambda e: e["type"] == "org.diaspora.task.cancelled" and e["data"].get("task_id") == "train-7"
+        if not any(stopped(e) for e in evs):
+            evs = relay_events(relay, reader, 1, counted=stopped)
+        assert any(stopped(e) and "checkpointed at step" in e["data"].get("reason", "") for e in evs), \
+            [e["type"] for e in evs]
         progress = [e for e in evs if e["type"] == "org.diaspora.task.progress"
                     and e["data"].get("task_id") == "train-7"]
         assert progress, [e["type"] for e in evs]
@@ -118,6 +128,8 @@ def test_migrate_action_checkpoints_and_the_resumed_job_completes(creds, tmp_pat
         assert "loss" in metrics and "samples_per_s" in metrics, progress[-1]["data"]
 
         mark("events read")
+        if action != "migrate":
+            return
         # Resumed "on the target site": it continues from the checkpoint and completes.
         resumed = subprocess.run([str(TRAIN), "--config", str(cfg), "--out", str(tmp_path / "out2"),
                                   "--resume", str(out), "--set", "train.epochs=1"], stderr=subprocess.PIPE, text=True, timeout=240)
@@ -129,5 +141,27 @@ def test_migrate_action_checkpoints_and_the_resumed_job_completes(creds, tmp_pat
         evs = relay_events(relay, reader, 1, counted=lambda e: e["type"] == "org.diaspora.task.completed")
         assert any(e["type"] == "org.diaspora.task.completed" and e["data"].get("task_id") == "train-7"
                    for e in evs)
+    finally:
+        relay.stop()
+
+
+def test_a_job_failing_while_it_starts_is_reported_as_failed(creds, tmp_path):
+    relay = RelayProcess(creds, tmp_path / "data").start()
+    token_file = tmp_path / "token"
+    token_file.write_text(creds.token("publish:*", "subscribe:*") + "\n")
+    try:
+        spec = write_spec(tmp_path, creds, token_file, relay.port)
+        cfg = train_config(tmp_path, spec)
+        empty = tmp_path / "no-data"
+        empty.mkdir()
+        job = subprocess.run([str(TRAIN), "--config", str(cfg), "--out", str(tmp_path / "out"),
+                              "--set", f"dataset.dir={empty}"], stderr=subprocess.PIPE, text=True, timeout=120)
+        assert job.returncode == 1, job.stderr
+        assert "dataset-fashion-mnist" in job.stderr, job.stderr
+        evs = relay_events(relay, creds.token("subscribe:*"), 1,
+                           counted=lambda e: e["type"] == "org.diaspora.task.failed")
+        failed = [e["data"] for e in evs if e["type"] == "org.diaspora.task.failed"]
+        assert failed and failed[0]["task_id"] == "train-7", [e["type"] for e in evs]
+        assert "dataset-fashion-mnist" in failed[0].get("reason", ""), failed[0]
     finally:
         relay.stop()

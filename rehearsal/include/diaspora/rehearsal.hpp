@@ -207,10 +207,11 @@ class RehearsalBuffer {
   BufferSnapshot snapshot() const;
   /// Replaces the state by `snap` (exactly, generator included, when it has one).
   /// The buffer may have no layout yet (the snapshot's fixes it) or the same layout.
-  /// @throws RehearsalError, leaving the buffer unchanged, if the layout differs, the
-  ///         snapshot holds more samples than capacity(), or it is inconsistent (a slot
-  ///         out of range or in two classes, sizes that disagree, a label tensor that does
-  ///         not match its class).
+  /// @throws RehearsalError, leaving the buffer's samples unchanged, if the layout
+  ///         differs, the snapshot holds more samples than capacity(), or it is
+  ///         inconsistent (a slot out of range or in two classes, sizes that disagree, a
+  ///         label tensor that does not match its class). A buffer that had no layout
+  ///         keeps the snapshot's even then (as validate() would fix it).
   void restore(const BufferSnapshot& snap);
 
   /// Inverse of pack(): rows [n, row_bytes] (uint8, CPU) into a batch of `layout`.
