@@ -495,24 +495,34 @@ TEST(Trainer, TwoSpawnedRanksAndResumeOnOne) {
   EXPECT_GT(s.at("accuracy_matrix").as_array()[1].as_array()[1].as_double(), 0.4);
 }
 
+// SIGTERM to the job (with --world-size 2: to the launcher, which forwards it to both
+// ranks) makes it write a checkpoint of its own ("stop", every rank's file) and exit 3.
 TEST(Trainer, SigtermCheckpointsAndExitsThree) {
   Watchdog dog(300s, "sigterm");
   TempDir tmp;
   auto cfg = write_config(tmp.path(), std::string(kSmall) + "checkpoint: {every_steps: 5}\n");
-  const fs::path out = tmp.path() / "out";
-  TrainRun r = train({"--config", cfg.string(), "--out", out.string(), "--set", "dataset.train_per_task=6000"},
-                tmp.path() / "a.log", [&](pid_t pid) {
-                  // Wait for the first periodic checkpoint, then stop the job.
-                  for (int i = 0; i < 1200 && !fs::exists(out / "checkpoint" / "LATEST"); ++i)
-                    std::this_thread::sleep_for(50ms);
-                  ::kill(pid, SIGTERM);
-                });
-  ASSERT_EQ(r.status, dr::kTrainCheckpointed) << r.log;
-  EXPECT_NE(r.log.find("--resume"), std::string::npos) << r.log;
-  std::ifstream latest(out / "checkpoint" / "LATEST");
-  std::string name;
-  latest >> name;
-  EXPECT_TRUE(fs::exists(out / "checkpoint" / name / "manifest.json"));
+  for (int world : {1, 2}) {
+    const fs::path out = tmp.path() / ("out" + std::to_string(world));
+    TrainRun r = train({"--config", cfg.string(), "--out", out.string(), "--set", "dataset.train_per_task=6000",
+                        "--world-size", std::to_string(world)},
+                       tmp.path() / ("a" + std::to_string(world) + ".log"), [&](pid_t pid) {
+                         // Wait for the first periodic checkpoint, then stop the job.
+                         for (int i = 0; i < 1200 && !fs::exists(out / "checkpoint" / "LATEST"); ++i)
+                           std::this_thread::sleep_for(50ms);
+                         ::kill(pid, SIGTERM);
+                       });
+    ASSERT_EQ(r.status, dr::kTrainCheckpointed) << r.log;
+    EXPECT_NE(r.log.find("--resume"), std::string::npos) << r.log;
+    std::ifstream latest(out / "checkpoint" / "LATEST");
+    std::string name;
+    latest >> name;
+    const fs::path ck = out / "checkpoint" / name;
+    ASSERT_TRUE(fs::exists(ck / "manifest.json")) << ck;
+    json::object m = json::parse(read_file(ck / "manifest.json")).as_object();
+    EXPECT_EQ(m.at("reason").as_string(), "stop") << "world " << world;
+    EXPECT_EQ(m.at("world_size").as_int64(), world);
+    for (int rank = 0; rank < world; ++rank) EXPECT_TRUE(fs::exists(ck / ("rank-" + std::to_string(rank) + ".pt")));
+  }
 }
 
 TEST(Trainer, PtychoSimErrorMatrix) {

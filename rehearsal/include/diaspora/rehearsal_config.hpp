@@ -49,7 +49,8 @@ struct SamplerConfig {
   std::uint64_t seed = 0;
   /// Fetch step i+1's representatives in the background while step i trains.
   bool prefetch = true;
-  /// Device of the communication buffers: "cpu" for Gloo, "cuda" / "cuda:N" for NCCL.
+  /// Device of the communication buffers: "cpu" for Gloo, "cuda" / "cuda:N" for NCCL
+  /// ("cuda": GPU rank mod the GPUs visible, one per rank on a node).
   std::string comm_device = "cpu";
   /// c10d backend make_process_group() creates: "gloo" or "nccl" (CUDA builds only).
   std::string backend = "gloo";
