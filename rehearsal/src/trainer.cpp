@@ -711,9 +711,6 @@ void read_archive(torch::serialize::InputArchive& a, const std::string& key, tor
   }
 }
 
-// Rank 0, once every rank's file of checkpoint `name` is durable: the manifest, then
-// LATEST, then the older checkpoints go. Each file is written atomically, in this order,
-// so a crash at any moment leaves LATEST naming a complete checkpoint.
 // The keys that decide which samples the job streams and in which order (the position in a
 // checkpoint counts batches of them): a resumed run must have the same (docs/rehearsal.md
 // "Trainer", --resume). dataset.dir may change (the same files elsewhere).
@@ -766,6 +763,9 @@ void Job::flush_insertions(const char* where) {
                          "): the inserter thread is stuck or the machine is overloaded");
 }
 
+// Rank 0, once every rank's file of checkpoint `name` is durable: the manifest, then
+// LATEST, then the older checkpoints go. Each file is written atomically, in this order,
+// so a crash at any moment leaves LATEST naming a complete checkpoint.
 void publish_checkpoint(const fs::path& root, const std::string& name, const std::string& manifest) {
   write_file_atomic(root / name / "manifest.json", manifest);
   write_file_atomic(root / "LATEST", name + "\n");

@@ -477,7 +477,7 @@ TEST(Trainer, BackgroundCheckpointFailureStopsEveryRank) {
   EXPECT_FALSE(fs::exists(out2 / "checkpoint" / "LATEST"));
 }
 
-TEST(Trainer, TwoSpawnedRanksAndResumeOnOne) {
+TEST(Trainer, TwoSpawnedRanksResumeOnOneAndOneOnTwo) {
   Watchdog dog(300s, "two ranks");
   TempDir tmp;
   auto cfg = write_config(tmp.path(), kSmall);
@@ -493,6 +493,20 @@ TEST(Trainer, TwoSpawnedRanksAndResumeOnOne) {
   // 2 ranks x 6 steps of 32 = 12 single-rank steps of task 0 done: 40 - 12 + 40 left.
   EXPECT_EQ(s.at("steps").as_int64(), 6 + 28 + 40);
   EXPECT_GT(s.at("accuracy_matrix").as_array()[1].as_array()[1].as_double(), 0.4);
+
+  // And the other way: 13 single-rank steps are 6 steps of 2 ranks (rounded down), the
+  // buffer is split between the two ranks.
+  const fs::path solo = tmp.path() / "solo", pair = tmp.path() / "pair";
+  TrainRun c = train({"--config", cfg.string(), "--out", solo.string(), "--stop-after", "13"}, tmp.path() / "c.log");
+  ASSERT_EQ(c.status, dr::kTrainCheckpointed) << c.log;
+  TrainRun d = train({"--config", cfg.string(), "--out", pair.string(), "--resume", solo.string(), "--world-size", "2"},
+                     tmp.path() / "d.log");
+  ASSERT_EQ(d.status, 0) << d.log;
+  auto p = summary(pair);
+  EXPECT_EQ(p.at("world_size").as_int64(), 2);
+  EXPECT_EQ(p.at("steps").as_int64(), 13 + (20 - 6) + 20);
+  EXPECT_EQ(p.at("buffer_capacity").as_int64(), 100);
+  EXPECT_GT(p.at("accuracy_matrix").as_array()[1].as_array()[1].as_double(), 0.4);
 }
 
 // SIGTERM to the job (with --world-size 2: to the launcher, which forwards it to both
