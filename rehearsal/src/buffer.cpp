@@ -534,9 +534,6 @@ BufferSnapshot repartition(const std::vector<BufferSnapshot>& old_ranks, int ran
   if (world < 1 || rank < 0 || rank >= world)
     throw RehearsalError("repartition: rank " + std::to_string(rank) + " of world " + std::to_string(world));
   if (capacity < 1) throw RehearsalError("repartition: capacity must be at least 1");
-  if (old_ranks.size() == static_cast<std::size_t>(world) &&
-      old_ranks[static_cast<std::size_t>(rank)].capacity == capacity)
-    return old_ranks[static_cast<std::size_t>(rank)];
   BufferSnapshot out;
   out.capacity = capacity;
   for (std::size_t r = 0; r < old_ranks.size(); ++r) {

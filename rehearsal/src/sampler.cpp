@@ -303,7 +303,8 @@ GlobalSampler::GlobalSampler(RehearsalBuffer& buffer, c10::intrusive_ptr<c10d::P
   s.world = s.group->getSize();
 #ifdef DIASPORA_WITH_CUDA
   // "cuda" without an index: one GPU per rank on a node (NCCL refuses two ranks on one
-  // device). Untested: no GPU on the machines this is developed on.
+  // device), assuming ranks numbered node by node and the same GPU count on every node.
+  // Untested: no GPU on the machines this is developed on.
   if (s.device.is_cuda() && !s.device.has_index() && at::cuda::device_count() > 0)
     s.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(s.rank % at::cuda::device_count()));
 #endif

@@ -716,11 +716,12 @@ void read_archive(torch::serialize::InputArchive& a, const std::string& key, tor
 // "Trainer", --resume). dataset.dir may change (the same files elsewhere).
 json::object Job::stream_identity() const {
   const DatasetConfig& d = cfg_.dataset;
-  json::object o{{"seed", cfg_.seed}, {"batch_size", cfg_.train.batch_size}};
+  json::object o{{"seed", cfg_.seed},
+                 {"batch_size", cfg_.train.batch_size},
+                 {"train_per_task", d.train_per_task},
+                 {"test_per_task", d.test_per_task}};
   if (data_.classification) {
     o["classes_per_task"] = d.classes_per_task;
-    o["train_per_task"] = d.train_per_task;
-    o["test_per_task"] = d.test_per_task;
   } else {
     o["patch"] = d.patch;
     o["object_size"] = d.object_size;
@@ -746,9 +747,13 @@ void Job::drop_metrics_after(std::int64_t step) {
     const json::object* o = !ec && v.is_object() ? &v.get_object() : nullptr;
     const json::value* s = o ? o->if_contains("step") : nullptr;
     // A step's line carries its index (the checkpoint at `step` follows step - 1); a task's
-    // evaluation line the step count at its end (written before that checkpoint).
-    const std::int64_t last = o && o->contains("eval_after_task") ? step : step - 1;
-    if (s && (s->is_int64() || s->is_uint64()) && s->to_number<std::int64_t>() <= last) kept.append(line).append(1, '\n');
+    // evaluation line is kept if the checkpoint holds that task's row.
+    bool keep = false;
+    if (const json::value* e = o ? o->if_contains("eval_after_task") : nullptr)
+      keep = e->is_int64() && e->get_int64() >= 0 && static_cast<std::size_t>(e->get_int64()) < matrix_.size();
+    else
+      keep = s && (s->is_int64() || s->is_uint64()) && s->to_number<std::int64_t>() < step;
+    if (keep) kept.append(line).append(1, '\n');
     else dropped = true;
   }
   if (dropped) write_file_atomic(file, kept);
@@ -776,6 +781,7 @@ void publish_checkpoint(const fs::path& root, const std::string& name, const std
 
 void Job::save_checkpoint(const std::string& why, bool background) {
   finish_checkpoint();  // one checkpoint at a time, completed in order
+  if (metrics_.is_open()) metrics_.flush();  // the lines up to this step are written before it can be published
   const fs::path root = checkpoint_root();
   const std::string name = "ckpt-" + std::to_string(pos_.step);
   const fs::path dir = root / name;
@@ -980,13 +986,12 @@ void Job::load_checkpoint(const fs::path& from) {
         const std::string name = key == "seed"         ? std::string("seed")
                                  : key == "batch_size" ? std::string("train.batch_size")
                                                        : "dataset." + std::string(key);
-        auto show = [&](const json::value* v) {
-          return !v ? std::string("none") : v->is_double() ? text(v->get_double()) : json::serialize(*v);
-        };
-        const bool same = h && (h->is_number() && want.is_number() ? h->to_number<double>() == want.to_number<double>()
-                                                                    : *h == want);
-        if (!same) mismatch(name.c_str(), show(h), show(&want));
+        // Exact: integers as their digits (a seed may exceed 2^53), numbers written from a
+        // double as the same shortest text.
+        mismatch(name.c_str(), h ? json::serialize(*h) : std::string("none"), json::serialize(want));
       }
+    } else if (const auto* seed = m.if_contains("seed")) {  // older checkpoints: the seed at least
+      mismatch("seed", json::serialize(*seed), json::serialize(json::value(cfg_.seed)));
     }
     pos_.step = m.at("step").to_number<std::int64_t>();
     pos_.task = m.at("task").to_number<int>();
@@ -1097,9 +1102,12 @@ void Job::load_rank_files(Open& open, int old_world) {
     return s;
   };
   std::optional<SampledBatch> reps;
+  // Each rank's own state comes back only if no rank's capacity changed (buffer_size or
+  // buffer.memory may differ by one slot on some ranks only): decided by all ranks together.
   c10::IValue cap;
   mine.read("buffer.capacity", cap);
-  if (old_world == world_ && cap.toInt() == buffer_->capacity()) {  // else: re-partitioned, drawn afresh
+  const bool changed = old_world != world_ || cap.toInt() != buffer_->capacity();
+  if (max_over_ranks({changed ? 1 : 0})[0] == 0) {  // else: re-partitioned, drawn afresh
     buffer_->restore(snapshot_of(mine));
     c10::IValue present;
     mine.read("reps.present", present);
@@ -1332,9 +1340,10 @@ int Job::train() {
 }  // namespace
 
 int run_trainer(const TrainerConfig& config, const RankOptions& options) {
+  std::unique_ptr<Job> job;  // torn down after the error is printed (a stuck thread may hang the teardown)
   try {
-    Job job(config, options);
-    return job.run();
+    job = std::make_unique<Job>(config, options);
+    return job->run();
   } catch (const std::exception& e) {
     // One write, so that the lines of ranks failing together do not interleave.
     const std::string line = "diaspora-train: rank " + std::to_string(options.rank) + ": " + e.what() + "\n";

@@ -49,7 +49,8 @@ def train_config(tmp_path: Path, spec: Path) -> Path:
         "strategy": "er", "buffer_size": 200, "seed": 1,
         "dataset": {"tasks": 2, "classes_per_task": 5, "train_per_task": 2000, "test_per_task": 200},
         # Many epochs: the job is still running when the action comes (the resumed one
-        # runs with --set train.epochs=1 and finishes the epoch it was in).
+        # runs with --set train.epochs=1: it finishes epoch 0 if it stopped in it, and
+        # otherwise goes on to the task's evaluation).
         "train": {"epochs": 1000, "batch_size": 32, "threads": 1, "log_every": 10},
         "sampling": {"representatives": 8},
         "plugin": {"spec": str(spec), "task_id": "train-7", "site": "cluster-a"},

@@ -230,8 +230,10 @@ class RehearsalBuffer {
 /// each class under the buffer's rule (the rest are dropped, uniformly at random, seeded
 /// by `seed`); each class's `seen` is split in proportion to the samples it hands out, so
 /// later reservoir decisions keep their probabilities. The result has no generator state
-/// (the buffer keeps its own seed). world == W with the same capacity gives back each
-/// rank's own snapshot unchanged, so callers may use it in every case.
+/// (the buffer keeps its own seed). It always redistributes, also for world == W: a rank
+/// cannot tell alone whether every other rank kept its capacity, so the decision to
+/// restore each rank's own snapshot instead belongs to the caller, taken by all ranks
+/// together (diaspora-train does so).
 /// @throws RehearsalError if the snapshots' layouts differ, rank is out of range or
 ///         capacity < 1.
 BufferSnapshot repartition(const std::vector<BufferSnapshot>& old_ranks, int rank, int world, std::int64_t capacity,
