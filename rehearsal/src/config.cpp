@@ -185,6 +185,7 @@ TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view
     if (const auto* v = o.if_contains("scan_step")) ds.scan_step = static_cast<int>(i64(*v));
     if (const auto* v = o.if_contains("photons")) ds.photons = num(*v);
     if (const auto* v = o.if_contains("test_every")) ds.test_every = static_cast<int>(i64(*v));
+    if (const auto* v = o.if_contains("probe_drift")) ds.probe_drift = num(*v);
   }
   if (const auto* t = root.if_contains("train")) {
     const json::object& o = t->as_object();

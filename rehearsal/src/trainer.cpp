@@ -143,7 +143,9 @@ Stream load_stream(const TrainerConfig& cfg) {
   pc.object_size = d.object_size;
   pc.step = d.scan_step;
   pc.photons = d.photons;
+  const double curvature = pc.probe_curvature;
   for (int t = 0; t < d.tasks; ++t) {
+    pc.probe_curvature = curvature * (1 + d.probe_drift * t);  // dataset.probe_drift: a defocus that drifts
     PtychoScan scan = simulate_ptycho(pc, t, cfg.seed);
     const std::int64_t p = scan.diffraction.size(0);
     std::vector<std::int64_t> tr, te;
@@ -151,7 +153,8 @@ Stream load_stream(const TrainerConfig& cfg) {
     auto ti = first_rows(torch::tensor(tr), d.train_per_task);
     auto vi = first_rows(torch::tensor(te), d.test_per_task);
     auto target = torch::cat({scan.amplitude, scan.phase}, 1);
-    if (t == 0) s.weight = illumination_weight(scan.probe);  // the probe is the same for every task
+    // |probe|^2 is the same for every task (a drift changes only the probe's phase).
+    if (t == 0) s.weight = illumination_weight(scan.probe);
     s.train.push_back({scan.diffraction.index_select(0, ti), target.index_select(0, ti)});
     s.test.push_back({scan.diffraction.index_select(0, vi), target.index_select(0, vi)});
   }
@@ -728,6 +731,7 @@ json::object Job::stream_identity() const {
     o["scan_step"] = d.scan_step;
     o["photons"] = d.photons;
     o["test_every"] = d.test_every;
+    o["probe_drift"] = d.probe_drift;
   }
   return o;
 }

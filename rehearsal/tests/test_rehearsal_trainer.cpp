@@ -552,13 +552,15 @@ TEST(Trainer, SigtermCheckpointsAndExitsThree) {
   }
 }
 
+// ptycho-sim on 2 small scans (64 x 64 objects, 169 positions): a few seconds a job.
+const char* kSmallPtycho =
+    "buffer_size: 40\ndataset: {name: ptycho-sim, tasks: 2, object_size: 64, scan_step: 4}\n"
+    "train: {batch_size: 8, epochs: 20, threads: 1, optimizer: adam}\nsampling: {representatives: 4}\n";
+
 TEST(Trainer, PtychoSimErrorMatrix) {
   Watchdog dog(300s, "ptycho");
   TempDir tmp;
-  auto cfg = write_config(tmp.path(),
-                          "strategy: der\nbuffer_size: 40\ndataset: {name: ptycho-sim, tasks: 2, object_size: 64, "
-                          "scan_step: 4}\ntrain: {batch_size: 8, epochs: 20, threads: 1, optimizer: adam}\n"
-                          "sampling: {representatives: 4}\n");
+  auto cfg = write_config(tmp.path(), std::string("strategy: der\n") + kSmallPtycho);
   const fs::path out = tmp.path() / "out";
   TrainRun r = train({"--config", cfg.string(), "--out", out.string()}, tmp.path() / "a.log");
   ASSERT_EQ(r.status, 0) << r.log;
@@ -590,6 +592,28 @@ TEST(Trainer, PtychoSimErrorMatrix) {
     const double trained = m.back().as_array().at(static_cast<std::size_t>(t)).as_double();
     EXPECT_LT(trained, 0.5 * baseline) << "scan " << t;
   }
+}
+
+// dataset.probe_drift: each scan's probe has another defocus, so what the network learned
+// to invert changes from scan to scan: incremental fine-tuning forgets the first scan
+// (its error there grows more than tenfold; a few times with one probe), and ER keeps it.
+TEST(Trainer, PtychoProbeDriftMakesIncrementalForget) {
+  Watchdog dog(300s, "ptycho drift");
+  TempDir tmp;
+  auto cfg = write_config(tmp.path(), kSmallPtycho);
+  auto first_scan = [&](const std::string& strategy, std::size_t row) {
+    const fs::path out = tmp.path() / strategy;
+    if (!fs::exists(out / "summary.json")) {
+      TrainRun r = train({"--config", cfg.string(), "--out", out.string(), "--set", "strategy=" + strategy, "--set",
+                          "dataset.probe_drift=1"},
+                         tmp.path() / (strategy + ".log"));
+      EXPECT_EQ(r.status, 0) << r.log;
+    }
+    return summary(out).at("error_matrix").as_array().at(row).as_array().at(0).as_double();
+  };
+  const double learned = first_scan("incremental", 0), forgotten = first_scan("incremental", 1);
+  EXPECT_GT(forgotten, 10 * learned);
+  EXPECT_LT(first_scan("er", 1), forgotten / 5);
 }
 
 // A ptycho-sim checkpoint holds which error its matrix is in; one written before the field

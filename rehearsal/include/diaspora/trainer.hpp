@@ -32,6 +32,7 @@ struct DatasetConfig {
   int scan_step = 4;
   double photons = 1e4;
   int test_every = 5;              ///< ptycho-sim: every k-th position is a test pattern
+  double probe_drift = 0;          ///< ptycho-sim: scan t's probe curvature is pi * (1 + probe_drift * t)
 };
 
 /// The training section (`train:`).
