@@ -12,6 +12,7 @@
 
 #include <boost/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
@@ -332,7 +333,10 @@ class Job {
   void update_ema();
   std::vector<double> evaluate();
   int agree_stop(int local);
-  std::vector<std::int64_t> max_over_ranks(std::vector<std::int64_t> values);
+  std::vector<std::int64_t> over_ranks(std::vector<std::int64_t> values, c10d::ReduceOp op);
+  std::vector<std::int64_t> max_over_ranks(std::vector<std::int64_t> values) {
+    return over_ranks(std::move(values), c10d::ReduceOp::MAX);
+  }
   // checkpoints
   fs::path checkpoint_root() const;
   void save_checkpoint(const std::string& why, bool background = false);
@@ -625,11 +629,13 @@ int Job::agree_stop(int local) {
 }
 
 // The element-wise maximum of `values` over the ranks (a collective; one rank: `values`).
-std::vector<std::int64_t> Job::max_over_ranks(std::vector<std::int64_t> values) {
+// The element-wise reduction (`op`) of `values` over the ranks; every rank calls it at the
+// same point.
+std::vector<std::int64_t> Job::over_ranks(std::vector<std::int64_t> values, c10d::ReduceOp op) {
   if (world_ == 1) return values;
   std::vector<torch::Tensor> v{torch::tensor(values, torch::kLong)};
   c10d::AllreduceOptions o;
-  o.reduceOp = c10d::ReduceOp::MAX;
+  o.reduceOp = op;
   train_group_->allreduce(v, o)->wait();
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = v[0][static_cast<std::int64_t>(i)].item<std::int64_t>();
   return values;
@@ -1016,11 +1022,10 @@ void Job::load_checkpoint(const fs::path& from) {
     throw RehearsalError("checkpoint " + (dir / "manifest.json").string() + " holds an impossible position (world " +
                          std::to_string(old_world) + ", task " + std::to_string(pos_.task) + ", step " +
                          std::to_string(pos_.step) + ")");
-  bool rows_ok = matrix_.size() == static_cast<std::size_t>(pos_.task);
-  for (const auto& row : matrix_) {
-    rows_ok = rows_ok && row.size() == static_cast<std::size_t>(cfg_.dataset.tasks);
-  }
-  if (!rows_ok)
+  const auto full_row = [&](const std::vector<double>& row) {
+    return row.size() == static_cast<std::size_t>(cfg_.dataset.tasks);
+  };
+  if (matrix_.size() != static_cast<std::size_t>(pos_.task) || !std::all_of(matrix_.begin(), matrix_.end(), full_row))
     throw RehearsalError("checkpoint " + (dir / "manifest.json").string() + " is inconsistent: its matrix has " +
                          std::to_string(matrix_.size()) + " rows for task " + std::to_string(pos_.task) +
                          " (one row of " + std::to_string(cfg_.dataset.tasks) + " values per finished task expected)");
@@ -1243,13 +1248,7 @@ void Job::setup() {
     sampler_ = std::make_unique<GlobalSampler>(*buffer_, sampler_group_, sc);
     // buffer.memory may hold fewer samples than buffer_size asks for: say so, and report
     // the slots there are.
-    std::vector<std::int64_t> cap{buffer_->capacity()};
-    if (world_ > 1) {
-      std::vector<torch::Tensor> v{torch::tensor(cap, torch::kLong)};
-      train_group_->allreduce(v)->wait();
-      cap[0] = v[0][0].item<std::int64_t>();
-    }
-    buffer_capacity_ = cap[0];
+    buffer_capacity_ = over_ranks({buffer_->capacity()}, c10d::ReduceOp::SUM)[0];
     if (rank_ == 0 && buffer_capacity_ < cfg_.buffer_size)
       std::cerr << "diaspora-train: warning: buffer.memory holds " << buffer_capacity_ << " of the " << cfg_.buffer_size
                 << " samples of buffer_size over all ranks (" << buffer_->layout()->row_bytes()
