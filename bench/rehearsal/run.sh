@@ -12,6 +12,8 @@
 #                                # 1 rank, each rehearsal/incremental pair run three times
 #   OUT=/tmp/rb-r8 ONLY=ptycho SET="sampling.representatives=8 train.epochs=24" bash bench/rehearsal/run.sh build
 #                                # every job with these --set overrides (use a fresh OUT)
+#   ONLY=ptycho RANKS=1 STRATEGIES=er BUFFERS=2000 bash bench/rehearsal/run.sh build
+#                                # one cell (with scratch and incremental); frontier.sh uses it
 #   PAIRS=sequential bash bench/rehearsal/run.sh build
 #                                # 1-rank pairs one after the other, as 2-rank pairs always are
 set -euo pipefail
@@ -33,7 +35,8 @@ mkdir -p "$OUT"
 # 2-rank pairs (two cores a job) and PAIRS=sequential run the incremental job right before.
 # REPEAT=N runs each pair N times (the extra ones under OUT/repeat/K/): the table then gives
 # the median of the N ratios and lists them.
-PAIR_NO=0
+PAIR_NO=${PAIR_START:-0}  # PAIR_START=1: the first pair's incremental job takes the second core
+[[ "$PAIR_NO" =~ ^[01]$ ]] || { echo "PAIR_START must be 0 or 1, not '$PAIR_NO'"; exit 2; }
 RUNNING=""  # pids of the jobs running now (killed if the script stops)
 trap 'for p in $RUNNING; do kill "$p" 2>/dev/null; done' EXIT
 trap 'exit 130' INT TERM
@@ -109,8 +112,16 @@ if [ "$PAIRS" = concurrent ]; then  # the first two CPUs this process may run on
   fi
 fi
 [[ "$REPEAT" =~ ^[1-9][0-9]*$ ]] || { echo "REPEAT must be a positive integer, not '$REPEAT'"; exit 2; }
-if [ -n "${QUICK:-}" ]; then DEF_RANKS="1"; BUFFERS="200 2000"; else DEF_RANKS="1 2"; BUFFERS="200 500 2000"; fi
+if [ -n "${QUICK:-}" ]; then DEF_RANKS="1"; DEF_BUFFERS="200 2000"; else DEF_RANKS="1 2"; DEF_BUFFERS="200 500 2000"; fi
 RANKS=${RANKS:-$DEF_RANKS}  # RANKS=1 or RANKS=2: one block of each dataset
+BUFFERS=${BUFFERS:-$DEF_BUFFERS}  # BUFFERS="2000": those buffer sizes only
+STRATEGIES=${STRATEGIES:-er der derpp}  # STRATEGIES="er": those rehearsal strategies only
+for s in $STRATEGIES; do
+  case "$s" in er|der|derpp) ;; *) echo "STRATEGIES takes er, der and derpp, not '$s'"; exit 2;; esac
+done
+for b in $BUFFERS; do
+  [[ "$b" =~ ^[1-9][0-9]*$ ]] || { echo "BUFFERS takes positive integers, not '$b'"; exit 2; }
+done
 FM=rehearsal/configs/fashion-mnist.yaml
 PT=rehearsal/configs/ptycho-sim.yaml
 ONLY=${ONLY:-}
@@ -121,13 +132,13 @@ FM_RANKS=$RANKS PT_RANKS=$RANKS
 for w in $FM_RANKS; do
   for s in scratch incremental; do run "fm-$s-w$w" "$FM" --world-size "$w" --set strategy=$s; done
   for b in $BUFFERS; do
-    for s in er der derpp; do cell "fm-$s-b$b-w$w" "$w" "$FM" --world-size "$w" --set strategy=$s --set buffer_size="$b"; done
+    for s in $STRATEGIES; do cell "fm-$s-b$b-w$w" "$w" "$FM" --world-size "$w" --set strategy=$s --set buffer_size="$b"; done
   done
 done
 for w in $PT_RANKS; do  # the same grid on ptycho-sim
   for s in scratch incremental; do run "pt-$s-w$w" "$PT" --world-size "$w" --set strategy=$s; done
   for b in $BUFFERS; do
-    for s in er der derpp; do cell "pt-$s-b$b-w$w" "$w" "$PT" --world-size "$w" --set strategy=$s --set buffer_size="$b"; done
+    for s in $STRATEGIES; do cell "pt-$s-b$b-w$w" "$w" "$PT" --world-size "$w" --set strategy=$s --set buffer_size="$b"; done
   done
 done
 /usr/bin/python3 bench/rehearsal/table.py "$OUT"

@@ -1,0 +1,99 @@
+"""Tests of bench/rehearsal/frontier.py (the ptycho-sim runtime/error frontier's summary) and
+of frontier.sh's argument checks, on summary.json files written here with known values, so
+every ratio the report prints can be computed by hand."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench" / "rehearsal"))
+import frontier  # noqa: E402
+
+
+def summary(path: Path, strategy: str, runtime: float, first: float, average: float, buffer: int = 0) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "summary.json").write_text(json.dumps({
+        "strategy": strategy, "buffer_size": buffer, "dataset": "ptycho-sim", "world_size": 1,
+        "runtime_s": runtime, "first_task_final": first, "average_error": average}))
+
+
+def cell(r_dir: Path, runtime: float, neighbour: float, first: float, average: float = 1.0) -> None:
+    """An ER 2,000 job and its concurrent incremental neighbour, as run.sh leaves them."""
+    summary(r_dir / "pt-er-b2000-w1", "er", runtime, first, average, buffer=2000)
+    summary(r_dir / "pair" / "pt-er-b2000-w1", "incremental", neighbour, 9.0, 9.0)
+    (r_dir / "pair" / "pt-er-b2000-w1.concurrent").touch()
+
+
+def frontier_tree(out: Path) -> None:
+    """Two seeds, R = 4 and 16; scratch's first-scan error 0.001 (seed 0) and 0.002 (seed
+    1), its average error 0.002; R = 16's folders link to R = 4's scratch, as frontier.sh's do."""
+    for seed, scratch_first in ((0, 0.001), (1, 0.002)):
+        base = out / f"seed{seed}"
+        summary(base / "r4" / "pt-scratch-w1", "scratch", 30.0, scratch_first, 0.002)
+        summary(base / "r4" / "pt-incremental-w1", "incremental", 10.0, 0.003, 0.003)
+        (base / "r16").mkdir(parents=True)
+        for name in ("pt-scratch-w1", "pt-incremental-w1"):
+            os.symlink(f"../r4/{name}", base / "r16" / name)
+    # R = 4: runtime 1.2x and 1.1x, first-scan error 1.3x and 1.05x scratch's
+    cell(out / "seed0" / "r4", 12.0, 10.0, 0.0013, 0.0026)
+    cell(out / "seed1" / "r4", 11.0, 10.0, 0.0021, 0.0024)
+    # R = 16: runtime 1.8x and 1.6x, first-scan error 1.0x and 1.1x
+    cell(out / "seed0" / "r16", 18.0, 10.0, 0.001, 0.002)
+    cell(out / "seed1" / "r16", 16.0, 10.0, 0.0022, 0.002)
+
+
+def test_ratios_by_seed_and_verdict(tmp_path):
+    frontier_tree(tmp_path)
+    cells = frontier.collect(tmp_path)
+    assert set(cells) == {("er", 2000, 4), ("er", 2000, 16)}
+    rt, first, avg = cells[("er", 2000, 4)][0]
+    assert abs(rt - 1.2) < 1e-9 and abs(first - 1.3) < 1e-9 and abs(avg - 1.3) < 1e-9
+    rt, first, avg = cells[("er", 2000, 16)][1]
+    assert abs(rt - 1.6) < 1e-9 and abs(first - 1.1) < 1e-9 and abs(avg - 1.0) < 1e-9
+
+    lines = frontier.report(cells)
+    r4 = next(line for line in lines if line.startswith("| er | 2000 | 4 |"))
+    assert "1.15 (1.10-1.20)" in r4  # median and range of the runtime ratios
+    assert "0: 1.30, 1: 1.05" in r4 and "| 1 of 2 |" in r4
+    r16 = next(line for line in lines if line.startswith("| er | 2000 | 16 |"))
+    assert "| 2 of 2 |" in r16  # 1.0 and 1.1: the target is <= 1.10
+    # R = 4 misses the error target on seed 0, R = 16 the runtime target: neither meets both
+    assert lines[-1].endswith("every seed): none")
+
+
+def test_cell_meeting_both_targets_is_named(tmp_path):
+    frontier_tree(tmp_path)
+    cell(tmp_path / "seed0" / "r4", 11.0, 10.0, 0.00105)  # now 1.1x runtime, 1.05x error
+    assert frontier.report(frontier.collect(tmp_path))[-1].endswith("every seed): 4")
+
+
+def test_incomplete_folders_are_left_out_with_a_note(tmp_path, capsys):
+    frontier_tree(tmp_path)
+    (tmp_path / "seed1" / "r16" / "pair" / "pt-er-b2000-w1" / "summary.json").unlink()  # interrupted pair
+    (tmp_path / "seed0" / "r16" / "pt-scratch-w1").unlink()  # no scratch job
+    cells = frontier.collect(tmp_path)
+    assert ("er", 2000, 16) not in cells and set(cells[("er", 2000, 4)]) == {0, 1}
+    err = capsys.readouterr().err
+    assert "seed0/r16 has no scratch job" in err and "no incremental neighbour" in err
+
+
+def test_empty_folder_is_an_error(tmp_path):
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "rehearsal" / "frontier.py"), str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "no frontier cells" in p.stdout
+
+
+def test_frontier_sh_rejects_bad_lists(tmp_path):
+    for env, message in (({"REPS": "4 x"}, "REPS takes positive integers, not 'x'"),
+                         ({"SEEDS": "0 -1"}, "SEEDS takes non-negative integers, not '-1'"),
+                         ({"REPS": " "}, "REPS and SEEDS need at least one value each")):
+        p = subprocess.run(["bash", str(REPO / "bench" / "rehearsal" / "frontier.sh")],
+                           env={**os.environ, "OUT": str(tmp_path), **env}, capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 2 and message in p.stdout, (env, p.stdout, p.stderr)
+    assert not any(tmp_path.iterdir())  # nothing was run

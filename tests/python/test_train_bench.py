@@ -1,0 +1,53 @@
+"""bench/rehearsal/frontier.sh with the real diaspora-train on a tiny ptycho-sim stream:
+it runs, per seed and number R of representatives, scratch once and a rehearsal job beside
+its incremental neighbour; a second call with more R runs only the new cells and links the
+new R's folder to the seed's existing scratch and incremental jobs; frontier.py reports
+every R measured. (The summariser's arithmetic is tested in test_bench_frontier.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from relay_harness import BIN  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+FRONTIER = REPO / "bench" / "rehearsal" / "frontier.sh"
+# Two scans of a 64 x 64 object, one epoch: a few seconds a job.
+SMALL = "dataset.tasks=2 dataset.object_size=64 train.epochs=1 train.batch_size=8"
+
+
+def frontier(out: Path, reps: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OUT": str(out), "REPS": reps, "SEEDS": "0", "SET": SMALL}
+    p = subprocess.run(["bash", str(FRONTIER), str(BIN.parent)], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    return p
+
+
+def test_frontier_runs_each_cell_once_and_links_the_baselines(tmp_path):
+    out = tmp_path / "fr"
+    p = frontier(out, "2")
+    r2 = out / "seed0" / "r2"
+    scratch = r2 / "pt-scratch-w1" / "summary.json"
+    assert scratch.is_file() and not (r2 / "pt-scratch-w1").is_symlink()
+    row = next(line for line in p.stdout.splitlines() if line.startswith("| er | 2000 | 2 |"))
+    assert re.search(r"\| 0: [0-9.]+ \| [0-9.]+ \| [01] of 1 \|", row), row  # one seed's ratio
+    er2 = r2 / "pt-er-b2000-w1" / "summary.json"
+    assert json.loads(er2.read_text())["representatives"] == 2
+    assert json.loads((r2 / "pair" / "pt-er-b2000-w1" / "summary.json").read_text())["strategy"] == "incremental"
+    stamps = {f: f.stat().st_mtime_ns for f in (scratch, er2)}
+
+    p = frontier(out, "3 2")
+    r3 = out / "seed0" / "r3"
+    for base in ("pt-scratch-w1", "pt-incremental-w1"):
+        assert (r3 / base).is_symlink() and os.readlink(r3 / base) == f"../r2/{base}"
+    assert {f: f.stat().st_mtime_ns for f in stamps} == stamps  # nothing measured before ran again
+    assert json.loads((r3 / "pt-er-b2000-w1" / "summary.json").read_text())["representatives"] == 3
+    assert "| er | 2000 | 2 |" in p.stdout and "| er | 2000 | 3 |" in p.stdout
+    assert "R meeting both ptycho targets" in p.stdout
