@@ -3,11 +3,12 @@
 rehearsal cell (strategy, buffer) and number R of representatives a step, the runtime as a
 multiple of its incremental neighbour's (run at the same time) and the first-scan error at
 the end as a multiple of scratch's, seed by seed; then which R meet both of the issue's
-ptycho targets (runtime <= 1.2x incremental, first-scan error <= 1.1x scratch) on every seed.
+ptycho targets (the median runtime ratio over the seeds <= 1.2, the first-scan error <= 1.1x
+scratch's on every seed).
 
 Layout it reads (what frontier.sh writes): OUT/seedS/rR/ holds one run.sh output folder
 (OUT/seedS/rR/pt-scratch-w1/summary.json, .../pt-er-b2000-w1/summary.json,
-.../pair/pt-er-b2000-w1/summary.json, ...)."""
+.../pair/pt-er-b2000-w1/summary.json, ...; -w2 for 2 ranks)."""
 import math
 import re
 import statistics
@@ -22,9 +23,10 @@ ERROR_TARGET = 1.1
 
 
 def collect(out: Path) -> dict:
-    """(strategy, buffer, R) -> {seed: (runtime ratio, first-scan error ratio, average error
-    ratio)}. A seed folder without a scratch job, or a cell without its neighbour, is left
-    out with a note on stderr (an interrupted run)."""
+    """(strategy, buffer, ranks, R) -> {seed: (runtime ratio, first-scan error ratio, average
+    error ratio)}; the error ratios are to the scratch job of the same folder and ranks. A
+    cell without such a scratch job, or without its incremental neighbour, is left out with a
+    note on stderr (an interrupted run)."""
     cells = {}
     for seed_dir in sorted(out.glob("seed*")):
         m = re.fullmatch(r"seed(\d+)", seed_dir.name)
@@ -36,22 +38,24 @@ def collect(out: Path) -> dict:
             if not rm:
                 continue
             runs, pairs = load(r_dir), load_pairs(r_dir)
-            scratch = runs.get("pt-scratch-w1")
-            if scratch is None:
-                print(f"note: {r_dir} has no scratch job; left out", file=sys.stderr)
-                continue
+            scratch = {s["world_size"]: s for s in runs.values() if s["strategy"] == "scratch"}
             for name, s in runs.items():
                 if s["strategy"] in ("scratch", "incremental"):
+                    continue
+                if s["world_size"] not in scratch:
+                    print(f"note: {r_dir} has no scratch job on {s['world_size']} rank(s); {name} left out",
+                          file=sys.stderr)
                     continue
                 if name not in pairs:
                     print(f"note: {r_dir / name} has no incremental neighbour; left out", file=sys.stderr)
                     continue
                 rt, base, _ = pairs[name][0]
-                key = (s["strategy"], s["buffer_size"], int(rm.group(1)))
+                sc = scratch[s["world_size"]]
+                key = (s["strategy"], s["buffer_size"], s["world_size"], int(rm.group(1)))
                 cells.setdefault(key, {})[seed] = (
                     rt / base,
-                    s["first_task_final"] / scratch["first_task_final"],
-                    s["average_error"] / scratch["average_error"],
+                    s["first_task_final"] / sc["first_task_final"],
+                    s["average_error"] / sc["average_error"],
                 )
     return cells
 
@@ -63,12 +67,12 @@ def geometric_mean(xs: list) -> float:
 def report(cells: dict) -> list:
     """The table's lines, then one verdict line per (strategy, buffer)."""
     lines = [
-        "| strategy | buffer | R | x incremental runtime (median, range) | first-scan error x scratch, by seed "
+        "| strategy | buffer | ranks | R | x incremental runtime (median, range) | first-scan error x scratch, by seed "
         "| geometric mean | seeds <= 1.10 | average error x scratch (geometric mean) |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     verdicts = {}
-    for (strategy, buffer, reps), by_seed in sorted(cells.items()):
+    for (strategy, buffer, ranks, reps), by_seed in sorted(cells.items()):
         seeds = sorted(by_seed)
         runtime = [by_seed[s][0] for s in seeds]
         first = [by_seed[s][1] for s in seeds]
@@ -76,14 +80,14 @@ def report(cells: dict) -> list:
         within = sum(1 for x in first if x <= ERROR_TARGET)
         per_seed = ", ".join(f"{s}: {by_seed[s][1]:.2f}" for s in seeds)
         lines.append(
-            f"| {strategy} | {buffer} | {reps} | {statistics.median(runtime):.2f} ({min(runtime):.2f}-{max(runtime):.2f}) "
+            f"| {strategy} | {buffer} | {ranks} | {reps} | {statistics.median(runtime):.2f} ({min(runtime):.2f}-{max(runtime):.2f}) "
             f"| {per_seed} | {geometric_mean(first):.2f} | {within} of {len(seeds)} | {geometric_mean(average):.2f} |")
         both = statistics.median(runtime) <= RUNTIME_TARGET and within == len(seeds)
-        verdicts.setdefault((strategy, buffer), []).append((reps, both))
+        verdicts.setdefault((strategy, buffer, ranks), []).append((reps, both))
     lines.append("")
-    for (strategy, buffer), rs in sorted(verdicts.items()):
+    for (strategy, buffer, ranks), rs in sorted(verdicts.items()):
         ok = [str(r) for r, both in rs if both]
-        lines.append(f"- {strategy} at {buffer}: R meeting both ptycho targets (runtime <= {RUNTIME_TARGET}x, "
+        lines.append(f"- {strategy} at {buffer} on {ranks} rank(s): R meeting both ptycho targets (median runtime <= {RUNTIME_TARGET}x, "
                      f"first-scan error <= {ERROR_TARGET}x on every seed): {', '.join(ok) if ok else 'none'}")
     return lines
 

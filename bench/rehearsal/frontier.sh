@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The ptycho-sim trade-off between the issue's two ptycho targets (rehearsal runtime <= 1.2x
 # incremental, first-scan error within 10 % of scratch), over several seeds: for each number
-# R of representatives a step (sampling.representatives) and each seed, one 1-rank run.sh
-# cell (the rehearsal job and its incremental neighbour at the same time, each pinned to a
-# core) plus scratch; then bench/rehearsal/frontier.py prints, per R, the runtime ratio and
+# R of representatives a step (sampling.representatives) and each seed, one run.sh cell on
+# RANKS ranks (default 1: the rehearsal job and its incremental neighbour at the same time,
+# each pinned to a core; 2: one after the other) plus scratch; then bench/rehearsal/frontier.py prints, per R, the runtime ratio and
 # the first-scan error as a multiple of scratch's on every seed. See docs/rehearsal.md
 # (Benchmark, "The ptycho-sim frontier").
 #
 #   bash bench/rehearsal/frontier.sh [BUILD_DIR]     # R = 2 4 8 16, seeds 0-4, ER at 2,000
 #   REPS="4 16" SEEDS="0 1" STRATEGIES="er derpp" BUFFERS="200 2000" OUT=/tmp/fr bash bench/rehearsal/frontier.sh build
+#   RANKS=2 REPS="4 24" SEEDS="0 1 2" OUT=/tmp/fr-w2 bash bench/rehearsal/frontier.sh build
 #   SET="train.ema=0.99" OUT=/tmp/fr-ema bash bench/rehearsal/frontier.sh build
 #                        # every job (scratch too) with these --set overrides; use a fresh OUT
 #
@@ -23,6 +24,8 @@ REPS=${REPS:-2 4 8 16}
 SEEDS=${SEEDS:-0 1 2 3 4}
 STRATEGIES=${STRATEGIES:-er}  # checked by run.sh
 BUFFERS=${BUFFERS:-2000}
+RANKS=${RANKS:-1}  # RANKS=2: 2-rank jobs (two cores a job, so each pair runs one job after the other)
+[[ "$RANKS" =~ ^[12]$ ]] || { echo "RANKS must be 1 or 2, not '$RANKS'"; exit 2; }
 for r in $REPS; do
   [[ "$r" =~ ^[1-9][0-9]*$ ]] || { echo "REPS takes positive integers, not '$r'"; exit 2; }
 done
@@ -33,7 +36,7 @@ done
 CELL_NO=0  # alternates which core a pair's incremental job takes, from cell to cell
 for s in $SEEDS; do
   home=""  # the R folder of this seed whose scratch and incremental jobs the others link to
-  for d in "$OUT/seed$s"/r*/pt-scratch-w1; do
+  for d in "$OUT/seed$s"/r*/pt-scratch-w"$RANKS"; do
     if [ -d "$d" ] && [ ! -L "$d" ]; then home=$(basename "$(dirname "$d")"); break; fi
   done
   for r in $REPS; do
@@ -42,12 +45,12 @@ for s in $SEEDS; do
     if [ -z "$home" ]; then
       home="r$r"
     elif [ "$home" != "r$r" ]; then
-      for base in pt-scratch-w1 pt-incremental-w1; do
+      for base in pt-scratch-w"$RANKS" pt-incremental-w"$RANKS"; do
         [ -e "$dir/$base" ] || ln -s "../$home/$base" "$dir/$base"
       done
     fi
     echo "seed $s, R = $r" >&2
-    PAIR_START=$((CELL_NO % 2)) OUT="$dir" SEED="$s" STRATEGIES="$STRATEGIES" BUFFERS="$BUFFERS" ONLY=ptycho RANKS=1 REPEAT=1 PAIRS=concurrent \
+    PAIR_START=$((CELL_NO % 2)) OUT="$dir" SEED="$s" STRATEGIES="$STRATEGIES" BUFFERS="$BUFFERS" ONLY=ptycho RANKS="$RANKS" REPEAT=1 PAIRS=concurrent \
       SET="${SET:-} sampling.representatives=$r" bash "$HERE/run.sh" "$BUILD_DIR" >"$dir/table.md"
     CELL_NO=$((CELL_NO + 1))
   done

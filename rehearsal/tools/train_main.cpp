@@ -2,7 +2,7 @@
 //
 //   diaspora-train --config F --out DIR [--set key=value ...]
 //                  [--world-size N | --rank R --world-size N --master HOST:PORT]
-//                  [--resume DIR] [--stop-after STEPS]
+//                  [--resume DIR] [--stop-after STEPS] [--checkpoint-delay-ms MS]
 //
 // --world-size N alone spawns N local ranks (this binary again, with --rank/--master on a
 // free loopback port) and waits for them; SIGTERM/SIGINT are forwarded to the ranks,

@@ -15,10 +15,11 @@ sys.path.insert(0, str(REPO / "bench" / "rehearsal"))
 import frontier  # noqa: E402
 
 
-def summary(path: Path, strategy: str, runtime: float, first: float, average: float, buffer: int = 0) -> None:
+def summary(path: Path, strategy: str, runtime: float, first: float, average: float, buffer: int = 0,
+            ranks: int = 1) -> None:
     path.mkdir(parents=True, exist_ok=True)
     (path / "summary.json").write_text(json.dumps({
-        "strategy": strategy, "buffer_size": buffer, "dataset": "ptycho-sim", "world_size": 1,
+        "strategy": strategy, "buffer_size": buffer, "dataset": "ptycho-sim", "world_size": ranks,
         "runtime_s": runtime, "first_task_final": first, "average_error": average}))
 
 
@@ -50,20 +51,21 @@ def frontier_tree(out: Path) -> None:
 def test_ratios_by_seed_and_verdict(tmp_path):
     frontier_tree(tmp_path)
     cells = frontier.collect(tmp_path)
-    assert set(cells) == {("er", 2000, 4), ("er", 2000, 16)}
-    rt, first, avg = cells[("er", 2000, 4)][0]
+    assert set(cells) == {("er", 2000, 1, 4), ("er", 2000, 1, 16)}
+    rt, first, avg = cells[("er", 2000, 1, 4)][0]
     assert abs(rt - 1.2) < 1e-9 and abs(first - 1.3) < 1e-9 and abs(avg - 1.3) < 1e-9
-    rt, first, avg = cells[("er", 2000, 16)][1]
+    rt, first, avg = cells[("er", 2000, 1, 16)][1]
     assert abs(rt - 1.6) < 1e-9 and abs(first - 1.1) < 1e-9 and abs(avg - 1.0) < 1e-9
 
     lines = frontier.report(cells)
-    r4 = next(line for line in lines if line.startswith("| er | 2000 | 4 |"))
+    r4 = next(line for line in lines if line.startswith("| er | 2000 | 1 | 4 |"))
     assert "1.15 (1.10-1.20)" in r4  # median and range of the runtime ratios
     assert "0: 1.30, 1: 1.05" in r4 and "| 1 of 2 |" in r4
-    r16 = next(line for line in lines if line.startswith("| er | 2000 | 16 |"))
+    r16 = next(line for line in lines if line.startswith("| er | 2000 | 1 | 16 |"))
     assert "| 2 of 2 |" in r16  # 1.0 and 1.1: the target is <= 1.10
     # R = 4 misses the error target on seed 0, R = 16 the runtime target: neither meets both
-    assert lines[-1].endswith("every seed): none")
+    assert lines[-1] == ("- er at 2000 on 1 rank(s): R meeting both ptycho targets (median runtime <= 1.2x, "
+                         "first-scan error <= 1.1x on every seed): none")
 
 
 def test_cell_meeting_both_targets_is_named(tmp_path):
@@ -77,9 +79,22 @@ def test_incomplete_folders_are_left_out_with_a_note(tmp_path, capsys):
     (tmp_path / "seed1" / "r16" / "pair" / "pt-er-b2000-w1" / "summary.json").unlink()  # interrupted pair
     (tmp_path / "seed0" / "r16" / "pt-scratch-w1").unlink()  # no scratch job
     cells = frontier.collect(tmp_path)
-    assert ("er", 2000, 16) not in cells and set(cells[("er", 2000, 4)]) == {0, 1}
+    assert ("er", 2000, 1, 16) not in cells and set(cells[("er", 2000, 1, 4)]) == {0, 1}
     err = capsys.readouterr().err
-    assert "seed0/r16 has no scratch job" in err and "no incremental neighbour" in err
+    assert "seed0/r16 has no scratch job on 1 rank(s)" in err and "no incremental neighbour" in err
+
+
+def test_two_rank_cells_compare_with_two_rank_scratch(tmp_path):
+    frontier_tree(tmp_path)
+    r4 = tmp_path / "seed0" / "r4"
+    summary(r4 / "pt-scratch-w2", "scratch", 20.0, 0.004, 0.004, ranks=2)
+    summary(r4 / "pt-er-b2000-w2", "er", 9.0, 0.005, 0.006, buffer=2000, ranks=2)
+    summary(r4 / "pair" / "pt-er-b2000-w2", "incremental", 10.0, 9.0, 9.0, ranks=2)  # run before: no mark
+    rt, first, avg = frontier.collect(tmp_path)[("er", 2000, 2, 4)][0]
+    assert abs(rt - 0.9) < 1e-9 and abs(first - 1.25) < 1e-9 and abs(avg - 1.5) < 1e-9
+    assert abs(frontier.collect(tmp_path)[("er", 2000, 1, 4)][0][1] - 1.3) < 1e-9  # 1 rank: its own scratch
+    lines = frontier.report(frontier.collect(tmp_path))
+    assert any(line.startswith("- er at 2000 on 2 rank(s)") and line.endswith("every seed): none") for line in lines)
 
 
 def test_empty_folder_is_an_error(tmp_path):
@@ -91,7 +106,8 @@ def test_empty_folder_is_an_error(tmp_path):
 def test_frontier_sh_rejects_bad_lists(tmp_path):
     for env, message in (({"REPS": "4 x"}, "REPS takes positive integers, not 'x'"),
                          ({"SEEDS": "0 -1"}, "SEEDS takes non-negative integers, not '-1'"),
-                         ({"REPS": " "}, "REPS and SEEDS need at least one value each")):
+                         ({"REPS": " "}, "REPS and SEEDS need at least one value each"),
+                         ({"RANKS": "3"}, "RANKS must be 1 or 2, not '3'")):
         p = subprocess.run(["bash", str(REPO / "bench" / "rehearsal" / "frontier.sh")],
                            env={**os.environ, "OUT": str(tmp_path), **env}, capture_output=True, text=True,
                            timeout=60)

@@ -36,7 +36,7 @@ def test_frontier_runs_each_cell_once_and_links_the_baselines(tmp_path):
     r2 = out / "seed0" / "r2"
     scratch = r2 / "pt-scratch-w1" / "summary.json"
     assert scratch.is_file() and not (r2 / "pt-scratch-w1").is_symlink()
-    row = next(line for line in p.stdout.splitlines() if line.startswith("| er | 2000 | 2 |"))
+    row = next(line for line in p.stdout.splitlines() if line.startswith("| er | 2000 | 1 | 2 |"))
     assert re.search(r"\| 0: [0-9.]+ \| [0-9.]+ \| [01] of 1 \|", row), row  # one seed's ratio
     er2 = r2 / "pt-er-b2000-w1" / "summary.json"
     assert json.loads(er2.read_text())["representatives"] == 2
@@ -49,5 +49,5 @@ def test_frontier_runs_each_cell_once_and_links_the_baselines(tmp_path):
         assert (r3 / base).is_symlink() and os.readlink(r3 / base) == f"../r2/{base}"
     assert {f: f.stat().st_mtime_ns for f in stamps} == stamps  # nothing measured before ran again
     assert json.loads((r3 / "pt-er-b2000-w1" / "summary.json").read_text())["representatives"] == 3
-    assert "| er | 2000 | 2 |" in p.stdout and "| er | 2000 | 3 |" in p.stdout
+    assert "| er | 2000 | 1 | 2 |" in p.stdout and "| er | 2000 | 1 | 3 |" in p.stdout
     assert "R meeting both ptycho targets" in p.stdout

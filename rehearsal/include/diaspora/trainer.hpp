@@ -75,7 +75,7 @@ struct TrainerConfig {
 /// whole document is validated against schemas/rehearsal.schema.json and checked for
 /// consistency (e.g. tasks x classes_per_task = 10 for fashion-mnist, patch a multiple
 /// of 8). Diagnostics: "FILE:LINE:COL: error: PATH: MESSAGE"; an override's are located
-/// at "--set KEY".
+/// at "--set KEY=VALUE".
 /// @throws diaspora::SpecError with every diagnostic. Reentrant.
 TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view name = "<string>",
                                          const std::vector<std::string>& overrides = {});
