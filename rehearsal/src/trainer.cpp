@@ -383,16 +383,10 @@ void Job::setup_groups() {
   if (world_ == 1) {
     store_ = c10::make_intrusive<c10d::HashStore>();
   } else {
-    auto colon = opt_.master.rfind(':');
-    if (colon == std::string::npos) throw RehearsalError("--master must be HOST:PORT, not '" + opt_.master + "'");
-    host = opt_.master.substr(0, colon);
+    const MasterAddress address = parse_master_address(opt_.master);
+    host = address.host;
     c10d::TCPStoreOptions o;
-    const std::string port = opt_.master.substr(colon + 1);
-    unsigned value = 0;
-    const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
-    if (host.empty() || ec != std::errc() || end != port.data() + port.size() || value < 1 || value > 65535)
-      throw RehearsalError("--master must be HOST:PORT with a port in 1-65535, not '" + opt_.master + "'");
-    o.port = static_cast<std::uint16_t>(value);
+    o.port = address.port;
     o.isServer = rank_ == 0;
     o.numWorkers = static_cast<std::size_t>(world_);
     o.timeout = timeout;
@@ -1341,6 +1335,18 @@ int Job::train() {
 }
 
 }  // namespace
+
+MasterAddress parse_master_address(std::string_view master) {
+  const auto colon = master.rfind(':');
+  const std::string_view host = colon == std::string_view::npos ? std::string_view{} : master.substr(0, colon);
+  const std::string_view port = colon == std::string_view::npos ? std::string_view{} : master.substr(colon + 1);
+  unsigned value = 0;
+  const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+  if (host.empty() || port.empty() || ec != std::errc() || end != port.data() + port.size() || value < 1 ||
+      value > 65535)
+    throw Error("--master must be HOST:PORT with a port in 1-65535, not '" + std::string(master) + "'");
+  return {std::string(host), static_cast<std::uint16_t>(value)};
+}
 
 int run_trainer(const TrainerConfig& config, const RankOptions& options) {
   std::unique_ptr<Job> job;  // torn down after the error is printed (a stuck thread may hang the teardown)

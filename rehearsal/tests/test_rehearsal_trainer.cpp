@@ -832,6 +832,18 @@ TEST(Trainer, PtychoErWithAdamResumesExactly) {
   EXPECT_EQ(json::serialize(summary(full).at("error_matrix")), json::serialize(summary(rest).at("error_matrix")));
 }
 
+TEST(Trainer, ParsesMasterAddress) {
+  auto a = dr::parse_master_address("node-3.cluster:29500");
+  EXPECT_EQ(a.host, "node-3.cluster");
+  EXPECT_EQ(a.port, 29500);
+  a = dr::parse_master_address("::1:1");  // the last colon separates the port
+  EXPECT_EQ(a.host, "::1");
+  EXPECT_EQ(a.port, 1);
+  EXPECT_EQ(dr::parse_master_address("h:65535").port, 65535);
+  for (const char* bad : {"", "h", "h:", ":1", "h:0", "h:65536", "h:-1", "h:+1", "h: 1", "h:1x"})
+    EXPECT_THROW(dr::parse_master_address(bad), diaspora::Error) << bad;
+}
+
 TEST(Trainer, BadCommandLinesAndConfigs) {
   TempDir tmp;
   auto cfg = write_config(tmp.path(), kSmall);
@@ -862,12 +874,15 @@ TEST(Trainer, BadCommandLinesAndConfigs) {
             tmp.path() / "e.log");
   EXPECT_EQ(r.status, dr::kTrainError);
   EXPECT_NE(r.log.find("was written with strategy er"), std::string::npos) << r.log;
-  // A rendezvous address without a usable port.
-  r = train({"--config", cfg.string(), "--out", (tmp.path() / "o4").string(), "--rank", "0", "--world-size", "2",
-             "--master", "127.0.0.1:99999"},
-            tmp.path() / "f.log");
-  EXPECT_EQ(r.status, dr::kTrainError);
-  EXPECT_NE(r.log.find("port in 1-65535"), std::string::npos) << r.log;
+  // A rendezvous address without a usable port or host is a command line error.
+  for (const char* master : {"127.0.0.1:99999", "127.0.0.1", ":29500", "127.0.0.1:29x", "127.0.0.1:"}) {
+    r = train({"--config", cfg.string(), "--out", (tmp.path() / "o4").string(), "--rank", "0", "--world-size", "2",
+               "--master", master},
+              tmp.path() / "f.log");
+    EXPECT_EQ(r.status, dr::kTrainUsage) << master;
+    EXPECT_NE(r.log.find(std::string("port in 1-65535, not '") + master + "'"), std::string::npos) << r.log;
+  }
+  EXPECT_FALSE(fs::exists(tmp.path() / "o4"));  // refused before anything started
   // A config that is not a mapping cannot take --set (it is not replaced by one).
   auto list = tmp.path() / "list.yaml";
   std::ofstream(list) << "[1, 2]\n";

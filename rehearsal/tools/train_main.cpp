@@ -168,6 +168,14 @@ int main(int argc, char** argv) {
     std::cerr << "diaspora-train: --rank needs --master HOST:PORT (or give --world-size alone to spawn local ranks)\n";
     return dr::kTrainUsage;
   }
+  if (!master.empty()) {
+    try {
+      dr::parse_master_address(master);
+    } catch (const diaspora::Error& e) {
+      std::cerr << "diaspora-train: " << e.what() << "\n";
+      return dr::kTrainUsage;
+    }
+  }
   dr::TrainerConfig cfg;
   try {
     cfg = dr::load_trainer_config_file(config, sets);

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "diaspora/error.hpp"
 #include "diaspora/rehearsal_config.hpp"
 
 namespace diaspora::rehearsal {
@@ -109,6 +110,19 @@ struct RankOptions {
   /// Set from a signal handler (SIGTERM/SIGINT): checkpoint at the next step and stop.
   const std::atomic<int>* stop_flag = nullptr;
 };
+
+/// Rank 0's rendezvous address, split.
+struct MasterAddress {
+  std::string host;
+  std::uint16_t port = 0;
+};
+
+/// Splits "HOST:PORT" at its last colon: HOST not empty, PORT a decimal number in 1-65535.
+/// `diaspora-train` checks --master with it before anything starts (a bad one is a command
+/// line error, status 2); run_trainer() checks RankOptions::master with it again.
+/// Any thread. @throws diaspora::Error "--master must be HOST:PORT with a port in 1-65535,
+/// not '...'" otherwise.
+MasterAddress parse_master_address(std::string_view master);
 
 /// Runs one rank of a training job to its end, a requested stop, or an error. All
 /// ranks of a job run it with the same config; they meet in collectives every step.
