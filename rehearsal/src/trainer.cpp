@@ -330,6 +330,11 @@ class Job {
   // training
   double train_step(const torch::Tensor& idx, int task);
   void allreduce_grads();
+  // Runs one of the trainer's own all-reduces over the ranks (`what` names it); a failure
+  // (a rank ended, the network between the ranks dropped, sampling.timeout passed) is
+  // rethrown as a RehearsalError naming the step and the collective.
+  void all_reduce(const char* what, std::vector<torch::Tensor>& values,
+                  const c10d::AllreduceOptions& options = c10d::AllreduceOptions());
   void update_ema();
   std::vector<double> evaluate();
   int agree_stop(int local);
@@ -491,7 +496,7 @@ void Job::allreduce_grads() {
   for (auto& p : model_->parameters())
     if (p.grad().defined()) grads.push_back(p.grad().flatten());
   std::vector<torch::Tensor> flat{torch::cat(grads)};
-  train_group_->allreduce(flat)->wait();
+  all_reduce("gradient all-reduce", flat);
   flat[0].div_(world_);
   std::int64_t off = 0;
   for (auto& p : model_->parameters()) {
@@ -607,7 +612,7 @@ std::vector<double> Job::evaluate() {
       count += static_cast<double>(idx.size(0));
     }
     std::vector<torch::Tensor> v{torch::tensor({sum, count}, torch::kDouble)};
-    if (world_ > 1) train_group_->allreduce(v)->wait();
+    if (world_ > 1) all_reduce("all-reduce of the evaluation", v);
     out.push_back(v[0][0].item<double>() / std::max(1.0, v[0][1].item<double>()));
   }
   return out;
@@ -630,7 +635,7 @@ std::vector<std::int64_t> Job::over_ranks(std::vector<std::int64_t> values, c10d
   std::vector<torch::Tensor> v{torch::tensor(values, torch::kLong)};
   c10d::AllreduceOptions o;
   o.reduceOp = op;
-  train_group_->allreduce(v, o)->wait();
+  all_reduce("all-reduce of the ranks' state (stop, checkpoint, buffer)", v, o);
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = v[0][static_cast<std::int64_t>(i)].item<std::int64_t>();
   return values;
 }
@@ -638,7 +643,17 @@ std::vector<std::int64_t> Job::over_ranks(std::vector<std::int64_t> values, c10d
 void Job::barrier() {
   if (world_ == 1) return;
   std::vector<torch::Tensor> v{torch::zeros({1})};
-  train_group_->allreduce(v)->wait();
+  all_reduce("barrier", v);
+}
+
+void Job::all_reduce(const char* what, std::vector<torch::Tensor>& values, const c10d::AllreduceOptions& options) {
+  try {
+    train_group_->allreduce(values, options)->wait();
+  } catch (const std::exception& e) {
+    throw RehearsalError("step " + std::to_string(pos_.step) + ": " + what +
+                         " with the other ranks failed (a rank ended, the network between the ranks dropped, or "
+                         "sampling.timeout passed): " + e.what());
+  }
 }
 
 void Job::log_step(double loss, double step_s, double wait_s, std::int64_t reps) {

@@ -552,6 +552,67 @@ TEST(Trainer, SigtermCheckpointsAndExitsThree) {
   }
 }
 
+// The processes whose parent is `parent` (from /proc/PID/stat: "pid (comm) state ppid ...").
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = read_file(e.path() / "stat");
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;  // gone meanwhile
+    std::istringstream rest(stat.substr(close + 1));
+    std::string state;
+    long ppid = 0;
+    if (rest >> state >> ppid && ppid == parent) out.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return out;
+}
+
+// A rank killed in the middle of a 2-rank job (a lost node): the job ends promptly with
+// status 1 and says which rank died, instead of leaving the other rank waiting in a
+// collective until the group's timeout (set to 10 minutes here, so waiting for it would
+// trip the watchdog); the last published checkpoint is intact and a resumed job completes.
+TEST(Trainer, KilledRankEndsTheJobAndItsCheckpointResumes) {
+  Watchdog dog(300s, "killed rank");
+  TempDir tmp;
+  auto cfg = write_config(tmp.path(), std::string(kSmall) + "checkpoint: {every_steps: 5}\n");
+  const fs::path out = tmp.path() / "out";
+  const std::vector<std::string> more{"--set", "dataset.train_per_task=6000", "--set", "sampling.timeout=600s",
+                                      "--world-size", "2"};
+  auto args = [&](std::vector<std::string> a) {
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  std::chrono::steady_clock::time_point killed;
+  pid_t victim = -1;
+  TrainRun r = train(args({"--config", cfg.string(), "--out", out.string()}), tmp.path() / "a.log", [&](pid_t pid) {
+    for (int i = 0; i < 1200 && !fs::exists(out / "checkpoint" / "LATEST"); ++i) std::this_thread::sleep_for(50ms);
+    for (pid_t child : children_of(pid)) {
+      const std::string cmdline = read_file(fs::path("/proc") / std::to_string(child) / "cmdline");
+      if (cmdline.find(std::string("--rank\0001\0", 9)) != std::string::npos) victim = child;
+    }
+    if (victim > 0) ::kill(victim, SIGKILL);
+    killed = std::chrono::steady_clock::now();
+  });
+  ASSERT_GT(victim, 0) << "rank 1's process was not found: " << r.log;
+  EXPECT_EQ(r.status, dr::kTrainError) << r.log;
+  EXPECT_NE(r.log.find("rank 1 died of signal 9"), std::string::npos) << r.log;
+  // Rank 0 says which of its collectives failed, at which step (the trainer's own
+  // all-reduces, or the sampler's exchange, whichever it was in).
+  EXPECT_NE(r.log.find("rank 0: "), std::string::npos) << r.log;
+  EXPECT_TRUE(r.log.find(" with the other ranks failed (a rank ended") != std::string::npos ||
+              r.log.find("rehearsal sampler, step ") != std::string::npos)
+      << r.log;
+  EXPECT_LT(std::chrono::steady_clock::now() - killed, 120s);  // not the collective's 600 s
+  EXPECT_FALSE(fs::exists(out / "summary.json"));
+  TrainRun resumed = train(args({"--config", cfg.string(), "--out", (tmp.path() / "rest").string(), "--resume",
+                                 out.string()}),
+                           tmp.path() / "b.log");
+  ASSERT_EQ(resumed.status, 0) << resumed.log;
+  EXPECT_EQ(summary(tmp.path() / "rest").at("accuracy_matrix").as_array().size(), 2u);
+}
+
 // ptycho-sim on 2 small scans (64 x 64 objects, 169 positions): a few seconds a job.
 const char* kSmallPtycho =
     "buffer_size: 40\ndataset: {name: ptycho-sim, tasks: 2, object_size: 64, scan_step: 4}\n"
