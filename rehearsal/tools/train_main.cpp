@@ -61,6 +61,13 @@ int free_loopback_port() {
   return port;
 }
 
+// "diaspora-train: TEXT" on stderr in one write(2): the launcher's lines and its ranks'
+// (which share its stderr and write theirs the same way) do not interleave.
+void say(const std::string& text) {
+  const std::string line = "diaspora-train: " + text + "\n";
+  [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());  // nothing to do on failure
+}
+
 // Runs `argv` once per rank with --rank/--master appended; returns the job's status: 0 if
 // every rank returned 0, else the first non-zero status in rank order (a rank that dies
 // of a signal counts as kTrainError, and the others are killed if they have not ended 3 s
@@ -68,7 +75,7 @@ int free_loopback_port() {
 int spawn_ranks(int world, const std::vector<std::string>& args) {
   const int port = free_loopback_port();
   if (port < 0) {
-    std::cerr << "diaspora-train: no free loopback port for the rendezvous\n";
+    say("no free loopback port for the rendezvous");
     return dr::kTrainError;
   }
   const std::string master = "127.0.0.1:" + std::to_string(port);
@@ -81,7 +88,7 @@ int spawn_ranks(int world, const std::vector<std::string>& args) {
     cargv.push_back(nullptr);
     pid_t pid = ::fork();
     if (pid < 0) {
-      std::cerr << "diaspora-train: fork: " << std::strerror(errno) << "\n";
+      say(std::string("fork: ") + std::strerror(errno));
       for (pid_t p : g_children) ::kill(p, SIGKILL);
       return dr::kTrainError;
     }
@@ -121,7 +128,7 @@ int spawn_ranks(int world, const std::vector<std::string>& args) {
       status[static_cast<std::size_t>(r)] = code;
       --left;
       if (code == dr::kTrainError) {
-        if (!WIFEXITED(st)) std::cerr << "diaspora-train: rank " << r << " died of signal " << WTERMSIG(st) << "\n";
+        if (!WIFEXITED(st)) say("rank " + std::to_string(r) + " died of signal " + std::to_string(WTERMSIG(st)));
         if (!grace && left > 0) {
           grace = true;
           kill_at = std::chrono::steady_clock::now() + kGrace;
