@@ -11,48 +11,69 @@
 #   REPS="4 16" SEEDS="0 1" STRATEGIES="er derpp" BUFFERS="200 2000" OUT=/tmp/fr bash bench/rehearsal/frontier.sh build
 #   RANKS=2 REPS="4 24" SEEDS="0 1 2" OUT=/tmp/fr-w2 bash bench/rehearsal/frontier.sh build
 #   SET="train.ema=0.99" OUT=/tmp/fr-ema bash bench/rehearsal/frontier.sh build
-#                        # every job (scratch too) with these --set overrides; use a fresh OUT
+#                        # every job (scratch too) with these --set overrides; an OUT keeps
+#                        # the SET of its first call (OUT/SET) and refuses another
 #
 # Scratch and incremental do not draw representatives, so they run once a seed (in the first
-# R folder that has them) and the other R folders link to them. A finished cell is not run
+# R folder that has them finished, else in the first R of REPS) and the other R folders link
+# to them. A finished cell is not run
 # again: rerunning the script after an interruption, or with more REPS, runs only what is missing.
 set -euo pipefail
-BUILD_DIR=${1:-build}
+BUILD_DIR=${1:-build}  # as for run.sh: relative to the repository root
 HERE="$(cd "$(dirname "$0")" && pwd)"
-OUT=${OUT:-/tmp/diaspora-bench-frontier}
-REPS=${REPS:-2 4 8 16}
-SEEDS=${SEEDS:-0 1 2 3 4}
+OUT=$(realpath -m -- "${OUT:-/tmp/diaspora-bench-frontier}")  # run.sh works from the repository root
+read -r -a R_LIST <<<"${REPS:-2 4 8 16}"
+read -r -a SEED_LIST <<<"${SEEDS:-0 1 2 3 4}"
 STRATEGIES=${STRATEGIES:-er}  # checked by run.sh
 BUFFERS=${BUFFERS:-2000}
 RANKS=${RANKS:-1}  # RANKS=2: 2-rank jobs (two cores a job, so each pair runs one job after the other)
 [[ "$RANKS" =~ ^[12]$ ]] || { echo "RANKS must be 1 or 2, not '$RANKS'"; exit 2; }
-for r in $REPS; do
+for r in "${R_LIST[@]}"; do
   [[ "$r" =~ ^[1-9][0-9]*$ ]] || { echo "REPS takes positive integers, not '$r'"; exit 2; }
 done
-for s in $SEEDS; do
+for s in "${SEED_LIST[@]}"; do
   [[ "$s" =~ ^[0-9]+$ ]] || { echo "SEEDS takes non-negative integers, not '$s'"; exit 2; }
 done
-[ -n "${REPS// /}" ] && [ -n "${SEEDS// /}" ] || { echo "REPS and SEEDS need at least one value each"; exit 2; }
-CELL_NO=0  # alternates which core a pair's incremental job takes, from cell to cell
-for s in $SEEDS; do
-  home=""  # the R folder of this seed whose scratch and incremental jobs the others link to
+[ "${#R_LIST[@]}" -gt 0 ] && [ "${#SEED_LIST[@]}" -gt 0 ] || { echo "REPS and SEEDS need at least one value each"; exit 2; }
+# Every job of an OUT runs with the same SET: a later call with another one is refused.
+mkdir -p "$OUT"
+if [ -f "$OUT/SET" ]; then
+  was=$(cat "$OUT/SET")
+  [ "$was" = "${SET:-}" ] || { echo "$OUT was measured with SET='$was', not SET='${SET:-}': use another OUT"; exit 2; }
+else
+  printf '%s' "${SET:-}" >"$OUT/SET"
+fi
+for si in "${!SEED_LIST[@]}"; do
+  s=${SEED_LIST[$si]}
+  home=""  # the R folder of this seed whose finished scratch and incremental jobs the others link to
   for d in "$OUT/seed$s"/r*/pt-scratch-w"$RANKS"; do
-    if [ -d "$d" ] && [ ! -L "$d" ]; then home=$(basename "$(dirname "$d")"); break; fi
+    if [ ! -L "$d" ] && [ -f "$d/summary.json" ] && [ -f "$(dirname "$d")/pt-incremental-w$RANKS/summary.json" ]; then
+      home=$(basename "$(dirname "$d")")
+      break
+    fi
   done
-  for r in $REPS; do
+  for ri in "${!R_LIST[@]}"; do
+    r=${R_LIST[$ri]}
     dir="$OUT/seed$s/r$r"
     mkdir -p "$dir"
     if [ -z "$home" ]; then
-      home="r$r"
+      home="r$r"  # runs them now, before the other R of this seed
     elif [ "$home" != "r$r" ]; then
       for base in pt-scratch-w"$RANKS" pt-incremental-w"$RANKS"; do
+        if [ -L "$dir/$base" ] && [ ! -e "$dir/$base" ]; then rm -f "$dir/$base"; fi  # dangling
         [ -e "$dir/$base" ] || ln -s "../$home/$base" "$dir/$base"
       done
     fi
     echo "seed $s, R = $r" >&2
-    PAIR_START=$((CELL_NO % 2)) OUT="$dir" SEED="$s" STRATEGIES="$STRATEGIES" BUFFERS="$BUFFERS" ONLY=ptycho RANKS="$RANKS" REPEAT=1 PAIRS=concurrent \
-      SET="${SET:-} sampling.representatives=$r" bash "$HERE/run.sh" "$BUILD_DIR" >"$dir/table.md"
-    CELL_NO=$((CELL_NO + 1))
+    # Which core takes the incremental job alternates over seeds and R alike, so that a
+    # difference between the cores averages out of each R's median.
+    if ! PAIR_START=$(((si + ri) % 2)) OUT="$dir" SEED="$s" STRATEGIES="$STRATEGIES" BUFFERS="$BUFFERS" ONLY=ptycho \
+      RANKS="$RANKS" REPEAT=1 PAIRS=concurrent SET="${SET:-} sampling.representatives=$r" \
+      bash "$HERE/run.sh" "$BUILD_DIR" >"$dir/table.md"; then
+      cat "$dir/table.md" >&2
+      echo "frontier: seed $s, R = $r failed (run.sh's output above)" >&2
+      exit 1
+    fi
   done
 done
 /usr/bin/python3 "$HERE/frontier.py" "$OUT"

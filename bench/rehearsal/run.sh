@@ -116,10 +116,14 @@ if [ -n "${QUICK:-}" ]; then DEF_RANKS="1"; DEF_BUFFERS="200 2000"; else DEF_RAN
 RANKS=${RANKS:-$DEF_RANKS}  # RANKS=1 or RANKS=2: one block of each dataset
 BUFFERS=${BUFFERS:-$DEF_BUFFERS}  # BUFFERS="2000": those buffer sizes only
 STRATEGIES=${STRATEGIES:-er der derpp}  # STRATEGIES="er": those rehearsal strategies only
-for s in $STRATEGIES; do
+read -r -a words <<<"$STRATEGIES"
+[ "${#words[@]}" -gt 0 ] || { echo "STRATEGIES needs at least one of er, der and derpp"; exit 2; }
+for s in "${words[@]}"; do
   case "$s" in er|der|derpp) ;; *) echo "STRATEGIES takes er, der and derpp, not '$s'"; exit 2;; esac
 done
-for b in $BUFFERS; do
+read -r -a words <<<"$BUFFERS"
+[ "${#words[@]}" -gt 0 ] || { echo "BUFFERS needs at least one buffer size"; exit 2; }
+for b in "${words[@]}"; do
   [[ "$b" =~ ^[1-9][0-9]*$ ]] || { echo "BUFFERS takes positive integers, not '$b'"; exit 2; }
 done
 FM=rehearsal/configs/fashion-mnist.yaml

@@ -1351,9 +1351,19 @@ int Job::train() {
 
 }  // namespace
 
+void print_line(std::string_view text) {
+  std::string line = "diaspora-train: ";
+  line.append(text);
+  line += '\n';
+  std::cerr.flush();
+  std::fflush(stderr);
+  [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());  // nothing to do on failure
+}
+
 MasterAddress parse_master_address(std::string_view master) {
   const auto colon = master.rfind(':');
-  const std::string_view host = colon == std::string_view::npos ? std::string_view{} : master.substr(0, colon);
+  std::string_view host = colon == std::string_view::npos ? std::string_view{} : master.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   const std::string_view port = colon == std::string_view::npos ? std::string_view{} : master.substr(colon + 1);
   unsigned value = 0;
   const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
@@ -1370,10 +1380,7 @@ int run_trainer(const TrainerConfig& config, const RankOptions& options) {
     return job->run();
   } catch (const std::exception& e) {
     // One write, so that the lines of ranks failing together do not interleave.
-    const std::string line = "diaspora-train: rank " + std::to_string(options.rank) + ": " + e.what() + "\n";
-    std::cerr.flush();
-    std::fflush(stderr);
-    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());  // nothing to do on failure
+    print_line("rank " + std::to_string(options.rank) + ": " + e.what());
     return kTrainError;
   }
 }

@@ -2,7 +2,7 @@
 //
 //   diaspora-train --config F --out DIR [--set key=value ...]
 //                  [--world-size N | --rank R --world-size N --master HOST:PORT]
-//                  [--resume DIR] [--stop-after STEPS] [--checkpoint-delay-ms MS]
+//                  [--resume DIR] [--stop-after STEPS] [--checkpoint-delay-ms MS] [--rank-grace-ms MS]
 //
 // --world-size N alone spawns N local ranks (this binary again, with --rank/--master on a
 // free loopback port) and waits for them; SIGTERM/SIGINT are forwarded to the ranks,
@@ -61,21 +61,14 @@ int free_loopback_port() {
   return port;
 }
 
-// "diaspora-train: TEXT" on stderr in one write(2): the launcher's lines and its ranks'
-// (which share its stderr and write theirs the same way) do not interleave.
-void say(const std::string& text) {
-  const std::string line = "diaspora-train: " + text + "\n";
-  [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());  // nothing to do on failure
-}
-
 // Runs `argv` once per rank with --rank/--master appended; returns the job's status: 0 if
 // every rank returned 0, else the first non-zero status in rank order (a rank that dies
-// of a signal counts as kTrainError, and the others are killed if they have not ended 3 s
-// later).
-int spawn_ranks(int world, const std::vector<std::string>& args) {
+// of a signal counts as kTrainError, and the others are killed if they have not ended
+// `grace_period` later).
+int spawn_ranks(int world, const std::vector<std::string>& args, std::chrono::milliseconds grace_period) {
   const int port = free_loopback_port();
   if (port < 0) {
-    say("no free loopback port for the rendezvous");
+    dr::print_line("no free loopback port for the rendezvous");
     return dr::kTrainError;
   }
   const std::string master = "127.0.0.1:" + std::to_string(port);
@@ -88,7 +81,7 @@ int spawn_ranks(int world, const std::vector<std::string>& args) {
     cargv.push_back(nullptr);
     pid_t pid = ::fork();
     if (pid < 0) {
-      say(std::string("fork: ") + std::strerror(errno));
+      dr::print_line(std::string("fork: ") + std::strerror(errno));
       for (pid_t p : g_children) ::kill(p, SIGKILL);
       return dr::kTrainError;
     }
@@ -101,7 +94,6 @@ int spawn_ranks(int world, const std::vector<std::string>& args) {
   }
   // A failed rank can leave the others waiting in a collective: they get a grace period
   // to fail on their own (and say why), then are killed.
-  constexpr auto kGrace = std::chrono::seconds(3);
   bool grace = false;  // someone failed: waiting until kill_at for the others
   std::chrono::steady_clock::time_point kill_at{};
   int left = world;
@@ -128,10 +120,10 @@ int spawn_ranks(int world, const std::vector<std::string>& args) {
       status[static_cast<std::size_t>(r)] = code;
       --left;
       if (code == dr::kTrainError) {
-        if (!WIFEXITED(st)) say("rank " + std::to_string(r) + " died of signal " + std::to_string(WTERMSIG(st)));
+        if (!WIFEXITED(st)) dr::print_line("rank " + std::to_string(r) + " died of signal " + std::to_string(WTERMSIG(st)));
         if (!grace && left > 0) {
           grace = true;
-          kill_at = std::chrono::steady_clock::now() + kGrace;
+          kill_at = std::chrono::steady_clock::now() + grace_period;
         }
       }
     }
@@ -150,6 +142,7 @@ int main(int argc, char** argv) {
   int world = 1, rank = -1;
   std::int64_t stop_after = 0;
   int checkpoint_delay_ms = 0;
+  int rank_grace_ms = 3000;
   app.add_option("--config", config, "trainer config (YAML; schemas/rehearsal.schema.json)")->required();
   app.add_option("--out", out, "output directory: metrics.jsonl, summary.json, curves.png, checkpoint/")->required();
   app.add_option("--set", sets, "override a config key, e.g. --set strategy=er --set train.epochs=2");
@@ -162,6 +155,10 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-delay-ms", checkpoint_delay_ms,
                  "delay each background checkpoint write by this much (drills and tests)")
       ->check(CLI::Range(0, 600000));
+  app.add_option("--rank-grace-ms", rank_grace_ms,
+                 "with spawned ranks: after one fails, how long the others may take to end on their own "
+                 "before they are killed (default 3000)")
+      ->check(CLI::Range(0, 3600000));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -202,7 +199,7 @@ int main(int argc, char** argv) {
       if (args[i].rfind("--world-size=", 0) == 0) continue;
       keep.push_back(args[i]);
     }
-    return spawn_ranks(world, keep);
+    return spawn_ranks(world, keep, std::chrono::milliseconds(rank_grace_ms));
   }
   dr::RankOptions o;
   o.out = out;

@@ -71,7 +71,7 @@ def test_ratios_by_seed_and_verdict(tmp_path):
 def test_cell_meeting_both_targets_is_named(tmp_path):
     frontier_tree(tmp_path)
     cell(tmp_path / "seed0" / "r4", 11.0, 10.0, 0.00105)  # now 1.1x runtime, 1.05x error
-    assert frontier.report(frontier.collect(tmp_path))[-1].endswith("every seed): 4")
+    assert frontier.report(frontier.collect(tmp_path))[-1].endswith("every seed): 4 (2 seeds)")
 
 
 def test_incomplete_folders_are_left_out_with_a_note(tmp_path, capsys):
@@ -97,6 +97,14 @@ def test_two_rank_cells_compare_with_two_rank_scratch(tmp_path):
     assert any(line.startswith("- er at 2000 on 2 rank(s)") and line.endswith("every seed): none") for line in lines)
 
 
+def test_zero_error_is_left_out_not_divided_by(tmp_path, capsys):
+    frontier_tree(tmp_path)
+    summary(tmp_path / "seed1" / "r4" / "pt-scratch-w1", "scratch", 30.0, 0.0, 0.002)
+    cells = frontier.collect(tmp_path)
+    assert set(cells[("er", 2000, 1, 4)]) == {0} and set(cells[("er", 2000, 1, 16)]) == {0}
+    assert "a zero runtime or error" in capsys.readouterr().err
+
+
 def test_empty_folder_is_an_error(tmp_path):
     p = subprocess.run([sys.executable, str(REPO / "bench" / "rehearsal" / "frontier.py"), str(tmp_path)],
                        capture_output=True, text=True, timeout=60)
@@ -107,9 +115,16 @@ def test_frontier_sh_rejects_bad_lists(tmp_path):
     for env, message in (({"REPS": "4 x"}, "REPS takes positive integers, not 'x'"),
                          ({"SEEDS": "0 -1"}, "SEEDS takes non-negative integers, not '-1'"),
                          ({"REPS": " "}, "REPS and SEEDS need at least one value each"),
+                         ({"SEEDS": "\t"}, "REPS and SEEDS need at least one value each"),
                          ({"RANKS": "3"}, "RANKS must be 1 or 2, not '3'")):
         p = subprocess.run(["bash", str(REPO / "bench" / "rehearsal" / "frontier.sh")],
                            env={**os.environ, "OUT": str(tmp_path), **env}, capture_output=True, text=True,
                            timeout=60)
         assert p.returncode == 2 and message in p.stdout, (env, p.stdout, p.stderr)
     assert not any(tmp_path.iterdir())  # nothing was run
+    # An OUT keeps the SET of its first call: another one would mix two configurations.
+    (tmp_path / "SET").write_text("train.ema=0.99")
+    p = subprocess.run(["bash", str(REPO / "bench" / "rehearsal" / "frontier.sh")],
+                       env={**os.environ, "OUT": str(tmp_path), "SET": "train.epochs=2"}, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and "was measured with SET='train.ema=0.99', not SET='train.epochs=2'" in p.stdout, p.stdout

@@ -22,11 +22,11 @@ FRONTIER = REPO / "bench" / "rehearsal" / "frontier.sh"
 SMALL = "dataset.tasks=2 dataset.object_size=64 train.epochs=1 train.batch_size=8"
 
 
-def frontier(out: Path, reps: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OUT": str(out), "REPS": reps, "SEEDS": "0", "SET": SMALL}
+def frontier(out: Path | str, reps: str, cwd: Path | None = None, rc: int = 0, **more) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OUT": str(out), "REPS": reps, "SEEDS": "0", "SET": SMALL, **more}
     p = subprocess.run(["bash", str(FRONTIER), str(BIN.parent)], env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert p.returncode == 0, (p.stdout, p.stderr)
+                       timeout=600, cwd=cwd)
+    assert p.returncode == rc, (p.stdout, p.stderr)
     return p
 
 
@@ -43,7 +43,7 @@ def test_frontier_runs_each_cell_once_and_links_the_baselines(tmp_path):
     assert json.loads((r2 / "pair" / "pt-er-b2000-w1" / "summary.json").read_text())["strategy"] == "incremental"
     stamps = {f: f.stat().st_mtime_ns for f in (scratch, er2)}
 
-    p = frontier(out, "3 2")
+    p = frontier("fr", "3 2", cwd=tmp_path)  # a relative OUT is the caller's, not run.sh's
     r3 = out / "seed0" / "r3"
     for base in ("pt-scratch-w1", "pt-incremental-w1"):
         assert (r3 / base).is_symlink() and os.readlink(r3 / base) == f"../r2/{base}"
@@ -51,3 +51,9 @@ def test_frontier_runs_each_cell_once_and_links_the_baselines(tmp_path):
     assert json.loads((r3 / "pt-er-b2000-w1" / "summary.json").read_text())["representatives"] == 3
     assert "| er | 2000 | 1 | 2 |" in p.stdout and "| er | 2000 | 1 | 3 |" in p.stdout
     assert "R meeting both ptycho targets" in p.stdout
+
+
+def test_a_failing_cell_shows_why(tmp_path):
+    p = frontier(tmp_path / "fr", "2", rc=1, STRATEGIES="bogus")
+    assert "STRATEGIES takes er, der and derpp, not 'bogus'" in p.stderr, p.stderr
+    assert "frontier: seed 0, R = 2 failed" in p.stderr

@@ -111,13 +111,20 @@ struct RankOptions {
   const std::atomic<int>* stop_flag = nullptr;
 };
 
+/// Writes "diaspora-train: TEXT" and a newline to stderr in one write(2), after flushing
+/// std::cerr and stdio's stderr, so that the lines of processes sharing a stderr (the
+/// launcher and the ranks it spawns) do not interleave. Any thread; a failed write is
+/// ignored (there is nowhere left to report it).
+void print_line(std::string_view text);
+
 /// Rank 0's rendezvous address, split.
 struct MasterAddress {
   std::string host;
   std::uint16_t port = 0;
 };
 
-/// Splits "HOST:PORT" at its last colon: HOST not empty, PORT a decimal number in 1-65535.
+/// Splits "HOST:PORT" at its last colon: HOST not empty (an IPv6 address in brackets,
+/// "[::1]:29500", loses them), PORT a decimal number in 1-65535.
 /// `diaspora-train` checks --master with it before anything starts (a bad one is a command
 /// line error, status 2); run_trainer() checks RankOptions::master with it again.
 /// Any thread. @throws diaspora::Error "--master must be HOST:PORT with a port in 1-65535,
