@@ -46,7 +46,7 @@
 #include "diaspora/event.hpp"
 #include "diaspora/plugin.h"
 #include "diaspora/relay.hpp"
-#include "diaspora/relay_client.hpp"
+#include "diaspora/client.hpp"
 #include "diaspora/token.hpp"
 #include "../relay/workload.hpp"
 

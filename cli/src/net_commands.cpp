@@ -8,7 +8,7 @@
 #include <iostream>
 
 #include "diaspora/event.hpp"
-#include "diaspora/relay_client.hpp"
+#include "diaspora/client.hpp"
 #include "diaspora/token.hpp"
 
 namespace diaspora::cli {
@@ -105,14 +105,9 @@ int run_publish(const PublishArgs& a) {
   while (next < events.size() || inflight > 0) {
     while (next < events.size() && inflight < a.window) {
       std::size_t n = std::min(a.batch, events.size() - next);
-      std::string frame = "{\"op\":\"publish\",\"topic\":" + json::serialize(json::string(a.topic)) +
-                          ",\"seq\":" + std::to_string(seq++) + ",\"events\":[";
-      for (std::size_t i = 0; i < n; ++i) {
-        if (i) frame += ',';
-        frame += events[next + i];
-      }
-      frame += "]}";
-      client.send(frame);
+      std::vector<std::string_view> batch(events.begin() + static_cast<std::ptrdiff_t>(next),
+                                          events.begin() + static_cast<std::ptrdiff_t>(next + n));
+      client.send(frames::publish(a.topic, seq++, batch));
       next += n;
       ++inflight;
     }
@@ -146,18 +141,16 @@ struct TailArgs {
 
 int run_tail(const TailArgs& a) {
   RelayClient client(a.conn.options());
-  json::object sub{{"op", "subscribe"}, {"id", "tail"}, {"topic", a.topic}};
-  if (a.from == "earliest" || a.from == "latest") sub["from"] = a.from;
-  else {
+  frames::From from{std::string_view(a.from)};
+  if (a.from != "earliest" && a.from != "latest") {
     try {
-      sub["from"] = std::stoull(a.from);
+      from = frames::From{static_cast<std::uint64_t>(std::stoull(a.from))};
     } catch (...) {
       std::cerr << "error: --from must be earliest, latest or an offset\n";
       return 2;
     }
   }
-  if (!a.group.empty()) sub["group"] = a.group;
-  client.send(json::serialize(sub));
+  client.send(frames::subscribe("tail", a.topic, from, a.group));
   std::uint64_t printed = 0;
   for (;;) {
     json::object m = client.receive_json();
@@ -183,7 +176,7 @@ int run_tail(const TailArgs& a) {
     }
     std::cout.flush();
     if (!a.group.empty()) {
-      client.send(json::serialize(json::object{{"op", "commit"}, {"group", a.group}, {"topic", topic}, {"offset", commit_to}}));
+      client.send(frames::commit(a.group, topic, commit_to));
       for (;;) {  // wait for the commit to be confirmed before moving on
         json::object c = client.receive_json();
         if (c["op"] == "committed") break;

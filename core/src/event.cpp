@@ -102,6 +102,12 @@ std::optional<std::chrono::system_clock::time_point> parse_rfc3339(std::string_v
   return std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(d));
 }
 
+std::int64_t now_us() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+}
+
 std::string format_rfc3339(std::chrono::system_clock::time_point t) {
   using namespace std::chrono;
   auto us = duration_cast<microseconds>(t.time_since_epoch()).count();

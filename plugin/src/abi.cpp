@@ -131,7 +131,7 @@ int check_time(diaspora_plugin* p, std::int64_t t, HookArgs& a) {
     a.head.time_us = static_cast<std::int64_t>(dp::TickClock::ticks());
     a.head.flags |= dp::time_in_ticks;
   } else {
-    a.head.time_us = dp::now_us();
+    a.head.time_us = diaspora::now_us();
   }
   return DIASPORA_OK;
 }

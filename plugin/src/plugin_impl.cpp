@@ -16,7 +16,7 @@
 #include "diaspora/event.hpp"
 #include "diaspora/payloads.hpp"
 #include "diaspora/policy.hpp"
-#include "diaspora/relay_client.hpp"
+#include "diaspora/client.hpp"
 #include "diaspora/spec.hpp"
 #include "diaspora/token.hpp"
 
@@ -89,8 +89,9 @@ Config Config::from_spec(const WorkflowSpec& spec, const std::filesystem::path& 
   c.engine_id = spec.plugin.engine_id;
   c.url = env("DIASPORA_RELAY_URL").value_or(spec.relay.url);
   if (c.url == "embedded")
-    throw ConfigError("relay.url is 'embedded', which only `diaspora run` provides; outside it set relay.url to "
-                      "wss://HOST:PORT in the spec or DIASPORA_RELAY_URL in the environment");
+    throw ConfigError("relay.url is 'embedded': the plugin cannot start a relay itself (a runner that embeds one "
+                      "passes its URL in DIASPORA_RELAY_URL); set relay.url to wss://HOST:PORT in the spec or "
+                      "DIASPORA_RELAY_URL in the environment");
   if (!c.url.starts_with("wss://"))
     throw ConfigError("relay URL '" + c.url + "' must start with wss:// (the relay only speaks TLS)");
   if (auto ca = env("DIASPORA_RELAY_CA")) c.ca_file = *ca;
@@ -142,24 +143,10 @@ struct Plugin::Batch {
   }
 };
 
-inline constexpr std::size_t kCoalesceSlots = 256;
-
-struct Plugin::Coalesced {
-  std::atomic_flag lock = ATOMIC_FLAG_INIT;
-  /// Written under `lock`; atomic because the publisher peeks at it without the lock
-  /// (relaxed: the lock orders everything else).
-  std::atomic<bool> used{false};
-  std::uint64_t hash = 0;
-  std::uint64_t merged = 0;
-  RecordHead head;
-  char arena[DIASPORA_MAX_ID + DIASPORA_MAX_METRIC_NAME + 8];
-};
-
 Plugin::Plugin(Config config)
     : cfg_(std::move(config)),
       instance_(instance_name()),
-      queue_(cfg_.queue_size),
-      coalesced_(new Coalesced[kCoalesceSlots]) {
+      queue_(cfg_.queue_size) {
   ctx_.workflow = cfg_.workflow;
   ctx_.engine = cfg_.engine_id;
   ctx_.source = "/diaspora/" + cfg_.workflow + "/" + cfg_.engine_id;
@@ -177,7 +164,7 @@ Plugin::Plugin(Config config)
   spool_active_ = spool_->records() > 0;
   if (cfg_.spec && !cfg_.spec->policies.empty()) {
     try {
-      policy_ = std::make_unique<resilience::PolicyEngine>(*cfg_.spec);
+      policy_ = std::make_unique<PolicyBridge>(*cfg_.spec);
     } catch (const std::exception& e) {
       throw ConfigError(e.what());
     }
@@ -186,7 +173,7 @@ Plugin::Plugin(Config config)
     tracker_.sink = [this](const Observation& o) {
       std::string_view series = o.series;
       if (series.ends_with("_s")) series.remove_suffix(2);
-      observe_signal(series, o.task_id, o.site, o.value, o.time_us);
+      policy_->observe(series, o.task_id, o.site, o.value, o.time_us);
     };
   }
   publisher_ = std::thread([this] {
@@ -214,36 +201,7 @@ std::string Plugin::last_error() const {
   return last_error_;
 }
 
-// ---- hooks (engine threads) ----------------------------------------------------------------
-
-namespace {
-
-std::size_t arena_bytes(const HookArgs& a) noexcept {
-  std::size_t n = 0;
-  for (const auto& s : a.strings) n += s.size();
-  for (std::size_t i = 0; i < a.metric_count; ++i) n += metric_arena_bytes(a.metric_len[i]);
-  return n;
-}
-
-void pack(const HookArgs& a, RecordHead& head, char* arena) noexcept {
-  head = a.head;
-  head.arena_used = 0;
-  head.metric_count = 0;
-  ArenaWriter w{head, arena};
-  for (int f = 0; f < f_count; ++f) w.put(static_cast<Field>(f), a.strings[f]);
-  w.begin_metrics();
-  for (std::size_t i = 0; i < a.metric_count; ++i)
-    w.metric(std::string_view(a.metrics[i].name, a.metric_len[i]), a.metrics[i].value);
-}
-
-std::uint64_t key_hash(const HookArgs& a) noexcept {
-  std::uint64_t h = 1469598103934665603ull ^ a.head.scope;  // FNV-1a over scope, id, name
-  for (std::string_view s : {a.strings[f_key], std::string_view("\0", 1), a.strings[f_name]})
-    for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  return h;
-}
-
-}  // namespace
+// ---- hooks (engine threads; the intake: intake.cpp) -------------------------------------------
 
 int Plugin::enqueue(const HookArgs& a) noexcept {
   if (closing()) return DIASPORA_ERR_CLOSED;
@@ -252,37 +210,11 @@ int Plugin::enqueue(const HookArgs& a) noexcept {
       queue_.try_push([&](Slot& s, std::uint64_t) { pack(a, s.head, s.arena); })) {
     return DIASPORA_OK;
   }
-  if (need <= kSlotArenaBytes && a.coalescible && coalesce(a)) {
+  if (need <= kSlotArenaBytes && a.coalescible && coalesced_.merge(a)) {
     slow_accepted_.fetch_add(1, std::memory_order_relaxed);
     return DIASPORA_OK;
   }
   return spill(a);
-}
-
-bool Plugin::coalesce(const HookArgs& a) noexcept {
-  const std::uint64_t h = key_hash(a);
-  Coalesced& c = coalesced_[h % kCoalesceSlots];
-  while (c.lock.test_and_set(std::memory_order_acquire)) {
-  }
-  bool ok = true;
-  if (!c.used.load(std::memory_order_relaxed)) {
-    pack(a, c.head, c.arena);
-    c.used.store(true, std::memory_order_relaxed);
-    c.hash = h;
-    c.merged = 0;
-  } else if (c.hash == h && RecordView{&c.head, c.arena}.str(f_key) == a.strings[f_key] &&
-             RecordView{&c.head, c.arena}.str(f_name) == a.strings[f_name] && c.head.scope == a.head.scope) {
-    c.head.number = a.head.number;
-    c.head.time_us = a.head.time_us;
-    c.head.flags = static_cast<std::uint8_t>((c.head.flags & ~time_in_ticks) | (a.head.flags & time_in_ticks));
-    ++c.merged;
-    coalesced_count_.fetch_add(1, std::memory_order_relaxed);
-  } else {
-    ok = false;  // another series holds the slot: take the spool path
-  }
-  c.lock.clear(std::memory_order_release);
-  if (ok) coalesced_pending_.store(true, std::memory_order_release);
-  return ok;
 }
 
 int Plugin::spill(const HookArgs& a) noexcept {
@@ -324,13 +256,19 @@ void Plugin::append_record_event(std::string& out, const RecordView& view, std::
   TaskTracker::Result res = tracker_.observe(r);
   res.derived.coalesced = coalesced;
   if (!res.warning.empty()) invalid_.fetch_add(1, std::memory_order_relaxed);
-  if (policy_) feed_policies(r, res);
+  if (policy_) {
+    policy_->feed(r, res);
+    act_on_decisions();
+  }
   append_event(out, r, id, ctx_, res.derived);
   if (!res.warning.empty()) {
-    json::object data{{"code", "invalid_transition"}, {"message", res.warning}, {"engine", cfg_.engine_id}};
-    data["task_id"] = r.str(f_key);
+    events::PluginWarning w;
+    w.code = "invalid_transition";
+    w.message = res.warning;
+    w.task_id = std::string(r.str(f_key));
+    w.engine = cfg_.engine_id;
     std::string text;
-    append_event(text, "org.diaspora.plugin.warning", next_side_id(), r.str(f_key), data, ctx_, now_us());
+    append_event(text, next_side_id(), r.str(f_key), w, ctx_, now_us());
     add_side_event(std::move(text));
   }
 }
@@ -355,37 +293,13 @@ void Plugin::add_side_event(std::string text) {
 }
 
 void Plugin::take_coalesced(const std::function<void(std::string_view)>& sink) {
-  if (!coalesced_pending_.exchange(false, std::memory_order_acq_rel)) return;
-  // Copied out under each slot's spin lock, serialised unlocked. Nothing under a lock may
-  // throw (a lock left set would make every hook of that slot spin for ever): the vector
-  // is sized for every slot before the first lock.
-  struct Copy {
-    RecordHead head;
-    char arena[sizeof(Coalesced::arena)];
-  };
-  std::vector<Copy> merged;
-  merged.reserve(kCoalesceSlots);
-  for (std::size_t i = 0; i < kCoalesceSlots; ++i) {
-    Coalesced& c = coalesced_[i];
-    if (!c.used.load(std::memory_order_relaxed)) continue;  // a peek; confirmed under the lock
-    while (c.lock.test_and_set(std::memory_order_acquire)) {
-    }
-    if (c.used.load(std::memory_order_relaxed)) {
-      Copy& m = merged.emplace_back();  // within the reserved capacity: no allocation
-      m.head = c.head;
-      m.head.integer2 = static_cast<std::int64_t>(c.merged);
-      std::memcpy(m.arena, c.arena, c.head.arena_used);
-      c.used.store(false, std::memory_order_relaxed);
-    }
-    c.lock.clear(std::memory_order_release);
-  }
   std::string text;
-  for (const Copy& m : merged) {
+  coalesced_.take([&](const RecordView& r, std::uint64_t merged) {
     text.clear();
     const EventId id(instance_, "c", spill_counter_.fetch_add(1, std::memory_order_relaxed));
-    append_record_event(text, RecordView{&m.head, m.arena}, id.view(), static_cast<std::uint64_t>(m.head.integer2));
+    append_record_event(text, r, id.view(), merged);
     sink(text);
-  }
+  });
 }
 
 void Plugin::move_queue_to_spool_fed() {
@@ -459,108 +373,20 @@ void Plugin::move_queue_to_spool_fed() {
 
 // ---- the resilience engine (under feed_mu_, like the tracker) -------------------------------
 
-namespace {
-
-int action_kind(std::string_view name) noexcept;
-
-// A metric name as a signal name: "step_time_s" on a task -> "task.step_time".
-std::string signal_name(std::string_view scope, std::string_view metric) {
-  if (metric.ends_with("_s")) metric.remove_suffix(2);
-  std::string s(scope);
-  s += '.';
-  s += metric;
-  return s;
-}
-
-}  // namespace
-
-void Plugin::observe_signal(std::string_view signal, std::string_view task, std::string_view site, double value,
-                            std::int64_t time_us) {
-  if (!std::isfinite(value)) return;
-  std::vector<resilience::Decision> decisions;
-  policy_->observe(resilience::Observation{task, site, signal, value, static_cast<double>(time_us) / 1e6}, decisions);
-  act_on(decisions);
-}
-
-void Plugin::feed_policies(const RecordView& r, const TaskTracker::Result& res) {
-  const RecordHead& h = *r.head;
-  const double t = static_cast<double>(h.time_us) / 1e6;
-  const std::string_view key = r.str(f_key), site = r.str(f_site);
-  auto metrics = [&](std::string_view scope, std::string_view task, std::string_view where) {
-    r.for_each_metric([&](std::string_view name, double v) {
-      observe_signal(signal_name(scope, name), task, where, v, h.time_us);
-    });
-  };
-  switch (h.kind) {
-    case Kind::started:
-      policy_->task_started(key, site, t, res.deadline_s);
-      break;
-    case Kind::progress:
-      policy_->task_progress(key, h.number, t);
-      [[fallthrough]];
-    case Kind::heartbeat:
-      policy_->heartbeat(key, site, t);
-      metrics("task", key, site);
-      break;
-    case Kind::failed:
-      observe_signal("task.failures", key, site, 1, h.time_us);
-      if (!(h.flags & retryable)) policy_->task_finished(key, t);  // a retry keeps its budgets
-      break;
-    case Kind::completed:
-    case Kind::cancelled:
-      policy_->task_finished(key, t);
-      break;
-    case Kind::metric:
-      if (h.scope == DIASPORA_SCOPE_TASK) observe_signal(signal_name("task", r.str(f_name)), key, {}, h.number, h.time_us);
-      else if (h.scope == DIASPORA_SCOPE_SITE) observe_signal(signal_name("site", r.str(f_name)), {}, key, h.number, h.time_us);
-      else observe_signal(signal_name("resource", r.str(f_name)), {}, {}, h.number, h.time_us);
-      break;
-    case Kind::resource:
-      metrics("resource", {}, site);
-      break;
-    default:
-      break;
-  }
-}
-
 // Each decision is published as org.diaspora.anomaly.predicted (what was seen) and, as an
 // action, through the same path as an operator's (org.diaspora.action.requested, then
 // the engine's callback or poll); an `alert` is published only.
-void Plugin::act_on(std::vector<resilience::Decision>& decisions) {
-  for (auto& d : decisions) {
-    json::object data{{"series", d.signal + (d.task_id.empty() ? (d.site.empty() ? "" : ":" + d.site) : ":" + d.task_id)},
-                      {"score", std::clamp(std::isfinite(d.score) ? d.score : 1.0, 0.0, 1.0)},
-                      {"detector", d.detector.empty() ? std::string("policy") : d.detector}};
-    if (!d.explanation.empty()) data["explanation"] = d.explanation.substr(0, 4000);
-    if (std::isfinite(d.value)) data["value"] = d.value;
-    if (d.eta_s && std::isfinite(*d.eta_s)) {
-      json::object f{{"metric", d.signal}, {"eta_s", std::max(0.0, *d.eta_s - d.time_s)}};
-      if (std::isfinite(d.threshold)) f["threshold"] = d.threshold;
-      data["forecast"] = std::move(f);
-    }
-    if (!d.task_id.empty()) data["task_id"] = d.task_id;
-    if (!d.site.empty()) data["site"] = d.site;
+void Plugin::act_on_decisions() {
+  for (const resilience::Decision& d : policy_->take_decisions()) {
     std::string text;
-    append_event(text, "org.diaspora.anomaly.predicted", next_side_id(),
-                 d.task_id.empty() ? std::nullopt : std::optional<std::string_view>(d.task_id), data, ctx_,
-                 static_cast<std::int64_t>(d.time_s * 1e6));
+    append_event(text, next_side_id(), d.task_id.empty() ? std::nullopt : std::optional<std::string_view>(d.task_id),
+                 PolicyBridge::anomaly_of(d), ctx_, static_cast<std::int64_t>(d.time_s * 1e6));
     add_side_event(std::move(text));
-
-    Action a;
-    a.id = std::string(EventId(instance_, "a", action_counter_.fetch_add(1, std::memory_order_relaxed)).view());
-    a.kind = action_kind(d.action);
-    a.kind_name = d.action;
-    a.task_id = d.task_id;
-    a.site = d.site;
-    a.target_site = d.action == "migrate" || d.action == "speculate" ? d.target_site : std::string();
-    a.reason = d.reason.substr(0, DIASPORA_MAX_TEXT);
-    a.issued_us = static_cast<std::int64_t>(d.time_s * 1e6);
-    dispatch_local(std::move(a));
+    dispatch_local(PolicyBridge::action_of(
+        d, std::string(EventId(instance_, "a", action_counter_.fetch_add(1, std::memory_order_relaxed)).view())));
   }
-  decisions.clear();
 }
 
-// The id of an event text written by append_event ({"specversion":"1.0","id":"...",...).
 std::string Plugin::event_id(std::string_view text) {
   static constexpr std::string_view prefix = "{\"specversion\":\"1.0\",\"id\":\"";
   if (!text.starts_with(prefix)) return {};
@@ -585,12 +411,11 @@ void Plugin::publisher_main() {
     if (stopping && (all_flushed() || Clock::now() >= flush_deadline_)) break;
     if (policy_ && Clock::now() - last_tick_ >= 100ms) {  // heartbeat silence, deadline forecasts
       try {
-        std::vector<resilience::Decision> decisions;
         std::unique_lock lock(feed_mu_, std::try_to_lock);  // a spilling hook holds it: next round
         if (lock.owns_lock()) {
           last_tick_ = Clock::now();
-          policy_->tick(static_cast<double>(now_us()) / 1e6, decisions);
-          act_on(decisions);
+          policy_->tick(now_us());
+          act_on_decisions();
         }
       } catch (const std::exception& e) {
         set_error(std::string("resilience engine: ") + e.what());
@@ -707,7 +532,7 @@ void Plugin::on_disconnect(const std::string& why) {
 }
 
 bool Plugin::all_flushed() {
-  return queue_.size_approx() == 0 && !side_pending_.load() && !coalesced_pending_.load() &&
+  return queue_.size_approx() == 0 && !side_pending_.load() && !coalesced_.pending() &&
          (!pending_ || pending_->count() == 0) && inflight_.empty() && resend_.empty() && !spool_active_.load();
 }
 
@@ -719,15 +544,9 @@ void Plugin::send_batch(Batch&& b) {
 void Plugin::send_frame(Batch&& b) {
   // Header, the batch's events and trailer go out as one frame without being joined (the
   // body is most of a megabyte: a copy of it per batch showed in the publisher's profile).
-  std::string head;
-  head.reserve(cfg_.events_topic.size() + 64);
-  head += "{\"op\":\"publish\",\"topic\":\"";
-  head += cfg_.events_topic;
-  head += "\",\"seq\":";
-  head += std::to_string(b.seq);
-  head += ",\"events\":[";
+  const std::string head = frames::publish_head(cfg_.events_topic, b.seq);
   inflight_.push_back(std::move(b));
-  client_->send({head, inflight_.back().body, "]}"});
+  client_->send({head, inflight_.back().body, frames::kPublishTail});
 }
 
 bool Plugin::build_live_batch(Batch& out, bool flush_now) {
@@ -861,11 +680,12 @@ void Plugin::handle_frame(const std::string& frame) {
       if (rejected_ids_.size() > 1024) rejected_ids_.clear();
       rejected_ids_.insert(id);
       rejected_.fetch_add(1, std::memory_order_relaxed);
-      json::object data{{"code", "event_rejected"},
-                        {"message", ("event " + id + " was refused by the relay and dropped: " + message).substr(0, 4000)},
-                        {"engine", cfg_.engine_id}};
+      events::PluginWarning w;
+      w.code = "event_rejected";
+      w.message = ("event " + id + " was refused by the relay and dropped: " + message).substr(0, 4000);
+      w.engine = cfg_.engine_id;
       std::string text;
-      append_event(text, "org.diaspora.plugin.warning", next_side_id(), std::nullopt, data, ctx_, now_us());
+      append_event(text, next_side_id(), std::nullopt, w, ctx_, now_us());
       add_side_event(std::move(text));
       inflight_.push_front(std::move(b));
       backoff_ = std::chrono::milliseconds(0);  // reconnect at once
@@ -897,20 +717,21 @@ void Plugin::maybe_publish_stats(bool force) {
                             s.invalid_transitions * 13 + s.actions_received * 17 + s.events_rejected * 19;
   if (!force && sig == last_stats_sig_) return;
   last_stats_sig_ = sig;
-  json::object data{{"engine", cfg_.engine_id},
-                    {"events_accepted", s.events_accepted},
-                    {"events_acked", s.events_acked},
-                    {"events_spilled", s.events_spilled},
-                    {"metrics_coalesced", s.metrics_coalesced},
-                    {"events_lost", s.events_lost},
-                    {"spool_records", s.spool_records},
-                    {"spool_bytes", s.spool_bytes},
-                    {"reconnects", s.reconnects},
-                    {"invalid_transitions", s.invalid_transitions},
-                    {"actions_received", s.actions_received},
-                    {"connected", s.connected != 0}};
+  auto n = [](std::uint64_t v) { return static_cast<std::int64_t>(std::min<std::uint64_t>(v, INT64_MAX)); };
+  const events::PluginStats st{.engine = cfg_.engine_id,
+                               .events_accepted = n(s.events_accepted),
+                               .events_acked = n(s.events_acked),
+                               .events_spilled = n(s.events_spilled),
+                               .metrics_coalesced = n(s.metrics_coalesced),
+                               .events_lost = n(s.events_lost),
+                               .spool_records = n(s.spool_records),
+                               .spool_bytes = n(s.spool_bytes),
+                               .reconnects = n(s.reconnects),
+                               .invalid_transitions = n(s.invalid_transitions),
+                               .actions_received = n(s.actions_received),
+                               .connected = s.connected != 0};
   std::string text;
-  append_event(text, "org.diaspora.plugin.stats", next_side_id(), std::nullopt, data, ctx_, now_us());
+  append_event(text, next_side_id(), std::nullopt, st, ctx_, now_us());
   add_side_event(std::move(text));
 }
 
@@ -955,10 +776,7 @@ int Plugin::close(std::chrono::milliseconds timeout) noexcept {
   // The control thread first (after a running callback returns), so that outcomes it
   // publishes last are flushed by the publisher.
   control_stop_.store(true, std::memory_order_release);
-  {
-    std::lock_guard l(action_mu_);
-    action_cv_.notify_all();
-  }
+  actions_.wake();
   if (control_.joinable()) control_.join();
   stop_.store(true, std::memory_order_release);
   if (publisher_.joinable()) publisher_.join();
@@ -972,7 +790,7 @@ void Plugin::stats(diaspora_stats& s) const noexcept {
   s.events_accepted = queue_.pushed() + slow_accepted_.load(std::memory_order_relaxed);
   s.events_acked = acked_.load(std::memory_order_relaxed);
   s.events_spilled = spilled_.load(std::memory_order_relaxed);
-  s.metrics_coalesced = coalesced_count_.load(std::memory_order_relaxed);
+  s.metrics_coalesced = coalesced_.merged_count();
   s.events_lost = lost_.load(std::memory_order_relaxed);
   {
     std::lock_guard lock(spool_mu_);
@@ -981,139 +799,61 @@ void Plugin::stats(diaspora_stats& s) const noexcept {
   }
   s.reconnects = reconnects_.load(std::memory_order_relaxed);
   s.invalid_transitions = invalid_.load(std::memory_order_relaxed);
-  s.actions_received = actions_received_.load(std::memory_order_relaxed);
+  s.actions_received = actions_.received();
   s.events_rejected = rejected_.load(std::memory_order_relaxed);
   s.connected = connected_.load(std::memory_order_relaxed);
   s.control_connected = control_connected_.load(std::memory_order_relaxed);
 }
 
-// ---- actions ---------------------------------------------------------------------------------
-
-namespace {
-
-constexpr std::pair<std::string_view, int> kActionKinds[] = {
-    {"restart", DIASPORA_ACTION_RESTART},     {"migrate", DIASPORA_ACTION_MIGRATE},
-    {"speculate", DIASPORA_ACTION_SPECULATE}, {"checkpoint", DIASPORA_ACTION_CHECKPOINT},
-    {"throttle", DIASPORA_ACTION_THROTTLE},   {"cancel", DIASPORA_ACTION_CANCEL}};
-
-int action_kind(std::string_view name) noexcept {
-  for (auto [n, kind] : kActionKinds)
-    if (name == n) return kind;
-  return 0;  // alert: for people, not for the engine
-}
-
-constexpr std::size_t kMaxPollQueue = 4096;
-constexpr std::size_t kMaxUnacked = 65536;
-
-template <std::size_t N>
-void copy_str(char (&dst)[N], std::string_view s) {
-  const std::size_t n = std::min(s.size(), N - 1);
-  std::memcpy(dst, s.data(), n);
-  dst[n] = '\0';
-}
-
-void fill(diaspora_action& out, const Action& a) {
-  copy_str(out.id, a.id);
-  out.kind = a.kind;
-  copy_str(out.kind_name, a.kind_name);
-  copy_str(out.task_id, a.task_id);
-  copy_str(out.site, a.site);
-  copy_str(out.target_site, a.target_site);
-  copy_str(out.reason, a.reason);
-  copy_str(out.origin, a.origin);
-  out.issued_us = a.issued_us;
-}
-
-}  // namespace
+// ---- actions (the desk holds them: action_desk.cpp) ------------------------------------------
 
 std::string Plugin::action_done_event(const Action& a, bool ok, std::string_view message) {
-  json::object data{{"action_id", a.id}, {"status", ok ? "done" : "failed"}, {"action", a.kind_name}};
-  if (!message.empty()) data["message"] = message;
-  if (!a.task_id.empty()) data["task_id"] = a.task_id;
+  events::ActionDone done;
+  done.action_id = a.id;
+  done.status = ok ? "done" : "failed";
+  done.action = a.kind_name;
+  if (!message.empty()) done.message = std::string(message);
+  if (!a.task_id.empty()) done.task_id = a.task_id;
   std::string text;
-  append_event(text, "org.diaspora.action.done", next_side_id(),
-               a.task_id.empty() ? std::nullopt : std::optional<std::string_view>(a.task_id), data, ctx_, now_us());
+  append_event(text, next_side_id(), a.task_id.empty() ? std::nullopt : std::optional<std::string_view>(a.task_id),
+               done, ctx_, now_us());
   return text;
-}
-
-void Plugin::hand_to_polling_locked() {
-  while (!to_deliver_.empty()) {
-    poll_queue_.push_back(std::move(to_deliver_.front()));
-    to_deliver_.pop_front();
-  }
 }
 
 int Plugin::set_callback(diaspora_action_callback cb, void* user) noexcept {
   if (on_control_thread()) return DIASPORA_ERR_CLOSED;
-  std::lock_guard lock(action_mu_);
-  if (!callback_) {
-    // Actions that arrived while no callback was installed belong to diaspora_poll_action,
-    // even those the control thread has not handed on yet.
-    try {
-      hand_to_polling_locked();
-    } catch (const std::exception&) {  // out of memory: the rest stay for the callback
-      return DIASPORA_ERR_INTERNAL;
-    }
-  }
-  callback_ = cb;
-  callback_user_ = user;
-  action_cv_.notify_all();
-  return DIASPORA_OK;
+  return actions_.set_callback(cb, user);
 }
 
 int Plugin::poll_action(diaspora_action* out) noexcept {
-  try {
-    std::lock_guard lock(action_mu_);
-    if (poll_queue_.empty()) return DIASPORA_ERR_EMPTY;
-    Action a = std::move(poll_queue_.front());
-    poll_queue_.pop_front();
-    fill(*out, a);
-    unacked_order_.push_back(a.id);
-    unacked_.emplace(a.id, std::move(a));
-    return DIASPORA_OK;
-  } catch (const std::exception& e) {
-    set_error(std::string("poll: ") + e.what());
-    return DIASPORA_ERR_INTERNAL;
-  }
+  std::string error;
+  const int rc = actions_.poll(out, error);
+  if (!error.empty()) set_error(std::move(error));
+  return rc;
 }
 
 int Plugin::ack_action(std::string_view id, bool ok, std::string_view message) noexcept {
-  try {
-    Action a;
-    {
-      std::lock_guard lock(action_mu_);
-      auto it = unacked_.find(std::string(id));
-      if (it == unacked_.end()) {
-        set_error("action '" + std::string(id) + "' is not waiting for an acknowledgement (unknown, or already acknowledged)");
-        return DIASPORA_ERR_NOT_FOUND;
-      }
-      a = std::move(it->second);
-      unacked_.erase(it);
-    }
-    add_side_event(action_done_event(a, ok, message));
-    return DIASPORA_OK;
-  } catch (const std::exception& e) {
-    set_error(std::string("action ack: ") + e.what());
-    return DIASPORA_ERR_INTERNAL;
-  }
+  std::string error;
+  const int rc = actions_.ack(id, ok, message, error);
+  if (!error.empty()) set_error(std::move(error));
+  return rc;
 }
 
 void Plugin::dispatch_local(Action a) {
   a.origin = "local";
   if (a.issued_us == 0) a.issued_us = now_us();
-  json::object data{{"action_id", a.id}, {"action", a.kind_name}, {"reason", a.reason}};
-  if (!a.task_id.empty()) data["task_id"] = a.task_id;
-  if (!a.site.empty()) data["site"] = a.site;
-  if (!a.target_site.empty()) data["target_site"] = a.target_site;
+  events::ActionRequested req;
+  req.action_id = a.id;
+  req.action = a.kind_name;
+  req.reason = a.reason;
+  if (!a.task_id.empty()) req.task_id = a.task_id;
+  if (!a.site.empty()) req.site = a.site;
+  if (!a.target_site.empty()) req.target_site = a.target_site;
   std::string text;
-  append_event(text, "org.diaspora.action.requested", next_side_id(),
-               a.task_id.empty() ? std::nullopt : std::optional<std::string_view>(a.task_id), data, ctx_, a.issued_us);
+  append_event(text, next_side_id(), a.task_id.empty() ? std::nullopt : std::optional<std::string_view>(a.task_id), req,
+               ctx_, a.issued_us);
   add_side_event(std::move(text));
-  if (a.kind == 0) return;  // alert: published for people, not delivered to the engine
-  std::lock_guard lock(action_mu_);
-  to_deliver_.push_back(std::move(a));
-  actions_received_.fetch_add(1, std::memory_order_relaxed);
-  action_cv_.notify_all();
+  actions_.submit(std::move(a));  // an alert is published for people only, not delivered
 }
 
 void Plugin::handle_action_event(const json::value& ev) {
@@ -1130,77 +870,7 @@ void Plugin::handle_action_event(const json::value& ev) {
     set_error(std::string("control topic: an invalid action.requested event was ignored: ") + e.what());
     return;
   }
-  Action a;
-  a.kind = action_kind(req.action);
-  if (a.kind == 0) return;  // alert: for people, not for the engine
-  auto too_long = [](const std::optional<std::string>& v, std::size_t max) { return v && v->size() > max; };
-  if (req.action_id.size() > DIASPORA_MAX_ID || too_long(req.task_id, DIASPORA_MAX_ID) ||
-      too_long(req.site, DIASPORA_MAX_ID) || too_long(req.target_site, DIASPORA_MAX_ID) ||
-      req.reason.size() > DIASPORA_MAX_TEXT) {
-    Action refused;
-    refused.id = req.action_id;
-    refused.kind_name = req.action;
-    refused.task_id = req.task_id.value_or("");
-    set_error("control topic: action '" + req.action_id.substr(0, 64) + "' refused: an id is longer than 255 bytes");
-    if (req.action_id.size() <= 256)  // else no valid action.done can name it
-      add_side_event(action_done_event(refused, false, "refused by the plugin: action_id, task_id, site and target_site "
-                                                       "must be at most 255 bytes, reason at most 4095"));
-    return;
-  }
-  a.id = req.action_id;
-  a.kind_name = req.action;
-  a.task_id = req.task_id.value_or("");
-  a.site = req.site.value_or("");
-  a.target_site = req.target_site.value_or("");
-  a.reason = req.reason;
-  a.origin = "control";
-  a.issued_us = now_us();
-  std::lock_guard lock(action_mu_);
-  to_deliver_.push_back(std::move(a));
-  actions_received_.fetch_add(1, std::memory_order_relaxed);
-}
-
-void Plugin::deliver_actions() {
-  std::deque<Action> batch;
-  diaspora_action_callback cb;
-  void* user;
-  std::vector<std::string> expired_events;
-  {
-    std::lock_guard lock(action_mu_);
-    cb = callback_;
-    user = callback_user_;
-    if (!cb) {
-      hand_to_polling_locked();
-      while (poll_queue_.size() > kMaxPollQueue) {
-        expired_events.push_back(action_done_event(poll_queue_.front(), false, "the engine did not poll for it (4096 actions waiting)"));
-        poll_queue_.pop_front();
-      }
-    } else {
-      batch.swap(to_deliver_);
-      for (const auto& a : batch) {
-        unacked_order_.push_back(a.id);
-        unacked_.emplace(a.id, a);
-      }
-    }
-    while (unacked_.size() > kMaxUnacked && !unacked_order_.empty()) {
-      auto it = unacked_.find(unacked_order_.front());
-      if (it != unacked_.end()) {
-        expired_events.push_back(action_done_event(it->second, false, "never acknowledged by the engine"));
-        unacked_.erase(it);
-      }
-      unacked_order_.pop_front();
-    }
-    if (unacked_order_.size() > 2 * kMaxUnacked) std::erase_if(unacked_order_, [&](const std::string& id) { return !unacked_.contains(id); });
-  }
-  for (auto& t : expired_events) add_side_event(std::move(t));
-  if (!cb) return;
-  for (const auto& a : batch) {
-    auto out = std::make_unique<diaspora_action>();
-    std::memset(out.get(), 0, sizeof *out);
-    out->struct_size = sizeof *out;
-    fill(*out, a);
-    cb(out.get(), user);  // a C callback: nothing can be thrown through it
-  }
+  if (std::string why = actions_.submit_request(req); !why.empty()) set_error("control topic: " + why);
 }
 
 void Plugin::control_main() {
@@ -1210,15 +880,14 @@ void Plugin::control_main() {
   std::mt19937 rng{std::random_device{}()};
   while (!control_stop_.load(std::memory_order_acquire)) {
     try {
-      deliver_actions();
+      actions_.deliver();
     } catch (const std::exception& e) {  // out of memory: reported, never a terminate() in the engine
       set_error(std::string("delivering actions: ") + e.what());
     }
     if (cfg_.control && !c && Clock::now() >= next) {
       try {
         c = std::make_unique<RelayClient>(client_options("diaspora-plugin-control/" + cfg_.engine_id));
-        c->send(json::serialize(json::object{{"op", "subscribe"}, {"id", "control"}, {"topic", cfg_.control_topic},
-                                             {"from", "latest"}, {"group", cfg_.engine_id}}));
+        c->send(frames::subscribe("control", cfg_.control_topic, "latest", cfg_.engine_id));
         backoff = cfg_.reconnect_min;
       } catch (const std::exception& e) {
         c.reset();
@@ -1228,8 +897,7 @@ void Plugin::control_main() {
       }
     }
     if (!c) {
-      std::unique_lock lock(action_mu_);
-      action_cv_.wait_for(lock, 20ms, [&] { return control_stop_.load() || (!to_deliver_.empty() && callback_); });
+      actions_.wait(20ms, control_stop_);
       continue;
     }
     try {
@@ -1249,9 +917,10 @@ void Plugin::control_main() {
               if (const json::value* ev = io->if_contains("event")) handle_action_event(*ev);
         const json::value* next_offset = m.if_contains("next_offset");
         const json::value* topic = m.if_contains("topic");
-        if (next_offset && topic)
-          c->send(json::serialize(json::object{{"op", "commit"}, {"group", cfg_.engine_id}, {"topic", *topic},
-                                               {"offset", *next_offset}}));
+        boost::system::error_code ec;
+        const std::uint64_t offset = next_offset ? next_offset->to_number<std::uint64_t>(ec) : 0;
+        if (next_offset && !ec && topic && topic->is_string())
+          c->send(frames::commit(cfg_.engine_id, topic->get_string(), offset));
       } else if (op->get_string() == "error") {
         set_error("control topic: the relay reported " + *frame);
       }
@@ -1263,7 +932,7 @@ void Plugin::control_main() {
       backoff = std::clamp(backoff * 2, cfg_.reconnect_min, cfg_.reconnect_max);
     }
   }
-  deliver_actions();
+  actions_.deliver();
   control_connected_.store(0);
   if (c) c->close();
 }

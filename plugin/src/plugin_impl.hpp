@@ -1,8 +1,12 @@
-// The engine plugin's engine room, behind the C ABI (abi.cpp):
-//   engine threads --hooks--> SlotQueue --publisher thread--> tracker, serialiser,
-//   batches over an acked diaspora.v1 session; the Spool holds events while the relay is
-//   away (and when the queue overflows) and is replayed first, in order;
-//   control thread <--control topic-- relay: operator actions to the engine.
+// The engine plugin behind the C ABI (abi.cpp): the publisher, and the glue between the
+// plugin's parts, each of which owns its state:
+//   engine threads --hooks--> intake (intake.hpp: the SlotQueue, the Coalescer)
+//   publisher thread: records -> task tracker (tracker.hpp) -> policy bridge
+//     (policy_bridge.hpp) -> events (serialize.hpp) -> batches over an acked diaspora.v1
+//     session (diaspora::client); the Spool (spool.hpp) holds events while the relay is away
+//     (and when the queue overflows) and is replayed first, in order;
+//   control thread <--control topic-- relay: actions to the action desk (action_desk.hpp),
+//     which hands them to the engine and reports their outcomes.
 //
 // Ordering invariant: events leave in the order they entered, per engine thread. The
 // publisher sends "live" batches (straight from the queue) only while the spool holds no
@@ -31,8 +35,11 @@
 #include <unordered_set>
 #include <vector>
 
+#include "action_desk.hpp"
 #include "diaspora/error.hpp"
 #include "diaspora/plugin.h"
+#include "intake.hpp"
+#include "policy_bridge.hpp"
 #include "record.hpp"
 #include "serialize.hpp"
 #include "spool.hpp"
@@ -43,10 +50,6 @@ namespace diaspora {
 class RelayClient;
 struct RelayClientOptions;
 struct WorkflowSpec;
-namespace resilience {
-class PolicyEngine;
-struct Decision;
-}  // namespace resilience
 }  // namespace diaspora
 
 namespace diaspora::plugin {
@@ -78,23 +81,6 @@ struct Config {
   /// and are required when relay.url is "embedded"), relative paths against `base_dir`.
   /// Throws ConfigError.
   static Config from_spec(const WorkflowSpec& spec, const std::filesystem::path& base_dir);
-};
-
-/// A hook call, validated by the ABI layer, ready to be packed into a record.
-struct HookArgs {
-  RecordHead head;
-  std::string_view strings[f_count];
-  const diaspora_metric_value* metrics = nullptr;
-  std::size_t metric_count = 0;
-  std::uint8_t metric_len[DIASPORA_MAX_METRICS];  ///< name lengths, measured once (left uninitialised)
-  bool coalescible = false;  ///< free-form metric: may be merged when the queue is full
-};
-
-/// An action as the engine sees it (the C struct's content).
-struct Action {
-  std::string id, kind_name, task_id, site, target_site, reason, origin;
-  int kind = 0;
-  std::int64_t issued_us = 0;
 };
 
 class Plugin {
@@ -133,7 +119,6 @@ class Plugin {
 
  private:
   struct Batch;
-  struct Coalesced;
 
   // publisher thread
   void publisher_main();
@@ -156,11 +141,8 @@ class Plugin {
   /// in ticks becomes wall-clock time here. Under feed_mu_ (tracker, policies, tick_clock_).
   void append_record_event(std::string& out, const RecordView& r, std::string_view id, std::uint64_t coalesced);
   void add_side_event(std::string text);
-  // resilience engine (feed_mu_ held)
-  void feed_policies(const RecordView& r, const TaskTracker::Result& res);
-  void observe_signal(std::string_view signal, std::string_view task, std::string_view site, double value,
-                      std::int64_t time_us);
-  void act_on(std::vector<resilience::Decision>& decisions);
+  /// Publishes the policies' decisions and hands their actions to the desk (feed_mu_ held).
+  void act_on_decisions();
   static std::string event_id(std::string_view text);
   bool rejected(std::string_view text) const;
   std::string next_side_id();
@@ -170,15 +152,10 @@ class Plugin {
 
   // control thread
   void control_main();
-  void deliver_actions();
-  /// Under action_mu_: the actions waiting for the callback go to diaspora_poll_action
-  /// instead, oldest first. Throws std::bad_alloc with the rest still waiting.
-  void hand_to_polling_locked();
   void handle_action_event(const boost::json::value& ev);
   std::string action_done_event(const Action& a, bool ok, std::string_view message);
 
   int spill(const HookArgs& args) noexcept;
-  bool coalesce(const HookArgs& args) noexcept;
 
   Config cfg_;
   EventContext ctx_;
@@ -201,9 +178,7 @@ class Plugin {
   /// (records are serialised under it).
   std::optional<TickClock> tick_clock_;
 
-  // Coalesced metrics (hooks with a full queue -> publisher).
-  std::unique_ptr<Coalesced[]> coalesced_;
-  std::atomic<bool> coalesced_pending_{false};
+  Coalescer coalesced_;  ///< metrics merged by hooks that found the queue full -> publisher
 
   // Events the plugin itself produces (any thread -> publisher).
   std::mutex side_mu_;
@@ -226,28 +201,23 @@ class Plugin {
   std::chrono::milliseconds backoff_{};
   bool ever_connected_ = false;
   TaskTracker tracker_;
-  std::unique_ptr<resilience::PolicyEngine> policy_;  ///< guarded by feed_mu_, as the tracker
+  std::unique_ptr<PolicyBridge> policy_;  ///< guarded by feed_mu_, as the tracker
   std::chrono::steady_clock::time_point last_tick_{};
   std::atomic<std::uint64_t> action_counter_{0};
   std::chrono::steady_clock::time_point last_stats_{};
   std::uint64_t last_stats_sig_ = 0;
 
-  // Actions.
-  mutable std::mutex action_mu_;
-  diaspora_action_callback callback_ = nullptr;
-  void* callback_user_ = nullptr;
-  std::deque<Action> to_deliver_;   ///< waiting for the callback (control thread)
-  std::deque<Action> poll_queue_;   ///< waiting for diaspora_poll_action
-  std::unordered_map<std::string, Action> unacked_;  ///< delivered, waiting for done/failed
-  std::deque<std::string> unacked_order_;
-  std::condition_variable action_cv_;
+  // Actions: outcomes are published as action.done events.
+  ActionDesk actions_{[this](const Action& a, bool ok, std::string_view message) {
+    add_side_event(action_done_event(a, ok, message));
+  }};
 
   // Counters. Events accepted on the fast path are counted by the queue itself (its tail
   // position): a shared counter bumped by every hook would bounce a cache line between
   // engine threads. The others are written off the fast path, on their own line.
   alignas(64) std::atomic<std::uint64_t> slow_accepted_{0};  ///< spilled or coalesced
-  std::atomic<std::uint64_t> acked_{0}, spilled_{0}, coalesced_count_{0}, lost_{0}, reconnects_{0},
-      actions_received_{0}, rejected_{0}, invalid_{0};
+  std::atomic<std::uint64_t> acked_{0}, spilled_{0}, lost_{0}, reconnects_{0},
+      rejected_{0}, invalid_{0};
   std::atomic<int> connected_{0}, control_connected_{0};
 
   mutable std::mutex error_mu_;

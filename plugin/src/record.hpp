@@ -1,7 +1,8 @@
 // What a hook call becomes inside the plugin: a fixed header plus a small arena of the
 // strings it carried, written straight into a slot of a bounded lock-free queue (the fast
-// path: no allocation, no lock, no system call), or, when the queue is full, serialised
-// into the spool as a "raw" record with the same layout.
+// path: no allocation, no lock, no system call). When the queue is full the call is
+// packed into a record of the same layout off the queue and serialised to its event's
+// JSON text, which goes into the spool (intake.hpp, plugin_impl.cpp).
 #pragma once
 
 #include <sys/mman.h>
@@ -52,7 +53,7 @@ enum Flag : std::uint8_t {
   time_in_ticks = 64,  ///< time_us holds a TickClock::ticks() reading, converted when serialised
 };
 
-/// Fixed part of a record. Trivially copyable: raw spool records store its bytes.
+/// Fixed part of a record. Trivially copyable: queue slots and coalescer slots copy it.
 struct RecordHead {
   Kind kind{};
   std::uint8_t scope = 0;  ///< metric: diaspora_scope

@@ -100,12 +100,6 @@ std::size_t utf8_len(std::string_view s, std::size_t i) noexcept {
 
 }  // namespace
 
-std::int64_t now_us() noexcept {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
-}
-
 void append_json_string(std::string& out, std::string_view s) {
   static constexpr char hex[] = "0123456789abcdef";
   out += '"';

@@ -11,6 +11,8 @@
 #include <string>
 #include <string_view>
 
+#include "diaspora/event.hpp"  // now_us
+#include "diaspora/payloads.hpp"
 #include "record.hpp"
 
 namespace diaspora::plugin {
@@ -39,14 +41,19 @@ void append_event(std::string& out, const RecordView& r, std::string_view id, co
 void append_event(std::string& out, std::string_view type, std::string_view id, std::optional<std::string_view> subject,
                   const boost::json::object& data, const EventContext& ctx, std::int64_t time_us);
 
+/// The same for one of core's typed payloads (diaspora/payloads.hpp): type Payload::type,
+/// data its JSON form.
+template <class Payload>
+void append_event(std::string& out, std::string_view id, std::optional<std::string_view> subject,
+                  const Payload& payload, const EventContext& ctx, std::int64_t time_us) {
+  append_event(out, Payload::type, id, subject, events::to_json(payload).as_object(), ctx, time_us);
+}
+
 /// JSON string literal of `s`, quotes included; control characters escaped, invalid
 /// UTF-8 replaced by U+FFFD.
 void append_json_string(std::string& out, std::string_view s);
 
 /// RFC 3339 UTC timestamp with microseconds, e.g. 2026-11-30T10:00:00.123456Z (quoted).
 void append_time(std::string& out, std::int64_t time_us);
-
-/// Microseconds since the Unix epoch, now.
-std::int64_t now_us() noexcept;
 
 }  // namespace diaspora::plugin

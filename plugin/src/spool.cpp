@@ -50,22 +50,31 @@
 #include <system_error>
 #include <utility>
 
-#include "file_io.hpp"
-#include "topic_log.hpp"  // diaspora::relay::crc32c
+#include "diaspora/crc32c.hpp"
+#include "diaspora/files.hpp"
+#include "diaspora/records.hpp"
 
 namespace diaspora::plugin {
 
 namespace fs = std::filesystem;
-using diaspora::relay::crc32c;
-using diaspora::relay::fsync_dir;
-using diaspora::relay::pread_all;
-using diaspora::relay::pwrite_all;
+using storage::errno_text;
+using storage::Fd;
+using storage::FileWindow;
+using storage::Frame;
+using storage::fsync_dir;
+using storage::kFrameHeaderBytes;
+using storage::pread_all;
+using storage::pwrite_all;
 
 namespace {
 
 constexpr std::uint64_t kFirstSegment = 1ull << 40;  // room below for prepend()
-constexpr std::size_t kFrameBytes = 8;                // u32 length + u32 crc
+constexpr std::size_t kFrameBytes = kFrameHeaderBytes;
 constexpr std::uint32_t kMaxPayload = 64u << 20;
+// An empty record is refused because a zero-filled stretch of disk would read as a run of
+// valid empty records (length 0, CRC32C of nothing = 0).
+constexpr storage::FrameLimits kLimits{1, kMaxPayload};
+constexpr std::string_view kExt = ".spool";
 constexpr std::size_t kReadWindow = 256u << 10;       // read-ahead of read()
 constexpr std::size_t kRecoveryWindow = 1u << 20;     // read-ahead when scanning a whole segment
 constexpr std::size_t kCopyChunk = 1u << 20;          // prepend() copies the head in these
@@ -74,61 +83,7 @@ constexpr std::size_t kShrinkAbove = 8u << 20;        // release buffers grown b
 constexpr std::string_view kCursorTag = "diaspora-spool-cursor 1";
 constexpr std::uint64_t kNoSegment = 0;               // segment numbers start at 2^40 - prepends
 
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
-
-void put_u32(char* p, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>(v >> (8 * i));
-}
-std::uint32_t get_u32(const char* p) {
-  std::uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = v << 8 | static_cast<unsigned char>(p[i]);
-  return v;
-}
-
-/// An owned file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) noexcept : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  int get() const noexcept { return fd_; }
-  explicit operator bool() const noexcept { return fd_ >= 0; }
-  void reset() noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-std::string segment_name(std::uint64_t number) {
-  char name[32];
-  std::snprintf(name, sizeof name, "%020llu.spool", static_cast<unsigned long long>(number));
-  return name;
-}
-
-std::optional<std::uint64_t> parse_segment_name(std::string_view name) {
-  constexpr std::string_view ext = ".spool";
-  if (name.size() != 20 + ext.size() || name.substr(20) != ext) return std::nullopt;
-  if (!std::all_of(name.begin(), name.begin() + 20, [](char c) { return c >= '0' && c <= '9'; }))
-    return std::nullopt;
-  std::uint64_t n = 0;
-  auto [end, ec] = std::from_chars(name.data(), name.data() + 20, n);
-  if (ec != std::errc() || end != name.data() + 20) return std::nullopt;  // above 2^64 - 1
-  if (n == 0) return std::nullopt;  // never written (0 means "none" in memory)
-  return n;
-}
+std::string segment_name(std::uint64_t number) { return storage::segment_name(number, kExt); }
 
 struct Cursor {
   std::uint64_t segment = 0;
@@ -168,125 +123,12 @@ std::optional<Cursor> parse_cursor(std::string_view text) {
   return c;
 }
 
-/// Buffered reads of one file, never past `limit`.
-class Reader {
- public:
-  void reset(int fd, std::uint64_t limit, std::size_t window) {
-    fd_ = fd;
-    limit_ = limit;
-    window_ = window;
-    buf_off_ = 0;
-    if (buf_.capacity() > kShrinkAbove) std::string().swap(buf_);
-    buf_.clear();
-  }
-  /// The file grew (an append): what is buffered stays valid.
-  void extend(std::uint64_t limit) noexcept { limit_ = limit; }
-  std::uint64_t limit() const noexcept { return limit_; }
-
-  /// Points `p` at bytes [off, off + n) of the file, valid until the next call.
-  /// Returns 0, -1 when they pass the limit, or an errno.
-  int view(std::uint64_t off, std::size_t n, const char*& p) {
-    if (off > limit_ || limit_ - off < n) return -1;
-    if (off >= buf_off_ && off - buf_off_ + n <= buf_.size()) {
-      p = buf_.data() + (off - buf_off_);
-      return 0;
-    }
-    const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(std::max(n, window_), limit_ - off));
-    if (buf_.capacity() > kShrinkAbove && want <= window_) std::string().swap(buf_);
-    buf_.resize(want);
-    if (int err = pread_all(fd_, buf_.data(), want, off)) {
-      buf_.clear();
-      return err;
-    }
-    buf_off_ = off;
-    p = buf_.data();
-    return 0;
-  }
-
- private:
-  int fd_ = -1;
-  std::uint64_t limit_ = 0;
-  std::size_t window_ = kReadWindow;
-  std::uint64_t buf_off_ = 0;
-  std::string buf_;
-};
-
-struct Frame {
-  enum class Status { ok, end, torn, corrupt, io_error };
-  Status status = Status::end;
-  std::uint32_t length = 0;
-  std::uint32_t crc = 0;
-  const char* payload = nullptr;  // when checked: valid until the reader's next call
-  int err = 0;                    // io_error
-  std::string why;                // torn, corrupt, io_error
-};
-
-/// The record at `pos`. With check_crc the payload is read and verified; without, only the
-/// header (length and bounds).
-Frame next_frame(Reader& r, std::uint64_t pos, bool check_crc) {
-  Frame f;
-  if (pos >= r.limit()) return f;
-  if (r.limit() - pos < kFrameBytes) {
-    f.status = Frame::Status::torn;
-    f.why = "a partial record header";
-    return f;
-  }
-  const char* h = nullptr;
-  if (int err = r.view(pos, kFrameBytes, h)) {
-    f.status = Frame::Status::io_error;
-    f.err = err;
-    f.why = errno_text(err);
-    return f;
-  }
-  f.length = get_u32(h);
-  f.crc = get_u32(h + 4);
-  if (f.length == 0 || f.length > kMaxPayload) {
-    f.status = Frame::Status::corrupt;
-    f.why = "impossible record length " + std::to_string(f.length);
-    return f;
-  }
-  if (r.limit() - pos - kFrameBytes < f.length) {
-    f.status = Frame::Status::torn;
-    f.why = "a partial record";
-    return f;
-  }
-  if (check_crc) {
-    if (int err = r.view(pos + kFrameBytes, f.length, f.payload)) {
-      f.status = Frame::Status::io_error;
-      f.err = err;
-      f.why = errno_text(err);
-      return f;
-    }
-    if (crc32c(f.payload, f.length) != f.crc) {
-      f.status = Frame::Status::corrupt;
-      f.why = "checksum mismatch";
-      return f;
-    }
-  }
-  f.status = Frame::Status::ok;
-  return f;
+Frame next_frame(FileWindow& r, std::uint64_t pos, bool check_crc) {
+  return storage::read_frame(r, pos, kLimits, check_crc);
 }
 
-/// Records lost from the corrupt record at `from` to the reader's limit, counted by
-/// following the length fields while they stay plausible; only records ending after `after`
-/// (the cursor) count. At least one when anything after `after` is lost.
-std::uint64_t count_lost(Reader& r, std::uint64_t from, std::uint64_t after) {
-  std::uint64_t n = 0;
-  std::uint64_t pos = from;
-  while (pos < r.limit()) {
-    std::uint64_t end = r.limit();
-    bool plausible = false;
-    const char* h = nullptr;
-    if (r.limit() - pos >= kFrameBytes && r.view(pos, kFrameBytes, h) == 0) {
-      const std::uint32_t len = get_u32(h);
-      plausible = len > 0 && len <= kMaxPayload && r.limit() - pos - kFrameBytes >= len;
-      if (plausible) end = pos + kFrameBytes + len;
-    }
-    if (end > after) ++n;
-    if (!plausible) break;
-    pos = end;
-  }
-  return n;
+std::uint64_t count_lost(FileWindow& r, std::uint64_t from, std::uint64_t after) {
+  return storage::count_lost_frames(r, from, after, kLimits);
 }
 
 struct Segment {
@@ -315,7 +157,7 @@ struct Spool::Impl {
   std::size_t find(std::uint64_t number) const noexcept;
   int fd_of(Segment& s);
   void close_fd(Segment& s) noexcept;
-  Reader& reader_for(Segment& s);
+  FileWindow& reader_for(Segment& s);
   Segment& writable_tail();
   void write_cursor(const Cursor& c, bool durable);
   std::uint64_t records_before(Segment& s, std::uint64_t offset);
@@ -339,7 +181,7 @@ struct Spool::Impl {
   bool dir_dirty_ = false;    // a segment was created since the last sync()
   std::vector<std::uint64_t> unsynced_;  // closed tails written since the last sync()
   std::deque<Mark> marks_;
-  Reader reader_;
+  FileWindow reader_;
   std::uint64_t reader_segment_ = kNoSegment;
   SpoolRecords wbuf_;  // append(span) and prepend() frame their records here
   /// Writes framed records at the tail (the write path of both append()s).
@@ -357,16 +199,12 @@ Spool::Impl::Impl(SpoolOptions options) : opt_(std::move(options)) {
                      "; check the path and its permissions");
 
   // Two writers would interleave records and fight over the cursor.
-  const fs::path lock_path = opt_.dir / ".lock";
-  lock_ = Fd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
-  if (!lock_) fail("cannot open " + lock_path.string(), errno);
-  if (::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    if (err == EWOULDBLOCK)
-      throw SpoolError("spool " + opt_.dir.string() +
-                       " is in use by another process; stop it or give this one another spool directory");
-    fail("cannot lock " + lock_path.string(), err);
-  }
+  int err = 0;
+  lock_ = storage::lock_directory(opt_.dir, err);
+  if (err == EWOULDBLOCK)
+    throw SpoolError("spool " + opt_.dir.string() +
+                     " is in use by another process; stop it or give this one another spool directory");
+  if (err) fail("cannot lock " + (opt_.dir / ".lock").string(), err);
   try {
     recover();
   } catch (const fs::filesystem_error& e) {
@@ -423,12 +261,8 @@ void Spool::Impl::recover() {
     }
   }
 
-  std::vector<std::pair<std::uint64_t, fs::path>> files;
-  for (const auto& e : fs::directory_iterator(opt_.dir)) {
-    if (!e.is_regular_file()) continue;
-    if (auto n = parse_segment_name(e.path().filename().string())) files.emplace_back(*n, e.path());
-  }
-  std::sort(files.begin(), files.end());
+  std::vector<std::pair<std::uint64_t, fs::path>> files = storage::list_segments(opt_.dir, kExt);
+  std::erase_if(files, [](const auto& f) { return f.first == 0; });  // never written (0 means "none" in memory)
   for (const auto& f : files) {
     lowest_seen_ = std::min(lowest_seen_, f.first);
     highest_seen_ = std::max(highest_seen_, f.first);
@@ -477,7 +311,7 @@ void Spool::Impl::recover() {
     const bool last = i + 1 == live.size();
     const std::uint64_t want = head ? c.offset : 0;
 
-    Reader r;
+    FileWindow r;
     r.reset(s.fd.get(), file_size, kRecoveryWindow);
     std::uint64_t pos = 0;
     std::uint64_t n = 0;
@@ -540,9 +374,7 @@ void Spool::Impl::recover() {
 void Spool::Impl::check_records(std::span<const std::string_view> records, std::uint64_t& bytes) const {
   bytes = 0;
   for (std::string_view r : records) {
-    // An empty record is refused because a zero-filled stretch of disk would read as a run of
-    // valid empty records (length 0, CRC32C of nothing = 0).
-    if (r.empty())
+    if (r.empty())  // see kLimits
       throw SpoolError("cannot spool an empty record (spool " + opt_.dir.string() + "): pass the event's bytes");
     if (r.size() > kMaxPayload)
       throw SpoolError("cannot spool a record of " + std::to_string(r.size()) + " bytes (spool " + opt_.dir.string() +
@@ -567,8 +399,7 @@ void SpoolRecords::end() {
     if (n) throw SpoolError("cannot spool a record of " + std::to_string(n) + " bytes: the limit is 64 MiB");
     return;
   }
-  put_u32(buf_.data() + at, static_cast<std::uint32_t>(n));
-  put_u32(buf_.data() + at + 4, crc32c(buf_.data() + at + kFrameBytes, n));
+  storage::seal_frame(buf_.data() + at, static_cast<std::uint32_t>(n));
   open_ = std::string::npos;
   ++count_;
 }
@@ -614,7 +445,7 @@ void Spool::Impl::close_fd(Segment& s) noexcept {
   s.fd.reset();
 }
 
-Reader& Spool::Impl::reader_for(Segment& s) {
+FileWindow& Spool::Impl::reader_for(Segment& s) {
   if (reader_segment_ != s.number || reader_.limit() > s.size) {
     const int fd = fd_of(s);
     reader_.reset(fd, s.size, kReadWindow);
@@ -648,20 +479,13 @@ Segment& Spool::Impl::writable_tail() {
 }
 
 void Spool::Impl::write_cursor(const Cursor& c, bool durable) {
-  const std::string text = format_cursor(c);
   const fs::path path = opt_.dir / "cursor";
-  const fs::path tmp = opt_.dir / "cursor.tmp";
-  auto give_up = [&](const std::string& what, int err) {
-    remove_file(tmp);
-    fail("cannot write spool cursor " + path.string() + " (" + what + ")", err);
-  };
-  {
-    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (!fd) give_up("open " + tmp.string(), errno);
-    if (int err = pwrite_all(fd.get(), text.data(), text.size(), 0)) give_up("write", err);
-    if (durable && ::fsync(fd.get()) != 0) give_up("fsync", errno);
+  try {
+    write_file_atomic(path, format_cursor(c), 0644, durable ? Durability::file : Durability::process);
+  } catch (const Error& e) {
+    throw SpoolError("cannot write spool cursor " + path.string() + " (" + e.what() + "; spool " + opt_.dir.string() +
+                     "; check free space and permissions there)");
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) give_up("rename", errno);
   // The switch has happened; from here on nothing may undo it.
   if (durable) {
     if (int err = fsync_dir(opt_.dir))
@@ -685,7 +509,7 @@ std::uint64_t Spool::Impl::records_before(Segment& s, std::uint64_t offset) {
     pos = read_.offset;
     n = read_before_;
   }
-  Reader& r = reader_for(s);
+  FileWindow& r = reader_for(s);
   while (pos < offset) {
     Frame f = next_frame(r, pos, false);
     if (f.status == Frame::Status::io_error) fail("cannot read spool segment " + s.path.string(), f.err);
@@ -702,7 +526,7 @@ std::uint64_t Spool::Impl::records_before(Segment& s, std::uint64_t offset) {
 void Spool::Impl::skip_corrupt(Segment& s, const std::string& why) {
   // The record at read_ went bad after recovery checked it (a damaged disk): never return it.
   // The rest of the segment goes, as recovery would do.
-  Reader& r = reader_for(s);
+  FileWindow& r = reader_for(s);
   const std::uint64_t lost = std::max<std::uint64_t>(1, count_lost(r, read_.offset, read_.offset));
   corrupt_ += lost;
   log(s.path.string() + " byte " + std::to_string(read_.offset) + ": " + why + "; skipping the rest of the segment (" +
@@ -864,7 +688,7 @@ std::size_t Spool::read(const std::function<void(std::string_view)>& sink, std::
       m.read_before_ = 0;
       continue;
     }
-    Reader& r = m.reader_for(s);
+    FileWindow& r = m.reader_for(s);
     Frame f = next_frame(r, m.read_.offset, false);
     if (f.status == Frame::Status::io_error) m.fail("cannot read spool segment " + s.path.string(), f.err);
     if (f.status != Frame::Status::ok) {

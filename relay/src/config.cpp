@@ -4,8 +4,12 @@
 #include <fstream>
 #include <iterator>
 
+#include <arpa/inet.h>
+
+#include "config.hpp"
 #include "diaspora/relay.hpp"
 #include "diaspora/spec.hpp"
+#include "topic_log.hpp"  // FsyncPolicy
 
 namespace diaspora {
 
@@ -74,4 +78,47 @@ RelayConfig load_relay_config(const std::filesystem::path& file) {
   return c;
 }
 
+void validate_relay_config(const RelayConfig& c) {
+  auto need_file = [](const std::filesystem::path& p, const char* what) {
+    if (p.empty()) throw Error(std::string(what) + " is required");
+    if (!std::filesystem::is_regular_file(p)) throw Error(std::string(what) + " '" + p.string() + "': no such file");
+  };
+  need_file(c.tls_cert, "--tls-cert");
+  need_file(c.tls_key, "--tls-key");
+  need_file(c.auth_secret_file, "--auth-secret-file");
+  if (c.client_ca) need_file(*c.client_ca, "--client-ca");
+  relay::parse_listen(c.listen);
+  relay::FsyncPolicy::parse(c.fsync);
+  if (c.threads < 1 || c.threads > 64) throw Error("threads must be 1 to 64");
+  if (c.max_event_bytes > c.max_frame_bytes) throw Error("max_event_bytes must not exceed max_frame_bytes");
+  // A log record holds at most 16 MiB with its headers, producer id and (source, id) key.
+  if (c.max_event_bytes > (15u << 20)) throw Error("max_event_bytes must be at most 15MiB (the log's record limit is 16MiB)");
+  if (c.max_inflight_batches < 1 || c.subscriber_queue_frames < 1 || c.max_batch_events < 1 || c.delivery_batch_events < 1 ||
+      c.max_consumer_groups < 1 || c.max_topics < 1)
+    throw Error("limits must be at least 1");
+}
+
 }  // namespace diaspora
+
+namespace diaspora::relay {
+
+ListenAddress parse_listen(const std::string& text) {
+  auto colon = text.rfind(':');
+  if (colon == std::string::npos) throw Error("--listen '" + text + "': expected HOST:PORT, e.g. 127.0.0.1:7443");
+  std::string host = text.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host == "localhost") host = "127.0.0.1";
+  unsigned long port = 0;
+  try {
+    port = std::stoul(text.substr(colon + 1));
+  } catch (...) {
+    throw Error("--listen '" + text + "': the port is not a number");
+  }
+  if (port > 65535) throw Error("--listen '" + text + "': port out of range");
+  unsigned char addr[16];
+  if (::inet_pton(AF_INET, host.c_str(), addr) != 1 && ::inet_pton(AF_INET6, host.c_str(), addr) != 1)
+    throw Error("--listen '" + text + "': '" + host + "' is not an IP address");
+  return {host, static_cast<std::uint16_t>(port)};
+}
+
+}  // namespace diaspora::relay

@@ -36,7 +36,10 @@
 #include "diaspora/thread_name.hpp"
 #include "diaspora/token.hpp"
 #include "diaspora/version.hpp"
+#include "config.hpp"
 #include "event_text.hpp"
+#include "http_api.hpp"
+#include "metrics.hpp"
 #include "topic_log.hpp"
 
 namespace diaspora {
@@ -108,93 +111,9 @@ bool valid_pattern(std::string_view p) {
   return std::all_of(p.begin(), p.end(), [](char c) { return c == '*' || relay::valid_topic_char(c); });
 }
 
-// Per-topic counters and connection gauges for /metrics.
-struct Metrics {
-  struct TopicCounters {
-    std::uint64_t events_in = 0, bytes_in = 0, events_out = 0, bytes_out = 0, duplicates = 0;
-  };
-  std::mutex mutex;
-  std::map<std::string, TopicCounters> topics;
-  std::atomic<std::int64_t> connections{0};
-  std::atomic<std::int64_t> websockets{0};
-  std::atomic<std::uint64_t> refused_auth{0};
-  std::atomic<std::uint64_t> slow_disconnects{0};
-
-  void in(const std::string& topic, std::uint64_t events, std::uint64_t bytes, std::uint64_t dups) {
-    std::lock_guard lock(mutex);
-    auto& t = topics[topic];
-    t.events_in += events;
-    t.bytes_in += bytes;
-    t.duplicates += dups;
-  }
-  void out(const std::string& topic, std::uint64_t events, std::uint64_t bytes) {
-    std::lock_guard lock(mutex);
-    auto& t = topics[topic];
-    t.events_out += events;
-    t.bytes_out += bytes;
-  }
-};
-
-// Parses "host:port" ("[::1]:7443" for IPv6).
-tcp::endpoint parse_listen(const std::string& text) {
-  auto colon = text.rfind(':');
-  if (colon == std::string::npos) throw Error("--listen '" + text + "': expected HOST:PORT, e.g. 127.0.0.1:7443");
-  std::string host = text.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  if (host == "localhost") host = "127.0.0.1";
-  unsigned long port = 0;
-  try {
-    port = std::stoul(text.substr(colon + 1));
-  } catch (...) {
-    throw Error("--listen '" + text + "': the port is not a number");
-  }
-  if (port > 65535) throw Error("--listen '" + text + "': port out of range");
-  boost::system::error_code ec;
-  auto addr = net::ip::make_address(host, ec);
-  if (ec) throw Error("--listen '" + text + "': '" + host + "' is not an IP address");
-  return {addr, static_cast<unsigned short>(port)};
-}
-
-std::string percent_decode(std::string_view s) {
-  std::string out;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
-        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
-      out += static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
-      i += 2;
-    } else {
-      out += s[i] == '+' ? ' ' : s[i];
-    }
-  }
-  return out;
-}
-
-struct Target {
-  std::string path;
-  std::map<std::string, std::string> query;
-};
-Target parse_target(std::string_view t) {
-  Target out;
-  auto q = t.find('?');
-  out.path = percent_decode(t.substr(0, q));
-  if (q == std::string_view::npos) return out;
-  std::string_view rest = t.substr(q + 1);
-  while (!rest.empty()) {
-    auto amp = rest.find('&');
-    std::string_view kv = rest.substr(0, amp);
-    auto eq = kv.find('=');
-    out.query[percent_decode(kv.substr(0, eq))] = eq == std::string_view::npos ? "" : percent_decode(kv.substr(eq + 1));
-    rest = amp == std::string_view::npos ? std::string_view{} : rest.substr(amp + 1);
-  }
-  return out;
-}
-
 std::optional<std::string> bearer_of(const http::request<http::string_body>& req) {
   auto it = req.find(http::field::authorization);
-  if (it == req.end()) return std::nullopt;
-  std::string_view v = it->value();
-  if (v.size() > 7 && (v.substr(0, 7) == "Bearer " || v.substr(0, 7) == "bearer ")) return std::string(v.substr(7));
-  return std::string();  // present but not a bearer token: refused as malformed
+  return relay::bearer_token(it == req.end() ? std::nullopt : std::optional<std::string_view>(it->value()));
 }
 
 
@@ -222,7 +141,7 @@ struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
   std::condition_variable stopped_cv;
   bool stopped = false;
   bool started = false;
-  Metrics metrics;
+  relay::Metrics metrics;
   CodecOptions codec;
 
   // Hub: live WebSocket sessions, for commit notifications and shutdown.
@@ -243,7 +162,6 @@ struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
   }
   void on_commit(const std::string& topic);
   void do_accept();
-  std::string metrics_text();
 };
 
 // ---- WebSocket session -------------------------------------------------------------------
@@ -949,7 +867,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   }
 
   void upgrade(http::request<http::string_body> req) {
-    Target target = parse_target(req.target());
+    relay::Target target = relay::parse_target(req.target());
     std::string offered(req[http::field::sec_websocket_protocol]);
     auto offers = [&](std::string_view p) {
       std::string_view rest = offered;
@@ -1007,73 +925,13 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     ws->run(std::move(req), WsSession::Mode::v1, "diaspora.v1", std::move(claims), "", "");
   }
 
-  // HTTPS API.
+  // The plain HTTPS endpoints (http_api.cpp).
   void handle(http::request<http::string_body> req) {
-    Target target = parse_target(req.target());
-    const std::string& path = target.path;
-    if (req.method() != http::verb::get && req.method() != http::verb::head)
-      return respond(req, http::status::method_not_allowed, "text/plain", "only GET is supported\n");
-    if (path == "/healthz") return respond(req, http::status::ok, "text/plain", "ok\n");
-    if (path == "/readyz") {
-      if (relay_->stopping) return respond(req, http::status::service_unavailable, "text/plain", "shutting down\n");
-      return respond(req, http::status::ok, "text/plain", "ready\n");
-    }
-    if (path == "/metrics") {
-      if (!relay_->cfg.public_metrics && !authorize_admin(req)) return;
-      return respond(req, http::status::ok, "text/plain; version=0.0.4", relay_->metrics_text());
-    }
-    if (path == "/api/v1/topics" || path.starts_with("/api/v1/topics/")) {
-      if (!authorize_admin(req)) return;
-      if (path == "/api/v1/topics") {
-        json::array out;
-        for (const auto& t : relay_->store->topics())
-          if (auto i = relay_->store->info(t)) out.push_back(topic_json(*i));
-        return respond(req, http::status::ok, "application/json", json::serialize(json::object{{"topics", out}}) + "\n");
-      }
-      std::string name = path.substr(std::string("/api/v1/topics/").size());
-      auto info = relay::valid_topic_name(name) ? relay_->store->info(name) : std::nullopt;
-      if (!info)
-        return respond(req, http::status::not_found, "application/json",
-                       json::serialize(json::object{{"error", "not_found"}, {"message", "no topic '" + name + "'"}}) + "\n");
-      json::object o = topic_json(*info);
-      json::array groups;
-      for (const auto& [g, t, off] : relay_->store->group_offsets())
-        if (t == name)
-          groups.push_back(json::object{{"group", g}, {"offset", off}, {"lag", info->next_offset > off ? info->next_offset - off : 0}});
-      o["groups"] = std::move(groups);
-      return respond(req, http::status::ok, "application/json", json::serialize(o) + "\n");
-    }
-    respond(req, http::status::not_found, "text/plain", "not found: " + path + "\n");
-  }
-
-  static json::object topic_json(const relay::TopicInfo& i) {
-    return json::object{{"name", i.name},
-                        {"first_offset", i.first_offset},
-                        {"next_offset", i.next_offset},
-                        {"bytes", i.bytes},
-                        {"segments", i.segments}};
-  }
-
-  bool authorize_admin(const http::request<http::string_body>& req) {
-    auto token = bearer_of(req);
-    if (!token) {
-      relay_->metrics.refused_auth++;
-      respond(req, http::status::unauthorized, "text/plain", "a bearer token with the 'admin' scope is required\n", true);
-      return false;
-    }
-    try {
-      auto c = relay_->verifier->verify(*token);
-      if (std::find(c.scopes.begin(), c.scopes.end(), "admin") == c.scopes.end()) {
-        relay_->metrics.refused_auth++;
-        respond(req, http::status::forbidden, "text/plain", "token of '" + c.subject + "' lacks the 'admin' scope\n");
-        return false;
-      }
-    } catch (const TokenError& e) {
-      relay_->metrics.refused_auth++;
-      respond(req, http::status::unauthorized, "text/plain", std::string(e.what()) + "\n", true);
-      return false;
-    }
-    return true;
+    const relay::ApiContext ctx{*relay_->store, *relay_->verifier, relay_->metrics, relay_->cfg.public_metrics,
+                                relay_->stopping.load()};
+    relay::HttpReply r = relay::handle_http(req.method() == http::verb::get || req.method() == http::verb::head,
+                                            req.target(), bearer_of(req), ctx);
+    respond(req, static_cast<http::status>(r.status), r.content_type, std::move(r.body), r.challenge);
   }
 
   void respond(const http::request<http::string_body>& req, http::status status, std::string_view type, std::string body,
@@ -1115,84 +973,6 @@ void Relay::Impl::do_accept() {
     }
     self->do_accept();
   });
-}
-
-std::string Relay::Impl::metrics_text() {
-  std::string out;
-  auto line = [&](const std::string& s) { out += s + "\n"; };
-  auto esc = [](const std::string& s) {
-    std::string r;
-    for (char c : s) r += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
-    return r;
-  };
-  std::map<std::string, Metrics::TopicCounters> snapshot;
-  {
-    std::lock_guard lock(metrics.mutex);
-    snapshot = metrics.topics;
-  }
-  auto per_topic = [&](const char* name, const char* help, std::uint64_t Metrics::TopicCounters::*field) {
-    line(std::string("# HELP ") + name + " " + help);
-    line(std::string("# TYPE ") + name + " counter");
-    for (const auto& [t, c] : snapshot) line(std::string(name) + "{topic=\"" + esc(t) + "\"} " + std::to_string(c.*field));
-  };
-  per_topic("diaspora_relay_events_in_total", "Events appended per topic.", &Metrics::TopicCounters::events_in);
-  per_topic("diaspora_relay_bytes_in_total", "Event bytes appended per topic.", &Metrics::TopicCounters::bytes_in);
-  per_topic("diaspora_relay_duplicates_total", "Events dropped as duplicates per topic.",
-            &Metrics::TopicCounters::duplicates);
-  per_topic("diaspora_relay_events_out_total", "Events delivered to subscribers per topic.",
-            &Metrics::TopicCounters::events_out);
-  per_topic("diaspora_relay_bytes_out_total", "Event bytes delivered per topic.", &Metrics::TopicCounters::bytes_out);
-  auto single = [&](const char* name, const char* type, const char* help, std::int64_t value) {
-    line(std::string("# HELP ") + name + " " + help);
-    line(std::string("# TYPE ") + name + " " + type);
-    line(std::string(name) + " " + std::to_string(value));
-  };
-  single("diaspora_relay_connections", "gauge", "Open TLS connections.", metrics.connections.load());
-  single("diaspora_relay_websockets", "gauge", "Open WebSocket sessions.", metrics.websockets.load());
-  single("diaspora_relay_auth_refusals_total", "counter",
-         "Requests refused for missing, invalid or insufficient tokens.",
-         static_cast<std::int64_t>(metrics.refused_auth.load()));
-  single("diaspora_relay_slow_consumer_disconnects_total", "counter", "Subscribers disconnected as too slow.",
-         static_cast<std::int64_t>(metrics.slow_disconnects.load()));
-  auto fs = store->fsync_stats();
-  line("# HELP diaspora_relay_fsync_seconds Duration of log syncs (group commits).");
-  line("# TYPE diaspora_relay_fsync_seconds histogram");
-  for (std::size_t i = 0; i < fs.bucket_bounds.size(); ++i) {
-    char le[32];
-    std::snprintf(le, sizeof le, "%g", fs.bucket_bounds[i]);
-    line(std::string("diaspora_relay_fsync_seconds_bucket{le=\"") + le + "\"} " + std::to_string(fs.bucket_counts[i]));
-  }
-  line("diaspora_relay_fsync_seconds_bucket{le=\"+Inf\"} " + std::to_string(fs.count));
-  line("diaspora_relay_fsync_seconds_sum " + std::to_string(fs.sum));
-  line("diaspora_relay_fsync_seconds_count " + std::to_string(fs.count));
-  line("# HELP diaspora_relay_consumer_lag Events between a group's committed offset and the end of the topic.");
-  line("# TYPE diaspora_relay_consumer_lag gauge");
-  for (const auto& [g, t, off] : store->group_offsets()) {
-    std::uint64_t end = store->committed_offset(t);
-    line("diaspora_relay_consumer_lag{group=\"" + esc(g) + "\",topic=\"" + esc(t) + "\"} " +
-         std::to_string(end > off ? end - off : 0));
-  }
-  return out;
-}
-
-void validate_relay_config(const RelayConfig& c) {
-  auto need_file = [](const std::filesystem::path& p, const char* what) {
-    if (p.empty()) throw Error(std::string(what) + " is required");
-    if (!std::filesystem::is_regular_file(p)) throw Error(std::string(what) + " '" + p.string() + "': no such file");
-  };
-  need_file(c.tls_cert, "--tls-cert");
-  need_file(c.tls_key, "--tls-key");
-  need_file(c.auth_secret_file, "--auth-secret-file");
-  if (c.client_ca) need_file(*c.client_ca, "--client-ca");
-  parse_listen(c.listen);
-  relay::FsyncPolicy::parse(c.fsync);
-  if (c.threads < 1 || c.threads > 64) throw Error("threads must be 1 to 64");
-  if (c.max_event_bytes > c.max_frame_bytes) throw Error("max_event_bytes must not exceed max_frame_bytes");
-  // A log record holds at most 16 MiB with its headers, producer id and (source, id) key.
-  if (c.max_event_bytes > (15u << 20)) throw Error("max_event_bytes must be at most 15MiB (the log's record limit is 16MiB)");
-  if (c.max_inflight_batches < 1 || c.subscriber_queue_frames < 1 || c.max_batch_events < 1 || c.delivery_batch_events < 1 ||
-      c.max_consumer_groups < 1 || c.max_topics < 1)
-    throw Error("limits must be at least 1");
 }
 
 Relay::Relay(RelayConfig config) : self_(std::make_shared<Impl>()) {
@@ -1243,7 +1023,8 @@ Relay::~Relay() {
 void Relay::start() {
   auto& s = *self_;
   if (s.started) throw Error("relay already started");
-  tcp::endpoint ep = parse_listen(s.cfg.listen);
+  const relay::ListenAddress listen = relay::parse_listen(s.cfg.listen);
+  const tcp::endpoint ep{net::ip::make_address(listen.host), listen.port};
   boost::system::error_code ec;
   s.acceptor.emplace(*s.ioc);
   s.acceptor->open(ep.protocol(), ec);

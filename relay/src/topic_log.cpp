@@ -5,17 +5,9 @@
 //   groups/<group>.json                                       consumer-group offsets
 //   .lock                                                     flock()ed: one LogStore per data_dir
 //
-// Record format (integers little-endian; a whole record is at most 16 MiB):
-//   u32 length        bytes after the crc field
-//   u32 crc32c        CRC32C of those `length` bytes
-//   u64 offset        consecutive per topic from 0; a segment's first record has its base offset
-//   i64 time_us       append time, microseconds since the epoch
-//   u64 producer_seq  the batch's seq
-//   u16 producer_id_len, producer id bytes
-//   u16 dedupe_key_len, dedupe key bytes
-//   payload           the rest of the record
-// Each record carries its producer id, seq and dedupe key so that both de-dupe tables can be
-// rebuilt from the log itself on recovery, with no side file to keep consistent.
+// Records: log_record.hpp (a storage frame with offset, time, producer, seq and dedupe key).
+// Event de-dupe: dedupe.hpp. Consumer groups: consumer_groups.hpp. This file holds the
+// topics, their segments, recovery, retention and the commit pipeline.
 //
 // Concurrency:
 //   * queue_mu_ guards the append queue; the writer thread takes everything queued at once.
@@ -35,9 +27,13 @@
 //     through its open fd until the last reader drops it.
 //   * topics_mu_ guards the topic map; topics are never removed, so Topic* stays valid.
 #include "topic_log.hpp"
-#include "diaspora/thread_name.hpp"
 
-#include "file_io.hpp"
+#include "consumer_groups.hpp"
+#include "dedupe.hpp"
+#include "diaspora/event.hpp"  // now_us
+#include "diaspora/files.hpp"
+#include "diaspora/thread_name.hpp"
+#include "log_record.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -46,7 +42,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <boost/json.hpp>
 #include <cerrno>
 #include <charconv>
 #include <climits>
@@ -68,233 +63,22 @@
 namespace diaspora::relay {
 
 namespace fs = std::filesystem;
-namespace json = boost::json;
+using storage::errno_text;
+using storage::fsync_dir;
+using storage::pwrite_all;
 
 namespace {
 
-constexpr std::size_t kFrameBytes = 8;                  // u32 length + u32 crc
-constexpr std::size_t kFixedBodyBytes = 8 + 8 + 8 + 2 + 2;  // offset, time, seq, two u16 lengths
-constexpr std::size_t kMaxRecordBytes = 16u << 20;      // frame included
-constexpr std::size_t kMaxFieldBytes = 0xffff;          // producer id, dedupe key
 constexpr auto kRetentionPeriod = std::chrono::seconds(5);
 constexpr std::size_t kRecoveryWindow = 1u << 20;       // read-ahead when scanning a whole segment
-
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+constexpr std::string_view kSegmentExt = ".log";
 
 void log_line(const std::string& line) {
   // One fprintf per line so lines from concurrent threads do not interleave.
   std::fprintf(stderr, "diaspora-relay: log: %s\n", line.c_str());
 }
 
-void put_u32(char* p, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>(v >> (8 * i));
-}
-std::uint16_t get_u16(const char* p) {
-  return static_cast<std::uint16_t>(static_cast<unsigned char>(p[0]) | static_cast<unsigned char>(p[1]) << 8);
-}
-std::uint32_t get_u32(const char* p) {
-  std::uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = v << 8 | static_cast<unsigned char>(p[i]);
-  return v;
-}
-std::uint64_t get_u64(const char* p) {
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = v << 8 | static_cast<unsigned char>(p[i]);
-  return v;
-}
-
-std::size_t record_size(std::string_view producer, std::string_view key, std::string_view payload) {
-  return kFrameBytes + kFixedBodyBytes + producer.size() + key.size() + payload.size();
-}
-
-/// The writer's output buffer: grows without zero-filling (every byte is written right
-/// after extend()) and is reused from group to group, so its pages stay mapped instead of
-/// being faulted in afresh for each group commit (the profile showed both costs).
-class WriteBuffer {
- public:
-  std::size_t size() const noexcept { return size_; }
-  bool empty() const noexcept { return size_ == 0; }
-  std::size_t capacity() const noexcept { return cap_; }
-  const char* data() const noexcept { return data_.get(); }
-  char* data() noexcept { return data_.get(); }
-  void clear() noexcept { size_ = 0; }
-  void reserve(std::size_t n) {
-    if (n <= cap_) return;
-    const std::size_t cap = std::max(n, cap_ + cap_ / 2);
-    std::unique_ptr<char[]> grown(new char[cap]);  // uninitialised on purpose
-    if (size_ > 0) std::memcpy(grown.get(), data_.get(), size_);
-    data_ = std::move(grown);
-    cap_ = cap;
-  }
-  /// Appends n bytes the caller must fill; returns where they start.
-  char* extend(std::size_t n) {
-    reserve(size_ + n);
-    char* at = data_.get() + size_;
-    size_ += n;
-    return at;
-  }
-
- private:
-  std::unique_ptr<char[]> data_;
-  std::size_t size_ = 0;
-  std::size_t cap_ = 0;
-};
-
-void encode_record(WriteBuffer& out, std::uint64_t offset, std::int64_t time_us, std::uint64_t seq,
-                   std::string_view producer, std::string_view key, std::string_view payload) {
-  // One extend and plain stores: this runs once per event on the writer thread.
-  const std::size_t start = out.size();
-  const std::size_t total = record_size(producer, key, payload);
-  const std::size_t body = total - kFrameBytes;
-  char* p = out.extend(total);
-  auto put = [&p](std::uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; ++i) *p++ = static_cast<char>(v >> (8 * i));
-  };
-  auto put_bytes = [&p](std::string_view b) {
-    if (!b.empty()) std::memcpy(p, b.data(), b.size());
-    p += b.size();
-  };
-  put(body, 4);
-  put(0, 4);  // crc, patched below once the body is in place
-  put(offset, 8);
-  put(static_cast<std::uint64_t>(time_us), 8);
-  put(seq, 8);
-  put(producer.size(), 2);
-  put_bytes(producer);
-  put(key.size(), 2);
-  put_bytes(key);
-  put_bytes(payload);
-  put_u32(out.data() + start + 4, crc32c(out.data() + start + kFrameBytes, body));
-}
-
-struct RecordView {
-  std::uint64_t offset = 0;
-  std::int64_t time_us = 0;
-  std::uint64_t seq = 0;
-  std::string_view producer, key, payload;
-};
-
-std::optional<RecordView> parse_body(const char* p, std::size_t n) {
-  if (n < kFixedBodyBytes) return std::nullopt;
-  RecordView r;
-  r.offset = get_u64(p);
-  r.time_us = static_cast<std::int64_t>(get_u64(p + 8));
-  r.seq = get_u64(p + 16);
-  std::size_t pos = 24;
-  const std::size_t plen = get_u16(p + pos);
-  pos += 2;
-  if (pos + plen + 2 > n) return std::nullopt;
-  r.producer = {p + pos, plen};
-  pos += plen;
-  const std::size_t klen = get_u16(p + pos);
-  pos += 2;
-  if (pos + klen > n) return std::nullopt;
-  r.key = {p + pos, klen};
-  pos += klen;
-  r.payload = {p + pos, n - pos};
-  return r;
-}
-
-std::int64_t now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-std::string segment_name(std::uint64_t base) {
-  char name[32];
-  std::snprintf(name, sizeof name, "%020llu.log", static_cast<unsigned long long>(base));
-  return name;
-}
-
-std::optional<std::uint64_t> parse_segment_name(const std::string& name) {
-  if (name.size() != 24 || name.compare(20, 4, ".log") != 0) return std::nullopt;
-  std::uint64_t v = 0;
-  auto [end, ec] = std::from_chars(name.data(), name.data() + 20, v);
-  if (ec != std::errc() || end != name.data() + 20) return std::nullopt;
-  return v;
-}
-
-/// Reads records sequentially from [pos, end) of a segment file through a read-ahead
-/// window, verifying frame bounds and CRC. Never returns a record whose CRC fails.
-class RecordScanner {
- public:
-  enum class Status { record, end, bad, io_error };
-
-  RecordScanner(int fd, std::uint64_t pos, std::uint64_t end, std::size_t window)
-      : fd_(fd), pos_(pos), end_(end), window_(window) {}
-
-  Status next() {
-    if (pos_ >= end_) return Status::end;
-    if (end_ - pos_ < kFrameBytes) return bad("torn record header (" + std::to_string(end_ - pos_) + " trailing bytes)");
-    const char* p = fetch(pos_, kFrameBytes);
-    if (!p) return Status::io_error;
-    const std::uint32_t length = get_u32(p);
-    const std::uint32_t crc = get_u32(p + 4);
-    if (length < kFixedBodyBytes || length > kMaxRecordBytes - kFrameBytes)
-      return bad("bad record length " + std::to_string(length));
-    if (end_ - pos_ - kFrameBytes < length)
-      return bad("torn record (" + std::to_string(kFrameBytes + length) + " bytes, " + std::to_string(end_ - pos_) +
-                 " left)");
-    p = fetch(pos_, kFrameBytes + length);
-    if (!p) return Status::io_error;
-    if (crc32c(p + kFrameBytes, length) != crc) return bad("CRC mismatch");
-    auto r = parse_body(p + kFrameBytes, length);
-    if (!r) return bad("malformed record fields");
-    record_ = *r;
-    record_pos_ = pos_;
-    pos_ += kFrameBytes + length;
-    return Status::record;
-  }
-
-  const RecordView& record() const { return record_; }
-  std::uint64_t record_pos() const { return record_pos_; }
-  /// After next(): the end of the returned record, or where the bad record starts.
-  std::uint64_t pos() const { return pos_; }
-  const std::string& reason() const { return reason_; }
-
- private:
-  Status bad(std::string why) {
-    reason_ = std::move(why);
-    return Status::bad;
-  }
-
-  // Makes [pos, pos + n) available in buf_ (pos + n <= end_); nullptr on a read error.
-  const char* fetch(std::uint64_t pos, std::size_t n) {
-    if (pos >= buf_start_ && pos + n <= buf_start_ + buf_len_) return buf_.data() + (pos - buf_start_);
-    const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(std::max(n, window_), end_ - pos));
-    if (buf_.size() < want) buf_.resize(want);
-    std::size_t got = 0;
-    while (got < want) {
-      const ssize_t r = ::pread(fd_, buf_.data() + got, want - got, static_cast<off_t>(pos + got));
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) {
-        reason_ = "read error: " + errno_text(errno);
-        buf_len_ = 0;
-        return nullptr;
-      }
-      if (r == 0) {
-        reason_ = "file shorter than expected";
-        buf_len_ = 0;
-        return nullptr;
-      }
-      got += static_cast<std::size_t>(r);
-    }
-    buf_start_ = pos;
-    buf_len_ = got;
-    return buf_.data();
-  }
-
-  int fd_;
-  std::uint64_t pos_;
-  std::uint64_t end_;
-  std::size_t window_;
-  std::vector<char> buf_;
-  std::uint64_t buf_start_ = 0;
-  std::size_t buf_len_ = 0;
-  RecordView record_;
-  std::uint64_t record_pos_ = 0;
-  std::string reason_;
-};
+std::string segment_name(std::uint64_t base) { return storage::segment_name(base, kSegmentExt); }
 
 struct IndexEntry {
   std::uint64_t offset;
@@ -360,206 +144,6 @@ struct Segment {
   }
 };
 
-
-// ---- event de-dupe keys -------------------------------------------------------------------
-// Keys are remembered by a 128-bit fingerprint in flat open-addressing tables: the
-// (source, id) window is on the writer's hot path, where std::unordered_set of strings
-// cost a cache miss and an allocation per event. Two independent 64-bit hashes make a
-// false "duplicate" (which would drop an event) about 1e-26 likely for a full window.
-struct Fingerprint {
-  std::uint64_t a = 0, b = 0;
-  bool empty() const noexcept { return a == 0 && b == 0; }
-  bool operator==(const Fingerprint&) const = default;
-};
-
-std::uint64_t mix64(std::uint64_t x) noexcept {  // splitmix64 finaliser
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// Marks a slot of a table being drained by FingerprintSet's incremental growth; no key's
-// fingerprint takes this value.
-constexpr Fingerprint kMoved{~0ULL, ~0ULL};
-
-Fingerprint fingerprint(std::string_view key) noexcept {
-  std::uint64_t fnv = 0xcbf29ce484222325ULL;  // FNV-1a, then mixed
-  for (unsigned char c : key) fnv = (fnv ^ c) * 0x100000001b3ULL;
-  Fingerprint f{std::hash<std::string_view>{}(key), mix64(fnv ^ key.size())};
-  if (f.empty()) f.b = 1;
-  if (f == kMoved) f.b = 0;
-  return f;
-}
-
-/// A set of fingerprints: linear probing, backward-shift deletion, grows by doubling.
-/// Growth is incremental: the old table is kept and drained a few slots per insert, so no
-/// single insert rehashes the whole set (a full rehash of a 100,000-key window stalled the
-/// writer for several milliseconds, which showed as end-to-end latency spikes). While
-/// draining, lookups probe both tables; drained or erased old slots become kMoved, which
-/// keeps the old table's probe chains intact.
-class FingerprintSet {
- public:
-  void prefetch(const Fingerprint& f) const noexcept {
-    if (cap_ != 0) __builtin_prefetch(&slots_[f.a & mask_]);
-    if (old_cap_ != 0) __builtin_prefetch(&old_[f.a & (old_cap_ - 1)]);
-  }
-  bool contains(const Fingerprint& f) const noexcept { return find(slots_.get(), cap_, f) || find_old(f) != kNone; }
-  /// Inserts f; returns false when it was already there.
-  bool insert(const Fingerprint& f) {
-    if (contains(f)) return false;
-    if ((count_ + old_count_ + 1) * 2 > cap_) grow();
-    place(f);
-    drain(kDrainPerInsert);
-    return true;
-  }
-  bool erase(const Fingerprint& f) noexcept {
-    if (erase_new(f)) return true;
-    const std::size_t i = find_old(f);
-    if (i == kNone) return false;
-    old_[i] = kMoved;
-    --old_count_;
-    return true;
-  }
-  void clear() noexcept {
-    if (count_ != 0) std::fill(slots_.get(), slots_.get() + cap_, Fingerprint{});
-    count_ = 0;
-    old_.reset();
-    old_cap_ = old_pos_ = old_count_ = 0;
-  }
-  std::size_t size() const noexcept { return count_ + old_count_; }
-
- private:
-  struct Free {
-    void operator()(Fingerprint* p) const noexcept { std::free(p); }
-  };
-  using Table = std::unique_ptr<Fingerprint[], Free>;
-  static constexpr std::size_t kNone = SIZE_MAX;
-  // Enough that the old table is drained before the new one fills to its own threshold
-  // (the new one takes old_cap/2 more inserts to get there; draining takes old_cap/4).
-  static constexpr std::size_t kDrainPerInsert = 4;
-
-  // Zeroed memory from calloc: large tables come straight from the kernel's zero pages,
-  // without a memset of the whole table at once.
-  static Table allocate(std::size_t n) {
-    auto* p = static_cast<Fingerprint*>(std::calloc(n, sizeof(Fingerprint)));
-    if (!p) throw std::bad_alloc();
-    return Table(p);
-  }
-  static bool find(const Fingerprint* t, std::size_t cap, const Fingerprint& f) noexcept {
-    if (cap == 0) return false;
-    for (std::size_t i = f.a & (cap - 1);; i = (i + 1) & (cap - 1)) {
-      if (t[i].empty()) return false;
-      if (t[i] == f) return true;
-    }
-  }
-  std::size_t find_old(const Fingerprint& f) const noexcept {
-    if (old_count_ == 0) return kNone;
-    for (std::size_t i = f.a & (old_cap_ - 1);; i = (i + 1) & (old_cap_ - 1)) {
-      if (old_[i].empty()) return kNone;
-      if (old_[i] == f) return i;
-    }
-  }
-  void place(const Fingerprint& f) noexcept {  // f is not in the table, which has room
-    std::size_t i = f.a & mask_;
-    while (!slots_[i].empty()) i = (i + 1) & mask_;
-    slots_[i] = f;
-    ++count_;
-  }
-  bool erase_new(const Fingerprint& f) noexcept {
-    if (cap_ == 0) return false;
-    std::size_t i = f.a & mask_;
-    for (;; i = (i + 1) & mask_) {
-      if (slots_[i].empty()) return false;
-      if (slots_[i] == f) break;
-    }
-    // Backward shift: move later entries of the cluster into the hole when their home
-    // slot does not lie cyclically in (hole, j].
-    for (std::size_t j = (i + 1) & mask_; !slots_[j].empty(); j = (j + 1) & mask_) {
-      std::size_t home = slots_[j].a & mask_;
-      bool between = i <= j ? (home > i && home <= j) : (home > i || home <= j);
-      if (!between) {
-        slots_[i] = slots_[j];
-        i = j;
-      }
-    }
-    slots_[i] = Fingerprint{};
-    --count_;
-    return true;
-  }
-  void drain(std::size_t slots) noexcept {
-    if (old_cap_ == 0) return;
-    for (const std::size_t end = std::min(old_cap_, old_pos_ + slots); old_pos_ < end; ++old_pos_) {
-      Fingerprint& f = old_[old_pos_];
-      if (f.empty() || f == kMoved) continue;
-      place(f);
-      f = kMoved;
-      --old_count_;
-    }
-    if (old_pos_ == old_cap_ || old_count_ == 0) {
-      old_.reset();
-      old_cap_ = old_pos_ = old_count_ = 0;
-    }
-  }
-  void grow() {
-    drain(SIZE_MAX);  // a growth still draining finishes first (not reached with kDrainPerInsert)
-    const std::size_t cap = std::max<std::size_t>(64, cap_ * 2);
-    Table fresh = allocate(cap);
-    old_ = std::move(slots_);
-    old_cap_ = cap_;
-    old_count_ = count_;
-    old_pos_ = 0;
-    slots_ = std::move(fresh);
-    cap_ = cap;
-    mask_ = cap - 1;
-    count_ = 0;
-    if (old_count_ == 0) {
-      old_.reset();
-      old_cap_ = 0;
-    }
-  }
-
-  Table slots_;
-  std::size_t cap_ = 0, mask_ = 0, count_ = 0;
-  Table old_;  // the table being drained into slots_, or null
-  std::size_t old_cap_ = 0, old_pos_ = 0, old_count_ = 0;
-};
-
-/// The last `window` keys of a topic, oldest evicted first.
-class KeyWindow {
- public:
-  bool contains(const Fingerprint& f) const noexcept { return set_.contains(f); }
-  /// Prefetches what remembering `keys` will touch: their home slots and those of the
-  /// keys they will push out of the window. Empty fingerprints are skipped.
-  void prefetch(const std::vector<Fingerprint>& keys, std::size_t window) const noexcept {
-    std::size_t n = 0;
-    for (const auto& f : keys)
-      if (!f.empty()) {
-        set_.prefetch(f);
-        ++n;
-      }
-    const std::size_t expiring = fifo_.size() + n > window ? std::min(fifo_.size(), fifo_.size() + n - window) : 0;
-    for (std::size_t i = 0; i < expiring; ++i) set_.prefetch(fifo_[i]);
-  }
-  /// Remembers f; returns false when it was already remembered (a duplicate).
-  bool remember(const Fingerprint& f, std::size_t window) {
-    if (window == 0) return true;
-    if (!set_.insert(f)) return false;
-    fifo_.push_back(f);
-    while (fifo_.size() > window) {
-      set_.erase(fifo_.front());
-      fifo_.pop_front();
-    }
-    return true;
-  }
-  /// Forgets f (a write that failed); its FIFO slot expires harmlessly later.
-  void forget(const Fingerprint& f) noexcept { set_.erase(f); }
-
- private:
-  FingerprintSet set_;
-  std::deque<Fingerprint> fifo_;
-};
 
 struct Topic {
   std::string name;
@@ -714,14 +298,13 @@ struct LogStore::Impl {
 
   // ---- recovery and lookup ----
   void recover_topic(const std::string& name);
-  void load_groups();
   Topic* find_topic(const std::string& name) const;
   std::vector<Topic*> all_topics() const;
 
   LogOptions opt_;
   fs::path topics_dir_;
   fs::path groups_dir_;
-  int lock_fd_ = -1;
+  storage::Fd lock_;
 
   mutable std::shared_mutex topics_mu_;
   std::map<std::string, std::unique_ptr<Topic>> topics_;
@@ -737,9 +320,7 @@ struct LogStore::Impl {
   mutable std::mutex stats_mu_;
   FsyncStats stats_;
 
-  mutable std::mutex groups_mu_;
-  std::map<std::string, std::map<std::string, std::uint64_t>> groups_;
-  std::mutex group_write_mu_;  // serializes group file writes (and their read-modify-write)
+  std::unique_ptr<ConsumerGroups> groups_;
 
   // Writer-thread only.
   std::chrono::steady_clock::time_point last_retention_;
@@ -774,14 +355,11 @@ LogStore::Impl::Impl(LogOptions options) : opt_(std::move(options)) {
   if (ec) throw Error("cannot create log directory under " + opt_.data_dir.string() + ": " + ec.message());
 
   // Two relays appending to one directory would interleave offsets and corrupt segments.
-  const fs::path lock_path = opt_.data_dir / ".lock";
-  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd_ < 0) throw Error("cannot open " + lock_path.string() + ": " + errno_text(errno));
-  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    ::close(lock_fd_);
+  int err = 0;
+  lock_ = storage::lock_directory(opt_.data_dir, err);
+  if (err == EWOULDBLOCK)
     throw Error("log directory " + opt_.data_dir.string() + " is in use by another process (" + errno_text(err) + ")");
-  }
+  if (err) throw Error("cannot lock " + (opt_.data_dir / ".lock").string() + ": " + errno_text(err));
 
   stats_.bucket_bounds = kFsyncBounds;
   stats_.bucket_counts.assign(kFsyncBounds.size(), 0);
@@ -798,13 +376,9 @@ LogStore::Impl::Impl(LogOptions options) : opt_(std::move(options)) {
       names.push_back(std::move(name));
     }
     for (const auto& n : names) recover_topic(n);
-    load_groups();
+    groups_ = std::make_unique<ConsumerGroups>(groups_dir_, opt_.max_groups, log_line);
   } catch (const fs::filesystem_error& e) {
-    ::close(lock_fd_);
     throw Error(std::string("cannot read log directory: ") + e.what());
-  } catch (...) {
-    ::close(lock_fd_);
-    throw;
   }
 
   last_retention_ = std::chrono::steady_clock::now();
@@ -837,7 +411,6 @@ LogStore::Impl::~Impl() {
   }
   pipe_cv_.notify_all();
   for (auto& t : syncers_) t.join();  // ... and synced, revealed and completed
-  if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -848,12 +421,7 @@ void LogStore::Impl::recover_topic(const std::string& name) {
   t->name = name;
   t->dir = topics_dir_ / name;
 
-  std::vector<std::pair<std::uint64_t, fs::path>> files;
-  for (const auto& e : fs::directory_iterator(t->dir)) {
-    if (!e.is_regular_file()) continue;
-    if (auto base = parse_segment_name(e.path().filename().string())) files.emplace_back(*base, e.path());
-  }
-  std::sort(files.begin(), files.end());
+  const auto files = storage::list_segments(t->dir, kSegmentExt);
 
   std::optional<std::uint64_t> last_offset;
   std::string last_producer;  // of the last record: only its batch can have lost a tail
@@ -933,73 +501,6 @@ void LogStore::Impl::recover_topic(const std::string& name) {
   }
   t->next_offset = t->committed_next = next;
   topics_.emplace(name, std::move(t));
-}
-
-void LogStore::Impl::load_groups() {
-  for (const auto& e : fs::directory_iterator(groups_dir_)) {
-    const std::string file = e.path().filename().string();
-    if (file.size() > 9 && file.ends_with(".json.tmp")) {  // an interrupted commit: the old file is intact
-      std::error_code ec;
-      fs::remove(e.path(), ec);
-      continue;
-    }
-    if (!e.is_regular_file() || !file.ends_with(".json")) continue;
-    const std::string group = file.substr(0, file.size() - 5);
-    auto reject = [&](const std::string& why) { log_line("ignoring consumer group file " + e.path().string() + ": " + why); };
-    if (!valid_topic_name(group)) {
-      reject("not a valid group name");
-      continue;
-    }
-    std::string text;
-    {
-      const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) {
-        reject(errno_text(errno));
-        continue;
-      }
-      char buf[65536];
-      ssize_t n;
-      while ((n = ::read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
-      ::close(fd);
-      if (n < 0) {
-        reject(errno_text(errno));
-        continue;
-      }
-    }
-    boost::system::error_code ec;
-    json::value v = json::parse(text, ec);
-    if (ec) {
-      reject("bad JSON: " + ec.message());
-      continue;
-    }
-    const json::object* o = v.if_object();
-    const json::value* offs = o ? o->if_contains("offsets") : nullptr;
-    if (!offs || !offs->is_object()) {
-      reject("no \"offsets\" object");
-      continue;
-    }
-    std::map<std::string, std::uint64_t> offsets;
-    std::string problem;
-    for (const auto& [topic, off] : offs->get_object()) {
-      if (!valid_topic_name(topic)) {
-        problem = "bad topic name";
-        break;
-      }
-      if (off.is_uint64()) {
-        offsets[std::string(topic)] = off.get_uint64();
-      } else if (off.is_int64() && off.get_int64() >= 0) {
-        offsets[std::string(topic)] = static_cast<std::uint64_t>(off.get_int64());
-      } else {
-        problem = "offset of topic '" + std::string(topic) + "' is not a non-negative integer";
-        break;
-      }
-    }
-    if (!problem.empty()) {
-      reject(problem);
-      continue;
-    }
-    groups_[group] = std::move(offsets);
-  }
 }
 
 Topic* LogStore::Impl::find_topic(const std::string& name) const {
@@ -1738,60 +1239,15 @@ void LogStore::enforce_retention() {
 }
 
 void LogStore::commit_group_offset(const std::string& group, const std::string& topic, std::uint64_t offset) {
-  if (!valid_topic_name(group)) throw Error("invalid consumer group name '" + group + "'");
-  if (!valid_topic_name(topic)) throw Error("invalid topic name '" + topic + "'");
-  std::lock_guard wl(self_->group_write_mu_);
-  std::map<std::string, std::uint64_t> offsets;
-  {
-    std::lock_guard lk(self_->groups_mu_);
-    if (auto it = self_->groups_.find(group); it != self_->groups_.end()) offsets = it->second;
-    else if (self_->groups_.size() >= self_->opt_.max_groups)
-      throw GroupLimitError("the relay keeps at most " + std::to_string(self_->opt_.max_groups) +
-                            " consumer groups (limits.max_consumer_groups) and has as many: commit with a group that "
-                            "exists, or raise the limit");
-  }
-  offsets[topic] = offset;
-
-  json::object offs;
-  for (const auto& [t, o] : offsets) offs[t] = o;
-  const std::string text = json::serialize(json::object{{"group", group}, {"offsets", std::move(offs)}}) + "\n";
-
-  // tmp + fsync + rename + fsync(dir): after a crash the file is the old or the new one.
-  const fs::path path = self_->groups_dir_ / (group + ".json");
-  const fs::path tmp = self_->groups_dir_ / (group + ".json.tmp");
-  auto fail = [&](const std::string& what, int err) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    throw Error("cannot save consumer group '" + group + "' (" + what + "): " + errno_text(err));
-  };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("open", errno);
-  int err = pwrite_all(fd, text.data(), text.size(), 0);
-  if (!err && ::fsync(fd) != 0) err = errno;
-  ::close(fd);
-  if (err) fail("write", err);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename", errno);
-  if (int e = fsync_dir(self_->groups_dir_)) fail("sync directory", e);
-
-  std::lock_guard lk(self_->groups_mu_);
-  self_->groups_[group] = std::move(offsets);
+  self_->groups_->commit(group, topic, offset);
 }
 
 std::optional<std::uint64_t> LogStore::group_offset(const std::string& group, const std::string& topic) const {
-  std::lock_guard lk(self_->groups_mu_);
-  auto g = self_->groups_.find(group);
-  if (g == self_->groups_.end()) return std::nullopt;
-  auto t = g->second.find(topic);
-  if (t == g->second.end()) return std::nullopt;
-  return t->second;
+  return self_->groups_->offset(group, topic);
 }
 
 std::vector<std::tuple<std::string, std::string, std::uint64_t>> LogStore::group_offsets() const {
-  std::lock_guard lk(self_->groups_mu_);
-  std::vector<std::tuple<std::string, std::string, std::uint64_t>> out;
-  for (const auto& [g, offs] : self_->groups_)
-    for (const auto& [t, o] : offs) out.emplace_back(g, t, o);
-  return out;
+  return self_->groups_->all();
 }
 
 std::vector<std::string> LogStore::verify() const {

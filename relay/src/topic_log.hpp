@@ -1,11 +1,11 @@
-// The relay's durable topic log: per-topic append-only segment files with a CRC32C per
-// record, group commit by one writer thread, retention, a sparse offset index, crash
-// recovery, and producer/event de-duplication that survives restarts.
+// The relay's durable topic log: per-topic append-only segment files of framed records
+// (log_record.hpp), group commit by one writer thread, retention, a sparse offset index,
+// crash recovery, and producer/event de-duplication that survives restarts.
 //
 // Internal to the relay (not installed). Thread model:
 //   * append() may be called from any thread; it only enqueues. The writer thread
-//     writes every pending batch; with fsync always a syncer thread then syncs each
-//     touched file once (group commit; two syncers, so one group's sync can start while
+//     writes every pending batch; with fsync always the syncer threads then sync each
+//     touched file once (group commit; three syncers, so one group's sync can start while
 //     another's runs). Completions run in append order, on the writer thread or a syncer
 //     thread: keep them short (e.g. post to a strand). The commit listener likewise.
 //   * read() / committed_offset() / topics() may be called from any thread
@@ -13,19 +13,8 @@
 //
 // On-disk layout (data_dir):
 //   topics/<topic>/<base offset, 20 digits zero-padded>.log   segments, oldest first
-//   groups/<group>.json                                       {"group":..., "offsets":{topic: next offset}}
+//   groups/<group>.json                                       consumer-group offsets (consumer_groups.hpp)
 //   .lock                                                     flock()ed by the one LogStore using data_dir
-//
-// Record format (all integers little-endian):
-//   u32 length        bytes after the crc field
-//   u32 crc32c        CRC32C of those `length` bytes
-//   u64 offset        consecutive per topic from 0
-//   i64 time_us       append time, microseconds since the epoch
-//   u64 producer_seq  the batch's seq (rebuilds batch de-dupe on recovery)
-//   u16 producer_id_len + producer id bytes
-//   u16 dedupe_key_len + dedupe key bytes (rebuilds event de-dupe on recovery)
-//   payload           the rest of the record
-// A whole record (8 + length) is at most 16 MiB.
 #pragma once
 
 #include <chrono>
@@ -198,14 +187,5 @@ class LogStore {
   struct Impl;
   std::unique_ptr<Impl> self_;
 };
-
-/// CRC32C (Castagnoli), hardware-accelerated when the CPU has SSE4.2.
-/// Pass a previous result as `crc` to continue it: crc32c(b, nb, crc32c(a, na)) == crc32c(a + b).
-std::uint32_t crc32c(const void* data, std::size_t size, std::uint32_t crc = 0) noexcept;
-
-namespace detail {
-/// The table-driven fallback of crc32c(), exposed so tests cover it on SSE4.2 machines too.
-std::uint32_t crc32c_portable(const void* data, std::size_t size, std::uint32_t crc = 0) noexcept;
-}  // namespace detail
 
 }  // namespace diaspora::relay

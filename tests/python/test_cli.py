@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import os
+import shutil
 import stat
 import subprocess
 import time
@@ -203,3 +204,23 @@ def test_cpp_loader_and_python_jsonschema_agree_on_every_spec():
             disagreements.append(f"{spec}: C++ {'valid' if cpp_ok else 'invalid'}, "
                                  f"Python {'valid' if py_ok else 'invalid'}")
     assert disagreements == []
+
+
+def test_bench_relay_runs_the_benchmark_program_beside_the_cli(tmp_path: Path):
+    """`diaspora bench relay` is diaspora-bench (built in bench/): its arguments, output and
+    exit codes pass through the CLI unchanged."""
+    if not (BIN / "diaspora-bench").exists():
+        pytest.fail("diaspora-bench was not built: configure with -DDIASPORA_BUILD_BENCH=ON")
+    p = run("bench", "relay", "--events", "2000", "--batch", "100", "--subscribers", "1", "--json", check_rc=0)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["events"] == 2000
+    assert out["events_per_s"] > 0
+    assert run("bench", "relay", "--producers", "0").returncode == 2  # diaspora-bench's own usage error
+    assert "relay" in run("bench", "--help", check_rc=0).stdout
+    # Without the program beside it, the CLI says what builds it.
+    lone = tmp_path / "bin"
+    lone.mkdir()
+    shutil.copy2(DIASPORA, lone / "diaspora")
+    p = subprocess.run([str(lone / "diaspora"), "bench", "relay"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert "DIASPORA_BUILD_BENCH" in p.stderr

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "test_helpers.hpp"
+#include "diaspora/crc32c.hpp"
 #include "topic_log.hpp"
 
 namespace fs = std::filesystem;
@@ -91,8 +92,8 @@ std::uint64_t on_disk(const std::string& producer, const std::string& key, const
 // ---- CRC32C ---------------------------------------------------------------------------
 
 TEST(Crc32c, KnownVectors) {
-  using diaspora::relay::crc32c;
-  using diaspora::relay::detail::crc32c_portable;
+  using diaspora::crc32c;
+  using diaspora::detail::crc32c_portable;
   const std::string check = "123456789";
   EXPECT_EQ(crc32c(check.data(), check.size()), 0xE3069283u);
   EXPECT_EQ(crc32c_portable(check.data(), check.size()), 0xE3069283u);
@@ -111,8 +112,8 @@ TEST(Crc32c, KnownVectors) {
 }
 
 TEST(Crc32c, IncrementalAndUnalignedAgree) {
-  using diaspora::relay::crc32c;
-  using diaspora::relay::detail::crc32c_portable;
+  using diaspora::crc32c;
+  using diaspora::detail::crc32c_portable;
   std::mt19937 rng(7);
   std::string data(1000, '\0');
   for (char& c : data) c = static_cast<char>(rng());

@@ -112,6 +112,10 @@ boost::json::object event_to_json(const Event& e);
 /// Checks an event against every rule decode_event applies. Throws EventError.
 void validate_event(const Event& e, const CodecOptions& options = {});
 
+/// Microseconds since the Unix epoch, now (the wall clock; the unit of stored and event
+/// times). Any thread; never throws.
+std::int64_t now_us() noexcept;
+
 /// Current time as RFC 3339 text in UTC with microseconds, e.g. "2026-11-30T07:15:38.123456Z".
 std::string format_rfc3339(std::chrono::system_clock::time_point t);
 

@@ -1,5 +1,5 @@
 // The Diaspora relay: a TLS WebSocket + HTTPS server in front of a durable topic log.
-// `diaspora-relay` is a thin main() around this class; tests and `diaspora run` embed it.
+// `diaspora-relay` is a thin main() around this class; tests and benchmarks embed it.
 #pragma once
 
 #include <chrono>

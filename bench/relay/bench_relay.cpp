@@ -1,9 +1,10 @@
-// `diaspora bench relay`: acked-publish throughput and end-to-end latency of a relay, for
+// diaspora-bench (run as `diaspora bench relay ...`: the CLI hands `bench` to this program
+// next to it): acked-publish throughput and end-to-end latency of a relay, for
 // N producers x M subscribers. Without --url it starts an embedded relay (fsync always,
 // fresh temporary data directory, development certificates) so the figure includes
 // durable group commit. Output: one human line and, with --json, one JSON object (the
 // comparison script bench/relay/compare.sh reads it).
-#include "bench_relay.hpp"
+#include <CLI/CLI.hpp>
 
 #include "workload.hpp"
 
@@ -20,10 +21,10 @@
 #include "diaspora/certs.hpp"
 #include "diaspora/event.hpp"
 #include "diaspora/relay.hpp"
-#include "diaspora/relay_client.hpp"
+#include "diaspora/client.hpp"
 #include "diaspora/token.hpp"
 
-namespace diaspora::cli {
+namespace diaspora::bench {
 
 namespace json = boost::json;
 using Clock = std::chrono::steady_clock;
@@ -97,16 +98,16 @@ int run_bench(BenchArgs a) {
         RelayClientOptions o = base;
         o.client_id = "bench-sub-" + std::to_string(s);
         RelayClient client(o);
-        client.send(json::serialize(json::object{{"op", "subscribe"}, {"id", s}, {"topic", topic}, {"from", "earliest"}}));
+        client.send(frames::subscribe(std::to_string(s), topic, "earliest"));
         client.receive_json();  // subscribed
         subscribed++;
         std::vector<double> mine;
         mine.reserve(static_cast<std::size_t>(total));
         std::uint64_t got = 0;
-        bench::ArenaParser parser(4u << 20);
+        ArenaParser parser(4u << 20);
         while (got < total && !failed) {
           const std::string frame = client.receive();
-          std::int64_t t = bench::now_ns();
+          std::int64_t t = now_ns();
           const bool ok = parser.parse(frame, [&](const json::value& v) {
             const json::object& m = v.as_object();
             if (m.at("op") != "events") return;
@@ -163,14 +164,13 @@ int run_bench(BenchArgs a) {
               std::uint64_t due_count = static_cast<std::uint64_t>(elapsed * per_producer_rate) + 1;
               n = std::max<std::uint64_t>(1, std::min(n, due_count > next ? due_count - next : 1));
             }
-            std::string frame = R"({"op":"publish","topic":")" + topic + R"(","seq":)" + std::to_string(seq++) +
-                                R"(,"events":[)";
-            std::int64_t t = bench::now_ns();
+            std::string frame = frames::publish_head(topic, seq++);
+            std::int64_t t = now_ns();
             for (std::uint64_t i = 0; i < n; ++i) {
               if (i) frame += ',';
-              frame += bench::make_event(p, next + i, a.size, t);
+              frame += make_event(p, next + i, a.size, t);
             }
-            frame += "]}";
+            frame += frames::kPublishTail;
             client.send(frame);
             next += n;
             ++inflight;
@@ -188,7 +188,7 @@ int run_bench(BenchArgs a) {
     });
   }
   start_line.arrive_and_wait();  // every producer connected (or failed)
-  bench::settle_disk();
+  settle_disk();
   start_line.arrive_and_wait();
   auto t_start = Clock::now();
   for (auto& t : prods) t.join();
@@ -202,7 +202,7 @@ int run_bench(BenchArgs a) {
       const std::filesystem::path where = !a.data_dir.empty() ? std::filesystem::path(a.data_dir)
                                           : !tmp.empty()        ? tmp
                                                                 : std::filesystem::temp_directory_path();
-      disk_us = bench::probe_fdatasync(where, a.disk_probe);
+      disk_us = probe_fdatasync(where, a.disk_probe);
     } catch (const std::exception& e) {
       fail(std::string("disk probe: ") + e.what());
     }
@@ -212,11 +212,11 @@ int run_bench(BenchArgs a) {
     std::cerr << "error: " << failure << "\n";
     return 1;
   }
-  const double disk_p50 = bench::percentile(disk_us, 0.50), disk_p99 = bench::percentile(disk_us, 0.99);
+  const double disk_p50 = percentile(disk_us, 0.50), disk_p99 = percentile(disk_us, 0.99);
   double eps = static_cast<double>(acked) / publish_s;
   double mbps = eps * static_cast<double>(a.size) / 1e6;
-  double p50 = bench::percentile(latencies_us, 0.50), p99 = bench::percentile(latencies_us, 0.99),
-         p999 = bench::percentile(latencies_us, 0.999);
+  double p50 = percentile(latencies_us, 0.50), p99 = percentile(latencies_us, 0.99),
+         p999 = percentile(latencies_us, 0.999);
   if (a.json_out) {
     std::cout << json::serialize(json::object{{"system", "diaspora-relay"},
                                               {"producers", a.producers},
@@ -251,9 +251,10 @@ int run_bench(BenchArgs a) {
 
 }  // namespace
 
-std::function<int()> add_bench_commands(CLI::App& app) {
-  auto* bench = app.add_subcommand("bench", "Benchmarks");
-  bench->require_subcommand(1);
+int bench_main(int argc, char** argv) {
+  CLI::App app{"diaspora bench: benchmarks of a relay (run as `diaspora bench ...`)", "diaspora bench"};
+  app.require_subcommand(1);
+  auto* bench = &app;
   auto a = std::make_shared<BenchArgs>();
   auto* relay = bench->add_subcommand(
       "relay", "Acked-publish throughput and end-to-end latency; without --url, against an embedded relay");
@@ -275,7 +276,20 @@ std::function<int()> add_bench_commands(CLI::App& app) {
       ->check(CLI::Range(0, 100000))
       ->capture_default_str();
   relay->add_flag("--json", a->json_out, "Print one JSON object");
-  return [relay, a]() -> int { return relay->parsed() ? run_bench(*a) : -1; };
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  try {
+    return run_bench(*a);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
 }
 
-}  // namespace diaspora::cli
+}  // namespace diaspora::bench
+
+int main(int argc, char** argv) { return diaspora::bench::bench_main(argc, argv); }

@@ -1,6 +1,7 @@
-// A small blocking client for the relay's diaspora.v1 protocol, used by `diaspora
-// publish`, `diaspora tail`, the relay benchmark and tests. The engine plugin's publisher
-// pipelines batches with poll_receive().
+// diaspora::client, the only way a component talks to a relay: a small blocking client for
+// the diaspora.v1 (and cloudevents.json) WebSocket protocol, and the builders of the frames
+// it sends (docs/protocol.md). Used by the engine plugin (whose publisher pipelines batches
+// with poll_receive()), the `diaspora` CLI, the benchmarks and tests.
 #pragma once
 
 #include <boost/json/object.hpp>
@@ -12,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "diaspora/error.hpp"
 
@@ -82,5 +84,34 @@ class RelayClient {
   struct Impl;
   std::unique_ptr<Impl> self_;
 };
+
+/// Builders of the diaspora.v1 frames a client sends (docs/protocol.md). Pure functions:
+/// any thread; they throw std::bad_alloc only.
+namespace frames {
+
+/// The start of a publish frame, up to its events:
+/// `{"op":"publish","topic":<topic>,"seq":<seq>,"events":[`. Follow it with the events'
+/// JSON texts separated by ',' and end it with kPublishTail; RelayClient::send(parts) sends
+/// the pieces as one frame without joining them.
+std::string publish_head(std::string_view topic, std::uint64_t seq);
+/// The end of a publish frame.
+inline constexpr std::string_view kPublishTail = "]}";
+/// A whole publish frame of `events` (each a CloudEvent's JSON text).
+std::string publish(std::string_view topic, std::uint64_t seq, const std::vector<std::string_view>& events);
+
+/// Where a subscription starts: "earliest", "latest", or an offset.
+struct From {
+  From(const char* where) : position(where) {}  // NOLINT: "earliest" or "latest"
+  From(std::string_view where) : position(where) {}  // NOLINT
+  From(std::uint64_t at) : offset(at) {}  // NOLINT
+  std::string_view position;  ///< empty when `offset` is used
+  std::uint64_t offset = 0;
+};
+/// `{"op":"subscribe","id":...,"topic":...,"from":...[,"group":...]}`; no group when empty.
+std::string subscribe(std::string_view id, std::string_view topic_pattern, From from, std::string_view group = {});
+/// `{"op":"commit","group":...,"topic":...,"offset":...}`.
+std::string commit(std::string_view group, std::string_view topic, std::uint64_t offset);
+
+}  // namespace frames
 
 }  // namespace diaspora

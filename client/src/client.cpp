@@ -13,7 +13,7 @@
 #include <boost/json.hpp>
 #include <openssl/ssl.h>
 
-#include "diaspora/relay_client.hpp"
+#include "diaspora/client.hpp"
 #include "diaspora/version.hpp"
 
 namespace diaspora {

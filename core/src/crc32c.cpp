@@ -1,18 +1,18 @@
-// CRC32C (Castagnoli, reflected polynomial 0x82F63B78): the per-record checksum of the
-// topic log. SSE4.2's crc32 instruction when the CPU has it (checked at run time, so the
-// binary still runs on older or non-x86 CPUs), else slicing-by-8 tables.
+// CRC32C (Castagnoli, reflected polynomial 0x82F63B78), the checksum of the storage layer's
+// framed records. SSE4.2's crc32 instruction when the CPU has it (checked at run time, so
+// the binary still runs on older or non-x86 CPUs), else slicing-by-8 tables.
 #include <bit>
 #include <cstdint>
 #include <cstring>
 
-#include "topic_log.hpp"
+#include "diaspora/crc32c.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <nmmintrin.h>
 #define DIASPORA_CRC32C_X86 1
 #endif
 
-namespace diaspora::relay {
+namespace diaspora {
 
 namespace {
 
@@ -100,4 +100,4 @@ std::uint32_t crc32c_portable(const void* data, std::size_t size, std::uint32_t 
 }
 }  // namespace detail
 
-}  // namespace diaspora::relay
+}  // namespace diaspora

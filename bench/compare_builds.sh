@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Two builds side by side (e.g. before and after a refactor that must not change the
+# figures): the relay's acked-publish rate and latency (`diaspora bench relay`) and the
+# plugin's hook cost and end-to-end rate (bench_plugin), each run alternately with one build
+# then the other, RUNS times, so the machine's drift falls on both alike. Prints the median
+# of each figure per build and their ratio (new / old).
+#   bench/compare_builds.sh OLD_BIN_DIR NEW_BIN_DIR      RUNS=3 by default
+set -euo pipefail
+old=${1:?usage: compare_builds.sh OLD_BIN_DIR NEW_BIN_DIR}
+new=${2:?usage: compare_builds.sh OLD_BIN_DIR NEW_BIN_DIR}
+runs=${RUNS:-3}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+for b in "$old" "$new"; do
+  for p in diaspora bench_plugin; do
+    [ -x "$b/$p" ] || { echo "$b/$p: not built (configure with -DDIASPORA_BUILD_BENCH=ON)" >&2; exit 2; }
+  done
+done
+
+relay() {  # BIN TAG
+  "$1/diaspora" bench relay --json --events 400000 --producers 2 --subscribers 1 --batch 500 >> "$out/relay.$2"
+  "$1/diaspora" bench relay --json --events 60000 --rate 20000 --producers 1 --subscribers 1 >> "$out/latency.$2"
+}
+plugin() {  # BIN TAG
+  "$1/bench_plugin" --e2e-only --e2e-events=400000 --e2e-rates=0 --e2e-validate=on 2>&1 |
+    grep -E '^(plugin|direct)' >> "$out/e2e.$2" || true
+  "$1/bench_plugin" --hook-only --benchmark_min_time=0.3 2>&1 |
+    grep -E '^diaspora_task_heartbeat,' >> "$out/hook.$2" || true
+}
+for i in $(seq 1 "$runs"); do
+  if [ $((i % 2)) -eq 1 ]; then order="old new"; else order="new old"; fi
+  for tag in $order; do
+    bin=$old; [ "$tag" = new ] && bin=$new
+    echo "run $i: $tag ($bin)" >&2
+    relay "$bin" "$tag"
+    plugin "$bin" "$tag"
+  done
+done
+
+/usr/bin/python3 - "$out" <<'PY'
+import json, re, statistics, sys
+from pathlib import Path
+d = Path(sys.argv[1])
+def med(xs): return statistics.median(xs) if xs else float("nan")
+def jfield(name, key):
+    return {t: [json.loads(l)[key] for l in (d / f"{name}.{t}").read_text().splitlines() if l.strip()] for t in ("old", "new")}
+rows = [("relay acked events/s (2 producers, 1 subscriber)", jfield("relay", "events_per_s")),
+        ("relay p99 latency us at 20k events/s", jfield("latency", "p99_us")),
+        ("relay p50 latency us at 20k events/s", jfield("latency", "p50_us"))]
+def lines(name):
+    return {t: (d / f"{name}.{t}").read_text().splitlines() for t in ("old", "new")}
+e2e = lines("e2e")  # "<label, 52 wide> <events/s> ..."
+for label in sorted({l[:52].strip() for l in e2e["old"]}):
+    vals = {t: [float(l[52:].split()[0]) for l in e2e[t] if l[:52].strip() == label] for t in e2e}
+    rows.append((f"e2e {label} (events/s)", vals))
+hook = lines("hook")  # "<label, 34 wide> <median ns> <p99 ns>"
+for label in sorted({l[:34].strip() for l in hook["old"]}):
+    vals = {t: [float(l[34:].split()[0]) for l in hook[t] if l[:34].strip() == label] for t in hook}
+    rows.append((f"hook {label}: median ns", vals))
+print(f"{'figure':60s} {'old':>12s} {'new':>12s} {'new/old':>8s}")
+for label, v in rows:
+    o, n = med(v["old"]), med(v["new"])
+    print(f"{label:60s} {o:12.1f} {n:12.1f} {n / o if o else float('nan'):8.3f}")
+PY

@@ -1,0 +1,236 @@
+// diaspora-train's job, shared by its translation units: the models, the task stream and
+// the Job (trainer.cpp: setup, steps, evaluation, output; checkpoint.cpp: checkpoints and
+// resume). The plugin link is plugin_link.hpp. Internal to the trainer (not installed).
+#pragma once
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
+#include <unistd.h>
+
+
+#include <boost/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cinttypes>
+#include <charconv>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <mutex>
+#include <sstream>
+#include <stop_token>
+#include <thread>
+
+#include "diaspora/datasets.hpp"
+#include "diaspora/files.hpp"
+#include "diaspora/rehearsal.hpp"
+#include "diaspora/thread_name.hpp"
+#include "diaspora/trainer.hpp"
+#include "plugin_link.hpp"
+#include "random.hpp"
+
+namespace diaspora::rehearsal {
+namespace json = boost::json;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace detail {
+
+inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// ---- models ----------------------------------------------------------------------------
+
+/// A model maps a batch of inputs to logits [B,10] or to (amplitude, phase) maps [B,2,n,n].
+struct NetImpl : torch::nn::Module {
+  virtual torch::Tensor forward(torch::Tensor x) = 0;
+};
+
+/// Small CNN for 28x28 images (LeNet-like): two 5x5 convolutions with max-pooling, two
+/// linear layers. About 1.1 M multiply-adds per image.
+struct SmallCnn : NetImpl {
+  torch::nn::Conv2d c1{nullptr}, c2{nullptr};
+  torch::nn::Linear f1{nullptr}, f2{nullptr};
+  explicit SmallCnn(int classes) {
+    c1 = register_module("c1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 5)));
+    c2 = register_module("c2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 5)));
+    f1 = register_module("f1", torch::nn::Linear(32 * 4 * 4, 128));
+    f2 = register_module("f2", torch::nn::Linear(128, classes));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    x = torch::max_pool2d(torch::relu(c1->forward(x)), 2);
+    x = torch::max_pool2d(torch::relu(c2->forward(x)), 2);
+    return f2->forward(torch::relu(f1->forward(x.flatten(1))));
+  }
+};
+
+/// PtychoNN-style network: a convolutional encoder (three conv + max-pool stages) and two
+/// decoders (three conv + 2x upsampling stages each) for amplitude (sigmoid, in [0,1]) and
+/// phase (pi * tanh, in [-pi, pi]). Input [B,1,n,n], output [B,2,n,n]; n a multiple of 8.
+struct PtychoNet : NetImpl {
+  torch::nn::Sequential encoder{nullptr}, amp{nullptr}, phase{nullptr};
+  static torch::nn::Conv2d conv(int in, int out) {
+    return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1));
+  }
+  static torch::nn::Sequential decoder() {
+    auto up = [] {
+      return torch::nn::Upsample(
+          torch::nn::UpsampleOptions().scale_factor(std::vector<double>{2.0, 2.0}).mode(torch::kNearest));
+    };
+    return torch::nn::Sequential(conv(64, 32), torch::nn::ReLU(), up(), conv(32, 16), torch::nn::ReLU(), up(),
+                                 conv(16, 8), torch::nn::ReLU(), up(), conv(8, 1));
+  }
+  PtychoNet() {
+    auto pool = [] { return torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(2)); };
+    encoder = register_module("encoder", torch::nn::Sequential(conv(1, 16), torch::nn::ReLU(), pool(), conv(16, 32),
+                                                               torch::nn::ReLU(), pool(), conv(32, 64),
+                                                               torch::nn::ReLU(), pool()));
+    amp = register_module("amplitude", decoder());
+    phase = register_module("phase", decoder());
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    auto z = encoder->forward(x);
+    return torch::cat({torch::sigmoid(amp->forward(z)), M_PI * torch::tanh(phase->forward(z))}, 1);
+  }
+};
+
+// ---- the task stream -------------------------------------------------------------------
+
+struct TaskData {
+  torch::Tensor x;  // inputs [N,1,h,w]
+  torch::Tensor y;  // Long [N] labels, or Float [N,2,n,n] targets
+};
+
+struct Stream {
+  bool classification = true;
+  std::vector<TaskData> train, test;
+  std::vector<std::int64_t> output_sizes;  // per-sample model output shape
+  torch::Tensor weight;                     // ptycho: illumination_weight(probe), [n,n]
+};
+
+torch::Tensor first_rows(const torch::Tensor& t, std::int64_t limit);
+
+Stream load_stream(const TrainerConfig& cfg);
+
+SampleLayout buffer_layout(const Stream& s, const TrainerConfig& cfg);
+
+// ---- files ---------------------------------------------------------------------------------
+
+std::string read_text(const fs::path& file);
+
+// The task's loss: cross-entropy, or (ptycho) the mean ptycho_error over the batch.
+torch::Tensor task_loss(const Stream& s, const torch::Tensor& out, const torch::Tensor& y);
+// What the accuracy (error) matrix holds; kept in checkpoint manifests.
+const char* metric_name(const Stream& s);
+
+// ---- the job -------------------------------------------------------------------------------
+
+/// Position in the stream: the next step trains batch `batch` of epoch `epoch` of task `task`.
+struct Position {
+  int task = 0;
+  int epoch = 0;
+  std::int64_t batch = 0;
+  std::int64_t step = 0;  // global step count (also the sampler's step)
+};
+
+/// A checkpoint whose files are being written by a background thread (`dsp-checkpoint`):
+/// the step's state was captured at the step boundary (serialised model and optimizer,
+/// copies of the buffer and of the drawn representatives), so training goes on while the
+/// rank file is serialised, written and fsynced. It is complete once every rank's file is
+/// durable and rank 0 has written the manifest and LATEST (Job::poll_checkpoint).
+struct PendingCheckpoint {
+  std::string name;      // "ckpt-<step>"
+  std::string manifest;  // rank 0: the manifest's text
+  std::atomic<bool> done{false};
+  std::exception_ptr error;  // set by the writer before done
+  std::jthread writer;
+};
+
+class Job {
+ public:
+  Job(const TrainerConfig& cfg, const RankOptions& opt) : cfg_(cfg), opt_(opt) {}
+  int run();
+
+ private:
+  // setup
+  void setup_groups();
+  void build_model();
+  json::object stream_identity() const;
+  void flush_insertions(const char* where);
+  void drop_metrics_after(std::int64_t step);
+  void setup();
+  int train();
+  template <class Open>
+  void load_rank_files(Open& open, int old_world);
+  std::int64_t task_samples(int task) const;
+  std::int64_t steps_per_epoch(int task) const { return steps_per_epoch_at(task, world_); }
+  std::int64_t steps_per_epoch_at(int task, int world) const;
+  torch::Tensor epoch_order(int task, int epoch) const;
+  const TaskData& task_data(int task);
+  // training
+  double train_step(const torch::Tensor& idx, int task);
+  void allreduce_grads();
+  // Runs one of the trainer's own all-reduces over the ranks (`what` names it); a failure
+  // (a rank ended, the network between the ranks dropped, sampling.timeout passed) is
+  // rethrown as a RehearsalError naming the step and the collective.
+  void all_reduce(const char* what, std::vector<torch::Tensor>& values,
+                  const c10d::AllreduceOptions& options = c10d::AllreduceOptions());
+  void update_ema();
+  std::vector<double> evaluate();
+  int agree_stop(int local);
+  std::vector<std::int64_t> over_ranks(std::vector<std::int64_t> values, c10d::ReduceOp op);
+  std::vector<std::int64_t> max_over_ranks(std::vector<std::int64_t> values) {
+    return over_ranks(std::move(values), c10d::ReduceOp::MAX);
+  }
+  // checkpoints
+  fs::path checkpoint_root() const;
+  void save_checkpoint(const std::string& why, bool background = false);
+  void finish_checkpoint();
+  void poll_checkpoint(int max_state);
+  int checkpoint_state() const;
+  void load_checkpoint(const fs::path& from);
+  // output
+  void log_step(double loss, double step_s, double wait_s, std::int64_t reps);
+  void write_summary();
+  void barrier();
+
+  const TrainerConfig& cfg_;
+  const RankOptions& opt_;
+  int rank_ = 0, world_ = 1;
+  Stream data_;
+  TaskData scratch_;      // scratch: tasks 0..scratch_task_ concatenated
+  int scratch_task_ = -1;
+  std::shared_ptr<NetImpl> model_;
+  std::shared_ptr<NetImpl> ema_;  // train.ema > 0: the averaged weights that are evaluated
+  std::int64_t ema_updates_ = 0;
+  std::unique_ptr<torch::optim::Optimizer> optim_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroup> train_group_, sampler_group_;
+  std::unique_ptr<RehearsalBuffer> buffer_;
+  std::unique_ptr<AsyncInserter> inserter_;
+  std::unique_ptr<GlobalSampler> sampler_;
+  Position pos_;
+  std::vector<std::vector<double>> matrix_;  // metric on task j after task i
+  double elapsed_before_ = 0;                // runtime of earlier segments (resume)
+  Clock::time_point started_;
+  std::ofstream metrics_;
+  std::unique_ptr<PluginLink> plugin_;
+  double sum_step_s_ = 0, sum_wait_s_ = 0;
+  std::int64_t steps_here_ = 0, samples_here_ = 0;
+  std::string resumed_from_;
+  std::unique_ptr<PendingCheckpoint> pending_;  // a background checkpoint not yet complete
+  std::int64_t buffer_capacity_ = 0;            // slots of the buffers over all ranks
+};
+
+}  // namespace detail
+}  // namespace diaspora::rehearsal

@@ -1,0 +1,51 @@
+// The relay's plain HTTPS endpoints (/healthz, /readyz, /metrics, /api/v1/...), kept apart
+// from the Beast session code in server.cpp: requests and replies here are plain values.
+// Internal to the relay. Thread safety: pure functions of their arguments; handle_http()
+// reads the store and updates the metrics, both safe from any thread.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "diaspora/token.hpp"
+#include "metrics.hpp"
+#include "topic_log.hpp"
+
+namespace diaspora::relay {
+
+/// A request target split into its percent-decoded path and query parameters.
+struct Target {
+  std::string path;
+  std::map<std::string, std::string> query;
+};
+Target parse_target(std::string_view target);
+
+/// The token of an Authorization header: nullopt when there is none, "" when it is not a
+/// bearer token (then refused as malformed).
+std::optional<std::string> bearer_token(std::optional<std::string_view> authorization);
+
+/// What to answer.
+struct HttpReply {
+  unsigned status = 200;
+  std::string content_type = "text/plain";
+  std::string body;
+  bool challenge = false;  ///< add WWW-Authenticate: Bearer
+};
+
+/// What the endpoints read.
+struct ApiContext {
+  const LogStore& store;
+  const TokenVerifier& verifier;
+  Metrics& metrics;
+  bool public_metrics = true;
+  bool stopping = false;
+};
+
+/// Answers a request that is not a WebSocket upgrade. `get_or_head` is false for any other
+/// method (405). Refusals count in metrics.refused_auth.
+HttpReply handle_http(bool get_or_head, std::string_view target, const std::optional<std::string>& bearer,
+                      const ApiContext& ctx);
+
+}  // namespace diaspora::relay

@@ -1,0 +1,80 @@
+#include "metrics.hpp"
+
+#include <cstdio>
+
+namespace diaspora::relay {
+
+void Metrics::in(const std::string& topic, std::uint64_t events, std::uint64_t bytes, std::uint64_t dups) {
+  std::lock_guard lock(mutex);
+  auto& t = topics[topic];
+  t.events_in += events;
+  t.bytes_in += bytes;
+  t.duplicates += dups;
+}
+
+void Metrics::out(const std::string& topic, std::uint64_t events, std::uint64_t bytes) {
+  std::lock_guard lock(mutex);
+  auto& t = topics[topic];
+  t.events_out += events;
+  t.bytes_out += bytes;
+}
+
+std::string render_metrics(Metrics& metrics, const LogStore& store) {
+  std::string out;
+  auto line = [&](const std::string& s) { out += s + "\n"; };
+  auto esc = [](const std::string& s) {
+    std::string r;
+    for (char c : s) r += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+    return r;
+  };
+  std::map<std::string, Metrics::TopicCounters> snapshot;
+  {
+    std::lock_guard lock(metrics.mutex);
+    snapshot = metrics.topics;
+  }
+  auto per_topic = [&](const char* name, const char* help, std::uint64_t Metrics::TopicCounters::*field) {
+    line(std::string("# HELP ") + name + " " + help);
+    line(std::string("# TYPE ") + name + " counter");
+    for (const auto& [t, c] : snapshot) line(std::string(name) + "{topic=\"" + esc(t) + "\"} " + std::to_string(c.*field));
+  };
+  per_topic("diaspora_relay_events_in_total", "Events appended per topic.", &Metrics::TopicCounters::events_in);
+  per_topic("diaspora_relay_bytes_in_total", "Event bytes appended per topic.", &Metrics::TopicCounters::bytes_in);
+  per_topic("diaspora_relay_duplicates_total", "Events dropped as duplicates per topic.",
+            &Metrics::TopicCounters::duplicates);
+  per_topic("diaspora_relay_events_out_total", "Events delivered to subscribers per topic.",
+            &Metrics::TopicCounters::events_out);
+  per_topic("diaspora_relay_bytes_out_total", "Event bytes delivered per topic.", &Metrics::TopicCounters::bytes_out);
+  auto single = [&](const char* name, const char* type, const char* help, std::int64_t value) {
+    line(std::string("# HELP ") + name + " " + help);
+    line(std::string("# TYPE ") + name + " " + type);
+    line(std::string(name) + " " + std::to_string(value));
+  };
+  single("diaspora_relay_connections", "gauge", "Open TLS connections.", metrics.connections.load());
+  single("diaspora_relay_websockets", "gauge", "Open WebSocket sessions.", metrics.websockets.load());
+  single("diaspora_relay_auth_refusals_total", "counter",
+         "Requests refused for missing, invalid or insufficient tokens.",
+         static_cast<std::int64_t>(metrics.refused_auth.load()));
+  single("diaspora_relay_slow_consumer_disconnects_total", "counter", "Subscribers disconnected as too slow.",
+         static_cast<std::int64_t>(metrics.slow_disconnects.load()));
+  auto fs = store.fsync_stats();
+  line("# HELP diaspora_relay_fsync_seconds Duration of log syncs (group commits).");
+  line("# TYPE diaspora_relay_fsync_seconds histogram");
+  for (std::size_t i = 0; i < fs.bucket_bounds.size(); ++i) {
+    char le[32];
+    std::snprintf(le, sizeof le, "%g", fs.bucket_bounds[i]);
+    line(std::string("diaspora_relay_fsync_seconds_bucket{le=\"") + le + "\"} " + std::to_string(fs.bucket_counts[i]));
+  }
+  line("diaspora_relay_fsync_seconds_bucket{le=\"+Inf\"} " + std::to_string(fs.count));
+  line("diaspora_relay_fsync_seconds_sum " + std::to_string(fs.sum));
+  line("diaspora_relay_fsync_seconds_count " + std::to_string(fs.count));
+  line("# HELP diaspora_relay_consumer_lag Events between a group's committed offset and the end of the topic.");
+  line("# TYPE diaspora_relay_consumer_lag gauge");
+  for (const auto& [g, t, off] : store.group_offsets()) {
+    std::uint64_t end = store.committed_offset(t);
+    line("diaspora_relay_consumer_lag{group=\"" + esc(g) + "\",topic=\"" + esc(t) + "\"} " +
+         std::to_string(end > off ? end - off : 0));
+  }
+  return out;
+}
+
+}  // namespace diaspora::relay

@@ -1,0 +1,37 @@
+// The relay's counters and gauges, and their Prometheus text (/metrics).
+// Internal to the relay. Thread safety: every member may be used from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "topic_log.hpp"
+
+namespace diaspora::relay {
+
+/// Per-topic counters and connection gauges.
+struct Metrics {
+  struct TopicCounters {
+    std::uint64_t events_in = 0, bytes_in = 0, events_out = 0, bytes_out = 0, duplicates = 0;
+  };
+  std::mutex mutex;
+  std::map<std::string, TopicCounters> topics;  // guarded by mutex
+  std::atomic<std::int64_t> connections{0};
+  std::atomic<std::int64_t> websockets{0};
+  std::atomic<std::uint64_t> refused_auth{0};
+  std::atomic<std::uint64_t> slow_disconnects{0};
+
+  /// Events appended to `topic` (and duplicates dropped).
+  void in(const std::string& topic, std::uint64_t events, std::uint64_t bytes, std::uint64_t dups);
+  /// Events delivered to a subscriber of `topic`.
+  void out(const std::string& topic, std::uint64_t events, std::uint64_t bytes);
+};
+
+/// The Prometheus text exposition (version 0.0.4) of `m` and of the log's fsync histogram
+/// and consumer lag.
+std::string render_metrics(Metrics& m, const LogStore& store);
+
+}  // namespace diaspora::relay
