@@ -10,7 +10,8 @@ old=${1:?usage: compare_builds.sh OLD_BIN_DIR NEW_BIN_DIR}
 new=${2:?usage: compare_builds.sh OLD_BIN_DIR NEW_BIN_DIR}
 runs=${RUNS:-3}
 out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+trap '[ -n "${KEEP:-}" ] || rm -rf "$out"' EXIT
+[ -n "${KEEP:-}" ] && echo "raw results in $out" >&2
 for b in "$old" "$new"; do
   for p in diaspora bench_plugin; do
     [ -x "$b/$p" ] || { echo "$b/$p: not built (configure with -DDIASPORA_BUILD_BENCH=ON)" >&2; exit 2; }

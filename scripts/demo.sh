@@ -68,8 +68,15 @@ with open(sys.argv[1], "w") as f:
         f.write(f"2026-01-01 {i // 60 // 60:02d}:{i // 60 % 60:02d}:{i % 60:02d},{v:.4f}\n")
 PY
 "$BIN/diaspora-nab" --data "$demo_dir/nab" --out "$demo_dir/nab-out"
-echo "rows scoring >= 0.5 (the shift starts at row 1500):"
+echo "rows scoring >= 0.5 (the shift starts at row 1501):"
 awk -F, 'NR > 1 && $3 >= 0.5 { print "  row " NR - 1 ": value " $2 ", score " $3 }' "$demo_dir/nab-out/synthetic/shift.csv"
+# The demo checks what it shows: an alarm within 60 rows of the shift, and none before it.
+first_alarm=$(awk -F, 'NR > 1 && $3 >= 0.5 { print NR - 1; exit }' "$demo_dir/nab-out/synthetic/shift.csv")
+if [ -z "$first_alarm" ] || [ "$first_alarm" -lt 1501 ] || [ "$first_alarm" -gt 1560 ]; then
+  echo "demo: expected the first alarm between rows 1501 and 1560, got '${first_alarm:-none}'" >&2
+  exit 1
+fi
+echo "first alarm at row $first_alarm: the shift was detected, nothing before it scored >= 0.5"
 echo
 echo "-- continual learning: DER++ on split Fashion-MNIST (2 tasks of 5 classes, a slice of each), stopped and resumed"
 cat > "$demo_dir/train.yaml" <<'YAML'

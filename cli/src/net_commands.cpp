@@ -40,6 +40,12 @@ struct Connection {
   }
 };
 
+// Input the user must fix (exit 2, docs/cli.md), as opposed to a failure while running.
+class InvalidInput : public Error {
+ public:
+  using Error::Error;
+};
+
 struct PublishArgs {
   Connection conn;
   std::string topic, file, producer_id;
@@ -82,14 +88,21 @@ std::vector<std::string> events_from_file(const std::string& file) {
       errors += file + ":" + std::to_string(n) + ": error: " + e.what() + "\n";
     }
   }
-  if (!errors.empty()) throw Error("invalid events, nothing was published:\n" + errors);
+  if (!errors.empty()) throw InvalidInput("invalid events, nothing was published:\n" + errors);
   return out;
 }
 
 int run_publish(const PublishArgs& a) {
   std::vector<std::string> events;
   std::string producer = a.producer_id.empty() ? "cli-" + make_uuid().substr(0, 8) : a.producer_id;
-  if (!a.file.empty()) events = events_from_file(a.file);
+  if (!a.file.empty()) {
+    try {
+      events = events_from_file(a.file);
+    } catch (const InvalidInput& e) {
+      std::cerr << "error: " << e.what();
+      return 2;
+    }
+  }
   else events = synthetic_events(a.count, a.size, producer);
   if (events.empty()) {
     std::cerr << "error: nothing to publish\n";

@@ -351,6 +351,10 @@ WorkflowSpec build(const YamlDocument& doc, std::string file) {
     p.to_sites = str_list(o, "to_sites");
     p.max_attempts = get_int(o, "max_attempts", 3);
     p.location = loc("policies", i);
+    for (const auto& kv : o)
+      if (auto it = doc.value_locations.find(format_path(Path{std::string("policies"), i, std::string(kv.key())}));
+          it != doc.value_locations.end())
+        p.field_locations.emplace(std::string(kv.key()), it->second);
     w.policies.push_back(std::move(p));
   });
   each(r, "rehearsal", [&](const json::object& o, std::size_t i) {

@@ -6,7 +6,10 @@
 #include <charconv>
 #include <cstdlib>
 #include <cmath>
+#include <optional>
 #include <regex>
+#include <utility>
+#include <vector>
 
 #include "diaspora/json_schema.hpp"
 #include "diaspora/spec.hpp"
@@ -113,6 +116,10 @@ struct Converter {
           }
           doc.key_locations.emplace(where, key_loc);
           o[key] = convert(kv.second, path);
+          // An empty value (`engine:` and nothing after it): yaml-cpp marks it at the next
+          // token, often on a later line; an error about it belongs on its key.
+          if (kv.second.IsNull() && location_of(kv.second.Mark()).line != key_loc.line)
+            doc.value_locations[where] = key_loc;
           path.pop_back();
         }
         return o;
@@ -121,6 +128,98 @@ struct Converter {
     return nullptr;
   }
 };
+
+// The lines of `text`, numbered from 1 (index 0 unused).
+std::vector<std::string_view> lines_of(std::string_view text) {
+  std::vector<std::string_view> lines{std::string_view{}};
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t end = text.find('\n', start);
+    lines.push_back(text.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start));
+    if (end == std::string_view::npos) break;
+    start = end + 1;
+  }
+  return lines;
+}
+
+bool is_document_marker(std::string_view line) {
+  return line.starts_with("---") && (line.size() == 3 || line[3] == ' ' || line[3] == '\t' || line[3] == '\r');
+}
+
+// The '---' that starts the document whose first node is at `first`.
+Location document_start(const std::vector<std::string_view>& lines, Location first) {
+  for (int l = std::min<int>(first.line, static_cast<int>(lines.size()) - 1); l >= 1; --l)
+    if (is_document_marker(lines[static_cast<std::size_t>(l)])) return {l, 1};
+  return first;
+}
+
+// The '[' or '{' still open at `until` (1-based line and column), skipping quoted strings and
+// comments: where an unclosed flow collection starts.
+std::optional<Location> unclosed_flow(const std::vector<std::string_view>& lines, Location until) {
+  std::vector<Location> open;
+  for (int l = 1; l < static_cast<int>(lines.size()) && l <= until.line; ++l) {
+    const std::string_view s = lines[static_cast<std::size_t>(l)];
+    char quote = 0;
+    for (std::size_t c = 0; c < s.size(); ++c) {
+      if (l == until.line && static_cast<int>(c) + 1 >= until.column) break;
+      const char ch = s[c];
+      if (quote) {
+        if (ch == quote) quote = 0;
+        else if (ch == '\\' && quote == '"') ++c;
+        continue;
+      }
+      if (ch == '#' && (c == 0 || s[c - 1] == ' ' || s[c - 1] == '\t')) break;  // a comment
+      if (ch == '"' || ch == '\'') quote = ch;
+      else if (ch == '[' || ch == '{') open.push_back({l, static_cast<int>(c) + 1});
+      else if ((ch == ']' || ch == '}') && !open.empty()) open.pop_back();
+    }
+  }
+  if (open.empty()) return std::nullopt;
+  return open.back();
+}
+
+// `key:value` written without the space YAML needs after ':' (then it is one plain string),
+// on the content line before `at` or on it; where its key starts.
+std::optional<std::pair<Location, std::string>> missing_space_after_colon(const std::vector<std::string_view>& lines,
+                                                                          Location at) {
+  static const std::regex re(R"(^(\s*(?:-\s+)?)([A-Za-z_][A-Za-z0-9_.-]*):([^\s/].*?)\s*$)");
+  std::vector<int> candidates;
+  for (int l = at.line - 1; l >= 1 && candidates.empty(); --l) {
+    const std::string_view s = lines[static_cast<std::size_t>(l)];
+    const auto first = s.find_first_not_of(" \t\r");
+    if (first == std::string_view::npos || s[first] == '#') continue;
+    candidates.push_back(l);
+  }
+  if (at.line >= 1 && at.line < static_cast<int>(lines.size())) candidates.push_back(at.line);
+  for (int l : candidates) {
+    const std::string s(lines[static_cast<std::size_t>(l)]);
+    std::smatch m;
+    if (std::regex_match(s, m, re))
+      return std::make_pair(Location{l, static_cast<int>(m.length(1)) + 1}, m.str(2) + ":" + m.str(3));
+  }
+  return std::nullopt;
+}
+
+// A YAML syntax error, placed where the construct at fault starts when yaml-cpp reports it
+// later (an unclosed flow collection, `key:value` without a space).
+Diagnostic syntax_error(const std::string& file, std::string_view text, const YAML::Exception& e) {
+  Location l = location_of(e.mark);
+  std::string message = "YAML syntax: " + e.msg;
+  const auto lines = lines_of(text);
+  // A '[' or '{' still open where the parser gave up is the likely cause, whatever it says.
+  if (auto start = unclosed_flow(lines, l)) {
+    message += " (the '" + std::string(1, lines[static_cast<std::size_t>(start->line)][start->column - 1]) +
+               "' here is never closed; the parser gave up at " + std::to_string(l.line) + ":" +
+               std::to_string(l.column) + ")";
+    l = *start;
+  } else if (auto hit = missing_space_after_colon(lines, l)) {
+    message = "YAML syntax: '" + hit->second + "' is one plain string, not a key and a value: put a space after "
+              "the ':' (the parser gave up at " + std::to_string(l.line) + ":" + std::to_string(l.column) + ": " +
+              e.msg + ")";
+    l = hit->first;
+  }
+  return {file, l.line, l.column, "", message};
+}
 
 }  // namespace
 
@@ -134,7 +233,7 @@ YamlDocument parse_yaml(std::string_view text, std::string_view file_name) {
       return doc;
     }
     if (docs.size() > 1) {
-      Location l = location_of(docs[1].Mark());
+      Location l = document_start(lines_of(text), location_of(docs[1].Mark()));
       doc.errors.push_back({file, l.line, l.column, "(root)",
                             "more than one YAML document ('---'); put one spec per file"});
     }
@@ -142,8 +241,7 @@ YamlDocument parse_yaml(std::string_view text, std::string_view file_name) {
     Path path;
     doc.root = c.convert(docs[0], path);
   } catch (const YAML::Exception& e) {
-    Location l = location_of(e.mark);
-    doc.errors.push_back({file, l.line, l.column, "", "YAML syntax: " + e.msg});
+    doc.errors.push_back(syntax_error(file, text, e));
   }
   return doc;
 }

@@ -40,13 +40,13 @@ bool TickClock::usable() noexcept {
 
 // Three tries, keeping the one whose clock reads sat between the closest counter reads:
 // a preemption in the middle of one would otherwise skew the pair by its length.
-TickClock::Pair TickClock::sample() noexcept {
+TickClock::Pair TickClock::sample() const noexcept {
   Pair best;
   std::uint64_t best_window = UINT64_MAX;
   for (int i = 0; i < 3; ++i) {
-    const std::uint64_t before = ticks();
+    const std::uint64_t before = source_();
     const std::int64_t mono = read_ns(CLOCK_MONOTONIC), real = read_ns(CLOCK_REALTIME);
-    const std::uint64_t after = ticks();
+    const std::uint64_t after = source_();
     if (after - before < best_window) {
       best_window = after - before;
       best = Pair{before + (after - before) / 2, mono, real};
@@ -58,7 +58,7 @@ TickClock::Pair TickClock::sample() noexcept {
 // The first rate is measured here, over 1 ms of waiting, so that every conversion uses
 // one (the time of the conversion instead would make the first events' times run ahead
 // of later ones'). Refreshes then measure it again over the whole span since the origin.
-TickClock::TickClock() noexcept : origin_(sample()), anchor_(origin_) {
+TickClock::TickClock(Source source) noexcept : source_(source), origin_(sample()), anchor_(origin_) {
   while (read_ns(CLOCK_MONOTONIC) - origin_.mono_ns < kCalibrationNs) {
   }
   refresh();

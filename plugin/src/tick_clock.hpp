@@ -39,9 +39,13 @@ class TickClock {
   /// plugin calls this once, at open). Any thread.
   static bool usable() noexcept;
 
-  /// Takes the first (counter, clock) pair and measures the counter's rate over 1 ms
-  /// (spinning: the plugin's open takes that much longer).
-  TickClock() noexcept;
+  /// A counter to read: ticks() in the plugin; tests inject another (a counter made from
+  /// CLOCK_MONOTONIC) to exercise the conversion where the kernel does not use the TSC.
+  using Source = std::uint64_t (*)() noexcept;
+
+  /// Takes the first (counter, clock) pair from `source` and measures the counter's rate
+  /// over 1 ms (spinning: the plugin's open takes that much longer).
+  explicit TickClock(Source source = &TickClock::ticks) noexcept;
 
   /// Wall-clock microseconds since the epoch of counter reading `t`, taken after this
   /// object was made. Refreshes the pair (and the rate, measured over the whole span
@@ -56,9 +60,10 @@ class TickClock {
     std::int64_t mono_ns = 0;  ///< CLOCK_MONOTONIC: the rate (never stepped)
     std::int64_t real_ns = 0;  ///< CLOCK_REALTIME: what events carry
   };
-  static Pair sample() noexcept;
+  Pair sample() const noexcept;
   void refresh() noexcept;
 
+  Source source_;
   Pair origin_, anchor_;
   double ns_per_tick_ = 0;          // 0 only if the counter did not advance
   std::int64_t refresh_ticks_ = 0;  // anchor age that triggers a refresh

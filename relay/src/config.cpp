@@ -68,6 +68,7 @@ RelayConfig load_relay_config(const std::filesystem::path& file) {
   if (auto v = num(lim, "max_inflight_batches")) c.max_inflight_batches = *v;
   if (auto v = num(lim, "subscriber_queue_frames")) c.subscriber_queue_frames = *v;
   if (auto v = str(lim, "slow_subscriber_timeout")) c.slow_subscriber_timeout = seconds_of(*v);
+  if (auto v = str(lim, "idle_timeout")) c.idle_timeout = seconds_of(*v);
   if (auto v = num(lim, "delivery_batch_events")) c.delivery_batch_events = *v;
   if (auto v = num(lim, "delivery_batch_bytes")) c.delivery_batch_bytes = *v;
   if (auto v = num(lim, "max_consumer_groups")) c.max_consumer_groups = *v;
@@ -80,22 +81,29 @@ RelayConfig load_relay_config(const std::filesystem::path& file) {
 
 void validate_relay_config(const RelayConfig& c) {
   auto need_file = [](const std::filesystem::path& p, const char* what) {
-    if (p.empty()) throw Error(std::string(what) + " is required");
-    if (!std::filesystem::is_regular_file(p)) throw Error(std::string(what) + " '" + p.string() + "': no such file");
+    if (p.empty()) throw RelayConfigError(std::string(what) + " is required");
+    if (!std::filesystem::is_regular_file(p)) throw RelayConfigError(std::string(what) + " '" + p.string() + "': no such file");
   };
   need_file(c.tls_cert, "--tls-cert");
   need_file(c.tls_key, "--tls-key");
   need_file(c.auth_secret_file, "--auth-secret-file");
   if (c.client_ca) need_file(*c.client_ca, "--client-ca");
-  relay::parse_listen(c.listen);
-  relay::FsyncPolicy::parse(c.fsync);
-  if (c.threads < 1 || c.threads > 64) throw Error("threads must be 1 to 64");
-  if (c.max_event_bytes > c.max_frame_bytes) throw Error("max_event_bytes must not exceed max_frame_bytes");
+  try {
+    relay::parse_listen(c.listen);
+    relay::FsyncPolicy::parse(c.fsync);
+  } catch (const RelayConfigError&) {
+    throw;
+  } catch (const Error& e) {
+    throw RelayConfigError(e.what());
+  }
+  if (c.idle_timeout < std::chrono::seconds(2)) throw RelayConfigError("limits.idle_timeout must be at least 2s");
+  if (c.threads < 1 || c.threads > 64) throw RelayConfigError("threads must be 1 to 64");
+  if (c.max_event_bytes > c.max_frame_bytes) throw RelayConfigError("max_event_bytes must not exceed max_frame_bytes");
   // A log record holds at most 16 MiB with its headers, producer id and (source, id) key.
-  if (c.max_event_bytes > (15u << 20)) throw Error("max_event_bytes must be at most 15MiB (the log's record limit is 16MiB)");
+  if (c.max_event_bytes > (15u << 20)) throw RelayConfigError("max_event_bytes must be at most 15MiB (the log's record limit is 16MiB)");
   if (c.max_inflight_batches < 1 || c.subscriber_queue_frames < 1 || c.max_batch_events < 1 || c.delivery_batch_events < 1 ||
       c.max_consumer_groups < 1 || c.max_topics < 1)
-    throw Error("limits must be at least 1");
+    throw RelayConfigError("limits must be at least 1");
 }
 
 }  // namespace diaspora

@@ -79,6 +79,9 @@ int main(int argc, char** argv) {
     relay.stop();
     std::cerr << "diaspora-relay: stopped cleanly\n";
     return 0;
+  } catch (const diaspora::RelayConfigError& e) {
+    std::cerr << "diaspora-relay: error: " << e.what() << "\n";
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << "diaspora-relay: error: " << e.what() << "\n";
     return 1;

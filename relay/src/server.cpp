@@ -57,6 +57,7 @@ namespace {
 
 // WebSocket close codes (4000-4999 are application codes; docs/protocol.md lists them).
 constexpr std::uint16_t kCloseUnauthorized = 4001;
+constexpr std::uint16_t kCloseIdle = 4002;
 constexpr std::uint16_t kCloseForbidden = 4003;
 constexpr std::uint16_t kCloseSlowConsumer = 4008;
 
@@ -187,13 +188,18 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     // The HTTP phase armed the TCP stream's own deadline; from here the WebSocket's
     // timeouts govern (Beast: never use both on one stream).
     beast::get_lowest_layer(ws_).expires_never();
+    // Idle connections: Beast pings a silent peer, and arm_timer() closes with 4002 once
+    // nothing at all (data or pong) came for limits.idle_timeout. Beast's own idle timeout,
+    // which would drop the socket without a close frame, is only a backstop behind it.
+    last_heard_ = Clock::now();
     auto timeouts = websocket::stream_base::timeout::suggested(beast::role_type::server);
-    timeouts.idle_timeout = std::chrono::seconds(60);
+    timeouts.idle_timeout = relay_->cfg.idle_timeout + std::chrono::seconds(15);
     timeouts.keep_alive_pings = true;
     // Also bounds the closing handshake and the TLS teardown: a peer that does not answer
     // close_notify does not keep the connection (or a graceful shutdown) waiting.
     timeouts.handshake_timeout = std::chrono::seconds(2);
     ws_.set_option(timeouts);
+    ws_.control_callback([this](websocket::frame_type, beast::string_view) { last_heard_ = Clock::now(); });
     ws_.set_option(websocket::stream_base::decorator([subprotocol](websocket::response_type& res) {
       res.set(http::field::server, std::string("diaspora-relay/") + version_string);
       if (!subprotocol.empty()) res.set(http::field::sec_websocket_protocol, subprotocol);
@@ -273,6 +279,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
       timer_.cancel();
       return;
     }
+    last_heard_ = Clock::now();
     if (!ws_.got_text()) {
       buffer_.consume(buffer_.size());
       if (mode_ == Mode::cloudevents)  // the binding has no error message: close, as for an invalid event
@@ -714,6 +721,10 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
         self->close(static_cast<websocket::close_code>(kCloseUnauthorized), "no hello");
         return;
       }
+      if (Clock::now() - self->last_heard_ > self->relay_->cfg.idle_timeout) {
+        self->close(static_cast<websocket::close_code>(kCloseIdle), "idle: nothing received (not even a pong)");
+        return;
+      }
       if (self->full_since_ && Clock::now() - *self->full_since_ > self->relay_->cfg.slow_subscriber_timeout) {
         self->relay_->metrics.slow_disconnects++;
         // What it has not read would only delay the close: drop every queued frame but the
@@ -804,6 +815,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   std::deque<Outgoing> queue_;
   std::size_t reply_bytes_ = 0;  // sum of queue_[i].reply_bytes
   Clock::time_point accepted_at_{};
+  Clock::time_point last_heard_{};  // last frame of any kind (data, ping, pong) from the peer
   bool writing_ = false;
   bool closing_ = false;
   bool close_after_drain_ = false;
@@ -979,7 +991,11 @@ Relay::Relay(RelayConfig config) : self_(std::make_shared<Impl>()) {
   validate_relay_config(config);
   self_->cfg = std::move(config);
   const auto& cfg = self_->cfg;
-  self_->verifier.emplace(load_secret_file(cfg.auth_secret_file));
+  try {
+    self_->verifier.emplace(load_secret_file(cfg.auth_secret_file));
+  } catch (const TokenError& e) {
+    throw RelayConfigError(std::string("--auth-secret-file: ") + e.what());
+  }
   self_->codec.max_event_bytes = cfg.max_event_bytes;
   self_->codec.validate_payloads = cfg.validate_payloads;
 
@@ -995,7 +1011,7 @@ Relay::Relay(RelayConfig config) : self_(std::make_shared<Impl>()) {
       tls.set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
     }
   } catch (const boost::system::system_error& e) {
-    throw Error(std::string("TLS setup: ") + e.what() + " (check --tls-cert, --tls-key and --client-ca)");
+    throw RelayConfigError(std::string("TLS setup: ") + e.what() + " (check --tls-cert, --tls-key and --client-ca)");
   }
 
   relay::LogOptions lo;

@@ -211,8 +211,11 @@ struct PolicyEngine::Impl {
     auto bad = [&](std::string_view key, const std::string& msg) {
       Diagnostic d;
       d.file = spec_.file.empty() ? "<spec>" : spec_.file;
-      d.line = ps.location.line;
-      d.column = ps.location.column;
+      // At the value of the key at fault, like every other spec error; else at the policy.
+      const auto at = key.empty() ? ps.field_locations.end() : ps.field_locations.find(std::string(key));
+      const Location l = at == ps.field_locations.end() ? ps.location : at->second;
+      d.line = l.line;
+      d.column = l.column;
       d.path = "policies[" + std::to_string(i) + "]" + (key.empty() ? "" : "." + std::string(key));
       d.message = "policy '" + ps.name + "': " + msg;
       diags.push_back(std::move(d));

@@ -73,7 +73,9 @@ def _node_at(root, parts, key: bool = False):
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
                 if isinstance(k, yaml.ScalarNode) and k.value == str(p):
-                    node = k if (last and key) else v
+                    # An empty value (`engine:` and nothing after it) is placed at its key.
+                    empty = isinstance(v, yaml.ScalarNode) and v.tag.endswith(":null") and v.value == ""
+                    node = k if ((last and key) or empty) else v
                     break
             else:
                 return node

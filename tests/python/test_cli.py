@@ -137,7 +137,12 @@ def test_token_issue_is_a_standard_hs256_jwt(tmp_path: Path):
     assert abs(payload["exp"] - (time.time() + 900)) < 60
 
     p = run("token", "verify", "--secret-file", str(secret_file), token, check_rc=0)
-    assert json.loads(p.stdout)["sub"] == "edge-plugin"
+    assert json.loads(p.stdout) == payload  # every claim as the token holds it (docs/cli.md)
+    p = run("token", "issue", "--secret-file", str(secret_file), "--subject", "s", "--scope", "admin",
+            "--issuer", "site-a", check_rc=0)
+    claims = json.loads(run("token", "verify", "--secret-file", str(secret_file), p.stdout.strip(), check_rc=0).stdout)
+    assert claims["iss"] == "site-a" and isinstance(claims["iat"], int) and isinstance(claims["exp"], int)
+    assert claims == json.loads(b64url_decode(p.stdout.strip().split(".")[1]))
     run("token", "verify", "--secret-file", str(secret_file), "--action", "publish", "--topic", "task.started",
         token, check_rc=0)
     p = run("token", "verify", "--secret-file", str(secret_file), "--action", "publish", "--topic", "control.x",
@@ -224,3 +229,13 @@ def test_bench_relay_runs_the_benchmark_program_beside_the_cli(tmp_path: Path):
     p = subprocess.run([str(lone / "diaspora"), "bench", "relay"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 1, (p.stdout, p.stderr)
     assert "DIASPORA_BUILD_BENCH" in p.stderr
+
+
+def test_validate_runs_the_resilience_engines_checks_at_the_key_at_fault(tmp_path: Path):
+    """`diaspora validate` also compiles the policies (docs/specs.md): the engine-level rules
+    are reported like the loader's, at the value of the key at fault."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text("version: 1\nname: x\nsites:\n  - name: edge\n    engine: local\ntasks:\n  - name: t\n"
+                    "    kind: sleep\npolicies:\n  - name: p\n    signal: site.throughput\n    action: restart\n")
+    p = run("validate", str(spec), check_rc=2)
+    assert f"{spec}:12:13: error: policies[0].action: policy 'p': action 'restart' acts on a task" in p.stderr, p.stderr

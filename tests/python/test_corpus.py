@@ -88,9 +88,26 @@ def test_valid_event(path):
     assert spec_check.check_event(path) == []
 
 
+def _event_reasons() -> dict:
+    """tests/data/events/invalid/EXPECT.tsv: what each file's refusal must name."""
+    out = {}
+    for line in (DATA / "events" / "invalid" / "EXPECT.tsv").read_text(encoding="utf-8").splitlines():
+        if line and not line.startswith("#"):
+            name, *reasons = line.split("\t")
+            out[name] = reasons[-1]  # the Python checker's wording when it has its own column
+    return out
+
+
 @pytest.mark.parametrize("path", INVALID_EVENTS, ids=_ids(INVALID_EVENTS))
 def test_invalid_event(path):
-    assert spec_check.check_event(path) != []
+    errors = spec_check.check_event(path)
+    assert errors != []
+    reason = _event_reasons()[path.name]
+    assert any(reason in e for e in errors), (reason, errors)
+
+
+def test_every_invalid_event_has_its_reason():
+    assert set(_event_reasons()) == {p.name for p in INVALID_EVENTS}
 
 
 def test_every_diaspora_event_type_has_a_valid_example():

@@ -237,10 +237,14 @@ def test_mutual_tls_refuses_a_client_without_a_trusted_certificate(creds, tmp_pa
     relay = RelayProcess(creds, tmp_path / "mtls", mtls=True).start()
     try:
         async def go():
-            with pytest.raises((ssl.SSLError, OSError, websockets.InvalidHandshake, asyncio.TimeoutError,
+            # Refused by the TLS handshake itself (the relay requires a client certificate):
+            # a hang until a timeout does not count as a refusal.
+            started = time.monotonic()
+            with pytest.raises((ssl.SSLError, ConnectionError, EOFError, websockets.InvalidHandshake,
                                 websockets.ConnectionClosed)):
                 ws = await connect(relay, admin(creds))
                 await request(ws, {"op": "hello"})
+            assert time.monotonic() - started < TIMEOUT / 2
             ws = await session(relay, admin(creds), ssl_ctx=creds.client_ssl(with_cert=True))
             assert (await publish(ws, "m", 0, [event(1)]))["count"] == 1
         run(go())
@@ -342,7 +346,8 @@ def test_cli_publish_and_tail(relay, creds, tmp_path):
     bad.write_text(json.dumps(event("ok")) + "\n" + '{"id":"x"}\n')
     p = sh(DIASPORA, "publish", "--url", relay.url, "--ca", creds.ca, "--token", tok, "--topic", "cli", "--file", bad,
            check=False)
-    assert p.returncode == 1 and f"{bad}:2: error:" in p.stderr
+    assert p.returncode == 2 and f"{bad}:2: error:" in p.stderr, (p.returncode, p.stderr)  # invalid input (docs/cli.md)
+    assert "nothing was published" in p.stderr
     p = sh(DIASPORA, "tail", "--url", relay.url.replace("127.0.0.1", "localhost"), "--ca", creds.ca, "--token", tok,
            "--topic", "cli", "--from", "500", "--count", "3")
     assert [json.loads(l)["id"] for l in p.stdout.splitlines()] == ["f0", "f1", "f2"]
@@ -474,7 +479,30 @@ def test_relay_refuses_bad_configuration_clearly(creds, tmp_path):
     p = sh(DIASPORA.parent / "diaspora-relay", "--listen", "127.0.0.1:0", "--data-dir", tmp_path / "d",
            "--tls-cert", creds.certs / "server.pem", "--tls-key", creds.certs / "client-key.pem",
            "--auth-secret-file", creds.secret_file, check=False)
-    assert p.returncode == 1 and "TLS setup" in p.stderr
+    assert p.returncode == 2 and "TLS setup" in p.stderr  # a configuration that cannot be used (docs/relay.md)
+    # A key file that does not parse, and a secret too short to sign with: configuration, 2.
+    junk = tmp_path / "junk-key.pem"
+    junk.write_text("-----BEGIN PRIVATE KEY-----\nnot a key\n-----END PRIVATE KEY-----\n")
+    p = sh(DIASPORA.parent / "diaspora-relay", "--listen", "127.0.0.1:0", "--data-dir", tmp_path / "d",
+           "--tls-cert", creds.certs / "server.pem", "--tls-key", junk, "--auth-secret-file", creds.secret_file,
+           check=False)
+    assert p.returncode == 2 and "TLS setup" in p.stderr, (p.returncode, p.stderr)
+    short = tmp_path / "short-secret"
+    short.write_text("abc\n")
+    p = sh(DIASPORA.parent / "diaspora-relay", "--listen", "127.0.0.1:0", "--data-dir", tmp_path / "d",
+           "--tls-cert", creds.certs / "server.pem", "--tls-key", creds.certs / "server-key.pem",
+           "--auth-secret-file", short, check=False)
+    assert p.returncode == 2 and "--auth-secret-file" in p.stderr, (p.returncode, p.stderr)
+    # A runtime failure: the address is taken by a listening socket -> 1.
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = sh(DIASPORA.parent / "diaspora-relay", "--listen", f"127.0.0.1:{port}", "--data-dir", tmp_path / "d",
+               "--tls-cert", creds.certs / "server.pem", "--tls-key", creds.certs / "server-key.pem",
+               "--auth-secret-file", creds.secret_file, check=False)
+    assert p.returncode == 1 and "cannot listen" in p.stderr, (p.returncode, p.stderr)
     # An event limit the log cannot store (a record holds at most 16 MiB) is refused up front.
     cfg.write_text("listen: 127.0.0.1:0\nlimits:\n  max_frame_bytes: 67108864\n  max_event_bytes: 20971520\n")
     p = sh(DIASPORA.parent / "diaspora-relay", "--config", cfg, check=False)
@@ -498,11 +526,14 @@ def test_stored_event_is_the_validated_one_whatever_the_frame_spelling(relay, cr
         # Duplicate key: whatever Boost.JSON keeps is what is validated and stored.
         await ws.send('{"op":"publish","topic":"raw","seq":1,"events":[' + bad + '],"events":[' + good + ']}')
         r1 = await recv(ws)
+        # Boost.JSON keeps the last of duplicate keys: the good array is validated and stored.
+        assert r1["op"] == "ack" and r1["count"] == 1, r1
         await ws.send('{"op":"publish","topic":"raw","seq":2,"ev\\u0065nts":[' + good.replace('"good"', '"esc"') + ']}')
         r2 = await recv(ws)
+        assert r2["op"] == "ack" and r2["count"] == 1, r2  # the escaped key is still "events"
         sub = await session(relay, admin(creds))
         await request(sub, {"op": "subscribe", "id": 1, "topic": "raw", "from": "earliest"})
-        want = 2 + (r1["op"] == "ack") + (r2["op"] == "ack")
+        want = 4
         got = [e for _, _, e in await collect(sub, want)]
         assert got[0] == event("pretty", data={"k": [1, 2]})
         assert got[1] == event("tricky", data=tricky_data)
@@ -513,26 +544,25 @@ def test_stored_event_is_the_validated_one_whatever_the_frame_spelling(relay, cr
         while pretty not in raw:
             raw = await asyncio.wait_for(raw_sub.recv(), TIMEOUT)
         assert tricky in raw
-        for e in got:
-            assert e.get("source") and e.get("type"), e  # never the invalid one
-        assert r1["op"] in ("ack", "nack") and r2["op"] == "ack"
+        assert [e["id"] for e in got] == ["pretty", "tricky", "good", "esc"]  # never the invalid one
     run(go())
 
 
 def test_sessions_end_when_their_token_expires(relay, creds):
-    """A token valid only thanks to the 30 s clock-skew leeway expires a few seconds into
-    the session: the relay closes idle and listen-only sessions too, with 4001."""
+    """A token valid only thanks to the 30 s clock-skew leeway expires about 10 s into the
+    session (room for a slow connect on a busy machine): the relay closes idle and
+    listen-only sessions too, with 4001."""
     async def go():
         now = int(time.time())
-        short = creds.forge({"sub": "brief", "scope": ["admin"], "exp": now - 26})
+        short = creds.forge({"sub": "brief", "scope": ["admin"], "exp": now - 20})
         v1 = await session(relay, short)
         await request(v1, {"op": "subscribe", "id": 1, "topic": "exp", "from": "latest"})
         ce = await connect(relay, short, path="/ce/exp", subprotocol="cloudevents.json")
-        m = await asyncio.wait_for(v1.recv(), 15)
+        m = await asyncio.wait_for(v1.recv(), 25)
         assert json.loads(m)["code"] == "token_expired"
         for ws in (v1, ce):
             with pytest.raises(websockets.ConnectionClosed) as c:
-                await asyncio.wait_for(ws.recv(), 15)
+                await asyncio.wait_for(ws.recv(), 25)
             assert c.value.code == 4001
     run(go())
 
@@ -609,5 +639,8 @@ def test_a_connection_without_hello_is_closed_after_10_s(relay, creds):
         with pytest.raises(websockets.ConnectionClosed) as c:
             await asyncio.wait_for(ws.recv(), 20)
         assert c.value.code == 4001
-        assert 9 < time.monotonic() - t0 < 15
+        # Not before the 10 s (measured from after the upgrade, which the relay's clock
+        # starts at); the upper bound only catches a relay that never closes, with room for
+        # a busy 2-core machine.
+        assert 9 < time.monotonic() - t0 < 30
     run(go())

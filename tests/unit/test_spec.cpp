@@ -1,3 +1,4 @@
+#include "diaspora/policy.hpp"
 #include "diaspora/spec.hpp"
 #include "test_helpers.hpp"
 
@@ -150,4 +151,54 @@ TEST(Spec, DurationsAndSizes) {
   EXPECT_EQ(diaspora::parse_size(boost::json::value(4096)), 4096u);
   EXPECT_FALSE(diaspora::parse_size(boost::json::value("5TB")));
   EXPECT_FALSE(diaspora::parse_size(boost::json::value("99999999999999999999GiB")));
+}
+
+// Syntax errors yaml-cpp reports late are placed where the construct at fault starts (the
+// Python reference checker's PyYAML places them where it gave up, so these live here rather
+// than in the shared bad corpus).
+TEST(Spec, SyntaxErrorsPointAtTheConstructAtFault) {
+  auto first = [](const std::string& text) {
+    auto r = load_spec_string(text, "s.yaml");
+    EXPECT_FALSE(r.ok());
+    return r.diagnostics.empty() ? std::string() : r.diagnostics.front().str();
+  };
+  const std::string head = "version: 1\nname: x\nsites:\n  - name: edge\n    engine: local\n";
+  // An unclosed flow sequence: at its '[' (line 8), saying where the parser gave up.
+  EXPECT_EQ(first(head + "tasks:\n  - name: t\n    allowed_sites: [edge, hpc\n    kind: sleep\n"),
+            "s.yaml:8:20: error: YAML syntax: end of sequence flow not found (the '[' here is never closed; the "
+            "parser gave up at 9:9)");
+  // ... or mapping, with brackets inside quotes and comments ignored.
+  EXPECT_EQ(first(head + "tasks:\n  - {name: \"a[b\", kind: sleep  # not ] here\n  - name: u\n").substr(0, 15),
+            "s.yaml:7:5: err");
+  // `key:value` without a space: one plain string; the error is on that line, at the key.
+  EXPECT_EQ(first("version: 1\nname: x\nsites:\n  - name: edge\n    engine:local\n    workers: 2\n"),
+            "s.yaml:5:5: error: YAML syntax: 'engine:local' is one plain string, not a key and a value: put a space "
+            "after the ':' (the parser gave up at 6:12: illegal map value)");
+  // A second document: at its '---', also when the first one starts with '---' too.
+  EXPECT_EQ(first("---\n" + head + "---\nversion: 1\n"),
+            "s.yaml:7:1: error: (root): more than one YAML document ('---'); put one spec per file");
+  // Syntax errors with nothing better to say keep yaml-cpp's position.
+  EXPECT_EQ(first("version: 1\nname: [x\n").rfind("s.yaml:", 0), 0u);
+}
+
+// Errors found by the resilience engine's own checks (`diaspora validate` runs them) are
+// at the value of the key at fault, like the schema's and the loader's.
+TEST(Spec, PolicyEngineErrorsAreAtTheKeyAtFault) {
+  auto r = load_spec_string(
+      "version: 1\nname: x\nsites:\n  - name: edge\n    engine: local\ntasks:\n  - name: t\n    kind: sleep\n"
+      "policies:\n  - name: p\n    signal: site.throughput\n    action: restart\n  - name: q\n"
+      "    signal: task.step_time\n    detector: threshold\n    action: alert\n",
+      "s.yaml");
+  ASSERT_TRUE(r.ok()) << all_errors(r);
+  try {
+    diaspora::resilience::PolicyEngine engine(*r.spec);
+    FAIL() << "the policies compiled";
+  } catch (const diaspora::SpecError& e) {
+    ASSERT_EQ(e.diagnostics().size(), 2u);
+    // A key that is there: at its value. A key that is missing (threshold:): at the policy.
+    EXPECT_EQ(e.diagnostics()[0].str().rfind("s.yaml:12:13: error: policies[0].action: policy 'p': ", 0), 0u)
+        << e.diagnostics()[0].str();
+    EXPECT_EQ(e.diagnostics()[1].str().rfind("s.yaml:13:5: error: policies[1].threshold: policy 'q': ", 0), 0u)
+        << e.diagnostics()[1].str();
+  }
 }

@@ -128,6 +128,7 @@ struct PolicySpec {
   std::vector<std::string> to_sites;  ///< empty = every other site
   std::int64_t max_attempts = 3;
   Location location;
+  std::map<std::string, Location> field_locations;  ///< where the value of each key given is, by key
 };
 
 struct RehearsalJobSpec {

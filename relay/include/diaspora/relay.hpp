@@ -33,6 +33,7 @@ struct RelayConfig {
   std::size_t max_inflight_batches = 64;      ///< unacked publishes per connection before reads pause
   std::size_t subscriber_queue_frames = 32;   ///< queued outgoing frames before a subscriber is paused
   std::chrono::seconds slow_subscriber_timeout{30};  ///< paused this long => disconnected (slow_consumer)
+  std::chrono::seconds idle_timeout{60};      ///< nothing heard (not even a pong) this long => closed with 4002
   std::size_t delivery_batch_events = 1000;   ///< events per `events` frame
   std::size_t delivery_batch_bytes = 1u << 20;
   std::size_t max_consumer_groups = 10000;    ///< groups with committed offsets; one more is refused (too_many_groups)
@@ -42,11 +43,19 @@ struct RelayConfig {
   int threads = 2;                            ///< I/O threads
 };
 
+/// The configuration cannot be used: a bad value, a missing file, or a certificate, key or
+/// secret file that does not parse or is too weak. diaspora-relay exits 2 for it (a runtime
+/// failure such as an address in use exits 1).
+class RelayConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Loads a relay.yaml (schemas/relay.schema.json) over the defaults. Throws SpecError with
 /// FILE:LINE:COL diagnostics.
 RelayConfig load_relay_config(const std::filesystem::path& file);
 
-/// Checks that the files exist and the values are sane; throws Error naming the field.
+/// Checks that the files exist and the values are sane; throws RelayConfigError naming the field.
 void validate_relay_config(const RelayConfig& config);
 
 /// A running relay.
@@ -56,8 +65,9 @@ void validate_relay_config(const RelayConfig& config);
 /// I/O threads and a log-writer thread.
 class Relay {
  public:
-  /// Opens the log (recovering it) and the TLS context. Throws Error on bad config,
-  /// unreadable certificates or an unusable data directory.
+  /// Opens the log (recovering it) and the TLS context. Throws RelayConfigError for a bad
+  /// config, certificates, key or secret that cannot be used; Error for a data directory
+  /// that cannot be used (e.g. locked by another relay).
   explicit Relay(RelayConfig config);
   /// Stops if running (drains connections, flushes the log).
   ~Relay();
