@@ -753,3 +753,42 @@ TEST(PluginActions, ActionsBeforeTheCallbackStayPollable) {
   EXPECT_EQ(diaspora_action_done(h, a.id, "restarted"), DIASPORA_OK);
   diaspora_close(h, 0);
 }
+
+// What the callback may call (docs/plugin.md): acknowledging its action works; changing the
+// callback or closing the plugin from inside it is refused with CLOSED (it runs on the
+// control thread, which close() joins), and the plugin goes on.
+TEST(PluginActions, TheCallbackMayAcknowledgeButNotCloseOrReplaceItself) {
+  TempDir dir;
+  diaspora_plugin* h = open_with_restart_policy(dir);
+  ASSERT_NE(h, nullptr);
+  struct Seen {
+    diaspora_plugin* h;
+    std::atomic<int> calls{0}, replace_rc{0}, close_rc{0}, done_rc{-100};
+  } seen{h};
+  auto cb = [](const diaspora_action* a, void* user) {
+    auto& s = *static_cast<Seen*>(user);
+    s.replace_rc = diaspora_set_action_callback(s.h, nullptr, nullptr);
+    s.close_rc = diaspora_close(s.h, 0);
+    s.done_rc = diaspora_action_done(s.h, a->id, "restarted from the callback");
+    s.calls.fetch_add(1);
+  };
+  ASSERT_EQ(diaspora_set_action_callback(h, cb, &seen), DIASPORA_OK);
+  ASSERT_NO_FATAL_FAILURE(beat_then_fall_silent(h, "cb-task"));
+  const auto t0 = std::chrono::steady_clock::now();
+  while (seen.calls.load() == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_GE(seen.calls.load(), 1) << "no action reached the callback";
+  EXPECT_EQ(seen.replace_rc.load(), DIASPORA_ERR_CLOSED);
+  EXPECT_EQ(seen.close_rc.load(), DIASPORA_ERR_CLOSED);
+  EXPECT_EQ(seen.done_rc.load(), DIASPORA_OK);
+  char err[512];
+  diaspora_last_error(h, err, sizeof err);
+  EXPECT_NE(std::string(err).find("from the action callback"), std::string::npos) << err;
+  // The plugin still works: a hook, then a close from this thread.
+  diaspora_task_info info{};
+  info.struct_size = sizeof info;
+  info.task_id = "after";
+  info.step = -1;
+  EXPECT_EQ(diaspora_task_submitted(h, &info), DIASPORA_OK);
+  EXPECT_EQ(diaspora_close(h, 0), DIASPORA_ERR_TIMEOUT);  // the relay is unreachable: the rest is spooled
+}

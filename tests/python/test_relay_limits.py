@@ -1,0 +1,205 @@
+"""The relay's documented limits and switches (docs/protocol.md "Limits", docs/relay.md),
+each tried against a real relay process over TLS: what a client sees when it goes past one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import socket
+import subprocess
+import urllib.error
+import urllib.request
+
+import pytest
+import websockets
+
+from relay_harness import RELAY, TIMEOUT, Credentials, RelayProcess, event, request, run, session
+
+
+@pytest.fixture(scope="module")
+def creds(tmp_path_factory):
+    return Credentials(tmp_path_factory.mktemp("creds"))
+
+
+def admin(creds):
+    return creds.token("admin", "publish:*", "subscribe:*")
+
+
+def relay_with(creds, tmp_path, config=None):
+    return RelayProcess(creds, tmp_path / "data", config=config).start()
+
+
+def http(relay, method, path, token=None):
+    """(status, headers, body) of one HTTPS request."""
+    req = urllib.request.Request(f"https://127.0.0.1:{relay.port}{path}", method=method)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, context=relay.creds.client_ssl(), timeout=TIMEOUT) as r:
+            return r.status, r.headers, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read().decode()
+
+
+def metric(text, name):
+    """The value of a metric line that starts with `name` (labels included)."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
+
+
+def test_batches_over_max_batch_events_are_nacked_whole(creds, tmp_path):
+    relay = relay_with(creds, tmp_path, {"limits": {"max_batch_events": 5}})
+    try:
+        async def go():
+            ws = await session(relay, admin(creds))
+            nack = await request(ws, {"op": "publish", "topic": "b", "seq": 0, "events": [event(i) for i in range(6)]})
+            assert nack["op"] == "nack" and nack["code"] == "batch_too_large" and nack["seq"] == 0, nack
+            assert "limit of 5" in nack["message"]
+            ack = await request(ws, {"op": "publish", "topic": "b", "seq": 1, "events": [event(i) for i in range(5)]})
+            assert ack["op"] == "ack" and ack["count"] == 5 and ack["first_offset"] == 0, ack  # nothing of the first
+        run(go())
+    finally:
+        assert relay.stop() == 0
+
+
+def test_frames_nested_deeper_than_32_levels_are_bad_json_without_ref(creds, tmp_path):
+    relay = relay_with(creds, tmp_path)
+    try:
+        async def go():
+            ws = await session(relay, admin(creds))
+            # 31 levels of data inside event, events array, frame: 34 in all.
+            deep = 0
+            for _ in range(31):
+                deep = [deep]
+            r = await request(ws, {"op": "publish", "topic": "d", "seq": 3, "events": [event(1, data={"x": deep})]})
+            assert r["op"] == "error" and r["code"] == "bad_json" and "ref" not in r, r
+            # 32 levels counting the frame and its events array is accepted.
+            shallow = 0
+            for _ in range(27):
+                shallow = [shallow]
+            r = await request(ws, {"op": "publish", "topic": "d", "seq": 4, "events": [event(2, data={"x": shallow})]})
+            assert r["op"] == "ack", r
+        run(go())
+    finally:
+        assert relay.stop() == 0
+
+
+def test_a_text_frame_that_is_not_utf8_closes_v1_with_1007(creds, tmp_path):
+    relay = relay_with(creds, tmp_path)
+    try:
+        async def go():
+            ws = await session(relay, admin(creds))
+            # websockets only sends valid text: write the frame ourselves (masked, opcode 1).
+            payload = b'{"op":"ping","id":"\xff\xfe"}'
+            mask = os.urandom(4)
+            frame = bytes([0x81, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+            ws.transport.write(frame)
+            with pytest.raises(websockets.ConnectionClosed) as c:
+                await asyncio.wait_for(ws.recv(), TIMEOUT)
+            assert c.value.code == 1007
+        run(go())
+    finally:
+        assert relay.stop() == 0
+
+
+def test_http_methods_challenges_and_private_metrics(creds, tmp_path):
+    relay = relay_with(creds, tmp_path, {"public_metrics": False})
+    try:
+        status, _, body = http(relay, "POST", "/api/v1/topics", admin(creds))
+        assert status == 405 and "only GET" in body
+        assert http(relay, "HEAD", "/healthz")[0] == 200
+        status, headers, _ = http(relay, "GET", "/metrics")
+        assert status == 401 and headers["WWW-Authenticate"] == "Bearer"
+        status, headers, _ = http(relay, "GET", "/metrics", creds.token("subscribe:*"))
+        assert status == 403 and "WWW-Authenticate" not in headers
+        status, headers, _ = http(relay, "GET", "/api/v1/topics", "not-a-token")
+        assert status == 401 and headers["WWW-Authenticate"] == "Bearer"
+        status, _, text = http(relay, "GET", "/metrics", admin(creds))
+        assert status == 200
+        # Each refusal above counted once (401, 403, 401).
+        assert metric(text, "diaspora_relay_auth_refusals_total") == 3, text
+    finally:
+        assert relay.stop() == 0
+
+
+def test_consumer_lag_follows_commits(creds, tmp_path):
+    relay = relay_with(creds, tmp_path)
+    try:
+        async def go():
+            ws = await session(relay, admin(creds))
+            assert (await request(ws, {"op": "publish", "topic": "lag", "seq": 0,
+                                       "events": [event(i) for i in range(10)]}))["op"] == "ack"
+            r = await request(ws, {"op": "commit", "group": "g", "topic": "lag", "offset": 4})
+            assert r["op"] == "committed", r
+        run(go())
+        text = http(relay, "GET", "/metrics")[2]
+        assert metric(text, 'diaspora_relay_consumer_lag{group="g",topic="lag"}') == 6, text
+    finally:
+        assert relay.stop() == 0
+
+
+def test_validate_payloads_off_stores_what_the_schema_would_refuse(creds, tmp_path):
+    bad = event("bad-payload", type_="org.diaspora.task.started", data={"task_id": "t", "attempt": "one"})
+    for validate, expect in ((True, "nack"), (False, "ack")):
+        relay = RelayProcess(creds, tmp_path / f"data-{validate}", config={"validate_payloads": validate}).start()
+        try:
+            async def go():
+                ws = await session(relay, admin(creds))
+                r = await request(ws, {"op": "publish", "topic": "p", "seq": 0, "events": [bad]})
+                assert r["op"] == expect, (validate, r)
+                if expect == "nack":
+                    assert r["code"] == "invalid_event" and "attempt" in r["message"], r
+            run(go())
+        finally:
+            assert relay.stop() == 0
+
+
+def test_a_silent_peer_is_closed_with_4002_after_the_idle_timeout(creds, tmp_path):
+    """A client that sends nothing and answers no ping: a raw TLS socket that upgrades and
+    then only listens. It gets a close frame with code 4002 (docs/protocol.md)."""
+    relay = relay_with(creds, tmp_path, {"limits": {"idle_timeout": "2s"}})
+    try:
+        raw = socket.create_connection(("127.0.0.1", relay.port), timeout=TIMEOUT)
+        tls = creds.client_ssl().wrap_socket(raw, server_hostname="127.0.0.1")
+        key = base64.b64encode(os.urandom(16)).decode()
+        tls.sendall((f"GET /v1 HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                     f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: diaspora.v1\r\n"
+                     f"Authorization: Bearer {admin(creds)}\r\n\r\n").encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += tls.recv(4096)
+        head, _, data = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 101"), head
+        # Read frames (pings, then the close) without ever answering.
+        close_code = None
+        while close_code is None:
+            while len(data) < 2:
+                chunk = tls.recv(4096)
+                assert chunk, "the relay dropped the connection without a close frame"
+                data += chunk
+            opcode, length = data[0] & 0x0F, data[1] & 0x7F
+            need = 2 + length
+            while len(data) < need:
+                data += tls.recv(4096)
+            body, data = data[2:need], data[need:]
+            if opcode == 0x8:
+                close_code = int.from_bytes(body[:2], "big")
+                assert b"idle" in body[2:], body
+        assert close_code == 4002
+        tls.close()
+    finally:
+        assert relay.stop() == 0
+
+
+def test_idle_timeout_below_two_seconds_is_refused(creds, tmp_path):
+    cfg = tmp_path / "relay.yaml"
+    cfg.write_text("listen: 127.0.0.1:0\nlimits:\n  idle_timeout: 1s\n")
+    r = subprocess.run([str(RELAY), "--config", str(cfg), "--data-dir", str(tmp_path / "d"),
+                        "--tls-cert", str(creds.certs / "server.pem"), "--tls-key", str(creds.certs / "server-key.pem"),
+                        "--auth-secret-file", str(creds.secret_file)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "idle_timeout must be at least 2s" in r.stderr, (r.returncode, r.stderr)
