@@ -225,21 +225,29 @@ def test_relay_killed_and_restarted_mid_stream_no_loss_no_duplicate(creds, token
             for k in range(3):
                 p.task("heartbeat", tid, metrics={"k": float(k)})
             p.task("completed", tid, has_exit_code=1, exit_code=0)
-            if t % 100 == 0:
-                time.sleep(0.02)  # about 30k events/s: the stream spans the restarts
+            time.sleep(0.002)  # under 3,000 events/s, steadily: the stream spans both restarts
         done.set()
 
     th = threading.Thread(target=engine)
     th.start()
     try:
+        unacked_at_kill = []
         for _ in range(2):
             pc.wait_for(lambda: p.stats()["events_acked"] > 0 and p.stats()["connected"] == 1, 30, "acks")
             time.sleep(0.3)
+            # Kill at a moment when the engine has handed over events the relay has not acked
+            # (batched, in flight): the kill hits a live stream, not an idle one.
+            pc.wait_for(lambda: (lambda s: s["events_accepted"] > s["events_acked"])(p.stats()), 30, "unacked events")
+            before = p.stats()
+            assert not done.is_set(), "the stream ended before the relay was killed"
             relay.kill()
+            unacked_at_kill.append(before["events_accepted"] - before["events_acked"])
             time.sleep(0.5)
             relay.start()
         th.join(120)
         assert done.is_set()
+        assert all(n > 0 for n in unacked_at_kill), unacked_at_kill
+        assert p.stats()["reconnects"] >= 2
         assert p.close(60000) == pc.OK, p.last_error()
         check_exactly_once_in_order(relay_events(relay, creds.token("subscribe:*"), tasks * 6), tasks)
     finally:

@@ -10,7 +10,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <ctime>
+
+#include <sys/resource.h>
 #include <cmath>
 #include <cstdint>
 #include <future>
@@ -791,4 +794,104 @@ TEST(PluginActions, TheCallbackMayAcknowledgeButNotCloseOrReplaceItself) {
   info.step = -1;
   EXPECT_EQ(diaspora_task_submitted(h, &info), DIASPORA_OK);
   EXPECT_EQ(diaspora_close(h, 0), DIASPORA_ERR_TIMEOUT);  // the relay is unreachable: the rest is spooled
+}
+
+// The loss accounting (docs/plugin.md "Bounds"): past `spool_limit` coalesced metric
+// samples are refused and counted in events_lost; every other event is kept, delivered once
+// the relay is up; close then reports the loss with DIASPORA_ERR_IO although everything
+// else was acked.
+TEST(PluginLoss, SamplesPastTheSpoolLimitAreLostAndCloseSaysSo) {
+  ReservedPort port;
+  EmbeddedRelay relay(port.port);  // not up yet: everything goes to the spool
+  diaspora_plugin* h = nullptr;
+  char err[2048];
+  ASSERT_EQ(diaspora_open_yaml(relay.spec(", queue_size: 16, spool_limit: 0, reconnect_max: 200ms").c_str(), &h, err,
+                               sizeof err),
+            DIASPORA_OK)
+      << err;
+  diaspora_task_info info{};
+  info.struct_size = sizeof info;
+  info.task_id = "kept";
+  info.step = -1;
+  ASSERT_EQ(diaspora_task_submitted(h, &info), DIASPORA_OK);  // always spooled, whatever the limit
+  diaspora_metric m{sizeof(diaspora_metric), DIASPORA_SCOPE_SITE, "local", "load", 0, 0};
+  diaspora_stats st{};
+  st.struct_size = sizeof st;
+  const auto t0 = std::chrono::steady_clock::now();
+  do {  // far faster than the publisher drains 16 slots: samples coalesce, then are refused
+    for (int i = 0; i < 2000; ++i) {
+      m.value = i;
+      ASSERT_EQ(diaspora_metric_sample(h, &m), DIASPORA_OK);  // the hook itself never fails for this
+    }
+    ASSERT_EQ(diaspora_get_stats(h, &st), DIASPORA_OK);
+  } while (st.events_lost == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
+  ASSERT_GT(st.events_lost, 0u) << "no coalesced sample was refused past spool_limit 0";
+  EXPECT_GT(st.metrics_coalesced, 0u);
+  port.release();
+  relay.start(port.port);
+  // Everything that was kept is delivered, then close reports the loss.
+  EXPECT_EQ(diaspora_close(h, 60000), DIASPORA_ERR_IO);
+  const auto events = relay.read(1);
+  const bool kept = std::any_of(events.begin(), events.end(), [](const json::object& e) {
+    return e.at("type") == "org.diaspora.task.submitted" && e.at("data").at("task_id") == "kept";
+  });
+  EXPECT_TRUE(kept);
+}
+
+// A hook whose event cannot be spooled (the queue full, the spool's disk refusing writes:
+// here a file-size limit on the process) returns DIASPORA_ERR_IO and counts the event lost;
+// the plugin goes on once the disk takes writes again.
+TEST(PluginLoss, AHookWhoseSpoolWriteFailsReturnsIo) {
+  TempDir dir;
+  std::ofstream(dir.path() / "token") << "t\n";
+  const std::string spec = "version: 1\nname: io\nrelay: {url: 'wss://127.0.0.1:1', token_file: '" +
+                           (dir.path() / "token").string() + "'}\nplugin: {spool_dir: '" + (dir.path() / "spool").string() +
+                           "', control: false, queue_size: 16}\nsites: [{name: a, engine: local}]\n";
+  diaspora_plugin* h = nullptr;
+  char err[2048];
+  ASSERT_EQ(diaspora_open_yaml(spec.c_str(), &h, err, sizeof err), DIASPORA_OK) << err;
+  struct FileSizeLimit {  // writes past 16 KiB fail with EFBIG (SIGXFSZ ignored) until restored
+    rlimit old{};
+    void (*old_handler)(int);
+    FileSizeLimit() : old_handler(std::signal(SIGXFSZ, SIG_IGN)) {
+      ::getrlimit(RLIMIT_FSIZE, &old);
+      rlimit small = old;
+      small.rlim_cur = 16 << 10;
+      ::setrlimit(RLIMIT_FSIZE, &small);
+    }
+    ~FileSizeLimit() {
+      ::setrlimit(RLIMIT_FSIZE, &old);
+      std::signal(SIGXFSZ, old_handler);
+    }
+  };
+  int io = 0, ok = 0;
+  {
+    FileSizeLimit limit;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int t = 0; io == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20); ++t) {
+      const std::string id = "t" + std::to_string(t);
+      diaspora_task_info info{};
+      info.struct_size = sizeof info;
+      info.task_id = id.c_str();
+      info.step = -1;
+      const int rc = diaspora_task_submitted(h, &info);
+      if (rc == DIASPORA_ERR_IO) ++io;
+      else if (rc == DIASPORA_OK) ++ok;
+      else ADD_FAILURE() << "rc " << rc;
+    }
+  }
+  ASSERT_GT(io, 0) << "no hook saw the spool fail (" << ok << " accepted)";
+  diaspora_last_error(h, err, sizeof err);
+  EXPECT_NE(std::string(err).find("the event is lost"), std::string::npos) << err;
+  diaspora_stats st{};
+  st.struct_size = sizeof st;
+  ASSERT_EQ(diaspora_get_stats(h, &st), DIASPORA_OK);
+  EXPECT_GE(st.events_lost, static_cast<std::uint64_t>(io));
+  // The disk takes writes again: hooks succeed.
+  diaspora_task_info info{};
+  info.struct_size = sizeof info;
+  info.task_id = "after";
+  info.step = -1;
+  EXPECT_EQ(diaspora_task_submitted(h, &info), DIASPORA_OK);
+  EXPECT_NE(diaspora_close(h, 0), DIASPORA_OK);  // the relay never came: TIMEOUT (or IO)
 }
