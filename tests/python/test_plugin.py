@@ -355,3 +355,51 @@ def test_an_event_the_relay_refuses_is_dropped_alone_and_reported(creds, token_f
         assert stats and stats[-1]["events_spilled"] >= 1
     finally:
         relay.stop()
+
+
+def test_actions_published_while_the_relay_is_away_arrive_after_it_returns(creds, token_file, tmp_path):
+    """The control subscription survives a relay restart: it resubscribes with its consumer
+    group, so an action published after the restart, and one published while the plugin
+    was still reconnecting, both reach the engine, once each."""
+    port = free_port()
+    relay = RelayProcess(creds, tmp_path / "data", port=port).start()
+    try:
+        spec = write_spec(tmp_path, creds, token_file, port)
+        p = pc.Plugin(spec)
+        pc.wait_for(lambda: p.stats()["control_connected"] == 1, 30, "control subscription")
+        admin = creds.token("publish:*", "subscribe:*")
+
+        def request(seq: int, action_id: str) -> None:
+            async def go():
+                ws = await session(relay, admin, producer_id="operator")
+                data = {"action_id": action_id, "action": "restart", "reason": "after the restart", "task_id": "t"}
+                ev = event(action_id, source="/operator", type_="org.diaspora.action.requested", data=data)
+                assert (await request_frame(ws, seq, ev))["op"] == "ack"
+            run(go())
+
+        async def request_frame(ws, seq, ev):
+            await ws.send(json.dumps({"op": "publish", "topic": "plug.control.engine", "seq": seq, "events": [ev]}))
+            return await recv(ws)
+
+        request(0, "before")
+        got = []
+        pc.wait_for(lambda: (a := p.poll_action()) is not None and got.append(a["id"]) is None, 30, "the first action")
+        time.sleep(1)  # the plugin commits its group's offset past "before" (two fsyncs on the relay)
+        relay.kill()
+        relay.start()
+        request(1, "while-reconnecting")  # the plugin may not have resubscribed yet
+        pc.wait_for(lambda: p.stats()["control_connected"] == 1, 30, "control subscription again")
+        request(2, "after")
+        deadline = time.monotonic() + 30
+        while len(got) < 3 and time.monotonic() < deadline:
+            a = p.poll_action()
+            if a:
+                got.append(a["id"])
+            else:
+                time.sleep(0.05)
+        assert got == ["before", "while-reconnecting", "after"], got
+        time.sleep(0.5)
+        assert p.poll_action() is None  # none delivered twice
+        assert p.close(20000) == pc.OK
+    finally:
+        relay.stop()

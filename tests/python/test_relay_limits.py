@@ -8,8 +8,10 @@ import asyncio
 import base64
 import json
 import os
+import signal
 import socket
 import subprocess
+import time
 import urllib.error
 import urllib.request
 
@@ -50,6 +52,53 @@ def metric(text, name):
         if line.startswith(name + " "):
             return float(line.split()[-1])
     return None
+
+
+def raw_tls(relay):
+    raw = socket.create_connection(("127.0.0.1", relay.port), timeout=TIMEOUT)
+    return relay.creds.client_ssl().wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def read_head(tls, data=b""):
+    """(HTTP response head, bytes read past it)."""
+    while b"\r\n\r\n" not in data:
+        chunk = tls.recv(4096)
+        assert chunk, "connection closed before a response"
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return head, rest
+
+
+def raw_upgrade(relay, token):
+    """A diaspora.v1 WebSocket on a plain TLS socket: a peer that does only what the test says."""
+    tls = raw_tls(relay)
+    key = base64.b64encode(os.urandom(16)).decode()
+    tls.sendall((f"GET /v1 HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                 f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: diaspora.v1\r\n"
+                 f"Authorization: Bearer {token}\r\n\r\n").encode())
+    head, rest = read_head(tls)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return tls, rest
+
+
+def test_readyz_says_503_while_the_relay_drains(creds, tmp_path):
+    """SIGTERM: the relay drains its WebSockets (a peer that never answers the close keeps
+    it busy for the close handshake's 2 s) and meanwhile answers /readyz with 503 on a
+    connection that was already open; /healthz stays 200."""
+    relay = relay_with(creds, tmp_path)
+    http_conn = raw_tls(relay)
+    http_conn.sendall(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    head, _ = read_head(http_conn)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    silent, _ = raw_upgrade(relay, admin(creds))
+    relay.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    http_conn.sendall(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    head, _ = read_head(http_conn)
+    assert head.startswith(b"HTTP/1.1 503"), head
+    assert relay.proc.wait(timeout=TIMEOUT) == 0
+    silent.close()
+    http_conn.close()
 
 
 def test_batches_over_max_batch_events_are_nacked_whole(creds, tmp_path):
@@ -164,17 +213,7 @@ def test_a_silent_peer_is_closed_with_4002_after_the_idle_timeout(creds, tmp_pat
     then only listens. It gets a close frame with code 4002 (docs/protocol.md)."""
     relay = relay_with(creds, tmp_path, {"limits": {"idle_timeout": "2s"}})
     try:
-        raw = socket.create_connection(("127.0.0.1", relay.port), timeout=TIMEOUT)
-        tls = creds.client_ssl().wrap_socket(raw, server_hostname="127.0.0.1")
-        key = base64.b64encode(os.urandom(16)).decode()
-        tls.sendall((f"GET /v1 HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                     f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: diaspora.v1\r\n"
-                     f"Authorization: Bearer {admin(creds)}\r\n\r\n").encode())
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += tls.recv(4096)
-        head, _, data = data.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 101"), head
+        tls, data = raw_upgrade(relay, admin(creds))
         # Read frames (pings, then the close) without ever answering.
         close_code = None
         while close_code is None:
