@@ -242,3 +242,27 @@ def test_idle_timeout_below_two_seconds_is_refused(creds, tmp_path):
                         "--tls-cert", str(creds.certs / "server.pem"), "--tls-key", str(creds.certs / "server-key.pem"),
                         "--auth-secret-file", str(creds.secret_file)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "idle_timeout must be at least 2s" in r.stderr, (r.returncode, r.stderr)
+
+
+def test_max_inflight_batches_pauses_reading_until_acks_free_a_slot(creds, tmp_path):
+    """With max_inflight_batches 1, the relay reads nothing more from a connection while
+    one publish is unacked: a ping sent right behind two publishes is answered only after
+    both acks. (With room in the window the ping is read at once; its pong may then come
+    before the acks, which wait for the fsync.)"""
+    relay = relay_with(creds, tmp_path, {"limits": {"max_inflight_batches": 1}})
+    try:
+        async def go():
+            ws = await session(relay, admin(creds))
+            big = [event(f"e{i}", data={"pad": "x" * 200}) for i in range(3000)]
+            for seq in (0, 1):
+                await ws.send(json.dumps({"op": "publish", "topic": "w", "seq": seq,
+                                          "events": [dict(e, id=f"{seq}-{e['id']}") for e in big]}))
+            await ws.send(json.dumps({"op": "ping", "id": "behind"}))
+            order = []
+            while len(order) < 3:
+                m = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))
+                order.append(m["op"] + ("" if m["op"] == "pong" else str(m.get("seq"))))
+            assert order == ["ack0", "ack1", "pong"], order
+        run(go())
+    finally:
+        assert relay.stop() == 0
