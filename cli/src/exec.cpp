@@ -20,7 +20,9 @@ int exec_sibling(const std::string& program, const char* argv0, const std::vecto
   std::vector<std::string> copy = args;
   for (auto& a : copy) argv.push_back(a.data());
   argv.push_back(nullptr);
-  ::execv(path.c_str(), argv.data());
+  // Without /proc, a bare argv[0] (found on PATH) has no folder: search PATH for the program.
+  if (path.has_parent_path()) ::execv(path.c_str(), argv.data());
+  else ::execvp(program.c_str(), argv.data());
   const int err = errno;
   std::cerr << "error: cannot run " << path.string() << ": " << std::strerror(err)
             << (err == ENOENT ? " (it is built with the benchmarks: configure with -DDIASPORA_BUILD_BENCH=ON)" : "")

@@ -153,46 +153,70 @@ Location document_start(const std::vector<std::string_view>& lines, Location fir
   return first;
 }
 
-// The '[' or '{' still open at `until` (1-based line and column), skipping quoted strings and
-// comments: where an unclosed flow collection starts.
+// The '[' or '{' open at `until` (1-based line and column) that no ']' or '}' ever closes
+// in the whole text: where an unclosed flow collection starts. Quoted strings (a quote that
+// starts a scalar, not the apostrophe of "it's") and comments are skipped.
 std::optional<Location> unclosed_flow(const std::vector<std::string_view>& lines, Location until) {
-  std::vector<Location> open;
-  for (int l = 1; l < static_cast<int>(lines.size()) && l <= until.line; ++l) {
+  struct Open {
+    Location at;
+    bool closed = false;
+  };
+  std::vector<Open> opens;
+  std::vector<std::size_t> stack;        // indexes into opens
+  std::vector<std::size_t> at_error;     // the stack when the scan passed `until`
+  bool passed = false;
+  for (int l = 1; l < static_cast<int>(lines.size()); ++l) {
     const std::string_view s = lines[static_cast<std::size_t>(l)];
     char quote = 0;
-    for (std::size_t c = 0; c < s.size(); ++c) {
-      if (l == until.line && static_cast<int>(c) + 1 >= until.column) break;
+    for (std::size_t c = 0; c <= s.size(); ++c) {
+      if (!passed && (l > until.line || (l == until.line && static_cast<int>(c) + 1 >= until.column))) {
+        passed = true;
+        at_error = stack;
+      }
+      if (c == s.size()) break;
       const char ch = s[c];
       if (quote) {
         if (ch == quote) quote = 0;
         else if (ch == '\\' && quote == '"') ++c;
         continue;
       }
-      if (ch == '#' && (c == 0 || s[c - 1] == ' ' || s[c - 1] == '\t')) break;  // a comment
-      if (ch == '"' || ch == '\'') quote = ch;
-      else if (ch == '[' || ch == '{') open.push_back({l, static_cast<int>(c) + 1});
-      else if ((ch == ']' || ch == '}') && !open.empty()) open.pop_back();
+      const char before = c == 0 ? ' ' : s[c - 1];
+      if (ch == '#' && (before == ' ' || before == '\t')) break;  // a comment
+      if ((ch == '"' || ch == '\'') && std::string_view(" \t[{,:-").find(before) != std::string_view::npos) quote = ch;
+      else if (ch == '[' || ch == '{') {
+        stack.push_back(opens.size());
+        opens.push_back({{l, static_cast<int>(c) + 1}});
+      } else if ((ch == ']' || ch == '}') && !stack.empty()) {
+        opens[stack.back()].closed = true;
+        stack.pop_back();
+      }
     }
   }
-  if (open.empty()) return std::nullopt;
-  return open.back();
+  if (!passed) at_error = stack;
+  for (auto it = at_error.rbegin(); it != at_error.rend(); ++it)
+    if (!opens[*it].closed) return opens[*it].at;
+  return std::nullopt;
 }
 
 // `key:value` written without the space YAML needs after ':' (then it is one plain string),
-// on the content line before `at` or on it; where its key starts.
+// on the error line or the content line before it; where its key starts. Sequence items
+// (`- host:7443`) are plain strings on purpose and are not taken for it.
 std::optional<std::pair<Location, std::string>> missing_space_after_colon(const std::vector<std::string_view>& lines,
                                                                           Location at) {
-  static const std::regex re(R"(^(\s*(?:-\s+)?)([A-Za-z_][A-Za-z0-9_.-]*):([^\s/].*?)\s*$)");
+  static const std::regex re(R"(^(\s*)([A-Za-z_][A-Za-z0-9_.-]*):([^\s/].*?)\s*$)");
   std::vector<int> candidates;
-  for (int l = at.line - 1; l >= 1 && candidates.empty(); --l) {
+  if (at.line >= 1 && at.line < static_cast<int>(lines.size())) candidates.push_back(at.line);
+  for (int l = std::min<int>(at.line, static_cast<int>(lines.size())) - 1; l >= 1; --l) {
     const std::string_view s = lines[static_cast<std::size_t>(l)];
     const auto first = s.find_first_not_of(" \t\r");
     if (first == std::string_view::npos || s[first] == '#') continue;
     candidates.push_back(l);
+    break;
   }
-  if (at.line >= 1 && at.line < static_cast<int>(lines.size())) candidates.push_back(at.line);
   for (int l : candidates) {
-    const std::string s(lines[static_cast<std::size_t>(l)]);
+    const std::string_view line = lines[static_cast<std::size_t>(l)];
+    if (line.size() > 1000) continue;  // std::regex recurses per character
+    const std::string s(line);
     std::smatch m;
     if (std::regex_match(s, m, re))
       return std::make_pair(Location{l, static_cast<int>(m.length(1)) + 1}, m.str(2) + ":" + m.str(3));

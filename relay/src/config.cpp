@@ -124,7 +124,8 @@ ListenAddress parse_listen(const std::string& text) {
   }
   if (port > 65535) throw Error("--listen '" + text + "': port out of range");
   unsigned char addr[16];
-  if (::inet_pton(AF_INET, host.c_str(), addr) != 1 && ::inet_pton(AF_INET6, host.c_str(), addr) != 1)
+  const std::string unscoped = host.substr(0, host.find('%'));  // fe80::1%eth0: a scoped IPv6 address
+  if (::inet_pton(AF_INET, host.c_str(), addr) != 1 && ::inet_pton(AF_INET6, unscoped.c_str(), addr) != 1)
     throw Error("--listen '" + text + "': '" + host + "' is not an IP address");
   return {host, static_cast<std::uint16_t>(port)};
 }

@@ -188,13 +188,14 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     // The HTTP phase armed the TCP stream's own deadline; from here the WebSocket's
     // timeouts govern (Beast: never use both on one stream).
     beast::get_lowest_layer(ws_).expires_never();
-    // Idle connections: Beast pings a silent peer, and arm_timer() closes with 4002 once
-    // nothing at all (data or pong) came for limits.idle_timeout. Beast's own idle timeout,
-    // which would drop the socket without a close frame, is only a backstop behind it.
+    // Idle connections: arm_timer() pings a peer silent for half of limits.idle_timeout and
+    // closes with 4002 once nothing at all (data, a partial frame, a pong) came for all of
+    // it; time while this side does not read (flow control) does not count. Beast's own
+    // idle timeout, which would drop the socket without a close frame, is only a backstop.
     last_heard_ = Clock::now();
     auto timeouts = websocket::stream_base::timeout::suggested(beast::role_type::server);
     timeouts.idle_timeout = relay_->cfg.idle_timeout + std::chrono::seconds(15);
-    timeouts.keep_alive_pings = true;
+    timeouts.keep_alive_pings = false;  // arm_timer() pings
     // Also bounds the closing handshake and the TLS teardown: a peer that does not answer
     // close_notify does not keep the connection (or a graceful shutdown) waiting.
     timeouts.handshake_timeout = std::chrono::seconds(2);
@@ -721,9 +722,20 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
         self->close(static_cast<websocket::close_code>(kCloseUnauthorized), "no hello");
         return;
       }
-      if (Clock::now() - self->last_heard_ > self->relay_->cfg.idle_timeout) {
+      const auto now = Clock::now();
+      // Bytes of a frame still arriving, or a pause of our own reading, are not silence.
+      if (self->read_paused_ || self->buffer_.size() != self->heard_bytes_) {
+        self->heard_bytes_ = self->buffer_.size();
+        self->last_heard_ = now;
+      }
+      const auto idle = self->relay_->cfg.idle_timeout;
+      if (now - self->last_heard_ > idle) {
         self->close(static_cast<websocket::close_code>(kCloseIdle), "idle: nothing received (not even a pong)");
         return;
+      }
+      if (now - self->last_heard_ > idle / 2 && !self->pinging_ && !self->close_after_drain_) {
+        self->pinging_ = true;  // one ping at a time; the pong (or any frame) resets last_heard_
+        self->ws_.async_ping({}, [s = self](beast::error_code) { s->pinging_ = false; });
       }
       if (self->full_since_ && Clock::now() - *self->full_since_ > self->relay_->cfg.slow_subscriber_timeout) {
         self->relay_->metrics.slow_disconnects++;
@@ -816,6 +828,8 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   std::size_t reply_bytes_ = 0;  // sum of queue_[i].reply_bytes
   Clock::time_point accepted_at_{};
   Clock::time_point last_heard_{};  // last frame of any kind (data, ping, pong) from the peer
+  std::size_t heard_bytes_ = 0;     // buffer_.size() at the last timer tick: a frame in progress
+  bool pinging_ = false;            // an idle ping is being sent
   bool writing_ = false;
   bool closing_ = false;
   bool close_after_drain_ = false;

@@ -235,6 +235,20 @@ def test_a_silent_peer_is_closed_with_4002_after_the_idle_timeout(creds, tmp_pat
         assert relay.stop() == 0
 
 
+def test_a_quiet_peer_that_answers_pings_is_never_closed(creds, tmp_path):
+    """The relay pings a peer silent for half of the idle timeout; a client that answers
+    (every WebSocket library does) stays connected through several timeouts."""
+    relay = relay_with(creds, tmp_path, {"limits": {"idle_timeout": "2s"}})
+    try:
+        async def go():
+            ws = await session(relay, admin(creds), ping_interval=None)  # our side never pings
+            await asyncio.sleep(7)  # three and a half idle timeouts without sending anything
+            assert (await request(ws, {"op": "ping", "id": 1})) == {"op": "pong", "id": 1}
+        run(go())
+    finally:
+        assert relay.stop() == 0
+
+
 def test_idle_timeout_below_two_seconds_is_refused(creds, tmp_path):
     cfg = tmp_path / "relay.yaml"
     cfg.write_text("listen: 127.0.0.1:0\nlimits:\n  idle_timeout: 1s\n")

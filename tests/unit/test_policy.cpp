@@ -495,7 +495,8 @@ TEST(Policy, UnknownSignalSiteOrTargetIsRejectedByTheLoaderWithPosition) {
   }
 }
 
-/// What the loader accepts but a PolicyEngine cannot compile: SpecError at the policy.
+/// What the loader accepts but a PolicyEngine cannot compile: SpecError at the value of the
+/// key at fault (at the policy when the key is missing, e.g. threshold:).
 std::string engine_error(const std::string& policies) {
   WorkflowSpec spec = spec_of(std::string(kTwoSites) + policies, "eng.yaml");
   try {
@@ -512,7 +513,7 @@ TEST(Policy, EngineRejectsPoliciesItCannotCompileWithPosition) {
     detector: phi-accrual
     action: restart
 )"),
-            "eng.yaml:12:5: error: policies[0].detector: policy 'p': phi-accrual watches heartbeats: use it with "
+            "eng.yaml:14:15: error: policies[0].detector: policy 'p': phi-accrual watches heartbeats: use it with "
             "task.heartbeat_gap or site.heartbeat_gap, not task.step_time");
   EXPECT_EQ(engine_error(R"(  - name: ok
     signal: task.failures
@@ -532,21 +533,21 @@ TEST(Policy, EngineRejectsPoliciesItCannotCompileWithPosition) {
     threshold: 10
     action: migrate
 )"),
-            "eng.yaml:12:5: error: policies[0].action: policy 'p': action 'migrate' acts on a task, but "
+            "eng.yaml:16:13: error: policies[0].action: policy 'p': action 'migrate' acts on a task, but "
             "site.queue_length is a per-site signal (use throttle or alert)");
   EXPECT_EQ(engine_error(R"(  - name: p
     signal: site.throughput
     action: alert
     targets: [sim]
 )"),
-            "eng.yaml:12:5: error: policies[0].targets: policy 'p': site.throughput is a per-site signal but targets "
+            "eng.yaml:15:14: error: policies[0].targets: policy 'p': site.throughput is a per-site signal but targets "
             "name no site: the policy could never fire");
   EXPECT_EQ(engine_error(R"(  - name: p
     signal: task.step_time
     threshold: 3
     action: alert
 )"),
-            "eng.yaml:12:5: error: policies[0].threshold: policy 'p': an ensemble score is in [0, 1]: threshold must "
+            "eng.yaml:14:16: error: policies[0].threshold: policy 'p': an ensemble score is in [0, 1]: threshold must "
             "be in (0, 1], not 3");
   // A spec built in code (no loader) with an unknown signal or site is rejected too.
   WorkflowSpec spec = spec_of(std::string(kTwoSites) + "  - name: p\n    signal: task.step_time\n    action: alert\n",

@@ -179,6 +179,13 @@ TEST(Spec, SyntaxErrorsPointAtTheConstructAtFault) {
             "s.yaml:7:1: error: (root): more than one YAML document ('---'); put one spec per file");
   // Syntax errors with nothing better to say keep yaml-cpp's position.
   EXPECT_EQ(first("version: 1\nname: [x\n").rfind("s.yaml:", 0), 0u);
+  // A bracket that closes later is not blamed for an error inside it.
+  EXPECT_EQ(first(head + "tasks:\n  - name: t\n    allowed_sites: [a, b, @c]\n").find("never closed"), std::string::npos);
+  // An apostrophe inside a plain scalar does not hide a bracket left open after it.
+  EXPECT_EQ(first(head + "tasks:\n  - name: t\n    allowed_sites: [it's, b\n    kind: sleep\n").substr(0, 42),
+            "s.yaml:8:20: error: YAML syntax: end of se");
+  // A sequence item `host:port` is a plain string on purpose: not taken for a missing space.
+  EXPECT_EQ(first("version: 1\nname: x\npeers:\n  - node1:7443\n extra: 1\n").find("plain string"), std::string::npos);
 }
 
 // Errors found by the resilience engine's own checks (`diaspora validate` runs them) are
