@@ -188,7 +188,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     // The HTTP phase armed the TCP stream's own deadline; from here the WebSocket's
     // timeouts govern (Beast: never use both on one stream).
     beast::get_lowest_layer(ws_).expires_never();
-    // Idle connections: arm_timer() pings a peer silent for half of limits.idle_timeout and
+    // Idle connections: arm_timer() pings a peer silent for a third of limits.idle_timeout and
     // closes with 4002 once nothing at all (data, a partial frame, a pong) came for all of
     // it; time while this side does not read (flow control) does not count. Beast's own
     // idle timeout, which would drop the socket without a close frame, is only a backstop.
@@ -705,9 +705,11 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     return false;
   }
 
-  // Once a second: disconnect a subscriber that stayed paused too long.
+  // Once a second (more often for an idle timeout under 6 s): token expiry, the hello
+  // deadline, idle peers (pinged after a third of the idle timeout, closed after all of
+  // it), subscribers paused too long.
   void arm_timer() {
-    timer_.expires_after(std::chrono::seconds(1));
+    timer_.expires_after(std::min<Clock::duration>(std::chrono::seconds(1), relay_->cfg.idle_timeout / 6));
     timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
       if (ec || self->closing_) return;
       if (self->claims_ && Clock::now() > self->token_deadline_) {  // also idle and listen-only sessions
@@ -733,7 +735,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
         self->close(static_cast<websocket::close_code>(kCloseIdle), "idle: nothing received (not even a pong)");
         return;
       }
-      if (now - self->last_heard_ > idle / 2 && !self->pinging_ && !self->close_after_drain_) {
+      if (now - self->last_heard_ > idle / 3 && !self->pinging_ && !self->close_after_drain_) {
         self->pinging_ = true;  // one ping at a time; the pong (or any frame) resets last_heard_
         self->ws_.async_ping({}, [s = self](beast::error_code) { s->pinging_ = false; });
       }

@@ -81,6 +81,22 @@ def raw_upgrade(relay, token):
     return tls, rest
 
 
+def raw_ping_until_pong(tls, data=b""):
+    """Sends a masked ping and reads frames until the pong: the relay's session is then
+    running (it reads frames only once its accept has completed)."""
+    mask = os.urandom(4)
+    tls.sendall(bytes([0x89, 0x80]) + mask)
+    while True:
+        while len(data) < 2:
+            data += tls.recv(4096)
+        opcode, length = data[0] & 0x0F, data[1] & 0x7F
+        while len(data) < 2 + length:
+            data += tls.recv(4096)
+        data = data[2 + length:]
+        if opcode == 0xA:
+            return data
+
+
 def test_readyz_says_503_while_the_relay_drains(creds, tmp_path):
     """SIGTERM: the relay drains its WebSockets (a peer that never answers the close keeps
     it busy for the close handshake's 2 s) and meanwhile answers /readyz with 503 on a
@@ -90,7 +106,8 @@ def test_readyz_says_503_while_the_relay_drains(creds, tmp_path):
     http_conn.sendall(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     head, _ = read_head(http_conn)
     assert head.startswith(b"HTTP/1.1 200"), head
-    silent, _ = raw_upgrade(relay, admin(creds))
+    silent, rest = raw_upgrade(relay, admin(creds))
+    raw_ping_until_pong(silent, rest)  # the session is registered before the relay is told to stop
     relay.proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     http_conn.sendall(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")

@@ -784,9 +784,8 @@ TEST(PluginActions, TheCallbackMayAcknowledgeButNotCloseOrReplaceItself) {
   EXPECT_EQ(seen.replace_rc.load(), DIASPORA_ERR_CLOSED);
   EXPECT_EQ(seen.close_rc.load(), DIASPORA_ERR_CLOSED);
   EXPECT_EQ(seen.done_rc.load(), DIASPORA_OK);
-  char err[512];
-  diaspora_last_error(h, err, sizeof err);
-  EXPECT_NE(std::string(err).find("from the action callback"), std::string::npos) << err;
+  // (The reason is in diaspora_last_error, but the publisher thread may overwrite it at once
+  // with its own: the return codes are the contract.)
   // The plugin still works: a hook, then a close from this thread.
   diaspora_task_info info{};
   info.struct_size = sizeof info;
