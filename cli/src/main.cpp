@@ -22,18 +22,6 @@ constexpr int kOk = 0;
 constexpr int kFailure = 1;
 constexpr int kInvalid = 2;
 
-// The JSON payload of a JWT (its second, base64url segment), as text. Call after verifying.
-std::string token_payload(const std::string& token) {
-  const auto a = token.find('.'), b = token.find('.', a == std::string::npos ? a : a + 1);
-  if (a == std::string::npos || b == std::string::npos) throw diaspora::Error("not a JWT");
-  std::string seg = token.substr(a + 1, b - a - 1);
-  for (char& ch : seg) ch = ch == '-' ? '+' : ch == '_' ? '/' : ch;
-  seg.append((4 - seg.size() % 4) % 4, '=');
-  auto bytes = diaspora::base64_decode(seg);
-  if (!bytes) throw diaspora::Error("the token's payload is not base64url");
-  return *bytes;
-}
-
 std::string plural(std::size_t n, const std::string& one, const std::string& many = "") {
   return std::to_string(n) + " " + (n == 1 ? one : many.empty() ? one + "s" : many);
 }
@@ -191,10 +179,9 @@ int main(int argc, char** argv) {
     }
     if (token_verify->parsed()) {
       diaspora::TokenVerifier v(diaspora::load_secret_file(secret_file));
-      if (verify_action.empty()) v.verify(verify_token);
-      else v.authorize(verify_token, verify_action, verify_topic);
-      // The claims exactly as the token carries them (the verified payload, decoded).
-      std::cout << token_payload(verify_token) << "\n";
+      const diaspora::TokenClaims c = verify_action.empty() ? v.verify(verify_token)
+                                                            : v.authorize(verify_token, verify_action, verify_topic);
+      std::cout << c.payload_json << "\n";  // the claims exactly as the token carries them
       return kOk;
     }
     if (token_secret->parsed()) {

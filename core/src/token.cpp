@@ -199,6 +199,7 @@ TokenClaims TokenVerifier::verify(std::string_view token, SysSeconds now) const 
   if (ec || !payload.is_object()) refuse(TokenErrc::malformed, "token payload is not a JSON object");
   const json::object& p = payload.get_object();
   TokenClaims c;
+  c.payload_json = std::move(*payload_raw);
   auto num = [&](std::string_view k) -> std::optional<SysSeconds> {
     const json::value* v = p.if_contains(k);
     if (!v) return std::nullopt;

@@ -88,12 +88,10 @@ void validate_relay_config(const RelayConfig& c) {
   need_file(c.tls_key, "--tls-key");
   need_file(c.auth_secret_file, "--auth-secret-file");
   if (c.client_ca) need_file(*c.client_ca, "--client-ca");
+  relay::parse_listen(c.listen);
   try {
-    relay::parse_listen(c.listen);
     relay::FsyncPolicy::parse(c.fsync);
-  } catch (const RelayConfigError&) {
-    throw;
-  } catch (const Error& e) {
+  } catch (const Error& e) {  // the log's own parser
     throw RelayConfigError(e.what());
   }
   if (c.idle_timeout < std::chrono::seconds(2)) throw RelayConfigError("limits.idle_timeout must be at least 2s");
@@ -112,7 +110,7 @@ namespace diaspora::relay {
 
 ListenAddress parse_listen(const std::string& text) {
   auto colon = text.rfind(':');
-  if (colon == std::string::npos) throw Error("--listen '" + text + "': expected HOST:PORT, e.g. 127.0.0.1:7443");
+  if (colon == std::string::npos) throw RelayConfigError("--listen '" + text + "': expected HOST:PORT, e.g. 127.0.0.1:7443");
   std::string host = text.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   if (host == "localhost") host = "127.0.0.1";
@@ -120,13 +118,13 @@ ListenAddress parse_listen(const std::string& text) {
   try {
     port = std::stoul(text.substr(colon + 1));
   } catch (...) {
-    throw Error("--listen '" + text + "': the port is not a number");
+    throw RelayConfigError("--listen '" + text + "': the port is not a number");
   }
-  if (port > 65535) throw Error("--listen '" + text + "': port out of range");
+  if (port > 65535) throw RelayConfigError("--listen '" + text + "': port out of range");
   unsigned char addr[16];
   const std::string unscoped = host.substr(0, host.find('%'));  // fe80::1%eth0: a scoped IPv6 address
   if (::inet_pton(AF_INET, host.c_str(), addr) != 1 && ::inet_pton(AF_INET6, unscoped.c_str(), addr) != 1)
-    throw Error("--listen '" + text + "': '" + host + "' is not an IP address");
+    throw RelayConfigError("--listen '" + text + "': '" + host + "' is not an IP address");
   return {host, static_cast<std::uint16_t>(port)};
 }
 

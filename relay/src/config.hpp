@@ -13,7 +13,8 @@ struct ListenAddress {
   std::uint16_t port = 0;
 };
 
-/// Parses "HOST:PORT" ("[::1]:7443" for IPv6). Throws Error naming --listen and what is wrong.
+/// Parses "HOST:PORT" ("[::1]:7443" for IPv6). Throws RelayConfigError naming --listen and
+/// what is wrong.
 ListenAddress parse_listen(const std::string& text);
 
 }  // namespace diaspora::relay

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -30,8 +31,14 @@ def admin(creds):
     return creds.token("admin", "publish:*", "subscribe:*")
 
 
-def relay_with(creds, tmp_path, config=None):
-    return RelayProcess(creds, tmp_path / "data", config=config).start()
+@contextlib.contextmanager
+def running(creds, data_dir, config=None):
+    """A relay process for the block; it must stop cleanly (exit 0) after it."""
+    relay = RelayProcess(creds, data_dir, config=config).start()
+    try:
+        yield relay
+    finally:
+        assert relay.stop() == 0
 
 
 def http(relay, method, path, token=None):
@@ -81,27 +88,41 @@ def raw_upgrade(relay, token):
     return tls, rest
 
 
-def raw_ping_until_pong(tls, data=b""):
-    """Sends a masked ping and reads frames until the pong: the relay's session is then
-    running (it reads frames only once its accept has completed)."""
+def client_frame(opcode: int, payload: bytes = b"") -> bytes:
+    """One masked client frame (payload under 126 bytes)."""
     mask = os.urandom(4)
-    tls.sendall(bytes([0x89, 0x80]) + mask)
-    while True:
-        while len(data) < 2:
-            data += tls.recv(4096)
-        opcode, length = data[0] & 0x0F, data[1] & 0x7F
-        while len(data) < 2 + length:
-            data += tls.recv(4096)
-        data = data[2 + length:]
-        if opcode == 0xA:
-            return data
+    return bytes([0x80 | opcode, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def read_frame(tls, data=b""):
+    """(opcode, payload, bytes read past it) of the next server frame (payload under 126 bytes)."""
+    def need(n):
+        nonlocal data
+        while len(data) < n:
+            chunk = tls.recv(4096)
+            assert chunk, "the relay dropped the connection without a close frame"
+            data += chunk
+    need(2)
+    length = data[1] & 0x7F
+    need(2 + length)
+    return data[0] & 0x0F, data[2:2 + length], data[2 + length:]
+
+
+def raw_ping_until_pong(tls, data=b""):
+    """Sends a ping and reads frames until the pong: the relay's session is then running
+    (it reads frames only once its accept has completed)."""
+    tls.sendall(client_frame(0x9))
+    opcode = None
+    while opcode != 0xA:
+        opcode, _, data = read_frame(tls, data)
+    return data
 
 
 def test_readyz_says_503_while_the_relay_drains(creds, tmp_path):
     """SIGTERM: the relay drains its WebSockets (a peer that never answers the close keeps
     it busy for the close handshake's 2 s) and meanwhile answers /readyz with 503 on a
     connection that was already open; /healthz stays 200."""
-    relay = relay_with(creds, tmp_path)
+    relay = RelayProcess(creds, tmp_path / "data").start()  # stopped by the test itself
     http_conn = raw_tls(relay)
     http_conn.sendall(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     head, _ = read_head(http_conn)
@@ -119,8 +140,7 @@ def test_readyz_says_503_while_the_relay_drains(creds, tmp_path):
 
 
 def test_batches_over_max_batch_events_are_nacked_whole(creds, tmp_path):
-    relay = relay_with(creds, tmp_path, {"limits": {"max_batch_events": 5}})
-    try:
+    with running(creds, tmp_path / "data", {"limits": {"max_batch_events": 5}}) as relay:
         async def go():
             ws = await session(relay, admin(creds))
             nack = await request(ws, {"op": "publish", "topic": "b", "seq": 0, "events": [event(i) for i in range(6)]})
@@ -129,13 +149,10 @@ def test_batches_over_max_batch_events_are_nacked_whole(creds, tmp_path):
             ack = await request(ws, {"op": "publish", "topic": "b", "seq": 1, "events": [event(i) for i in range(5)]})
             assert ack["op"] == "ack" and ack["count"] == 5 and ack["first_offset"] == 0, ack  # nothing of the first
         run(go())
-    finally:
-        assert relay.stop() == 0
 
 
 def test_frames_nested_deeper_than_32_levels_are_bad_json_without_ref(creds, tmp_path):
-    relay = relay_with(creds, tmp_path)
-    try:
+    with running(creds, tmp_path / "data") as relay:
         async def go():
             ws = await session(relay, admin(creds))
             # 31 levels of data inside event, events array, frame: 34 in all.
@@ -151,31 +168,22 @@ def test_frames_nested_deeper_than_32_levels_are_bad_json_without_ref(creds, tmp
             r = await request(ws, {"op": "publish", "topic": "d", "seq": 4, "events": [event(2, data={"x": shallow})]})
             assert r["op"] == "ack", r
         run(go())
-    finally:
-        assert relay.stop() == 0
 
 
 def test_a_text_frame_that_is_not_utf8_closes_v1_with_1007(creds, tmp_path):
-    relay = relay_with(creds, tmp_path)
-    try:
+    with running(creds, tmp_path / "data") as relay:
         async def go():
             ws = await session(relay, admin(creds))
-            # websockets only sends valid text: write the frame ourselves (masked, opcode 1).
-            payload = b'{"op":"ping","id":"\xff\xfe"}'
-            mask = os.urandom(4)
-            frame = bytes([0x81, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-            ws.transport.write(frame)
+            # websockets only sends valid text: write the frame ourselves.
+            ws.transport.write(client_frame(0x1, b'{"op":"ping","id":"\xff\xfe"}'))
             with pytest.raises(websockets.ConnectionClosed) as c:
                 await asyncio.wait_for(ws.recv(), TIMEOUT)
             assert c.value.code == 1007
         run(go())
-    finally:
-        assert relay.stop() == 0
 
 
 def test_http_methods_challenges_and_private_metrics(creds, tmp_path):
-    relay = relay_with(creds, tmp_path, {"public_metrics": False})
-    try:
+    with running(creds, tmp_path / "data", {"public_metrics": False}) as relay:
         status, _, body = http(relay, "POST", "/api/v1/topics", admin(creds))
         assert status == 405 and "only GET" in body
         assert http(relay, "HEAD", "/healthz")[0] == 200
@@ -189,13 +197,10 @@ def test_http_methods_challenges_and_private_metrics(creds, tmp_path):
         assert status == 200
         # Each refusal above counted once (401, 403, 401).
         assert metric(text, "diaspora_relay_auth_refusals_total") == 3, text
-    finally:
-        assert relay.stop() == 0
 
 
 def test_consumer_lag_follows_commits(creds, tmp_path):
-    relay = relay_with(creds, tmp_path)
-    try:
+    with running(creds, tmp_path / "data") as relay:
         async def go():
             ws = await session(relay, admin(creds))
             assert (await request(ws, {"op": "publish", "topic": "lag", "seq": 0,
@@ -205,15 +210,12 @@ def test_consumer_lag_follows_commits(creds, tmp_path):
         run(go())
         text = http(relay, "GET", "/metrics")[2]
         assert metric(text, 'diaspora_relay_consumer_lag{group="g",topic="lag"}') == 6, text
-    finally:
-        assert relay.stop() == 0
 
 
 def test_validate_payloads_off_stores_what_the_schema_would_refuse(creds, tmp_path):
     bad = event("bad-payload", type_="org.diaspora.task.started", data={"task_id": "t", "attempt": "one"})
     for validate, expect in ((True, "nack"), (False, "ack")):
-        relay = RelayProcess(creds, tmp_path / f"data-{validate}", config={"validate_payloads": validate}).start()
-        try:
+        with running(creds, tmp_path / f"data-{validate}", {"validate_payloads": validate}) as relay:
             async def go():
                 ws = await session(relay, admin(creds))
                 r = await request(ws, {"op": "publish", "topic": "p", "seq": 0, "events": [bad]})
@@ -221,49 +223,29 @@ def test_validate_payloads_off_stores_what_the_schema_would_refuse(creds, tmp_pa
                 if expect == "nack":
                     assert r["code"] == "invalid_event" and "attempt" in r["message"], r
             run(go())
-        finally:
-            assert relay.stop() == 0
 
 
 def test_a_silent_peer_is_closed_with_4002_after_the_idle_timeout(creds, tmp_path):
     """A client that sends nothing and answers no ping: a raw TLS socket that upgrades and
     then only listens. It gets a close frame with code 4002 (docs/protocol.md)."""
-    relay = relay_with(creds, tmp_path, {"limits": {"idle_timeout": "2s"}})
-    try:
+    with running(creds, tmp_path / "data", {"limits": {"idle_timeout": "2s"}}) as relay:
         tls, data = raw_upgrade(relay, admin(creds))
-        # Read frames (pings, then the close) without ever answering.
-        close_code = None
-        while close_code is None:
-            while len(data) < 2:
-                chunk = tls.recv(4096)
-                assert chunk, "the relay dropped the connection without a close frame"
-                data += chunk
-            opcode, length = data[0] & 0x0F, data[1] & 0x7F
-            need = 2 + length
-            while len(data) < need:
-                data += tls.recv(4096)
-            body, data = data[2:need], data[need:]
-            if opcode == 0x8:
-                close_code = int.from_bytes(body[:2], "big")
-                assert b"idle" in body[2:], body
-        assert close_code == 4002
+        opcode = None
+        while opcode != 0x8:  # pings, then the close, never answered
+            opcode, body, data = read_frame(tls, data)
+        assert int.from_bytes(body[:2], "big") == 4002 and b"idle" in body[2:], body
         tls.close()
-    finally:
-        assert relay.stop() == 0
 
 
 def test_a_quiet_peer_that_answers_pings_is_never_closed(creds, tmp_path):
-    """The relay pings a peer silent for half of the idle timeout; a client that answers
+    """The relay pings a peer silent for a third of the idle timeout; a client that answers
     (every WebSocket library does) stays connected through several timeouts."""
-    relay = relay_with(creds, tmp_path, {"limits": {"idle_timeout": "2s"}})
-    try:
+    with running(creds, tmp_path / "data", {"limits": {"idle_timeout": "2s"}}) as relay:
         async def go():
             ws = await session(relay, admin(creds), ping_interval=None)  # our side never pings
             await asyncio.sleep(7)  # three and a half idle timeouts without sending anything
             assert (await request(ws, {"op": "ping", "id": 1})) == {"op": "pong", "id": 1}
         run(go())
-    finally:
-        assert relay.stop() == 0
 
 
 def test_idle_timeout_below_two_seconds_is_refused(creds, tmp_path):
@@ -280,8 +262,7 @@ def test_max_inflight_batches_pauses_reading_until_acks_free_a_slot(creds, tmp_p
     one publish is unacked: a ping sent right behind two publishes is answered only after
     both acks. (With room in the window the ping is read at once; its pong may then come
     before the acks, which wait for the fsync.)"""
-    relay = relay_with(creds, tmp_path, {"limits": {"max_inflight_batches": 1}})
-    try:
+    with running(creds, tmp_path / "data", {"limits": {"max_inflight_batches": 1}}) as relay:
         async def go():
             ws = await session(relay, admin(creds))
             big = [event(f"e{i}", data={"pad": "x" * 200}) for i in range(3000)]
@@ -295,5 +276,3 @@ def test_max_inflight_batches_pauses_reading_until_acks_free_a_slot(creds, tmp_p
                 order.append(m["op"] + ("" if m["op"] == "pong" else str(m.get("seq"))))
             assert order == ["ack0", "ack1", "pong"], order
         run(go())
-    finally:
-        assert relay.stop() == 0

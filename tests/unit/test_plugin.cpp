@@ -39,6 +39,19 @@ using diaspora::test::TempDir;
 
 namespace {
 
+// A task hook's argument for task `id` (no step, no site): what most tests report.
+diaspora_task_info task_info(const char* id) {
+  diaspora_task_info info{};
+  info.struct_size = sizeof info;
+  info.task_id = id;
+  info.step = -1;
+  return info;
+}
+
+}  // namespace
+
+namespace {
+
 // A record built the way the hooks build one.
 struct TestRecord {
   dp::RecordHead head;
@@ -338,10 +351,7 @@ TEST(PluginConcurrency, ManyEngineThreadsEveryEventOnceInOrderPerThread) {
     engine.emplace_back([&, k] {
       for (int t = 0; t < tasks; ++t) {
         const std::string id = "th" + std::to_string(k) + "-" + std::to_string(t);
-        diaspora_task_info info{};
-        info.struct_size = sizeof info;
-        info.task_id = id.c_str();
-        info.step = -1;
+        diaspora_task_info info = task_info(id.c_str());
         diaspora_metric_value m{"k", 0};
         failures += diaspora_task_submitted(h, &info) != DIASPORA_OK;
         failures += diaspora_task_started(h, &info) != DIASPORA_OK;
@@ -515,10 +525,7 @@ TEST(PluginClock, HookTimesAreTheWallClockWithAndWithoutTicks) {
     std::map<std::string, std::pair<std::int64_t, std::int64_t>> window;  // task -> (before, after) its hooks
     for (int t = 0; t < 20; ++t) {
       const std::string id = "clock-" + std::to_string(t);
-      diaspora_task_info info{};
-      info.struct_size = sizeof info;
-      info.task_id = id.c_str();
-      info.step = -1;
+      diaspora_task_info info = task_info(id.c_str());
       const std::int64_t before = wall_us();
       EXPECT_EQ(diaspora_task_submitted(h, &info), DIASPORA_OK);
       EXPECT_EQ(diaspora_task_completed(h, &info), DIASPORA_OK);
@@ -564,11 +571,8 @@ diaspora_plugin* open_with_restart_policy(const TempDir& dir) {
 
 // Task `id` on site a: submitted, started, a heartbeat every 50 ms for 0.75 s, then silence.
 void beat_then_fall_silent(diaspora_plugin* h, const char* id) {
-  diaspora_task_info info{};
-  info.struct_size = sizeof info;
-  info.task_id = id;
+  diaspora_task_info info = task_info(id);
   info.site = "a";
-  info.step = -1;
   ASSERT_EQ(diaspora_task_submitted(h, &info), DIASPORA_OK);
   ASSERT_EQ(diaspora_task_started(h, &info), DIASPORA_OK);
   for (int i = 0; i < 15; ++i) {
@@ -657,10 +661,7 @@ TEST(PluginClose, AForeverTimeoutWaitsForALateRelay) {
   constexpr int tasks = 20;
   for (int t = 0; t < tasks; ++t) {
     const std::string id = "late-" + std::to_string(t);
-    diaspora_task_info info{};
-    info.struct_size = sizeof info;
-    info.task_id = id.c_str();
-    info.step = -1;
+    diaspora_task_info info = task_info(id.c_str());
     ASSERT_EQ(diaspora_task_submitted(h, &info), DIASPORA_OK);
   }
   // close runs on a thread of its own, detached if the test fails while it still waits
@@ -703,10 +704,7 @@ TEST(PluginAbi, TheMessageNamesTheMetricThatFailed) {
   for (int i = 0; i < 12; ++i) names.push_back("m" + std::to_string(i));
   std::vector<diaspora_metric_value> m;
   for (const auto& n : names) m.push_back({n.c_str(), 1.0});
-  diaspora_task_info info{};
-  info.struct_size = sizeof info;
-  info.task_id = "t";
-  info.step = -1;
+  diaspora_task_info info = task_info("t");
   info.metrics = m.data();
   info.metric_count = m.size();
   ASSERT_EQ(diaspora_task_heartbeat(h, &info), DIASPORA_OK);
@@ -787,10 +785,7 @@ TEST(PluginActions, TheCallbackMayAcknowledgeButNotCloseOrReplaceItself) {
   // (The reason is in diaspora_last_error, but the publisher thread may overwrite it at once
   // with its own: the return codes are the contract.)
   // The plugin still works: a hook, then a close from this thread.
-  diaspora_task_info info{};
-  info.struct_size = sizeof info;
-  info.task_id = "after";
-  info.step = -1;
+  diaspora_task_info info = task_info("after");
   EXPECT_EQ(diaspora_task_submitted(h, &info), DIASPORA_OK);
   EXPECT_EQ(diaspora_close(h, 0), DIASPORA_ERR_TIMEOUT);  // the relay is unreachable: the rest is spooled
 }
@@ -808,10 +803,7 @@ TEST(PluginLoss, SamplesPastTheSpoolLimitAreLostAndCloseSaysSo) {
                                sizeof err),
             DIASPORA_OK)
       << err;
-  diaspora_task_info info{};
-  info.struct_size = sizeof info;
-  info.task_id = "kept";
-  info.step = -1;
+  diaspora_task_info info = task_info("kept");
   ASSERT_EQ(diaspora_task_submitted(h, &info), DIASPORA_OK);  // always spooled, whatever the limit
   diaspora_metric m{sizeof(diaspora_metric), DIASPORA_SCOPE_SITE, "local", "load", 0, 0};
   diaspora_stats st{};
@@ -869,10 +861,7 @@ TEST(PluginLoss, AHookWhoseSpoolWriteFailsReturnsIo) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int t = 0; io == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20); ++t) {
       const std::string id = "t" + std::to_string(t);
-      diaspora_task_info info{};
-      info.struct_size = sizeof info;
-      info.task_id = id.c_str();
-      info.step = -1;
+      diaspora_task_info info = task_info(id.c_str());
       const int rc = diaspora_task_submitted(h, &info);
       if (rc == DIASPORA_ERR_IO) ++io;
       else if (rc == DIASPORA_OK) ++ok;
@@ -887,10 +876,7 @@ TEST(PluginLoss, AHookWhoseSpoolWriteFailsReturnsIo) {
   ASSERT_EQ(diaspora_get_stats(h, &st), DIASPORA_OK);
   EXPECT_GE(st.events_lost, static_cast<std::uint64_t>(io));
   // The disk takes writes again: hooks succeed.
-  diaspora_task_info info{};
-  info.struct_size = sizeof info;
-  info.task_id = "after";
-  info.step = -1;
+  diaspora_task_info info = task_info("after");
   EXPECT_EQ(diaspora_task_submitted(h, &info), DIASPORA_OK);
   EXPECT_NE(diaspora_close(h, 0), DIASPORA_OK);  // the relay never came: TIMEOUT (or IO)
 }

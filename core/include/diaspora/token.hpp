@@ -49,6 +49,7 @@ struct TokenClaims {
   std::optional<SysSeconds> not_before;  ///< nbf
   std::optional<std::string> issuer;     ///< iss
   std::string token_id;                  ///< jti
+  std::string payload_json;              ///< verify(): the payload's JSON text exactly as the token carries it
 };
 
 /// Minimum secret length in bytes (HS256 keys shorter than the hash are weak).
