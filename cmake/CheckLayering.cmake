@@ -10,13 +10,14 @@ if(NOT SOURCE_DIR)
   set(SOURCE_DIR ${PROJECT_SOURCE_DIR})
 endif()
 
-set(_components core client relay resilience plugin rehearsal cli)
+set(_components core client relay resilience plugin rehearsal engine-adapters cli)
 set(_deps_core "")
 set(_deps_client core)
 set(_deps_relay core)
 set(_deps_resilience core)
 set(_deps_plugin core client resilience)
 set(_deps_rehearsal core plugin)
+set(_deps_engine-adapters core relay resilience plugin)  # plugin: its C header only (loaded with dlopen)
 set(_deps_cli core client resilience relay plugin)
 
 # Which component's include/ holds a public header "diaspora/<name>".

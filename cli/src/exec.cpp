@@ -10,7 +10,8 @@
 
 namespace diaspora::cli {
 
-int exec_sibling(const std::string& program, const char* argv0, const std::vector<std::string>& args) {
+int exec_sibling(const std::string& program, const char* argv0, const std::vector<std::string>& args,
+                 const std::string& missing_hint) {
   std::error_code ec;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
   const std::filesystem::path path = (ec ? std::filesystem::path(argv0) : self).parent_path() / program;
@@ -25,7 +26,7 @@ int exec_sibling(const std::string& program, const char* argv0, const std::vecto
   else ::execvp(program.c_str(), argv.data());
   const int err = errno;
   std::cerr << "error: cannot run " << path.string() << ": " << std::strerror(err)
-            << (err == ENOENT ? " (it is built with the benchmarks: configure with -DDIASPORA_BUILD_BENCH=ON)" : "")
+            << (err == ENOENT ? " (" + missing_hint + ")" : std::string())
             << "\n";
   return 1;
 }

@@ -7,8 +7,10 @@
 namespace diaspora::cli {
 
 /// Replaces this process with `program` from the directory of the running executable,
-/// passing `args` after its name. Returns only on failure: prints why (the program missing,
-/// with what builds it) and returns 1. `argv0` names this program in the message.
-int exec_sibling(const std::string& program, const char* argv0, const std::vector<std::string>& args);
+/// passing `args` after its name. Returns only on failure: prints why (with `missing_hint`,
+/// what builds it, when the program is missing) and returns 1. `argv0` locates this program
+/// when /proc is unavailable.
+int exec_sibling(const std::string& program, const char* argv0, const std::vector<std::string>& args,
+                 const std::string& missing_hint);
 
 }  // namespace diaspora::cli

@@ -127,6 +127,9 @@ int main(int argc, char** argv) {
   // so that the CLI itself compiles no benchmark code.
   auto* bench = app.add_subcommand("bench", "Benchmarks (runs diaspora-bench; see `diaspora bench --help`)");
   bench->allow_extras()->prefix_command()->set_help_flag();
+  // `diaspora run SPEC ...` is diaspora-run (engine-adapters/run), which links the embedded relay.
+  auto* run = app.add_subcommand("run", "Run a workflow spec and keep it alive (runs diaspora-run; see `diaspora run --help`)");
+  run->allow_extras()->prefix_command()->set_help_flag();
 
   try {
     app.parse(argc, argv);
@@ -137,7 +140,12 @@ int main(int argc, char** argv) {
 
   try {
     if (int rc = run_net(); rc >= 0) return rc;
-    if (bench->parsed()) return diaspora::cli::exec_sibling("diaspora-bench", argv[0], bench->remaining());
+    if (bench->parsed())
+      return diaspora::cli::exec_sibling("diaspora-bench", argv[0], bench->remaining(),
+                                         "it is built with the benchmarks: configure with -DDIASPORA_BUILD_BENCH=ON");
+    if (run->parsed())
+      return diaspora::cli::exec_sibling("diaspora-run", argv[0], run->remaining(),
+                                         "it is built with the engine adapters, beside this program");
     if (validate->parsed()) return cmd_validate(spec_files, quiet);
     if (certs_init->parsed()) {
       for (auto& d : extra_dns) cert_opts.dns_names.push_back(d);

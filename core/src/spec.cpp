@@ -52,6 +52,7 @@ std::string_view to_string(FaultKind f) noexcept {
     case FaultKind::slow_site: return "slow-site";
     case FaultKind::kill_worker: return "kill-worker";
     case FaultKind::stop_relay: return "stop-relay";
+    case FaultKind::hang_task: return "hang-task";
   }
   return "?";
 }
@@ -191,6 +192,7 @@ struct RefChecker {
     refs("policies", "to_sites", sites, "site");
     refs("rehearsal", "site", sites, "site");
     refs("faults", "site", sites, "site");
+    refs("faults", "task", jobs, "task");
 
     if (const json::array* tasks = section("tasks")) {
       for (std::size_t i = 0; i < tasks->size(); ++i) {
@@ -375,8 +377,12 @@ WorkflowSpec build(const YamlDocument& doc, std::string file) {
     FaultSpec f;
     f.at = opt_dur(o, "at").value_or(Duration{0});
     std::string k = get_str(o, "kind");
-    f.kind = k == "kill-worker" ? FaultKind::kill_worker : k == "stop-relay" ? FaultKind::stop_relay : FaultKind::slow_site;
+    f.kind = k == "kill-worker"  ? FaultKind::kill_worker
+             : k == "stop-relay" ? FaultKind::stop_relay
+             : k == "hang-task"  ? FaultKind::hang_task
+                                 : FaultKind::slow_site;
     f.site = opt_str(o, "site");
+    f.task = opt_str(o, "task");
     f.factor = opt_num(o, "factor").value_or(1.0);
     f.lasts = opt_dur(o, "for");
     f.location = loc("faults", i);

@@ -310,6 +310,9 @@ def _semantic_errors(spec: dict):
         for i, item in enumerate(items):
             if "site" in item and item["site"] not in site_names:
                 yield [section, i, "site"], f"unknown site '{item['site']}'"
+    for i, f in enumerate(faults):
+        if "task" in f and f["task"] not in job_names:
+            yield ["faults", i, "task"], f"unknown task '{f['task']}'"
 
 
 def check_spec(path) -> list[str]:

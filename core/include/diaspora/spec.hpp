@@ -144,13 +144,14 @@ struct RehearsalJobSpec {
   Location location;
 };
 
-enum class FaultKind { slow_site, kill_worker, stop_relay };
+enum class FaultKind { slow_site, kill_worker, stop_relay, hang_task };
 std::string_view to_string(FaultKind f) noexcept;
 
 struct FaultSpec {
   Duration at{0};
   FaultKind kind = FaultKind::slow_site;
   std::optional<std::string> site;
+  std::optional<std::string> task;  ///< hang-task, kill-worker: an instance of this task
   double factor = 1.0;
   std::optional<Duration> lasts;  ///< `for:`; nullopt = until the end
   Location location;

@@ -1,0 +1,196 @@
+#include "process.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <system_error>
+
+#include "diaspora/error.hpp"
+#include "diaspora/files.hpp"
+
+extern char** environ;
+
+namespace diaspora::run {
+
+namespace json = boost::json;
+
+pid_t spawn(const SpawnSpec& spec) {
+  // Everything the child needs is built here: after fork only async-signal-safe calls.
+  std::vector<char*> argv;
+  for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string_view kv(*e);
+    const auto eq = kv.find('=');
+    env[std::string(kv.substr(0, eq))] = std::string(*e);
+  }
+  for (const auto& kv : spec.env_extra) env[kv.substr(0, kv.find('='))] = kv;
+  std::vector<std::string> env_store;
+  for (auto& [k, v] : env) env_store.push_back(v);
+  std::vector<char*> envp;
+  for (auto& s : env_store) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  auto open_out = [](const std::optional<std::filesystem::path>& p) {
+    if (!p) return -1;
+    int fd = ::open(p->c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) throw Error("cannot open " + p->string() + ": " + storage::errno_text(errno));
+    return fd;
+  };
+  const int out_fd = open_out(spec.stdout_file);
+  const int err_fd = open_out(spec.stderr_file);
+  rlimit mem{};
+  if (spec.memory_limit) mem.rlim_cur = mem.rlim_max = spec.memory_limit;
+
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int e = errno;
+    if (out_fd >= 0) ::close(out_fd);
+    if (err_fd >= 0) ::close(err_fd);
+    throw Error("fork failed: " + storage::errno_text(e));
+  }
+  if (pid == 0) {
+    if (spec.new_process_group) ::setpgid(0, 0);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::signal(SIGPIPE, SIG_DFL);
+    ::signal(SIGINT, SIG_DFL);
+    ::signal(SIGTERM, SIG_DFL);
+    if (out_fd >= 0) ::dup2(out_fd, 1);
+    if (err_fd >= 0) ::dup2(err_fd, 2);
+    // dup2 onto targets: first move sources above every target so that no source is overwritten.
+    int moved[16];
+    const std::size_t n = std::min<std::size_t>(spec.fds.size(), 16);
+    for (std::size_t i = 0; i < n; ++i) moved[i] = ::fcntl(spec.fds[i].first, F_DUPFD, 64);
+    for (std::size_t i = 0; i < n; ++i) {
+      ::dup2(moved[i], spec.fds[i].second);
+      ::close(moved[i]);
+    }
+    if (spec.memory_limit) ::setrlimit(RLIMIT_AS, &mem);
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+  if (spec.new_process_group) ::setpgid(pid, pid);  // both sides, so no signal races the child's own call
+  if (out_fd >= 0) ::close(out_fd);
+  if (err_fd >= 0) ::close(err_fd);
+  return pid;
+}
+
+std::string describe_wait_status(int status) {
+  if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int s = WTERMSIG(status);
+    const char* abbrev = sigabbrev_np(s);
+    return "killed by signal " + std::to_string(s) + (abbrev ? std::string(" (SIG") + abbrev + ")" : "");
+  }
+  return "wait status " + std::to_string(status);
+}
+
+std::filesystem::path self_executable(const char* argv0) {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) return p;
+  return argv0 ? std::filesystem::absolute(argv0) : std::filesystem::path();
+}
+
+void signal_group(pid_t pgid, int sig) noexcept {
+  if (pgid > 0) ::kill(-pgid, sig);
+}
+
+bool process_stopped(pid_t pid) noexcept {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return true;
+  char buf[512];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return true;
+  buf[n] = 0;
+  const char* close_paren = std::strrchr(buf, ')');  // the command name may hold spaces and ')'
+  if (!close_paren || close_paren[1] == 0) return true;
+  const char state = close_paren[2];
+  return state == 'T' || state == 't' || state == 'Z' || state == 'X';
+}
+
+LineChannel::LineChannel(int fd) : fd_(fd) {
+  const int fl = ::fcntl(fd, F_GETFL);
+  ::fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+bool LineChannel::fill() {
+  if (fd_ < 0) return false;
+  char tmp[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd_, tmp, sizeof tmp);
+    if (n > 0) {
+      buf_.append(tmp, static_cast<std::size_t>(n));
+      if (buf_.size() > (1u << 20) && buf_.find('\n') == std::string::npos) return false;  // a runaway line
+      continue;
+    }
+    if (n == 0) return false;
+    if (errno == EINTR) continue;
+    return errno == EAGAIN || errno == EWOULDBLOCK;
+  }
+}
+
+std::optional<std::string> LineChannel::next_line() {
+  const auto nl = buf_.find('\n');
+  if (nl == std::string::npos) return std::nullopt;
+  std::string line = buf_.substr(0, nl);
+  buf_.erase(0, nl + 1);
+  return line;
+}
+
+std::optional<json::object> LineChannel::next() {
+  auto text = next_line();
+  if (!text) return std::nullopt;
+  const std::string& line = *text;
+  std::error_code ec;
+  json::value v = json::parse(line, ec);
+  if (ec || !v.is_object()) return json::object{{"op", "invalid"}, {"line", line.substr(0, 200)}};
+  return std::move(v.get_object());
+}
+
+bool LineChannel::send(const json::object& msg) {
+  if (fd_ < 0) return false;
+  std::string line = json::serialize(msg);
+  line += '\n';
+  std::size_t off = 0;
+  while (off < line.size()) {
+    const ssize_t n = ::send(fd_, line.data() + off, line.size() - off, MSG_NOSIGNAL);
+    if (n > 0) {
+      off += static_cast<std::size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd_, POLLOUT, 0};
+      if (::poll(&p, 1, 1000) <= 0) return false;  // a peer that reads nothing for a second is gone
+      continue;
+    }
+    return false;
+  }
+  return true;
+}
+
+void LineChannel::close() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  buf_.clear();
+}
+
+}  // namespace diaspora::run

@@ -1,0 +1,214 @@
+#include "report.hpp"
+
+#include <boost/json/serialize.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "diaspora/files.hpp"
+
+namespace diaspora::run {
+
+namespace json = boost::json;
+
+namespace {
+
+std::string esc(std::string_view s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+std::string str(const json::object& o, const char* k) {
+  const json::value* v = o.if_contains(k);
+  if (!v || v->is_null()) return "";
+  if (v->is_string()) return std::string(v->get_string());
+  return json::serialize(*v);
+}
+
+double num(const json::object& o, const char* k, double fallback = -1) {
+  const json::value* v = o.if_contains(k);
+  return v && v->is_number() ? v->to_number<double>() : fallback;
+}
+
+const json::array& arr(const json::object& o, const char* k) {
+  static const json::array empty;
+  const json::value* v = o.if_contains(k);
+  return v && v->is_array() ? v->get_array() : empty;
+}
+
+std::string fixed(double x, int digits = 1) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.*f", digits, x);
+  return b;
+}
+
+const char* colour(const std::string& outcome) {
+  if (outcome == "completed") return "#2e7d32";
+  if (outcome == "failed") return "#c62828";
+  if (outcome == "stopped") return "#ef6c00";
+  if (outcome == "cancelled") return "#757575";
+  return "#1565c0";  // running (at the end of an interrupted run)
+}
+
+}  // namespace
+
+std::string report_html(const json::object& r) {
+  const double duration = std::max(1.0, num(r, "duration_s", 1));
+  // Lanes: one per worker that ran something, grouped by site in the sites' order.
+  std::vector<std::string> lanes;
+  std::map<std::string, int> lane_of;
+  for (const auto& s : arr(r, "sites")) {
+    const auto& so = s.as_object();
+    const long w = static_cast<long>(num(so, "workers", 1));
+    for (long i = 0; i < w; ++i) {
+      const std::string name = str(so, "name") + "/worker-" + std::to_string(i);
+      lane_of[name] = static_cast<int>(lanes.size());
+      lanes.push_back(name);
+    }
+  }
+  const int left = 170, width = 1000, lane_h = 18, top = 30;
+  const int height = top + static_cast<int>(lanes.size()) * lane_h + 40;
+  auto x_of = [&](double t) { return left + static_cast<int>(std::lround(t / duration * width)); };
+  std::ostringstream svg;
+  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << left + width + 20 << "' height='" << height
+      << "' font-family='sans-serif' font-size='11'>\n";
+  for (std::size_t i = 0; i < lanes.size(); ++i) {
+    const int y = top + static_cast<int>(i) * lane_h;
+    svg << "<text x='4' y='" << y + 13 << "'>" << esc(lanes[i]) << "</text>"
+        << "<line x1='" << left << "' x2='" << left + width << "' y1='" << y + lane_h << "' y2='" << y + lane_h
+        << "' stroke='#eee'/>\n";
+  }
+  // Faults: a shaded band over the lanes of their site (all lanes for the relay).
+  for (const auto& f : arr(r, "faults")) {
+    const auto& fo = f.as_object();
+    const double s = num(fo, "start_s");
+    if (s < 0) continue;
+    double e = num(fo, "end_s");
+    if (e < 0) e = std::min(duration, s + duration / 200);
+    const std::string site = str(fo, "site"), kind = str(fo, "kind");
+    int y0 = top, y1 = top + static_cast<int>(lanes.size()) * lane_h;
+    if (!site.empty() && kind == "slow-site") {
+      int first = -1, last = -1;
+      for (std::size_t i = 0; i < lanes.size(); ++i)
+        if (lanes[i].starts_with(site + "/")) {
+          if (first < 0) first = static_cast<int>(i);
+          last = static_cast<int>(i);
+        }
+      if (first >= 0) y0 = top + first * lane_h, y1 = top + (last + 1) * lane_h;
+    }
+    svg << "<rect x='" << x_of(s) << "' y='" << y0 << "' width='" << std::max(2, x_of(e) - x_of(s)) << "' height='"
+        << y1 - y0 << "' fill='#ffcdd2' opacity='0.6'><title>" << esc(kind + " " + str(fo, "target")) << "</title></rect>"
+        << "<text x='" << x_of(s) << "' y='" << top - 6 << "' fill='#b71c1c'>" << esc(kind) << "</text>\n";
+  }
+  for (const auto& i : arr(r, "instances")) {
+    const auto& io = i.as_object();
+    for (const auto& a : arr(io, "attempts")) {
+      const auto& ao = a.as_object();
+      const double s = num(ao, "start_s");
+      if (s < 0) continue;
+      double e = num(ao, "end_s");
+      if (e < 0) e = duration;
+      auto it = lane_of.find(str(ao, "worker"));
+      if (it == lane_of.end()) continue;
+      const int y = top + it->second * lane_h + 3;
+      const std::string outcome = str(ao, "outcome");
+      svg << "<rect x='" << x_of(s) << "' y='" << y << "' width='" << std::max(1, x_of(e) - x_of(s) - 1) << "' height='"
+          << lane_h - 6 << "' fill='" << colour(outcome) << "'><title>"
+          << esc(str(ao, "id") + " attempt " + str(ao, "number") + ": " + outcome + " (" + str(ao, "cause") + ") " +
+                 str(ao, "reason"))
+          << "</title></rect>\n";
+    }
+  }
+  for (const auto& a : arr(r, "actions")) {
+    const auto& ao = a.as_object();
+    const double t = num(ao, "received_s");
+    if (t < 0) continue;
+    const int x = x_of(t), y = top + static_cast<int>(lanes.size()) * lane_h + 4;
+    svg << "<path d='M" << x << " " << y << " l-5 10 h10 z' fill='#6a1b9a'><title>"
+        << esc(str(ao, "kind") + " " + str(ao, "task") + " -> " + str(ao, "target_site") + " (" + str(ao, "outcome") +
+               "): " + str(ao, "reason"))
+        << "</title></path>\n";
+  }
+  for (int k = 0; k <= 10; ++k) {
+    const double t = duration * k / 10;
+    svg << "<text x='" << x_of(t) - 8 << "' y='" << height - 6 << "' fill='#555'>" << fixed(t, 0) << "s</text>";
+  }
+  svg << "</svg>";
+
+  std::ostringstream h;
+  const auto& sum = r.contains("summary") ? r.at("summary").as_object() : json::object();
+  h << "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>" << esc(str(r, "workflow"))
+    << " - Diaspora run report</title><style>body{font-family:sans-serif;margin:1.5em;color:#222}"
+       "table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;"
+       "font-size:13px}th{background:#f3f3f3}.ok{color:#2e7d32}.bad{color:#c62828}</style></head><body>\n";
+  h << "<h1>" << esc(str(r, "workflow")) << "</h1><p>spec " << esc(str(r, "spec")) << " &middot; mode "
+    << esc(str(r, "mode")) << " &middot; " << fixed(duration) << " s &middot; exit status " << esc(str(r, "exit_status"))
+    << "</p>\n<table><tr><th>instances</th><th>completed</th><th>failed</th><th>cancelled</th><th>attempts</th>"
+       "<th>deadline misses</th><th>actions</th><th>reactions (mean / max s)</th></tr><tr>";
+  const auto& rs = sum.contains("reactions") ? sum.at("reactions").as_object() : json::object();
+  h << "<td>" << str(sum, "instances") << "</td><td class='ok'>" << str(sum, "completed") << "</td><td class='bad'>"
+    << str(sum, "failed") << "</td><td>" << str(sum, "cancelled") << "</td><td>" << str(sum, "attempts") << "</td><td>"
+    << str(sum, "deadline_misses") << " of " << str(sum, "with_deadline") << "</td><td>" << str(sum, "actions")
+    << "</td><td>" << (rs.contains("mean_s") ? fixed(num(rs, "mean_s"), 2) + " / " + fixed(num(rs, "max_s"), 2) : "-")
+    << "</td></tr></table>\n<h2>Timeline</h2><p>Bars: attempts (green completed, red failed, orange stopped by an "
+       "action, grey cancelled); red bands: faults; purple marks: actions. Hover for details.</p>\n"
+    << svg.str() << "\n<h2>Faults</h2><table><tr><th>kind</th><th>at (s)</th><th>target</th><th>hit</th>"
+                    "<th>reaction (s)</th></tr>";
+  for (const auto& f : arr(r, "faults")) {
+    const auto& fo = f.as_object();
+    std::string hits, reacts;
+    for (const auto& x : arr(fo, "hit")) {
+      hits += (hits.empty() ? "" : ", ") + str(x.as_object(), "instance");
+      const double re = num(x.as_object(), "reaction_s");
+      reacts += (reacts.empty() ? "" : ", ") + (re >= 0 ? fixed(re, 2) : std::string("-"));
+    }
+    h << "<tr><td>" << esc(str(fo, "kind")) << "</td><td>" << fixed(num(fo, "start_s", 0)) << "</td><td>"
+      << esc(str(fo, "target") + str(fo, "note")) << "</td><td>" << esc(hits) << "</td><td>" << reacts << "</td></tr>";
+  }
+  h << "</table>\n<h2>Actions</h2><table><tr><th>at (s)</th><th>kind</th><th>task</th><th>to</th><th>outcome</th>"
+       "<th>reason</th></tr>";
+  for (const auto& a : arr(r, "actions")) {
+    const auto& ao = a.as_object();
+    h << "<tr><td>" << fixed(num(ao, "received_s", 0)) << "</td><td>" << esc(str(ao, "kind")) << "</td><td>"
+      << esc(str(ao, "task")) << "</td><td>" << esc(str(ao, "target_site")) << "</td><td>"
+      << esc(str(ao, "outcome") + (str(ao, "message").empty() ? "" : ": " + str(ao, "message"))) << "</td><td>"
+      << esc(str(ao, "reason")) << "</td></tr>";
+  }
+  h << "</table>\n<h2>Instances</h2><table><tr><th>instance</th><th>state</th><th>attempts</th><th>sites</th>"
+       "<th>time (s)</th><th>deadline</th></tr>";
+  for (const auto& i : arr(r, "instances")) {
+    const auto& io = i.as_object();
+    std::string sites;
+    for (const auto& a : arr(io, "attempts")) {
+      const std::string s = str(a.as_object(), "site");
+      if (!s.empty() && sites.find(s) == std::string::npos) sites += (sites.empty() ? "" : ", ") + s;
+    }
+    const double took = num(io, "end_s") >= 0 ? num(io, "end_s") - num(io, "submitted_s", 0) : -1;
+    h << "<tr><td>" << esc(str(io, "id")) << "</td><td>" << esc(str(io, "state") + (str(io, "reason").empty() ? "" : ": " + str(io, "reason")))
+      << "</td><td>" << arr(io, "attempts").size() << "</td><td>" << esc(sites) << "</td><td>"
+      << (took >= 0 ? fixed(took) : "-") << "</td><td>"
+      << (io.contains("deadline_met") ? (io.at("deadline_met").as_bool() ? "met" : "<span class='bad'>missed</span>") : "")
+      << "</td></tr>";
+  }
+  h << "</table></body></html>\n";
+  return h.str();
+}
+
+void write_report_files(const std::filesystem::path& dir, const json::object& report) {
+  write_file_atomic(dir / "report.json", json::serialize(report) + "\n", 0644, Durability::file);
+  write_file_atomic(dir / "report.html", report_html(report), 0644, Durability::file);
+}
+
+}  // namespace diaspora::run

@@ -1,0 +1,1537 @@
+#include "runner.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/json/serialize.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include <boost/json/parse.hpp>
+
+#include "diaspora/event.hpp"
+#include "diaspora/files.hpp"
+#include "embedded_relay.hpp"
+#include "plugin_api.hpp"
+#include "process.hpp"
+#include "report.hpp"
+
+namespace diaspora::run {
+
+namespace json = boost::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// ---- signals -------------------------------------------------------------------------------
+
+std::atomic<int> g_signals{0};
+int g_wake_write = -1;
+constexpr int kMaxGroups = 4096;
+std::atomic<pid_t> g_groups[kMaxGroups];  // live process groups, for the second signal
+
+void on_signal(int) {
+  const int n = g_signals.fetch_add(1) + 1;
+  if (n >= 2) {
+    for (auto& g : g_groups) {
+      const pid_t p = g.load();
+      if (p > 0) ::kill(-p, SIGKILL);
+    }
+    ::_exit(130);
+  }
+  if (g_wake_write >= 0) {
+    const char c = 's';
+    [[maybe_unused]] auto r = ::write(g_wake_write, &c, 1);
+  }
+}
+
+void track_group(pid_t pgid, bool add) {
+  for (auto& g : g_groups) {
+    pid_t expect = add ? 0 : pgid;
+    if (g.compare_exchange_strong(expect, add ? pgid : 0)) return;
+  }
+}
+
+// ---- the runner's model ----------------------------------------------------------------------
+
+enum class InstState { pending, running, awaiting, completed, failed, cancelled };
+
+std::string_view to_string(InstState s) {
+  switch (s) {
+    case InstState::pending: return "pending";
+    case InstState::running: return "running";
+    case InstState::awaiting: return "awaiting";
+    case InstState::completed: return "completed";
+    case InstState::failed: return "failed";
+    case InstState::cancelled: return "cancelled";
+  }
+  return "?";
+}
+
+struct Attempt {
+  int number = 1;            ///< 1-based, per hook id
+  std::string hook_id;       ///< the instance id, or "<id>@copyN" for a speculative copy
+  std::string cause = "first attempt";
+  std::string pin_site;      ///< must run there (migrate, speculate target)
+  std::string avoid_site;    ///< must not run there (speculate without a target)
+  std::string action_id;     ///< acknowledged when this attempt starts
+  bool speculative = false;
+  std::string site;
+  int slot = -1;
+  double queued_t = 0, start_t = -1, end_t = -1, last_beat = -1;
+  std::string outcome = "queued";  ///< queued, running, completed, failed, stopped, cancelled
+  std::string reason;
+  long step = 0;
+  double progress = 0;
+  bool lost = false;  ///< baseline: its worker died; noticed only by heartbeat silence
+  bool live() const { return outcome == "running"; }
+};
+
+struct Instance {
+  std::string id;
+  std::size_t task = 0;
+  long index = 0;
+  double submitted_t = 0;
+  InstState state = InstState::pending;
+  std::vector<Attempt> attempts;
+  double end_t = -1, awaiting_since = 0;
+  std::string reason;
+  json::object result;
+  int copies = 0;
+};
+
+struct Slot {
+  int index = 0;
+  pid_t pid = -1;  ///< the worker process (its own process group)
+  LineChannel ch;
+  bool ready = false;
+  int inst = -1, att = -1;     ///< the attempt it runs
+  pid_t cmd_pid = -1;          ///< a command task's process group
+  LineChannel progress;        ///< the command's progress pipe
+  double next_beat = 0;
+  double respawn_at = -1;
+  std::string pending_checkpoint;  ///< action id waiting for "checkpointed"
+  bool idle() const { return ready && inst < 0; }
+};
+
+struct Site {
+  const SiteSpec* spec = nullptr;
+  std::vector<Slot> slots;
+  double slow_factor = 1, slow_until = 0, next_toggle = 0;
+  bool stopped_phase = false;
+  double penalty = 0, penalty_t = 0;  ///< decayed count of failures and moves off this site
+  long completed = 0, failed = 0;
+  int fault_index = -1;
+};
+
+struct Fault {
+  const FaultSpec* spec = nullptr;
+  double start_t = -1, end_t = -1;
+  bool done = false;
+  std::string target;  ///< worker, instance or site it hit
+  std::vector<std::pair<int, std::size_t>> hit;  ///< (instance, attempts it had then)
+  std::string note;
+};
+
+struct ActionRecord {
+  std::string id, kind, task, site, target, reason, origin;
+  double received_t = 0, done_t = -1;
+  std::string outcome = "pending", message;
+};
+
+struct Stream {
+  std::size_t task = 0;
+  double next_t = 0, end_t = 0, rate = 0;
+  long created = 0, total = 0;
+};
+
+std::string fmt_time(double t) {
+  char b[32];
+  std::snprintf(b, sizeof b, "[%7.1fs]", t);
+  return b;
+}
+
+class Runner {
+ public:
+  Runner(const SpecInput& in, const RunOptions& opt, std::ostream& log) : in_(in), spec_(in.spec), opt_(opt), log_(log) {}
+
+  int run();
+
+ private:
+  // ---- time & log
+  double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+  std::int64_t wall_us(double t) const { return start_us_ + static_cast<std::int64_t>(t * 1e6); }
+  void say(const std::string& line) {
+    log_ << fmt_time(now()) << " " << line << "\n";
+    log_.flush();
+  }
+
+  // ---- setup
+  void start_relay_and_plugin();
+  void start_sites();
+  void spawn_worker(Site& s, Slot& slot);
+  void make_instances();
+
+  // ---- plugin hooks
+  diaspora_task_info info(const Instance& inst, const Attempt& a) const;
+  void hook_failed(const Instance& inst, const Attempt& a, bool retryable);
+  void resource(const std::string& id, const char* kind, const char* state, const std::string& site,
+                const std::string& metric, double value);
+  void ack(const std::string& action_id, bool ok, const std::string& message);
+
+  // ---- the loop
+  void loop();
+  void poll_io(double timeout_s);
+  void on_worker_message(Site& s, Slot& slot, const json::object& m);
+  void on_command_line(Site& s, Slot& slot, const std::string& line);
+  void reap();
+  void on_slot_process_exit(Site& s, Slot& slot, bool worker, int status);
+  void dispatch();
+  bool start_attempt(int ii, int ai, Site& s, Slot& slot);
+  void generate_stream_instances();
+  void handle_actions();
+  void carry_out(const diaspora_action& a, ActionRecord& rec);
+  void faults_tick();
+  void duty_cycle_tick();
+  void command_heartbeats();
+  void baseline_checks();
+  void awaiting_checks();
+  bool finished() const;
+
+  // ---- attempts
+  int queue_attempt(int ii, Attempt a);
+  void stop_attempt(int ii, int ai, const std::string& outcome, const std::string& reason, bool report_failed);
+  void attempt_ended(int ii, int ai, bool ok, const std::string& reason, bool lost = false);
+  void instance_final(int ii, InstState st, const std::string& reason);
+  bool policy_can_recover(const Instance& inst) const;
+  Site* find_site(const std::string& name);
+  Slot* choose_slot(const Instance& inst, const Attempt& a, Site** site_out);
+  double site_score(const Site& s, double t) const;
+  void add_penalty(Site& s, double amount);
+  int find_instance(const std::string& hook_id, int* attempt_out) const;
+  void kill_slot_process(Site& s, Slot& slot);
+  void stop_everything(const std::string& why);
+
+  // ---- report
+  void write_report(int exit_status);
+
+  const SpecInput& in_;
+  const WorkflowSpec& spec_;
+  RunOptions opt_;
+  std::ostream& log_;
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+  std::int64_t start_us_ = now_us();
+
+  const PluginLibrary* lib_ = nullptr;
+  diaspora_plugin* plugin_ = nullptr;
+  std::unique_ptr<EmbeddedRelay> relay_;
+  std::string relay_url_;
+  int wake_[2] = {-1, -1};
+
+  std::mutex actions_mu_;
+  std::deque<diaspora_action> incoming_;
+  std::vector<ActionRecord> actions_;
+
+  std::vector<Site> sites_;
+  std::vector<Instance> insts_;
+  std::deque<std::pair<int, int>> queue_;  ///< (instance, attempt) waiting for a slot
+  std::vector<Stream> streams_;
+  std::vector<Fault> faults_;
+  double throttle_ = 1, throttle_until_ = 0;
+  bool stopping_ = false;
+  std::string stop_reason_;
+  fs::path data_dir_, tasks_dir_, ckpt_dir_;
+  json::object plugin_stats_;
+};
+
+// ---- setup ------------------------------------------------------------------------------------
+
+void action_callback(const diaspora_action* a, void* user) {
+  auto* self = static_cast<std::pair<std::mutex*, std::deque<diaspora_action>*>*>(user);
+  {
+    std::lock_guard<std::mutex> lk(*self->first);
+    self->second->push_back(*a);
+  }
+  const char c = 'a';
+  [[maybe_unused]] auto r = ::write(g_wake_write, &c, 1);
+}
+
+void Runner::start_relay_and_plugin() {
+  json::value doc = in_.document;
+  json::object& root = doc.get_object();
+  const std::string prefix = spec_.relay.topic_prefix.value_or(spec_.name);
+  json::object& plugin = root["plugin"].is_object() ? root["plugin"].get_object() : (root["plugin"] = json::object{}).get_object();
+  plugin["spool_dir"] = (opt_.out_dir / "spool").string();
+  if (spec_.relay.embedded()) {
+    const fs::path data = spec_.relay.data_dir ? fs::path(root["relay"].get_object()["data_dir"].get_string().c_str())
+                                               : opt_.out_dir / "relay" / "data";
+    relay_ = std::make_unique<EmbeddedRelay>(opt_.out_dir / "relay", data, prefix);
+    relay_url_ = relay_->url();
+    ::setenv("DIASPORA_RELAY_URL", relay_url_.c_str(), 1);
+    ::setenv("DIASPORA_RELAY_CA", relay_->ca_file().c_str(), 1);
+    ::setenv("DIASPORA_RELAY_TOKEN_FILE", relay_->token_file().c_str(), 1);
+    say("relay: embedded at " + relay_url_ + ", log in " + data.string());
+  } else {
+    relay_url_ = spec_.relay.url;
+    say("relay: " + relay_url_);
+  }
+  lib_ = &load_plugin(spec_.plugin.library ? fs::path(root["plugin"].get_object()["library"].get_string().c_str()) : fs::path());
+  say(std::string("plugin: ") + lib_->path.string() + " (" + lib_->library_version() + ")");
+  char err[8192] = {0};
+  const std::string yaml = json::serialize(doc);
+  if (lib_->open_yaml(yaml.c_str(), &plugin_, err, sizeof err) != DIASPORA_OK)
+    throw Error(std::string("the plugin refused the spec: ") + err);
+  static std::pair<std::mutex*, std::deque<diaspora_action>*> cb;
+  cb = {&actions_mu_, &incoming_};
+  lib_->set_action_callback(plugin_, action_callback, &cb);
+}
+
+void Runner::spawn_worker(Site& s, Slot& slot) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+    throw Error("socketpair: " + storage::errno_text(errno));
+  SpawnSpec sp;
+  sp.argv = {self_executable().string(), "__worker", s.spec->name, std::to_string(slot.index)};
+  sp.fds = {{sv[1], 3}};
+  sp.stderr_file = opt_.out_dir / "workers.log";
+  sp.env_extra = {"DIASPORA_SITE=" + s.spec->name, "DIASPORA_WORKER=" + std::to_string(slot.index)};
+  slot.pid = spawn(sp);
+  ::close(sv[1]);
+  track_group(slot.pid, true);
+  slot.ch = LineChannel(sv[0]);
+  slot.ready = false;
+  slot.respawn_at = -1;
+  if (s.stopped_phase) signal_group(slot.pid, SIGSTOP);
+}
+
+void Runner::start_sites() {
+  for (const auto& ss : spec_.sites) {
+    Site s;
+    s.spec = &ss;
+    for (int i = 0; i < ss.workers; ++i) {
+      Slot slot;
+      slot.index = i;
+      s.slots.push_back(std::move(slot));
+    }
+    sites_.push_back(std::move(s));
+  }
+  for (auto& s : sites_)
+    for (auto& slot : s.slots) spawn_worker(s, slot);
+  std::string what;
+  for (auto& s : sites_) what += (what.empty() ? "" : ", ") + s.spec->name + " (" + std::to_string(s.slots.size()) + " workers)";
+  say("sites: " + what);
+}
+
+void Runner::make_instances() {
+  for (std::size_t t = 0; t < spec_.tasks.size(); ++t) {
+    const TaskSpec& ts = spec_.tasks[t];
+    if (ts.rate) {
+      Stream st;
+      st.task = t;
+      st.rate = *ts.rate;
+      st.next_t = 0;
+      st.end_t = ts.duration ? ts.duration->count() : 60.0;
+      st.total = static_cast<long>(std::floor(st.end_t * st.rate + 1e-9));
+      streams_.push_back(st);
+      continue;
+    }
+    for (long k = 0; k < ts.count; ++k) {
+      Instance inst;
+      inst.id = ts.name + "." + std::to_string(k);
+      inst.task = t;
+      inst.index = k;
+      inst.submitted_t = now();
+      insts_.push_back(std::move(inst));
+      const int ii = static_cast<int>(insts_.size()) - 1;
+      Attempt a;
+      a.hook_id = insts_[static_cast<std::size_t>(ii)].id;
+      auto i = info(insts_[static_cast<std::size_t>(ii)], a);
+      i.name = ts.name.c_str();
+      i.attempt = 0;
+      if (ts.deadline) i.deadline_s = ts.deadline->count();
+      lib_->task_submitted(plugin_, &i);
+      queue_attempt(ii, std::move(a));
+    }
+  }
+}
+
+void Runner::generate_stream_instances() {
+  if (stopping_) return;
+  const double t = now();
+  if (throttle_ < 1 && t >= throttle_until_) {
+    throttle_ = 1;
+    say("throttle over: new instances at the full rate again");
+  }
+  for (auto& st : streams_) {
+    while (st.created < st.total && t >= st.next_t) {
+      const TaskSpec& ts = spec_.tasks[st.task];
+      Instance inst;
+      inst.id = ts.name + "." + std::to_string(st.created);
+      inst.task = st.task;
+      inst.index = st.created;
+      inst.submitted_t = t;
+      insts_.push_back(std::move(inst));
+      const int ii = static_cast<int>(insts_.size()) - 1;
+      Attempt a;
+      a.hook_id = insts_.back().id;
+      auto i = info(insts_.back(), a);
+      i.name = ts.name.c_str();
+      i.attempt = 0;
+      if (ts.deadline) i.deadline_s = ts.deadline->count();
+      lib_->task_submitted(plugin_, &i);
+      queue_attempt(ii, std::move(a));
+      ++st.created;
+      st.next_t += 1.0 / (st.rate * throttle_);
+    }
+  }
+}
+
+// ---- hooks --------------------------------------------------------------------------------------
+
+diaspora_task_info Runner::info(const Instance& inst, const Attempt& a) const {
+  diaspora_task_info i{};
+  i.struct_size = sizeof i;
+  i.task_id = a.hook_id.c_str();
+  i.site = a.site.empty() ? nullptr : a.site.c_str();
+  i.attempt = a.number;
+  i.step = -1;
+  (void)inst;
+  return i;
+}
+
+void Runner::hook_failed(const Instance& inst, const Attempt& a, bool retryable) {
+  auto i = info(inst, a);
+  i.retryable = retryable ? 1 : 0;
+  const std::string reason = a.reason.empty() ? std::string("failed") : a.reason.substr(0, DIASPORA_MAX_TEXT);
+  i.reason = reason.c_str();
+  lib_->task_failed(plugin_, &i);
+}
+
+void Runner::resource(const std::string& id, const char* kind, const char* state, const std::string& site,
+                      const std::string& metric, double value) {
+  diaspora_metric_value mv{metric.c_str(), value};
+  diaspora_resource_info r{};
+  r.struct_size = sizeof r;
+  r.resource_id = id.c_str();
+  r.kind = kind;
+  r.state = state;
+  r.site = site.empty() ? nullptr : site.c_str();
+  r.metrics = metric.empty() ? nullptr : &mv;
+  r.metric_count = metric.empty() ? 0 : 1;
+  lib_->resource_status(plugin_, &r);
+}
+
+void Runner::ack(const std::string& action_id, bool ok, const std::string& message) {
+  if (action_id.empty()) return;
+  const std::string m = message.substr(0, DIASPORA_MAX_TEXT);
+  if (ok) lib_->action_done(plugin_, action_id.c_str(), m.c_str());
+  else lib_->action_failed(plugin_, action_id.c_str(), m.c_str());
+  for (auto& r : actions_)
+    if (r.id == action_id && r.outcome == "pending") {
+      r.outcome = ok ? "done" : "failed";
+      r.message = message;
+      r.done_t = now();
+    }
+}
+
+// ---- attempts -----------------------------------------------------------------------------------
+
+int Runner::queue_attempt(int ii, Attempt a) {
+  Instance& inst = insts_[static_cast<std::size_t>(ii)];
+  int n = 0;
+  for (const auto& x : inst.attempts)
+    if (x.hook_id == a.hook_id) n = std::max(n, x.number);
+  a.number = n + 1;
+  a.queued_t = now();
+  a.outcome = "queued";
+  inst.attempts.push_back(std::move(a));
+  const int ai = static_cast<int>(inst.attempts.size()) - 1;
+  if (!inst.attempts.back().speculative) inst.state = InstState::pending;
+  // Recovering attempts (restarts, migrations, copies) go before first attempts: the work
+  // already late comes first.
+  if (inst.attempts.back().number > 1 || inst.attempts.back().speculative) {
+    auto it = std::find_if(queue_.begin(), queue_.end(), [&](const auto& q) {
+      const Attempt& x = insts_[static_cast<std::size_t>(q.first)].attempts[static_cast<std::size_t>(q.second)];
+      return x.number == 1 && !x.speculative;
+    });
+    queue_.insert(it, {ii, ai});
+  } else {
+    queue_.emplace_back(ii, ai);
+  }
+  return ai;
+}
+
+Site* Runner::find_site(const std::string& name) {
+  for (auto& s : sites_)
+    if (s.spec->name == name) return &s;
+  return nullptr;
+}
+
+double Runner::site_score(const Site& s, double t) const {
+  const double decayed = s.penalty * std::exp(-(t - s.penalty_t) / 60.0);
+  return s.spec->speed / (1.0 + decayed) / (1.0 + 0.1 * s.spec->cost);
+}
+
+void Runner::add_penalty(Site& s, double amount) {
+  const double t = now();
+  s.penalty = s.penalty * std::exp(-(t - s.penalty_t) / 60.0) + amount;
+  s.penalty_t = t;
+}
+
+Slot* Runner::choose_slot(const Instance& inst, const Attempt& a, Site** site_out) {
+  const TaskSpec& ts = spec_.tasks[inst.task];
+  auto allowed = [&](const Site& s) {
+    if (!a.pin_site.empty()) return s.spec->name == a.pin_site;
+    if (!a.avoid_site.empty() && s.spec->name == a.avoid_site) return false;
+    return ts.allowed_sites.empty() ||
+           std::find(ts.allowed_sites.begin(), ts.allowed_sites.end(), s.spec->name) != ts.allowed_sites.end();
+  };
+  auto idle_slot = [](Site& s) -> Slot* {
+    for (auto& sl : s.slots)
+      if (sl.idle()) return &sl;
+    return nullptr;
+  };
+  const double t = now();
+  // Preferred sites first, in order, while they are in good standing (no recent failures
+  // or moves off them); then the best-scoring allowed site with a free worker.
+  for (const auto& name : ts.preferred_sites) {
+    Site* s = find_site(name);
+    if (s && allowed(*s) && site_score(*s, t) >= 0.5 * s->spec->speed / (1.0 + 0.1 * s->spec->cost))
+      if (Slot* sl = idle_slot(*s)) {
+        *site_out = s;
+        return sl;
+      }
+  }
+  Site* best = nullptr;
+  Slot* best_slot = nullptr;
+  double best_score = -1;
+  for (auto& s : sites_) {
+    if (!allowed(s)) continue;
+    Slot* sl = idle_slot(s);
+    if (!sl) continue;
+    long busy = 0;
+    for (auto& x : s.slots) busy += x.inst >= 0;
+    const double score = site_score(s, t) * (1.0 - 0.5 * static_cast<double>(busy) / static_cast<double>(s.slots.size()));
+    if (score > best_score) best = &s, best_slot = sl, best_score = score;
+  }
+  *site_out = best;
+  return best_slot;
+}
+
+void Runner::dispatch() {
+  if (stopping_) return;
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    auto [ii, ai] = *it;
+    Instance& inst = insts_[static_cast<std::size_t>(ii)];
+    Attempt& a = inst.attempts[static_cast<std::size_t>(ai)];
+    if (a.outcome != "queued") {  // cancelled while waiting
+      it = queue_.erase(it);
+      continue;
+    }
+    Site* s = nullptr;
+    Slot* slot = choose_slot(inst, a, &s);
+    if (!slot) {
+      ++it;
+      continue;
+    }
+    it = queue_.erase(it);
+    start_attempt(ii, ai, *s, *slot);
+  }
+}
+
+bool Runner::start_attempt(int ii, int ai, Site& s, Slot& slot) {
+  Instance& inst = insts_[static_cast<std::size_t>(ii)];
+  Attempt& a = inst.attempts[static_cast<std::size_t>(ai)];
+  const TaskSpec& ts = spec_.tasks[inst.task];
+  a.site = s.spec->name;
+  a.slot = slot.index;
+  a.start_t = a.last_beat = now();
+  a.outcome = "running";
+  slot.inst = ii;
+  slot.att = ai;
+  if (!a.speculative) inst.state = InstState::running;
+  else if (inst.state == InstState::awaiting || inst.state == InstState::pending) inst.state = InstState::running;
+  const std::string worker = s.spec->name + "/worker-" + std::to_string(slot.index);
+  auto i = info(inst, a);
+  i.worker = worker.c_str();
+  lib_->task_started(plugin_, &i);
+  const fs::path ckpt = ckpt_dir_ / (inst.id + ".json");
+  long resume = 0;
+  if (fs::exists(ckpt)) {
+    try {
+      std::ifstream f(ckpt);
+      std::stringstream text;
+      text << f.rdbuf();
+      json::value c = json::parse(text.str());
+      if (c.is_object() && c.get_object().contains("step") && c.get_object().at("step").is_int64())
+        resume = static_cast<long>(c.get_object().at("step").get_int64());
+    } catch (const std::exception&) {
+      resume = 0;  // an unreadable checkpoint: start over
+    }
+  }
+  if (ts.kind) {
+    json::object args;
+    for (const auto& [k, v] : ts.args) args[k] = v;
+    json::object msg{{"op", "run"},
+                     {"id", inst.id},
+                     {"attempt", a.number},
+                     {"kind", *ts.kind},
+                     {"args", args},
+                     {"memory", static_cast<std::int64_t>(ts.resources.memory)},
+                     {"data_dir", (data_dir_ / ts.name).string()},
+                     {"checkpoint", ckpt.string()},
+                     {"resume_step", static_cast<std::int64_t>(resume)}};
+    if (!slot.ch.send(msg)) {
+      attempt_ended(ii, ai, false, "worker " + worker + " did not take the task (its channel is closed)");
+      return false;
+    }
+  } else {
+    int pfd[2];
+    if (::pipe2(pfd, O_CLOEXEC) != 0) throw Error("pipe: " + storage::errno_text(errno));
+    SpawnSpec sp;
+    sp.argv = {"/bin/sh", "-c", *ts.command};
+    sp.fds = {{pfd[1], 3}};
+    const std::string base = (tasks_dir_ / (a.hook_id + "." + std::to_string(a.number))).string();
+    sp.stdout_file = base + ".out";
+    sp.stderr_file = base + ".err";
+    sp.memory_limit = ts.resources.memory;
+    sp.env_extra = {"DIASPORA_PROGRESS_FD=3",
+                    "DIASPORA_TASK_ID=" + a.hook_id,
+                    "DIASPORA_ATTEMPT=" + std::to_string(a.number),
+                    "DIASPORA_SITE=" + s.spec->name,
+                    "DIASPORA_DATA_DIR=" + (data_dir_ / ts.name).string()};
+    fs::create_directories(data_dir_ / ts.name);
+    try {
+      slot.cmd_pid = spawn(sp);
+    } catch (const Error& e) {
+      ::close(pfd[0]);
+      ::close(pfd[1]);
+      attempt_ended(ii, ai, false, e.what());
+      return false;
+    }
+    ::close(pfd[1]);
+    track_group(slot.cmd_pid, true);
+    slot.progress = LineChannel(pfd[0]);
+    slot.next_beat = now() + opt_.heartbeat_s;
+    if (s.stopped_phase) signal_group(slot.cmd_pid, SIGSTOP);
+  }
+  say("start " + a.hook_id + " attempt " + std::to_string(a.number) + " on " + worker + " (" + a.cause + ")");
+  if (!a.action_id.empty()) ack(a.action_id, true, "attempt " + std::to_string(a.number) + " of " + a.hook_id + " running on " + worker);
+  return true;
+}
+
+void Runner::kill_slot_process(Site& s, Slot& slot) {
+  (void)s;
+  if (slot.cmd_pid > 0) {
+    signal_group(slot.cmd_pid, SIGKILL);
+    signal_group(slot.cmd_pid, SIGCONT);
+  } else if (slot.pid > 0) {
+    signal_group(slot.pid, SIGKILL);
+    signal_group(slot.pid, SIGCONT);
+  }
+}
+
+void Runner::stop_attempt(int ii, int ai, const std::string& outcome, const std::string& reason, bool report_failed) {
+  Instance& inst = insts_[static_cast<std::size_t>(ii)];
+  Attempt& a = inst.attempts[static_cast<std::size_t>(ai)];
+  if (a.outcome == "queued") {
+    a.outcome = outcome;
+    a.reason = reason;
+    a.end_t = now();
+    return;
+  }
+  if (!a.live()) return;
+  Site* s = find_site(a.site);
+  if (s && a.slot >= 0) {
+    Slot& slot = s->slots[static_cast<std::size_t>(a.slot)];
+    if (slot.inst == ii && slot.att == ai) {
+      kill_slot_process(*s, slot);  // the worker is replaced when its exit is reaped
+      slot.inst = slot.att = -1;
+      slot.ready = slot.cmd_pid > 0 && slot.pid > 0 && slot.ready;  // a command's worker stays usable
+    }
+  }
+  a.outcome = outcome;
+  a.reason = reason;
+  a.end_t = now();
+  auto i = info(inst, a);
+  const std::string r = reason.substr(0, DIASPORA_MAX_TEXT);
+  i.reason = r.c_str();
+  if (report_failed) {
+    i.retryable = 1;
+    lib_->task_failed(plugin_, &i);
+  } else {
+    lib_->task_cancelled(plugin_, &i);
+  }
+}
+
+bool Runner::policy_can_recover(const Instance& inst) const {
+  const std::string& name = spec_.tasks[inst.task].name;
+  for (const auto& p : spec_.policies) {
+    if (p.action != ActionKind::restart && p.action != ActionKind::migrate && p.action != ActionKind::speculate) continue;
+    if (!p.signal.starts_with("task.")) continue;
+    if (p.targets.empty() || std::find(p.targets.begin(), p.targets.end(), name) != p.targets.end()) return true;
+  }
+  return false;
+}
+
+void Runner::instance_final(int ii, InstState st, const std::string& reason) {
+  Instance& inst = insts_[static_cast<std::size_t>(ii)];
+  if (inst.state == InstState::completed || inst.state == InstState::failed || inst.state == InstState::cancelled) return;
+  inst.state = st;
+  inst.end_t = now();
+  inst.reason = reason;
+  for (auto& a : inst.attempts)
+    if (a.outcome == "queued") {
+      a.outcome = "cancelled";
+      a.reason = "the instance " + std::string(to_string(st));
+      a.end_t = now();
+    }
+  if (st != InstState::completed) say(std::string(to_string(st)) + " " + inst.id + ": " + reason);
+}
+
+// An attempt finished by itself (done, failed, or its process died).
+void Runner::attempt_ended(int ii, int ai, bool ok, const std::string& reason, bool lost) {
+  Instance& inst = insts_[static_cast<std::size_t>(ii)];
+  Attempt& a = inst.attempts[static_cast<std::size_t>(ai)];
+  Site* s = find_site(a.site);
+  if (lost && opt_.baseline_retry_after_s) {
+    // The baseline does not see a lost worker: the attempt looks alive until its silence
+    // exceeds retry-after.
+    a.lost = true;
+    return;
+  }
+  a.end_t = now();
+  a.reason = reason;
+  if (ok) {
+    a.outcome = "completed";
+    auto i = info(inst, a);
+    i.has_exit_code = 1;
+    lib_->task_completed(plugin_, &i);
+    if (s) ++s->completed;
+    const bool first = inst.state != InstState::completed;
+    if (first) {
+      for (std::size_t k = 0; k < inst.attempts.size(); ++k)
+        if (static_cast<int>(k) != ai && (inst.attempts[k].live() || inst.attempts[k].outcome == "queued"))
+          stop_attempt(ii, static_cast<int>(k), "cancelled", a.hook_id + " attempt " + std::to_string(a.number) + " finished first", false);
+      instance_final(ii, InstState::completed, "");
+      const TaskSpec& ts = spec_.tasks[inst.task];
+      const double took = a.end_t - inst.submitted_t;
+      const bool late = ts.deadline && took > ts.deadline->count();
+      say("done " + a.hook_id + " on " + a.site + " in " + std::to_string(took).substr(0, std::to_string(took).find('.') + 2) +
+          " s" + (late ? " (deadline missed)" : ""));
+      if (const json::value* f = inst.result.if_contains("file"); f && f->is_string()) {
+        const json::value* b = inst.result.if_contains("bytes");
+        const json::value* c = inst.result.if_contains("checksum");
+        const std::string uri = "file://" + std::string(f->get_string());
+        const std::string sum = c && c->is_string() ? std::string(c->get_string()) : std::string();
+        diaspora_data_info d{};
+        d.struct_size = sizeof d;
+        d.stream = ts.name.c_str();
+        d.seq = inst.index;
+        d.bytes = b && b->is_int64() ? b->get_int64() : -1;
+        d.uri = uri.c_str();
+        d.checksum = sum.empty() ? nullptr : sum.c_str();
+        d.site = a.site.c_str();
+        lib_->data_arrived(plugin_, &d);
+      }
+    }
+    return;
+  }
+  a.outcome = "failed";
+  if (s) {
+    ++s->failed;
+    add_penalty(*s, 1.0);
+  }
+  say("failed " + a.hook_id + " attempt " + std::to_string(a.number) + " on " + a.site + ": " + reason);
+  bool others_alive = false;
+  for (const auto& x : inst.attempts) others_alive |= x.live() || x.outcome == "queued";
+  if (opt_.baseline_retry_after_s) {
+    hook_failed(inst, a, true);
+    if (others_alive) return;
+    if (inst.attempts.size() < 3 && !stopping_) {
+      Attempt n;
+      n.hook_id = inst.id;
+      n.cause = "baseline: retry after an error";
+      queue_attempt(ii, std::move(n));
+    } else {
+      instance_final(ii, InstState::failed, reason + " (3 attempts)");
+    }
+    return;
+  }
+  const bool recoverable = policy_can_recover(inst) && !stopping_;
+  hook_failed(inst, a, recoverable);
+  if (others_alive) return;
+  if (recoverable) {
+    inst.state = InstState::awaiting;
+    inst.awaiting_since = now();
+  } else {
+    instance_final(ii, InstState::failed, reason);
+  }
+}
+
+int Runner::find_instance(const std::string& hook_id, int* attempt_out) const {
+  for (int ii = static_cast<int>(insts_.size()) - 1; ii >= 0; --ii) {
+    const Instance& inst = insts_[static_cast<std::size_t>(ii)];
+    if (!hook_id.starts_with(inst.id)) continue;
+    if (hook_id.size() != inst.id.size() && hook_id[inst.id.size()] != '@') continue;
+    int best = -1;
+    for (std::size_t k = 0; k < inst.attempts.size(); ++k)
+      if (inst.attempts[k].hook_id == hook_id) best = static_cast<int>(k);
+    if (attempt_out) *attempt_out = best;
+    return ii;
+  }
+  return -1;
+}
+
+// ---- actions ----------------------------------------------------------------------------------
+
+void Runner::handle_actions() {
+  std::deque<diaspora_action> batch;
+  {
+    std::lock_guard<std::mutex> lk(actions_mu_);
+    batch.swap(incoming_);
+  }
+  for (const auto& a : batch) {
+    ActionRecord rec;
+    rec.id = a.id;
+    rec.kind = a.kind_name;
+    rec.task = a.task_id;
+    rec.site = a.site;
+    rec.target = a.target_site;
+    rec.reason = a.reason;
+    rec.origin = a.origin;
+    rec.received_t = now();
+    actions_.push_back(rec);
+    say("action " + rec.kind + (rec.task.empty() ? "" : " " + rec.task) + (rec.target.empty() ? "" : " -> " + rec.target) +
+        " (" + rec.origin + "): " + rec.reason.substr(0, 200));
+    carry_out(a, actions_.back());
+  }
+}
+
+void Runner::carry_out(const diaspora_action& a, ActionRecord& rec) {
+  const std::string kind = a.kind_name;
+  if (stopping_) return ack(a.id, false, "the run is stopping");
+  if (a.kind == DIASPORA_ACTION_THROTTLE) {
+    throttle_ = std::max(1.0 / 16, throttle_ * 0.5);
+    throttle_until_ = now() + 60;
+    return ack(a.id, true, "new instances at " + std::to_string(static_cast<int>(throttle_ * 100)) + " % of their rate for 60 s");
+  }
+  int ai = -1;
+  const int ii = find_instance(a.task_id, &ai);
+  if (ii < 0) return ack(a.id, false, "no task instance '" + std::string(a.task_id) + "' in this run");
+  Instance& inst = insts_[static_cast<std::size_t>(ii)];
+  const bool final = inst.state == InstState::completed || inst.state == InstState::cancelled;
+  if (final) return ack(a.id, false, inst.id + " already " + std::string(to_string(inst.state)));
+  if (ai < 0) return ack(a.id, false, "no attempt of '" + std::string(a.task_id) + "'");
+  Attempt& cur = inst.attempts[static_cast<std::size_t>(ai)];
+  switch (a.kind) {
+    case DIASPORA_ACTION_RESTART:
+    case DIASPORA_ACTION_MIGRATE: {
+      const bool migrate = a.kind == DIASPORA_ACTION_MIGRATE;
+      std::string target = migrate ? std::string(a.target_site) : std::string();
+      if (migrate) {
+        Site* t = find_site(target);
+        const TaskSpec& ts = spec_.tasks[inst.task];
+        if (!t) return ack(a.id, false, "no site '" + target + "' in this run");
+        if (!ts.allowed_sites.empty() && std::find(ts.allowed_sites.begin(), ts.allowed_sites.end(), target) == ts.allowed_sites.end())
+          return ack(a.id, false, "site '" + target + "' is not in " + ts.name + "'s allowed_sites");
+      }
+      bool queued_one = false;
+      for (std::size_t k = 0; k < inst.attempts.size(); ++k)
+        queued_one |= inst.attempts[k].hook_id == cur.hook_id && inst.attempts[k].outcome == "queued";
+      if (queued_one && !migrate) return ack(a.id, true, "a new attempt of " + cur.hook_id + " is already waiting for a worker");
+      const std::string from = cur.site;
+      if (cur.live()) {
+        if (Site* s = find_site(from); s && migrate) add_penalty(*s, 1.0);
+        stop_attempt(ii, ai, "stopped", std::string("stopped for ") + (migrate ? "migration to " + target : "restart") + " (action " + a.id + ")", true);
+      }
+      for (std::size_t k = 0; k < inst.attempts.size(); ++k)  // a migrate replaces a waiting attempt
+        if (inst.attempts[k].hook_id == cur.hook_id && inst.attempts[k].outcome == "queued")
+          stop_attempt(ii, static_cast<int>(k), "cancelled", "replaced by action " + std::string(a.id), false);
+      Attempt n;
+      n.hook_id = cur.hook_id;
+      n.speculative = cur.speculative;
+      n.pin_site = target;
+      n.action_id = a.id;
+      n.cause = std::string(kind) + " (action " + a.id + (from.empty() ? "" : ", from " + from) + ")";
+      queue_attempt(ii, std::move(n));
+      (void)rec;
+      return;  // acknowledged when the new attempt starts
+    }
+    case DIASPORA_ACTION_SPECULATE: {
+      if (inst.state != InstState::running) return ack(a.id, false, inst.id + " is not running (" + std::string(to_string(inst.state)) + ")");
+      Attempt n;
+      n.hook_id = inst.id + "@copy" + std::to_string(++inst.copies);
+      n.speculative = true;
+      n.pin_site = a.target_site;
+      if (n.pin_site.empty()) n.avoid_site = cur.site;
+      n.action_id = a.id;
+      n.cause = std::string("speculate (action ") + a.id + ")";
+      auto i = info(inst, n);
+      i.name = spec_.tasks[inst.task].name.c_str();
+      i.attempt = 0;
+      lib_->task_submitted(plugin_, &i);
+      queue_attempt(ii, std::move(n));
+      return;
+    }
+    case DIASPORA_ACTION_CHECKPOINT: {
+      if (!cur.live()) return ack(a.id, false, cur.hook_id + " is not running");
+      Site* s = find_site(cur.site);
+      Slot& slot = s->slots[static_cast<std::size_t>(cur.slot)];
+      if (slot.cmd_pid > 0) {
+        signal_group(slot.cmd_pid, SIGUSR1);
+        return ack(a.id, true, "SIGUSR1 sent to the command's process group");
+      }
+      slot.pending_checkpoint = a.id;
+      if (!slot.ch.send({{"op", "checkpoint"}})) return ack(a.id, false, "the worker is gone");
+      return;  // acknowledged on "checkpointed"
+    }
+    case DIASPORA_ACTION_CANCEL: {
+      for (std::size_t k = 0; k < inst.attempts.size(); ++k)
+        stop_attempt(ii, static_cast<int>(k), "cancelled", std::string("cancelled by action ") + a.id, false);
+      instance_final(ii, InstState::cancelled, std::string("cancelled by action ") + a.id + ": " + a.reason);
+      return ack(a.id, true, inst.id + " cancelled");
+    }
+    default:
+      return ack(a.id, false, "unknown action kind " + kind);
+  }
+}
+
+// ---- I/O ----------------------------------------------------------------------------------------
+
+void Runner::on_worker_message(Site& s, Slot& slot, const json::object& m) {
+  const json::value* opv = m.if_contains("op");
+  const std::string op = opv && opv->is_string() ? std::string(opv->get_string()) : "";
+  if (op == "ready") {
+    slot.ready = true;
+    return;
+  }
+  if (op == "checkpointed") {
+    const std::string id = std::exchange(slot.pending_checkpoint, "");
+    const json::value* st = m.if_contains("step");
+    ack(id, true, "checkpoint written at step " + (st ? json::serialize(*st) : std::string("?")));
+    return;
+  }
+  if (slot.inst < 0) return;  // a late message of an attempt that was stopped
+  const int ii = slot.inst, ai = slot.att;
+  Instance& inst = insts_[static_cast<std::size_t>(ii)];
+  Attempt& a = inst.attempts[static_cast<std::size_t>(ai)];
+  if (op == "beat") {
+    a.last_beat = now();
+    auto num = [&](const char* k) {
+      const json::value* v = m.if_contains(k);
+      return v && v->is_number() ? v->to_number<double>() : 0.0;
+    };
+    a.step = static_cast<long>(num("step"));
+    a.progress = std::clamp(num("progress"), 0.0, 1.0);
+    diaspora_metric_value mv{"step_time_s", num("step_time")};
+    auto i = info(inst, a);
+    i.progress = a.progress;
+    i.step = a.step;
+    i.metrics = &mv;
+    i.metric_count = 1;
+    lib_->task_progress(plugin_, &i);
+  } else if (op == "done" || op == "failed") {
+    slot.inst = slot.att = -1;
+    if (op == "done") {
+      if (const json::value* r = m.if_contains("result"); r && r->is_object() && inst.state != InstState::completed)
+        inst.result = r->get_object();
+      attempt_ended(ii, ai, true, "");
+    } else {
+      const json::value* r = m.if_contains("reason");
+      attempt_ended(ii, ai, false, r && r->is_string() ? std::string(r->get_string()) : "failed");
+    }
+  }
+  (void)s;
+}
+
+void Runner::on_command_line(Site& s, Slot& slot, const std::string& line) {
+  (void)s;
+  if (slot.inst < 0) return;
+  Instance& inst = insts_[static_cast<std::size_t>(slot.inst)];
+  Attempt& a = inst.attempts[static_cast<std::size_t>(slot.att)];
+  std::istringstream in(line);
+  std::string word;
+  in >> word;
+  auto i = info(inst, a);
+  if (word == "progress") {
+    double p = -1;
+    long step = -1;
+    in >> p;
+    if (!(p >= 0 && p <= 1)) return;
+    if (!(in >> step)) step = -1;
+    a.progress = p;
+    a.last_beat = now();
+    i.progress = p;
+    i.step = step;
+    lib_->task_progress(plugin_, &i);
+  } else if (word == "metric") {
+    std::string name;
+    double v = 0;
+    if (!(in >> name >> v) || name.empty() || name.size() > DIASPORA_MAX_METRIC_NAME || !std::isfinite(v)) return;
+    diaspora_metric_value mv{name.c_str(), v};
+    a.last_beat = now();
+    i.metrics = &mv;
+    i.metric_count = 1;
+    lib_->task_heartbeat(plugin_, &i);
+  } else if (word == "heartbeat") {
+    a.last_beat = now();
+    lib_->task_heartbeat(plugin_, &i);
+  }
+}
+
+void Runner::poll_io(double timeout_s) {
+  std::vector<pollfd> fds;
+  std::vector<std::tuple<Site*, Slot*, bool>> who;  // bool: command progress pipe
+  fds.push_back({wake_[0], POLLIN, 0});
+  who.emplace_back(nullptr, nullptr, false);
+  for (auto& s : sites_)
+    for (auto& slot : s.slots) {
+      if (slot.ch.fd() >= 0) {
+        fds.push_back({slot.ch.fd(), POLLIN, 0});
+        who.emplace_back(&s, &slot, false);
+      }
+      if (slot.progress.fd() >= 0) {
+        fds.push_back({slot.progress.fd(), POLLIN, 0});
+        who.emplace_back(&s, &slot, true);
+      }
+    }
+  const int ms = std::clamp(static_cast<int>(timeout_s * 1000), 0, 100);
+  if (::poll(fds.data(), fds.size(), ms) <= 0) return;
+  if (fds[0].revents) {
+    char buf[256];
+    while (::read(wake_[0], buf, sizeof buf) > 0) {
+    }
+  }
+  for (std::size_t k = 1; k < fds.size(); ++k) {
+    if (!fds[k].revents) continue;
+    auto [s, slot, cmd] = who[k];
+    if (cmd) {
+      const bool open = slot->progress.fill();
+      while (auto line = slot->progress.next_line()) on_command_line(*s, *slot, *line);
+      if (!open) slot->progress.close();
+      continue;
+    }
+    const bool open = slot->ch.fill();
+    while (auto m = slot->ch.next()) on_worker_message(*s, *slot, *m);
+    if (!open) slot->ch.close();  // the worker is gone: reap() handles its exit
+  }
+}
+
+void Runner::on_slot_process_exit(Site& s, Slot& slot, bool worker, int status) {
+  const std::string what = describe_wait_status(status);
+  if (worker) {
+    track_group(slot.pid, false);
+    slot.pid = -1;
+    slot.ch.close();
+    slot.ready = false;
+    if (slot.pending_checkpoint.size()) ack(std::exchange(slot.pending_checkpoint, ""), false, "the worker died: " + what);
+    if (slot.inst >= 0 && slot.cmd_pid < 0) {
+      const int ii = slot.inst, ai = slot.att;
+      slot.inst = slot.att = -1;
+      attempt_ended(ii, ai, false, "worker " + s.spec->name + "/worker-" + std::to_string(slot.index) + " died (" + what + ")", true);
+    }
+    slot.respawn_at = stopping_ ? -1 : now();
+    return;
+  }
+  track_group(slot.cmd_pid, false);
+  slot.cmd_pid = -1;
+  // Read what the command reported before it exited.
+  if (slot.progress.fd() >= 0) {
+    slot.progress.fill();
+    while (auto line = slot.progress.next_line()) on_command_line(s, slot, *line);
+    slot.progress.close();
+  }
+  if (slot.inst < 0) return;
+  const int ii = slot.inst, ai = slot.att;
+  slot.inst = slot.att = -1;
+  Attempt& a = insts_[static_cast<std::size_t>(ii)].attempts[static_cast<std::size_t>(ai)];
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return attempt_ended(ii, ai, true, "");
+  std::string reason = "command " + what;
+  // The last line the command wrote to stderr says why, most of the time.
+  const fs::path err = tasks_dir_ / (a.hook_id + "." + std::to_string(a.number) + ".err");
+  std::ifstream f(err);
+  std::string line, last;
+  while (std::getline(f, line))
+    if (!line.empty()) last = line;
+  if (!last.empty()) reason += ": " + last.substr(0, 500);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 127) reason += " (command not found?)";
+  attempt_ended(ii, ai, false, reason, WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+}
+
+void Runner::reap() {
+  for (;;) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) return;
+    for (auto& s : sites_)
+      for (auto& slot : s.slots) {
+        if (slot.pid == pid) on_slot_process_exit(s, slot, true, status);
+        else if (slot.cmd_pid == pid) on_slot_process_exit(s, slot, false, status);
+      }
+  }
+}
+
+// ---- time-driven --------------------------------------------------------------------------------
+
+void Runner::command_heartbeats() {
+  const double t = now();
+  for (auto& s : sites_)
+    for (auto& slot : s.slots) {
+      if (slot.cmd_pid <= 0 || slot.inst < 0 || t < slot.next_beat) continue;
+      slot.next_beat = t + opt_.heartbeat_s;
+      if (process_stopped(slot.cmd_pid)) continue;  // stopped (a hang): no heartbeat
+      Instance& inst = insts_[static_cast<std::size_t>(slot.inst)];
+      Attempt& a = inst.attempts[static_cast<std::size_t>(slot.att)];
+      a.last_beat = t;
+      auto i = info(inst, a);
+      lib_->task_heartbeat(plugin_, &i);
+    }
+}
+
+void Runner::duty_cycle_tick() {
+  const double t = now();
+  constexpr double kPeriod = 0.1;
+  for (auto& s : sites_) {
+    const bool slowed = s.slow_factor > 1 && t < s.slow_until;
+    if (!slowed) {
+      if (s.stopped_phase) {
+        s.stopped_phase = false;
+        for (auto& slot : s.slots) {
+          signal_group(slot.pid, SIGCONT);
+          signal_group(slot.cmd_pid, SIGCONT);
+        }
+      }
+      continue;
+    }
+    if (t < s.next_toggle) continue;
+    s.stopped_phase = !s.stopped_phase;
+    const double run = kPeriod / s.slow_factor;
+    s.next_toggle = t + (s.stopped_phase ? kPeriod - run : run);
+    for (auto& slot : s.slots) {
+      signal_group(slot.pid, s.stopped_phase ? SIGSTOP : SIGCONT);
+      signal_group(slot.cmd_pid, s.stopped_phase ? SIGSTOP : SIGCONT);
+    }
+  }
+}
+
+void Runner::faults_tick() {
+  const double t = now();
+  for (std::size_t fi = 0; fi < faults_.size(); ++fi) {
+    Fault& f = faults_[fi];
+    const FaultSpec& fs = *f.spec;
+    if (f.start_t < 0 && t >= fs.at.count() && !stopping_) {
+      f.start_t = t;
+      const std::string kind(to_string(fs.kind));
+      auto running_attempt = [&](const std::string& site_name, const std::optional<std::string>& task) -> std::pair<int, int> {
+        std::pair<int, int> best{-1, -1};
+        double oldest = 1e300;
+        for (int ii = 0; ii < static_cast<int>(insts_.size()); ++ii) {
+          const Instance& inst = insts_[static_cast<std::size_t>(ii)];
+          if (task && spec_.tasks[inst.task].name != *task) continue;
+          for (int ai = 0; ai < static_cast<int>(inst.attempts.size()); ++ai) {
+            const Attempt& a = inst.attempts[static_cast<std::size_t>(ai)];
+            if (!a.live() || a.lost || (!site_name.empty() && a.site != site_name)) continue;
+            if (a.start_t < oldest) oldest = a.start_t, best = {ii, ai};
+          }
+        }
+        return best;
+      };
+      switch (fs.kind) {
+        case FaultKind::slow_site: {
+          Site* s = find_site(*fs.site);
+          s->slow_factor = fs.factor;
+          s->slow_until = fs.lasts ? t + fs.lasts->count() : 1e300;
+          s->next_toggle = t;
+          f.end_t = fs.lasts ? t + fs.lasts->count() : -1;
+          f.target = s->spec->name;
+          for (int ii = 0; ii < static_cast<int>(insts_.size()); ++ii)
+            for (const auto& a : insts_[static_cast<std::size_t>(ii)].attempts)
+              if (a.live() && a.site == s->spec->name) f.hit.emplace_back(ii, insts_[static_cast<std::size_t>(ii)].attempts.size());
+          resource(s->spec->name, "site", "degraded", s->spec->name, "fault_slow_site_factor", fs.factor);
+          say("fault slow-site: " + f.target + " runs " + std::to_string(fs.factor).substr(0, 4) + "x slower" +
+              (fs.lasts ? " for " + std::to_string(static_cast<int>(fs.lasts->count())) + " s" : ""));
+          break;
+        }
+        case FaultKind::kill_worker:
+        case FaultKind::hang_task: {
+          const std::string site_name = fs.site.value_or("");
+          auto [ii, ai] = running_attempt(site_name, fs.task);
+          if (ii < 0) {
+            f.note = "nothing was running there: no effect";
+            f.done = true;
+            say("fault " + kind + ": nothing running" + (site_name.empty() ? "" : " on " + site_name) + ", no effect");
+            break;
+          }
+          Instance& inst = insts_[static_cast<std::size_t>(ii)];
+          Attempt& a = inst.attempts[static_cast<std::size_t>(ai)];
+          Site* s = find_site(a.site);
+          Slot& slot = s->slots[static_cast<std::size_t>(a.slot)];
+          const std::string worker = s->spec->name + "/worker-" + std::to_string(slot.index);
+          f.target = a.hook_id + " on " + worker;
+          f.hit.emplace_back(ii, inst.attempts.size());
+          if (fs.kind == FaultKind::kill_worker) {
+            signal_group(slot.cmd_pid > 0 ? slot.cmd_pid : slot.pid, SIGKILL);
+            resource(worker, "worker", "down", s->spec->name, "fault_kill_worker", 1);
+          } else {
+            if (slot.cmd_pid > 0) signal_group(slot.cmd_pid, SIGSTOP);
+            else slot.ch.send({{"op", "hang"}});
+            resource(worker, "worker", "degraded", s->spec->name, "fault_hang_task", 1);
+          }
+          f.done = true;
+          say("fault " + kind + ": " + f.target);
+          break;
+        }
+        case FaultKind::stop_relay: {
+          if (!relay_) {
+            f.note = "the relay is not embedded: no effect";
+            f.done = true;
+            break;
+          }
+          resource("relay", "relay", "down", "", "fault_stop_relay", 1);
+          relay_->stop();
+          f.end_t = fs.lasts ? t + fs.lasts->count() : -1;
+          f.target = relay_url_;
+          say("fault stop-relay: relay stopped" + (fs.lasts ? " for " + std::to_string(static_cast<int>(fs.lasts->count())) + " s" : ""));
+          break;
+        }
+      }
+      continue;
+    }
+    if (f.start_t >= 0 && !f.done && f.end_t >= 0 && t >= f.end_t) {
+      f.done = true;
+      if (fs.kind == FaultKind::stop_relay && relay_) {
+        relay_->start();
+        resource("relay", "relay", "up", "", "fault_stop_relay", 0);
+        say("relay started again");
+      } else if (fs.kind == FaultKind::slow_site) {
+        resource(*fs.site, "site", "up", *fs.site, "fault_slow_site_factor", 1);
+        say("fault slow-site over: " + *fs.site);
+      }
+    }
+  }
+}
+
+void Runner::baseline_checks() {
+  if (!opt_.baseline_retry_after_s) return;
+  const double t = now(), limit = *opt_.baseline_retry_after_s;
+  for (int ii = 0; ii < static_cast<int>(insts_.size()); ++ii) {
+    Instance& inst = insts_[static_cast<std::size_t>(ii)];
+    for (int ai = 0; ai < static_cast<int>(inst.attempts.size()); ++ai) {
+      Attempt& a = inst.attempts[static_cast<std::size_t>(ai)];
+      if (!a.live() || t - a.last_beat < limit) continue;
+      const std::string why = "no heartbeat for " + std::to_string(static_cast<int>(limit)) + " s (baseline retry-after)";
+      if (a.lost) {
+        a.outcome = "failed";
+        a.reason = why;
+        a.end_t = t;
+        hook_failed(inst, a, true);
+      } else {
+        stop_attempt(ii, ai, "failed", why, true);
+      }
+      say("baseline: " + a.hook_id + " " + why);
+      if (inst.attempts.size() < 3 && !stopping_) {
+        Attempt n;
+        n.hook_id = inst.id;
+        n.cause = "baseline: retry after heartbeat silence";
+        queue_attempt(ii, std::move(n));
+      } else {
+        instance_final(ii, InstState::failed, why + " (3 attempts)");
+      }
+    }
+  }
+}
+
+void Runner::awaiting_checks() {
+  const double t = now();
+  for (int ii = 0; ii < static_cast<int>(insts_.size()); ++ii) {
+    Instance& inst = insts_[static_cast<std::size_t>(ii)];
+    if (inst.state != InstState::awaiting || t - inst.awaiting_since < opt_.failure_grace_s) continue;
+    std::string last;
+    for (const auto& a : inst.attempts)
+      if (!a.reason.empty()) last = a.reason;
+    instance_final(ii, InstState::failed, last + " (no policy restarted it within " +
+                                              std::to_string(static_cast<int>(opt_.failure_grace_s)) + " s)");
+  }
+}
+
+bool Runner::finished() const {
+  for (const auto& st : streams_)
+    if (st.created < st.total && !stopping_) return false;
+  for (const auto& inst : insts_)
+    if (inst.state != InstState::completed && inst.state != InstState::failed && inst.state != InstState::cancelled)
+      return false;
+  return true;
+}
+
+void Runner::stop_everything(const std::string& why) {
+  for (int ii = 0; ii < static_cast<int>(insts_.size()); ++ii) {
+    Instance& inst = insts_[static_cast<std::size_t>(ii)];
+    if (inst.state == InstState::completed || inst.state == InstState::failed || inst.state == InstState::cancelled) continue;
+    for (int ai = 0; ai < static_cast<int>(inst.attempts.size()); ++ai) stop_attempt(ii, ai, "cancelled", why, false);
+    instance_final(ii, InstState::cancelled, why);
+  }
+}
+
+void Runner::loop() {
+  int last_signals = 0;
+  while (!finished()) {
+    if (g_signals.load() != last_signals) {
+      last_signals = g_signals.load();
+      if (!stopping_) {
+        stopping_ = true;
+        stop_reason_ = "interrupted by a signal";
+        say("signal: stopping (no new work; a second signal stops at once)");
+        stop_everything("the run was interrupted");
+      }
+    }
+    faults_tick();
+    duty_cycle_tick();
+    generate_stream_instances();
+    handle_actions();
+    for (auto& s : sites_)
+      for (auto& slot : s.slots)
+        if (slot.pid < 0 && slot.respawn_at >= 0 && now() >= slot.respawn_at) spawn_worker(s, slot);
+    dispatch();
+    command_heartbeats();
+    baseline_checks();
+    awaiting_checks();
+    double next = 0.1;
+    for (const auto& st : streams_)
+      if (st.created < st.total) next = std::min(next, std::max(0.0, st.next_t - now()));
+    for (const auto& s : sites_)
+      if (s.slow_factor > 1) next = std::min(next, std::max(0.0, s.next_toggle - now()));
+    poll_io(next);
+    reap();
+  }
+}
+
+// ---- the whole run ------------------------------------------------------------------------------
+
+int Runner::run() {
+  fs::create_directories(opt_.out_dir);
+  data_dir_ = opt_.out_dir / "data";
+  tasks_dir_ = opt_.out_dir / "tasks";
+  ckpt_dir_ = opt_.out_dir / "checkpoints";
+  fs::create_directories(data_dir_);
+  fs::create_directories(tasks_dir_);
+  fs::create_directories(ckpt_dir_);
+  if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) throw Error("pipe: " + storage::errno_text(errno));
+  g_wake_write = wake_[1];
+  say("workflow " + spec_.name + " from " + spec_.file + ", output in " + opt_.out_dir.string() +
+      (opt_.baseline_retry_after_s ? " (baseline: retry after " + std::to_string(static_cast<int>(*opt_.baseline_retry_after_s)) + " s of silence, no policies)"
+       : spec_.policies.empty()    ? " (no policies)"
+                                   : " (" + std::to_string(spec_.policies.size()) + " policies)"));
+  start_relay_and_plugin();
+  start_sites();
+  for (const auto& f : spec_.faults) {
+    Fault x;
+    x.spec = &f;
+    faults_.push_back(x);
+  }
+  // Wait for the workers to say ready (a second at most) so the first tasks start at once.
+  const double until = now() + 5;
+  for (;;) {
+    bool all = true;
+    for (auto& s : sites_)
+      for (auto& slot : s.slots) all &= slot.ready;
+    if (all || now() > until) break;
+    poll_io(0.05);
+    reap();
+  }
+  t0_ = std::chrono::steady_clock::now();
+  start_us_ = now_us();
+  make_instances();
+  loop();
+
+  // Faults still in force end with the run (a stopped relay starts again, so the spool drains).
+  for (auto& s : sites_) s.slow_until = 0;
+  duty_cycle_tick();
+  if (relay_ && !relay_->running()) {
+    relay_->start();
+    say("relay started again for the end of the run");
+  }
+  int failed = 0, completed = 0;
+  for (const auto& inst : insts_) {
+    failed += inst.state != InstState::completed;
+    completed += inst.state == InstState::completed;
+  }
+  const int status = failed == 0 && !stopping_ ? 0 : 1;
+  say("finished: " + std::to_string(completed) + " completed, " + std::to_string(failed) + " not completed");
+
+  // Workers: close their channels (they exit), then make sure.
+  for (auto& s : sites_)
+    for (auto& slot : s.slots) {
+      slot.ch.close();
+      signal_group(slot.pid, SIGCONT);
+    }
+  const double deadline = now() + 2;
+  for (;;) {
+    bool any = false;
+    for (auto& s : sites_)
+      for (auto& slot : s.slots) any |= slot.pid > 0 || slot.cmd_pid > 0;
+    if (!any) break;
+    if (now() > deadline)
+      for (auto& s : sites_)
+        for (auto& slot : s.slots) {
+          signal_group(slot.pid, SIGKILL);
+          signal_group(slot.cmd_pid, SIGKILL);
+        }
+    stopping_ = true;
+    ::usleep(20000);
+    reap();
+  }
+  lib_->set_action_callback(plugin_, nullptr, nullptr);
+  diaspora_stats st{};
+  st.struct_size = sizeof st;
+  lib_->get_stats(plugin_, &st);
+  const int rc = lib_->close(plugin_, 15000);
+  plugin_ = nullptr;
+  say("plugin closed: " + std::to_string(st.events_accepted) + " events, " + lib_->library_version() +
+      (rc == DIASPORA_OK ? ", all acked by the relay" : std::string(", close: ") + lib_->status_name(rc)));
+  plugin_stats_ = {{"events_accepted", st.events_accepted}, {"events_acked", st.events_acked},
+                   {"events_spilled", st.events_spilled},   {"events_lost", st.events_lost},
+                   {"events_rejected", st.events_rejected}, {"reconnects", st.reconnects},
+                   {"actions_received", st.actions_received}, {"close_status", lib_->status_name(rc)}};
+  write_report(status);
+  if (relay_) relay_->stop();
+  say("report: " + (opt_.out_dir / "report.json").string() + ", " + (opt_.out_dir / "report.html").string());
+  return status;
+}
+
+void Runner::write_report(int exit_status) {
+  auto opt_t = [](double t) { return t >= 0 ? json::value(std::round(t * 1000) / 1000) : json::value(nullptr); };
+  json::object r;
+  r["workflow"] = spec_.name;
+  r["spec"] = spec_.file;
+  r["mode"] = opt_.baseline_retry_after_s ? "baseline" : spec_.policies.empty() ? "no-policies" : "policies";
+  if (opt_.baseline_retry_after_s) r["baseline_retry_after_s"] = *opt_.baseline_retry_after_s;
+  r["started_us"] = start_us_;
+  r["duration_s"] = opt_t(now());
+  r["exit_status"] = exit_status;
+  if (!stop_reason_.empty()) r["interrupted"] = stop_reason_;
+  r["relay"] = relay_url_;
+  r["plugin"] = json::object{{"library", lib_->path.string()}, {"version", lib_->library_version()}, {"stats", plugin_stats_}};
+  json::array sites;
+  for (const auto& s : sites_)
+    sites.push_back(json::object{{"name", s.spec->name},
+                                 {"workers", static_cast<std::int64_t>(s.slots.size())},
+                                 {"speed", s.spec->speed},
+                                 {"completed", s.completed},
+                                 {"failed", s.failed}});
+  r["sites"] = std::move(sites);
+  json::array insts;
+  long completed = 0, failed = 0, cancelled = 0, misses = 0, with_deadline = 0, attempts = 0;
+  for (const auto& inst : insts_) {
+    const TaskSpec& ts = spec_.tasks[inst.task];
+    json::object o{{"id", inst.id}, {"task", ts.name}, {"state", to_string(inst.state)},
+                   {"submitted_s", opt_t(inst.submitted_t)}, {"end_s", opt_t(inst.end_t)}};
+    if (!inst.reason.empty()) o["reason"] = inst.reason;
+    if (ts.deadline) {
+      ++with_deadline;
+      const bool met = inst.state == InstState::completed && inst.end_t - inst.submitted_t <= ts.deadline->count();
+      misses += !met;
+      o["deadline_s"] = ts.deadline->count();
+      o["deadline_met"] = met;
+    }
+    if (!inst.result.empty()) o["result"] = inst.result;
+    json::array as;
+    for (const auto& a : inst.attempts) {
+      ++attempts;
+      json::object x{{"number", a.number}, {"id", a.hook_id}, {"cause", a.cause}, {"outcome", a.outcome},
+                     {"site", a.site}, {"start_s", opt_t(a.start_t)}, {"end_s", opt_t(a.end_t)}};
+      if (a.slot >= 0) x["worker"] = a.site + "/worker-" + std::to_string(a.slot);
+      if (!a.reason.empty()) x["reason"] = a.reason;
+      if (a.speculative) x["speculative"] = true;
+      as.push_back(std::move(x));
+    }
+    o["attempts"] = std::move(as);
+    completed += inst.state == InstState::completed;
+    failed += inst.state == InstState::failed;
+    cancelled += inst.state == InstState::cancelled;
+    insts.push_back(std::move(o));
+  }
+  r["instances"] = std::move(insts);
+  json::array faults;
+  std::vector<double> reactions;
+  for (const auto& f : faults_) {
+    json::object o{{"kind", to_string(f.spec->kind)}, {"at_s", f.spec->at.count()}, {"start_s", opt_t(f.start_t)},
+                   {"end_s", opt_t(f.end_t)}};
+    if (f.spec->site) o["site"] = *f.spec->site;
+    if (f.spec->task) o["task"] = *f.spec->task;
+    if (f.spec->kind == FaultKind::slow_site) o["factor"] = f.spec->factor;
+    if (!f.target.empty()) o["target"] = f.target;
+    if (!f.note.empty()) o["note"] = f.note;
+    json::array hits;
+    for (const auto& [ii, n] : f.hit) {
+      const Instance& inst = insts_[static_cast<std::size_t>(ii)];
+      json::object h{{"instance", inst.id}, {"state", to_string(inst.state)}};
+      double recovered = -1;
+      for (std::size_t k = n; k < inst.attempts.size(); ++k)
+        if (inst.attempts[k].start_t >= 0 && (recovered < 0 || inst.attempts[k].start_t < recovered))
+          recovered = inst.attempts[k].start_t;
+      h["recovering_attempt_running_s"] = opt_t(recovered);
+      h["reaction_s"] = recovered >= 0 ? opt_t(recovered - f.start_t) : json::value(nullptr);
+      if (recovered >= 0) reactions.push_back(recovered - f.start_t);
+      hits.push_back(std::move(h));
+    }
+    o["hit"] = std::move(hits);
+    faults.push_back(std::move(o));
+  }
+  r["faults"] = std::move(faults);
+  json::array acts;
+  for (const auto& a : actions_)
+    acts.push_back(json::object{{"id", a.id}, {"kind", a.kind}, {"task", a.task}, {"site", a.site}, {"target_site", a.target},
+                                {"origin", a.origin}, {"reason", a.reason}, {"received_s", opt_t(a.received_t)},
+                                {"done_s", opt_t(a.done_t)}, {"outcome", a.outcome}, {"message", a.message}});
+  r["actions"] = std::move(acts);
+  json::object rs{{"count", static_cast<std::int64_t>(reactions.size())}};
+  if (!reactions.empty()) {
+    rs["max_s"] = opt_t(*std::max_element(reactions.begin(), reactions.end()));
+    double sum = 0;
+    for (double x : reactions) sum += x;
+    rs["mean_s"] = opt_t(sum / static_cast<double>(reactions.size()));
+  }
+  r["summary"] = json::object{{"instances", static_cast<std::int64_t>(insts_.size())},
+                              {"completed", completed},
+                              {"failed", failed},
+                              {"cancelled", cancelled},
+                              {"attempts", attempts},
+                              {"with_deadline", with_deadline},
+                              {"deadline_misses", misses},
+                              {"actions", static_cast<std::int64_t>(actions_.size())},
+                              {"reactions", std::move(rs)}};
+  write_report_files(opt_.out_dir, r);
+}
+
+}  // namespace
+
+void install_signal_handlers() {
+  struct sigaction sa{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+}
+
+int run_workflow(const SpecInput& input, const RunOptions& options, std::ostream& log) {
+  Runner r(input, options, log);
+  return r.run();
+}
+
+}  // namespace diaspora::run
