@@ -79,6 +79,13 @@ pid_t spawn(const SpawnSpec& spec) {
       ::dup2(moved[i], spec.fds[i].second);
       ::close(moved[i]);
     }
+    // Nothing else of the parent's crosses exec: libraries (Asio's acceptor, for one) do not
+    // all open their descriptors close-on-exec, and a child holding the relay's listening
+    // socket keeps its port from being bound again.
+    int highest = 2;
+    for (std::size_t i = 0; i < n; ++i) highest = std::max(highest, spec.fds[i].second);
+    if (::close_range(static_cast<unsigned>(highest) + 1, ~0U, 0) != 0)
+      for (int fd = highest + 1; fd < 65536; ++fd) ::close(fd);
     if (spec.memory_limit) ::setrlimit(RLIMIT_AS, &mem);
     ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);

@@ -135,7 +135,8 @@ struct Site {
   bool stopped_phase = false;
   double penalty = 0, penalty_t = 0;  ///< decayed count of failures and moves off this site
   long completed = 0, failed = 0;
-  int fault_index = -1;
+  /// Per task name: EW mean of the step time seen on this site, and when last updated.
+  std::map<std::string, std::pair<double, double>> step_time;
 };
 
 struct Fault {
@@ -211,6 +212,7 @@ class Runner {
   void baseline_checks();
   void awaiting_checks();
   bool finished() const;
+  bool restart_relay();
 
   // ---- attempts
   int queue_attempt(int ii, Attempt a);
@@ -220,7 +222,9 @@ class Runner {
   bool policy_can_recover(const Instance& inst) const;
   Site* find_site(const std::string& name);
   Slot* choose_slot(const Instance& inst, const Attempt& a, Site** site_out);
-  double site_score(const Site& s, double t) const;
+  double site_score(const Site& s, double t, const std::string& task) const;
+  long reserved(const Site& s) const;
+  double observed_speed(const Site& s, double t, const std::string& task) const;
   void add_penalty(Site& s, double amount);
   int find_instance(const std::string& hook_id, int* attempt_out) const;
   void kill_slot_process(Site& s, Slot& slot);
@@ -256,6 +260,7 @@ class Runner {
   std::string stop_reason_;
   fs::path data_dir_, tasks_dir_, ckpt_dir_;
   json::object plugin_stats_;
+  bool relay_retry_said_ = false;
 };
 
 // ---- setup ------------------------------------------------------------------------------------
@@ -481,15 +486,36 @@ Site* Runner::find_site(const std::string& name) {
   return nullptr;
 }
 
-double Runner::site_score(const Site& s, double t) const {
+double Runner::site_score(const Site& s, double t, const std::string& task) const {
   const double decayed = s.penalty * std::exp(-(t - s.penalty_t) / 60.0);
-  return s.spec->speed / (1.0 + decayed) / (1.0 + 0.1 * s.spec->cost);
+  return s.spec->speed * observed_speed(s, t, task) / (1.0 + decayed) / (1.0 + 0.1 * s.spec->cost);
+}
+
+// How fast this site runs `task` lately compared with the fastest site that ran it (the
+// engine's own measure, like a scheduler's duration estimates): 1 without recent data.
+double Runner::observed_speed(const Site& s, double t, const std::string& task) const {
+  constexpr double kFresh = 30;  // seconds: older measurements say nothing about now
+  auto it = s.step_time.find(task);
+  if (it == s.step_time.end() || t - it->second.second > kFresh) return 1.0;
+  double best = it->second.first;
+  for (const auto& o : sites_) {
+    auto jt = o.step_time.find(task);
+    if (jt != o.step_time.end() && t - jt->second.second <= kFresh) best = std::min(best, jt->second.first);
+  }
+  return it->second.first > 0 ? std::clamp(best / it->second.first, 0.01, 1.0) : 1.0;
 }
 
 void Runner::add_penalty(Site& s, double amount) {
   const double t = now();
   s.penalty = s.penalty * std::exp(-(t - s.penalty_t) / 60.0) + amount;
   s.penalty_t = t;
+}
+
+long Runner::reserved(const Site& s) const {
+  long n = 0;
+  for (const auto& inst : insts_)
+    if (inst.state == InstState::awaiting && !inst.attempts.empty() && inst.attempts.back().site == s.spec->name) ++n;
+  return n;
 }
 
 Slot* Runner::choose_slot(const Instance& inst, const Attempt& a, Site** site_out) {
@@ -500,17 +526,26 @@ Slot* Runner::choose_slot(const Instance& inst, const Attempt& a, Site** site_ou
     return ts.allowed_sites.empty() ||
            std::find(ts.allowed_sites.begin(), ts.allowed_sites.end(), s.spec->name) != ts.allowed_sites.end();
   };
-  auto idle_slot = [](Site& s) -> Slot* {
+  // A failed attempt waiting for the policies' decision keeps a worker of its site for
+  // the recovering attempt: first attempts do not take the last free ones.
+  const bool first = a.number == 1 && !a.speculative;
+  auto idle_slot = [&](Site& s) -> Slot* {
+    long idle = 0;
+    Slot* found = nullptr;
     for (auto& sl : s.slots)
-      if (sl.idle()) return &sl;
-    return nullptr;
+      if (sl.idle()) {
+        ++idle;
+        if (!found) found = &sl;
+      }
+    if (found && first && idle <= reserved(s)) return nullptr;
+    return found;
   };
   const double t = now();
   // Preferred sites first, in order, while they are in good standing (no recent failures
   // or moves off them); then the best-scoring allowed site with a free worker.
   for (const auto& name : ts.preferred_sites) {
     Site* s = find_site(name);
-    if (s && allowed(*s) && site_score(*s, t) >= 0.5 * s->spec->speed / (1.0 + 0.1 * s->spec->cost))
+    if (s && allowed(*s) && site_score(*s, t, ts.name) > 0.5 * s->spec->speed / (1.0 + 0.1 * s->spec->cost))
       if (Slot* sl = idle_slot(*s)) {
         *site_out = s;
         return sl;
@@ -525,7 +560,7 @@ Slot* Runner::choose_slot(const Instance& inst, const Attempt& a, Site** site_ou
     if (!sl) continue;
     long busy = 0;
     for (auto& x : s.slots) busy += x.inst >= 0;
-    const double score = site_score(s, t) * (1.0 - 0.5 * static_cast<double>(busy) / static_cast<double>(s.slots.size()));
+    const double score = site_score(s, t, ts.name) * (1.0 - 0.5 * static_cast<double>(busy) / static_cast<double>(s.slots.size()));
     if (score > best_score) best = &s, best_slot = sl, best_score = score;
   }
   *site_out = best;
@@ -937,6 +972,11 @@ void Runner::on_worker_message(Site& s, Slot& slot, const json::object& m) {
       return v && v->is_number() ? v->to_number<double>() : 0.0;
     };
     a.step = static_cast<long>(num("step"));
+    if (const double st = num("step_time"); st > 0) {
+      auto& e = s.step_time[spec_.tasks[inst.task].name];
+      e.first = e.first > 0 && now() - e.second < 30 ? 0.8 * e.first + 0.2 * st : st;
+      e.second = now();
+    }
     a.progress = std::clamp(num("progress"), 0.0, 1.0);
     diaspora_metric_value mv{"step_time_s", num("step_time")};
     auto i = info(inst, a);
@@ -1215,9 +1255,12 @@ void Runner::faults_tick() {
     if (f.start_t >= 0 && !f.done && f.end_t >= 0 && t >= f.end_t) {
       f.done = true;
       if (fs.kind == FaultKind::stop_relay && relay_) {
-        relay_->start();
+        if (!restart_relay()) {
+          f.done = false;  // try again on the next tick
+          f.end_t = t + 0.2;
+          continue;
+        }
         resource("relay", "relay", "up", "", "fault_stop_relay", 0);
-        say("relay started again");
       } else if (fs.kind == FaultKind::slow_site) {
         resource(*fs.site, "site", "up", *fs.site, "fault_slow_site_factor", 1);
         say("fault slow-site over: " + *fs.site);
@@ -1266,6 +1309,21 @@ void Runner::awaiting_checks() {
       if (!a.reason.empty()) last = a.reason;
     instance_final(ii, InstState::failed, last + " (no policy restarted it within " +
                                               std::to_string(static_cast<int>(opt_.failure_grace_s)) + " s)");
+  }
+}
+
+// Starts the stopped embedded relay again on its port; false (said once) while the port
+// cannot be bound yet.
+bool Runner::restart_relay() {
+  try {
+    relay_->start();
+    say("relay started again on " + relay_url_);
+    relay_retry_said_ = false;
+    return true;
+  } catch (const Error& e) {
+    if (!relay_retry_said_) say(std::string("relay: cannot start again yet (") + e.what() + "); retrying");
+    relay_retry_said_ = true;
+    return false;
   }
 }
 
@@ -1361,10 +1419,8 @@ int Runner::run() {
   // Faults still in force end with the run (a stopped relay starts again, so the spool drains).
   for (auto& s : sites_) s.slow_until = 0;
   duty_cycle_tick();
-  if (relay_ && !relay_->running()) {
-    relay_->start();
-    say("relay started again for the end of the run");
-  }
+  for (int i = 0; relay_ && !relay_->running() && i < 100; ++i)  // the spool must drain into it
+    if (!restart_relay()) ::usleep(100000);
   int failed = 0, completed = 0;
   for (const auto& inst : insts_) {
     failed += inst.state != InstState::completed;
