@@ -1452,9 +1452,14 @@ int Runner::run() {
     reap();
   }
   lib_->set_action_callback(plugin_, nullptr, nullptr);
+  // Let the plugin deliver what it holds (a relay that was stopped has its spool to take)
+  // before the counters go into the report; close() then has nothing left to wait for.
   diaspora_stats st{};
   st.struct_size = sizeof st;
-  lib_->get_stats(plugin_, &st);
+  for (const double until = now() + 15; now() < until; ::usleep(50000)) {
+    lib_->get_stats(plugin_, &st);
+    if (st.events_acked + st.events_lost + st.events_rejected >= st.events_accepted && st.spool_records == 0) break;
+  }
   const int rc = lib_->close(plugin_, 15000);
   plugin_ = nullptr;
   say("plugin closed: " + std::to_string(st.events_accepted) + " events, " + lib_->library_version() +

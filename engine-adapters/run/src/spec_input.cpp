@@ -140,9 +140,11 @@ void check_runnable(const WorkflowSpec& spec, const YamlDocument& doc, std::vect
     } else if (!t.args.empty()) {
       add(base + ".args", at(base + ".args", t.location), "args are for built-in kinds; a command gets its arguments in the command line");
     }
+    char cpus[32];
+    std::snprintf(cpus, sizeof cpus, "%g", t.resources.cpus);
     if (t.resources.cpus > cores)
       add(base + ".resources.cpus", at(base + ".resources.cpus", t.location),
-          "needs " + std::to_string(t.resources.cpus) + " CPUs but this host has " + std::to_string(cores) +
+          "needs " + std::string(cpus) + " CPUs but this host has " + std::to_string(cores) +
               " (local sites share this host's cores)");
     if (t.resources.memory > ram)
       add(base + ".resources.memory", at(base + ".resources.memory", t.location),

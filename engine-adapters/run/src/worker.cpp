@@ -163,6 +163,7 @@ class Worker final : public TaskContext {
       if (!f) throw Error("unknown built-in kind '" + kind + "'");
       if (!data_dir_.empty()) std::filesystem::create_directories(data_dir_);
       json::object result = (*f)(args, *this);
+      if (resume_step_ > 0) result["resumed_from_step"] = resume_step_;
       reply = {{"op", "done"}, {"result", std::move(result)}};
     } catch (const std::bad_alloc&) {
       reply = {{"op", "failed"}, {"reason", "out of memory (resources.memory limit)"}};

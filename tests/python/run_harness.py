@@ -1,0 +1,72 @@
+"""Helpers for the `diaspora run` tests: write a spec, run it, read its report and the
+events its embedded relay stored (served again by a real diaspora-relay afterwards)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import relay_harness as rh
+
+DIASPORA = rh.DIASPORA
+
+
+def write_spec(tmp: Path, text: str, name: str = "wf.yaml") -> Path:
+    p = tmp / name
+    p.write_text(text)
+    return p
+
+
+def run(spec: Path, out: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Runs `diaspora run SPEC --out OUT ARGS...` to the end (a watchdog kills it)."""
+    p = subprocess.run([str(DIASPORA), "run", str(spec), "--out", str(out), *args], capture_output=True,
+                       text=True, timeout=timeout)
+    return p
+
+
+def report(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+def instance(rep: dict, iid: str) -> dict:
+    return next(i for i in rep["instances"] if i["id"] == iid)
+
+
+def actions(rep: dict, kind: str) -> list[dict]:
+    return [a for a in rep["actions"] if a["kind"] == kind]
+
+
+def worker_processes() -> set[int]:
+    """Pids of every `diaspora-run __worker` process on this host."""
+    out = set()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(cmd) > 1 and cmd[0].endswith(b"diaspora-run") and cmd[1] == b"__worker":
+            out.add(int(d.name))
+    return out
+
+
+def stored_events(out: Path, topic: str, count: int) -> list[dict]:
+    """The first `count` events of `topic` in the run's relay log, read through a real
+    diaspora-relay started on that log with the run's own certificates and secret."""
+    creds = rh.Credentials.__new__(rh.Credentials)
+    creds.root = out / "relay"
+    creds.certs = creds.root / "certs"
+    creds.secret_file = creds.root / "auth-secret"
+    creds.secret = creds.secret_file.read_text().strip().encode()
+    creds.ca = creds.certs / "ca.pem"
+    relay = rh.RelayProcess(creds, out / "relay" / "data").start()
+    try:
+        token = creds.token("subscribe:*")
+        return [e for _, e in rh.run(rh.collect_all(relay, token, topic, count))]
+    finally:
+        relay.stop()

@@ -1,0 +1,226 @@
+"""`diaspora run`: what a user sees of the main job, with real processes and a real relay.
+
+Input checks (bad specs, bad --set, what local sites cannot run: refused before anything
+starts), command tasks (the progress channel, a command that does not exist), streams
+and deadlines, the ptycho-reconstruct kind's output and its data-arrival event, memory
+limits, SIGINT, and the report. Faults and actions are in test_run_faults.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import run_harness as rn
+
+SITE = "sites:\n  - {name: a, engine: local, workers: 2}\n"
+
+
+def test_bad_spec_is_refused_before_anything_starts(tmp_path):
+    spec = rn.write_spec(tmp_path, "version: 1\nname: bad\n" + SITE + "tasks:\n  - {name: t, kind: sleep, cout: 3}\n")
+    out = tmp_path / "out"
+    p = rn.run(spec, out)
+    assert p.returncode == 2, p.stderr
+    assert f"{spec}:6:28:" in p.stderr and "unknown key 'cout'; did you mean 'count'?" in p.stderr, p.stderr
+    assert "nothing was started" in p.stderr
+    assert not out.exists()
+
+
+def test_what_local_sites_cannot_run_is_refused_with_its_place(tmp_path):
+    spec = rn.write_spec(tmp_path, """version: 1
+name: refused
+sites:
+  - {name: a, engine: local}
+  - {name: d, engine: dask, endpoint: "tcp://127.0.0.1:8786"}
+tasks:
+  - name: t
+    kind: sleep
+    args: {secs: 1}
+  - name: big
+    command: "true"
+    resources: {cpus: 4096}
+""")
+    p = rn.run(spec, tmp_path / "out")
+    assert p.returncode == 2
+    assert f"{spec}:5:23: error: sites[1].engine: 'dask' sites are driven by the engine adapters" in p.stderr, p.stderr
+    assert f"{spec}:9:" in p.stderr and "args.secs: unknown argument of 'sleep' (known: seconds, step)" in p.stderr
+    assert "tasks[1].resources.cpus: needs 4096" in p.stderr and "CPUs but this host has" in p.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("tasks.nope.count=2", "--set tasks.nope.count=2: error: no item named 'nope' in tasks"),
+    ("sites[0].workers=0", "--set sites[0].workers=0: error: sites[0].workers:"),
+    ("tasks.t.count", "--set tasks.t.count: error: expected KEY=VALUE"),
+    ("sites[5].workers=2", "--set sites[5].workers=2: error: index 5 is out of range (sites has 1 items)"),
+    ("tasks.t.deadline=soon", "--set tasks.t.deadline=soon: error: tasks[0].deadline: must be a duration"),
+])
+def test_bad_set_is_refused_before_anything_starts(tmp_path, setting, message):
+    spec = rn.write_spec(tmp_path, "version: 1\nname: s\nsites:\n  - {name: a, engine: local}\n"
+                                   "tasks:\n  - {name: t, kind: sleep, args: {seconds: 0.2}}\n")
+    p = rn.run(spec, tmp_path / "out", "--set", setting)
+    assert p.returncode == 2, p.stderr
+    assert message in p.stderr, p.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_baseline_option_is_a_usage_error(tmp_path):
+    spec = rn.write_spec(tmp_path, "version: 1\nname: s\n" + SITE)
+    p = rn.run(spec, tmp_path / "out", "--baseline", "120s")
+    assert p.returncode == 2 and "expected retry-after=DURATION" in p.stderr
+
+
+def test_commands_report_progress_and_a_missing_command_fails_alone(tmp_path):
+    spec = rn.write_spec(tmp_path, """version: 1
+name: cmds
+sites:
+  - {name: a, engine: local, workers: 2}
+tasks:
+  - name: steps
+    command: 'for i in 1 2 3 4; do echo "progress 0.$((i*2)) $i" >&$DIASPORA_PROGRESS_FD; echo "metric rows $i" >&$DIASPORA_PROGRESS_FD; sleep 0.3; done; echo "$DIASPORA_TASK_ID" > "$DIASPORA_DATA_DIR/$DIASPORA_TASK_ID.txt"'
+  - name: missing
+    command: no-such-command-for-diaspora-test --flag
+  - name: after
+    kind: sleep
+    args: {seconds: 0.5}
+    count: 3
+""")
+    out = tmp_path / "out"
+    p = rn.run(spec, out)
+    assert p.returncode == 1, p.stdout + p.stderr  # one instance failed for good
+    rep = rn.report(out)
+    assert rn.instance(rep, "steps.0")["state"] == "completed"
+    assert (out / "data" / "steps" / "steps.0.txt").read_text().strip() == "steps.0"
+    bad = rn.instance(rep, "missing.0")
+    assert bad["state"] == "failed"
+    assert "exit status 127" in bad["reason"] and "not found" in bad["reason"], bad
+    assert all(rn.instance(rep, f"after.{k}")["state"] == "completed" for k in range(3))
+    assert rep["summary"]["completed"] == 4 and rep["summary"]["failed"] == 1
+    # The progress lines became progress events on the relay, with their metric.
+    n = rep["plugin"]["stats"]["events_acked"]
+    events = rn.stored_events(out, "cmds.events", n)
+    steps = [e for e in events if e.get("subject") == "steps.0"]
+    progress = [e["data"] for e in steps if e["type"] == "org.diaspora.task.progress"]
+    assert [d["progress"] for d in progress] == [0.2, 0.4, 0.6, 0.8], progress
+    assert any(e["type"] == "org.diaspora.task.heartbeat" and e["data"].get("metrics", {}).get("rows") == 4
+               for e in steps), steps
+    types = [e["type"] for e in events if e.get("subject") == "missing.0"]
+    assert types[:2] == ["org.diaspora.task.submitted", "org.diaspora.task.started"] and types[-1] == "org.diaspora.task.failed"
+
+
+def test_stream_and_deadlines(tmp_path):
+    spec = rn.write_spec(tmp_path, """version: 1
+name: stream
+sites:
+  - {name: a, engine: local, workers: 2}
+tasks:
+  - name: tick
+    kind: sleep
+    args: {seconds: 0.3, step: 0.1}
+    rate: 4
+    duration: 2s
+    deadline: 5s
+  - name: late
+    kind: sleep
+    args: {seconds: 1.5}
+    deadline: 500ms
+""")
+    out = tmp_path / "out"
+    p = rn.run(spec, out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = rn.report(out)
+    ticks = [i for i in rep["instances"] if i["task"] == "tick"]
+    assert len(ticks) == 8
+    starts = sorted(i["submitted_s"] for i in ticks)
+    assert 1.5 <= starts[-1] - starts[0] <= 2.5, starts  # 4 per second over 2 s
+    assert all(i["deadline_met"] for i in ticks)
+    late = rn.instance(rep, "late.0")
+    assert late["state"] == "completed" and late["deadline_met"] is False
+    assert rep["summary"]["deadline_misses"] == 1 and rep["summary"]["with_deadline"] == 9
+
+
+def test_ptycho_reconstruct_writes_and_announces_its_result(tmp_path):
+    spec = rn.write_spec(tmp_path, """version: 1
+name: ptycho
+sites:
+  - {name: a, engine: local, workers: 2}
+tasks:
+  - name: rec
+    kind: ptycho-reconstruct
+    args: {iterations: 40, object_size: 64, probe_size: 16, scan_step: 4, probe_modes: 2}
+    count: 2
+""")
+    out = tmp_path / "out"
+    p = rn.run(spec, out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = rn.report(out)
+    for k in range(2):
+        res = rn.instance(rep, f"rec.{k}")["result"]
+        f = Path(res["file"])
+        assert f.is_file() and f.stat().st_size == 64 * 64 * 8 == res["bytes"]
+        assert res["positions"] >= 169
+        # A real reconstruction: the object found matches the simulated one far better than
+        # the flat start (error 1 - |mean| ~ 0.4 for this object), and the data fits.
+        assert res["object_error"] < 0.25, res
+        assert res["fourier_error"] < 0.1, res
+    events = rn.stored_events(out, "ptycho.events", rep["plugin"]["stats"]["events_acked"])
+    arrived = [e for e in events if e["type"] == "org.diaspora.data.arrived"]
+    assert sorted(e["data"]["seq"] for e in arrived) == [0, 1]
+    assert all(e["data"]["uri"].startswith("file://") and e["data"]["checksum"].startswith("crc32c:") for e in arrived)
+    steps = [e for e in events if e["type"] == "org.diaspora.task.progress" and e["subject"] == "rec.0"]
+    assert len(steps) == 40 and all(e["data"]["metrics"]["step_time_s"] > 0 for e in steps)
+
+
+def test_memory_limit_is_enforced(tmp_path):
+    spec = rn.write_spec(tmp_path, """version: 1
+name: mem
+sites:
+  - {name: a, engine: local}
+tasks:
+  - name: hog
+    command: /usr/bin/python3 -c "x = bytearray(600 * 2**20)"
+    resources: {memory: 200MiB}
+""")
+    out = tmp_path / "out"
+    p = rn.run(spec, out)
+    assert p.returncode == 1
+    hog = rn.instance(rn.report(out), "hog.0")
+    assert hog["state"] == "failed" and "MemoryError" in hog["reason"], hog
+
+
+def test_sigint_stops_writes_the_report_and_leaves_no_worker(tmp_path):
+    spec = rn.write_spec(tmp_path, "version: 1\nname: int\n" + SITE +
+                         "tasks:\n  - {name: long, kind: sleep, args: {seconds: 60}, count: 3}\n")
+    out = tmp_path / "out"
+    before = rn.worker_processes()
+    p = subprocess.Popen([str(rn.DIASPORA), "run", str(spec), "--out", str(out)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(rn.worker_processes() - before) < 2:  # the pool is up
+        time.sleep(0.1)
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=30)
+    assert p.returncode == 1, stdout + stderr
+    rep = rn.report(out)
+    assert rep["interrupted"] == "interrupted by a signal"
+    assert {i["state"] for i in rep["instances"]} == {"cancelled"}
+    assert rep["plugin"]["stats"]["close_status"] == "DIASPORA_OK"  # every event reached the relay
+    time.sleep(0.5)
+    assert rn.worker_processes() - before == set()
+
+
+def test_report_html_is_self_contained(tmp_path):
+    spec = rn.write_spec(tmp_path, "version: 1\nname: html\n" + SITE +
+                         "tasks:\n  - {name: t, kind: sleep, args: {seconds: 0.2}, count: 2}\n")
+    out = tmp_path / "out"
+    assert rn.run(spec, out).returncode == 0
+    html = (out / "report.html").read_text()
+    assert "<svg" in html and "t.0 attempt 1" in html
+    assert "<script" not in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
+    assert "https://" not in html

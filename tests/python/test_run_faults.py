@@ -1,0 +1,207 @@
+"""`diaspora run` under faults: each fault kind injected into real processes, each action
+kind decided by the plugin's policies (loaded with dlopen), carried out by the runner and
+acknowledged; the baseline (retry after heartbeat silence) for comparison.
+
+Timing margins are wide on purpose (2 shared cores, sanitizer builds, tests in parallel):
+the figures that matter (reaction times, the baseline ratio) are measured in bench/run/.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import run_harness as rn
+
+RESTART = """
+policies:
+  - name: restart-silent
+    signal: task.heartbeat_gap
+    detector: phi-accrual
+    threshold: 8
+    action: restart
+"""
+
+
+def burn_spec(faults: str, policies: str = RESTART, seconds: float = 4, count: int = 2, sites: str = "") -> str:
+    return f"""version: 1
+name: faults
+sites:
+  - {{name: a, engine: local, workers: 2}}
+{sites}tasks:
+  - name: burn
+    kind: cpu-burn
+    args: {{seconds: {seconds}, step: 0.25}}
+    count: {count}
+{policies}
+faults:
+{faults}"""
+
+
+def test_kill_worker_and_hang_task_are_restarted_by_the_policy(tmp_path):
+    spec = rn.write_spec(tmp_path, burn_spec("  - {at: 1s, kind: kill-worker, site: a, task: burn}\n"
+                                             "  - {at: 2s, kind: hang-task, site: a}\n"))
+    out = tmp_path / "out"
+    p = rn.run(spec, out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = rn.report(out)
+    kill, hang = rep["faults"]
+    assert kill["kind"] == "kill-worker" and hang["kind"] == "hang-task"
+    killed = rn.instance(rep, kill["hit"][0]["instance"])
+    hung = rn.instance(rep, hang["hit"][0]["instance"])
+    assert killed["id"] != hung["id"]
+    assert "died (killed by signal 9 (SIGKILL))" in killed["attempts"][0]["reason"]
+    assert hung["attempts"][0]["outcome"] == "stopped" and "stopped for restart" in hung["attempts"][0]["reason"]
+    for inst in (killed, hung):
+        assert inst["state"] == "completed" and len(inst["attempts"]) == 2
+        assert inst["attempts"][1]["cause"].startswith("restart (action ")
+    restarts = rn.actions(rep, "restart")
+    assert len(restarts) == 2 and all(a["outcome"] == "done" and a["origin"] == "local" for a in restarts), restarts
+    assert all("phi-accrual" in a["reason"] for a in restarts)
+    for f in (kill, hang):
+        assert 0 < f["hit"][0]["reaction_s"] < 10, f  # bench/run measures it; here: it recovered
+    # The acknowledgements reached the relay as action.done events.
+    events = rn.stored_events(out, "faults.events", rep["plugin"]["stats"]["events_acked"])
+    done = [e["data"] for e in events if e["type"] == "org.diaspora.action.done"]
+    assert sorted(d["status"] for d in done) == ["done", "done"], done
+    injected = [e for e in events if e["type"] == "org.diaspora.resource.status" and e["data"]["state"] in ("down", "degraded")]
+    assert len(injected) == 2  # each fault is an event
+
+
+def test_baseline_waits_for_heartbeat_silence(tmp_path):
+    spec = rn.write_spec(tmp_path, burn_spec("  - {at: 1s, kind: kill-worker, site: a, task: burn}\n", count=1))
+    out = tmp_path / "out"
+    p = rn.run(spec, out, "--baseline", "retry-after=4s")
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = rn.report(out)
+    assert rep["mode"] == "baseline" and rep["actions"] == []
+    inst = rn.instance(rep, "burn.0")
+    assert len(inst["attempts"]) == 2 and inst["attempts"][0]["reason"].startswith("no heartbeat for 4 s")
+    assert 4 <= rep["faults"][0]["hit"][0]["reaction_s"] < 10
+
+
+def test_slow_site_is_migrated_off(tmp_path):
+    policies = """
+policies:
+  - name: move-off
+    signal: task.step_time
+    detector: ewma
+    threshold: 15
+    for: 3
+    action: migrate
+    targets: [burn]
+"""
+    spec = rn.write_spec(tmp_path, burn_spec("  - {at: 3s, kind: slow-site, site: a, factor: 8, for: 20s}\n",
+                                             policies=policies, seconds=8, count=1,
+                                             sites="  - {name: b, engine: local, workers: 1}\n")
+                         .replace("    count: 1\n", "    count: 1\n    preferred_sites: [a]\n"))
+    out = tmp_path / "out"
+    p = rn.run(spec, out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = rn.report(out)
+    inst = rn.instance(rep, "burn.0")
+    assert [a["site"] for a in inst["attempts"]] == ["a", "b"], inst
+    assert inst["attempts"][0]["outcome"] == "stopped" and "migration to b" in inst["attempts"][0]["reason"]
+    (mig,) = rn.actions(rep, "migrate")
+    assert mig["outcome"] == "done" and mig["target_site"] == "b" and "ewma" in mig["reason"]
+    assert rep["faults"][0]["hit"][0]["reaction_s"] < 10
+
+
+def test_speculative_copy_wins_and_the_original_is_cancelled(tmp_path):
+    policies = """
+policies:
+  - name: copy-silent
+    signal: task.heartbeat_gap
+    detector: phi-accrual
+    threshold: 8
+    action: speculate
+"""
+    spec = rn.write_spec(tmp_path, burn_spec("  - {at: 1s, kind: hang-task, site: a}\n", policies=policies, count=1,
+                                             sites="  - {name: b, engine: local, workers: 1}\n")
+                         .replace("    count: 1\n", "    count: 1\n    preferred_sites: [a]\n"))
+    out = tmp_path / "out"
+    p = rn.run(spec, out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = rn.report(out)
+    inst = rn.instance(rep, "burn.0")
+    orig, copy = inst["attempts"]
+    assert copy["id"] == "burn.0@copy1" and copy["speculative"] and copy["site"] == "b"
+    assert copy["outcome"] == "completed"
+    assert orig["outcome"] == "cancelled" and "finished first" in orig["reason"]
+    (spec_action,) = rn.actions(rep, "speculate")
+    assert spec_action["outcome"] == "done"
+
+
+def test_checkpoint_then_restart_resumes_from_it(tmp_path):
+    # A checkpoint every second (any step time >= 0 fires, the cooldown paces it), and a
+    # restart when heartbeats stop: the killed instance resumes from its last checkpoint.
+    policies = RESTART + """  - name: save
+    signal: task.step_time
+    detector: threshold
+    threshold: 0
+    cooldown: 1s
+    max_attempts: 1000
+    action: checkpoint
+"""
+    spec = rn.write_spec(tmp_path, burn_spec("  - {at: 2.5s, kind: kill-worker, site: a}\n", policies=policies,
+                                             seconds=5, count=1))
+    out = tmp_path / "out"
+    p = rn.run(spec, out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = rn.report(out)
+    ck = rn.actions(rep, "checkpoint")
+    assert ck and all(a["outcome"] in ("done", "failed") for a in ck)
+    assert any(a["outcome"] == "done" and a["message"].startswith("checkpoint written at step") for a in ck), ck
+    inst = rn.instance(rep, "burn.0")
+    assert len(inst["attempts"]) == 2 and inst["state"] == "completed"
+    assert inst["result"]["resumed_from_step"] >= 2, inst["result"]
+    assert (out / "checkpoints" / "burn.0.json").is_file()
+
+
+def test_throttle_lowers_the_rate_of_new_instances(tmp_path):
+    spec = rn.write_spec(tmp_path, """version: 1
+name: throttle
+sites:
+  - {name: a, engine: local, workers: 2}
+tasks:
+  - name: tick
+    kind: sleep
+    args: {seconds: 0.6, step: 0.2}
+    rate: 4
+    duration: 3s
+policies:
+  - name: slow-down
+    signal: task.step_time
+    detector: threshold
+    threshold: 0
+    cooldown: 30s
+    action: throttle
+    targets: [a]
+""")
+    out = tmp_path / "out"
+    p = rn.run(spec, out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = rn.report(out)
+    thr = rn.actions(rep, "throttle")
+    assert thr and thr[0]["outcome"] == "done" and "50 % of their rate" in thr[0]["message"], thr
+    starts = sorted(i["submitted_s"] for i in rep["instances"])
+    assert len(starts) == 12
+    # At full rate the 12 instances arrive within 2.75 s; throttled to half after the first
+    # steps, the last ones come later.
+    assert starts[-1] - starts[0] > 3.5, starts
+
+
+def test_stopped_relay_loses_no_event(tmp_path):
+    spec = rn.write_spec(tmp_path, burn_spec("  - {at: 1s, kind: stop-relay, for: 2s}\n", seconds=3))
+    out = tmp_path / "out"
+    p = rn.run(spec, out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "relay started again" in p.stdout
+    rep = rn.report(out)
+    stats = rep["plugin"]["stats"]
+    assert stats["events_lost"] == 0 and stats["events_acked"] == stats["events_accepted"]
+    assert stats["close_status"] == "DIASPORA_OK" and stats["reconnects"] >= 1
+    events = rn.stored_events(out, "faults.events", stats["events_accepted"])
+    ids = [(e["source"], e["id"]) for e in events]
+    assert len(set(ids)) == len(ids) >= stats["events_accepted"]  # (and the plugin's own events)
+    beats = [e for e in events if e["type"] == "org.diaspora.task.progress" and e["subject"] == "burn.0"]
+    assert [e["data"]["step"] for e in beats] == list(range(1, 13))  # every heartbeat, in order
