@@ -40,8 +40,8 @@ def actions(rep: dict, kind: str) -> list[dict]:
     return [a for a in rep["actions"] if a["kind"] == kind]
 
 
-def worker_processes() -> set[int]:
-    """Pids of every `diaspora-run __worker` process on this host."""
+def worker_processes(parent: int | None = None) -> set[int]:
+    """Pids of the `diaspora-run __worker` processes on this host (children of `parent` when given)."""
     out = set()
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -51,6 +51,13 @@ def worker_processes() -> set[int]:
         except OSError:
             continue
         if len(cmd) > 1 and cmd[0].endswith(b"diaspora-run") and cmd[1] == b"__worker":
+            if parent is not None:
+                try:
+                    stat = (d / "stat").read_text()
+                except OSError:
+                    continue
+                if int(stat[stat.rindex(")") + 2:].split()[1]) != parent:
+                    continue
             out.add(int(d.name))
     return out
 
