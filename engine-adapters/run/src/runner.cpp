@@ -135,8 +135,12 @@ struct Site {
   bool stopped_phase = false;
   double penalty = 0, penalty_t = 0;  ///< decayed count of failures and moves off this site
   long completed = 0, failed = 0;
-  /// Per task name: EW mean of the step time seen on this site, and when last updated.
-  std::map<std::string, std::pair<double, double>> step_time;
+  /// Per task name: the step times seen on this site lately (fast EW mean), over a longer
+  /// time (slow EW mean), and when last updated.
+  struct StepTimes {
+    double fast = 0, slow = 0, t = 0;
+  };
+  std::map<std::string, StepTimes> step_time;
 };
 
 struct Fault {
@@ -496,13 +500,14 @@ double Runner::site_score(const Site& s, double t, const std::string& task) cons
 double Runner::observed_speed(const Site& s, double t, const std::string& task) const {
   constexpr double kFresh = 30;  // seconds: older measurements say nothing about now
   auto it = s.step_time.find(task);
-  if (it == s.step_time.end() || t - it->second.second > kFresh) return 1.0;
-  double best = it->second.first;
+  if (it == s.step_time.end() || t - it->second.t > kFresh || it->second.fast <= 0) return 1.0;
+  // The reference: this site's own longer-run step time, or the fastest site's recent one.
+  double best = it->second.slow;
   for (const auto& o : sites_) {
     auto jt = o.step_time.find(task);
-    if (jt != o.step_time.end() && t - jt->second.second <= kFresh) best = std::min(best, jt->second.first);
+    if (jt != o.step_time.end() && t - jt->second.t <= kFresh && jt->second.fast > 0) best = std::min(best, jt->second.fast);
   }
-  return it->second.first > 0 ? std::clamp(best / it->second.first, 0.01, 1.0) : 1.0;
+  return std::clamp(best / it->second.fast, 0.01, 1.0);
 }
 
 void Runner::add_penalty(Site& s, double amount) {
@@ -551,11 +556,16 @@ Slot* Runner::choose_slot(const Instance& inst, const Attempt& a, Site** site_ou
         return sl;
       }
   }
+  // A site running this task at under half its speed is used only when no allowed site
+  // runs it well: waiting for a worker there is shorter than running slowly here.
+  bool healthy_elsewhere = false;
+  for (auto& s : sites_) healthy_elsewhere |= allowed(s) && observed_speed(s, t, ts.name) >= 0.5;
   Site* best = nullptr;
   Slot* best_slot = nullptr;
   double best_score = -1;
   for (auto& s : sites_) {
     if (!allowed(s)) continue;
+    if (healthy_elsewhere && observed_speed(s, t, ts.name) < 0.5) continue;
     Slot* sl = idle_slot(s);
     if (!sl) continue;
     long busy = 0;
@@ -890,6 +900,9 @@ void Runner::carry_out(const diaspora_action& a, ActionRecord& rec) {
         queued_one |= inst.attempts[k].hook_id == cur.hook_id && inst.attempts[k].outcome == "queued";
       if (queued_one && !migrate) return ack(a.id, true, "a new attempt of " + cur.hook_id + " is already waiting for a worker");
       const std::string from = cur.site;
+      if (cur.live() && a.site[0] != '\0' && from != a.site)  // decided on an attempt that has moved since
+        return ack(a.id, false, cur.hook_id + " is no longer on " + a.site + " (attempt " + std::to_string(cur.number) +
+                                    " runs on " + from + ")");
       if (cur.live()) {
         if (Site* s = find_site(from); s && migrate) add_penalty(*s, 1.0);
         stop_attempt(ii, ai, "stopped", std::string("stopped for ") + (migrate ? "migration to " + target : "restart") + " (action " + a.id + ")", true);
@@ -974,8 +987,10 @@ void Runner::on_worker_message(Site& s, Slot& slot, const json::object& m) {
     a.step = static_cast<long>(num("step"));
     if (const double st = num("step_time"); st > 0) {
       auto& e = s.step_time[spec_.tasks[inst.task].name];
-      e.first = e.first > 0 && now() - e.second < 30 ? 0.8 * e.first + 0.2 * st : st;
-      e.second = now();
+      const bool fresh = e.fast > 0 && now() - e.t < 30;
+      e.fast = fresh ? 0.8 * e.fast + 0.2 * st : st;
+      e.slow = fresh ? 0.98 * e.slow + 0.02 * st : st;
+      e.t = now();
     }
     a.progress = std::clamp(num("progress"), 0.0, 1.0);
     diaspora_metric_value mv{"step_time_s", num("step_time")};
