@@ -19,6 +19,9 @@ echo
 echo "== resilience engine: observations/s and memory per series (bench/resilience)"
 "$BUILD_DIR/bin/bench_resilience" --benchmark_min_time=0.5
 echo
+echo "== diaspora run: policies vs the retry-after=120s baseline, and throughput vs Dask (bench/run)"
+/usr/bin/python3 bench/run/run_bench.py --build "$BUILD_DIR"
+echo
 if [ -x "$BUILD_DIR/bin/diaspora-train" ]; then
   echo "== continual learning: strategies x buffers x ranks (bench/rehearsal/run.sh; QUICK=1 for a short run)"
   bash bench/rehearsal/run.sh "$BUILD_DIR"

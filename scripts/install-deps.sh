@@ -15,6 +15,8 @@ DEB_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # Python side of the tests (visible to /usr/bin/python3 only)
   python3 python3-pytest python3-jsonschema python3-yaml python3-websockets
+  # bench/run: the Dask LocalCluster peer (and the Dask adapters)
+  python3-distributed
   # relay tests and benchmarks: curl for HTTPS checks, NATS JetStream as the peer
   curl nats-server libnats-dev
   # rehearsal (DIASPORA_WITH_TORCH): LibTorch 1.13 CPU with c10d, Gloo headers for

@@ -19,7 +19,9 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include <boost/json/parse.hpp>
 
@@ -219,6 +221,7 @@ class Runner {
   bool restart_relay();
 
   // ---- attempts
+  int add_instance(Instance inst);
   int queue_attempt(int ii, Attempt a);
   void stop_attempt(int ii, int ai, const std::string& outcome, const std::string& reason, bool report_failed);
   void attempt_ended(int ii, int ai, bool ok, const std::string& reason, bool lost = false);
@@ -256,6 +259,10 @@ class Runner {
 
   std::vector<Site> sites_;
   std::vector<Instance> insts_;
+  std::unordered_map<std::string, int> index_;   ///< instance id -> index in insts_
+  std::set<int> awaiting_;                       ///< instances waiting for the policies
+  std::vector<std::pair<int, int>> lost_;        ///< baseline: attempts whose worker died unnoticed
+  long open_ = 0;                                ///< instances not completed, failed or cancelled
   std::deque<std::pair<int, int>> queue_;  ///< (instance, attempt) waiting for a slot
   std::vector<Stream> streams_;
   std::vector<Fault> faults_;
@@ -364,8 +371,7 @@ void Runner::make_instances() {
       inst.task = t;
       inst.index = k;
       inst.submitted_t = now();
-      insts_.push_back(std::move(inst));
-      const int ii = static_cast<int>(insts_.size()) - 1;
+      const int ii = add_instance(std::move(inst));
       Attempt a;
       a.hook_id = insts_[static_cast<std::size_t>(ii)].id;
       auto i = info(insts_[static_cast<std::size_t>(ii)], a);
@@ -393,8 +399,7 @@ void Runner::generate_stream_instances() {
       inst.task = st.task;
       inst.index = st.created;
       inst.submitted_t = t;
-      insts_.push_back(std::move(inst));
-      const int ii = static_cast<int>(insts_.size()) - 1;
+      const int ii = add_instance(std::move(inst));
       Attempt a;
       a.hook_id = insts_.back().id;
       auto i = info(insts_.back(), a);
@@ -459,6 +464,14 @@ void Runner::ack(const std::string& action_id, bool ok, const std::string& messa
 
 // ---- attempts -----------------------------------------------------------------------------------
 
+int Runner::add_instance(Instance inst) {
+  insts_.push_back(std::move(inst));
+  const int ii = static_cast<int>(insts_.size()) - 1;
+  index_[insts_.back().id] = ii;
+  ++open_;
+  return ii;
+}
+
 int Runner::queue_attempt(int ii, Attempt a) {
   Instance& inst = insts_[static_cast<std::size_t>(ii)];
   int n = 0;
@@ -469,7 +482,10 @@ int Runner::queue_attempt(int ii, Attempt a) {
   a.outcome = "queued";
   inst.attempts.push_back(std::move(a));
   const int ai = static_cast<int>(inst.attempts.size()) - 1;
-  if (!inst.attempts.back().speculative) inst.state = InstState::pending;
+  if (!inst.attempts.back().speculative) {
+    inst.state = InstState::pending;
+    awaiting_.erase(ii);
+  }
   // Recovering attempts (restarts, migrations, copies) go before first attempts: the work
   // already late comes first.
   if (inst.attempts.back().number > 1 || inst.attempts.back().speculative) {
@@ -518,8 +534,10 @@ void Runner::add_penalty(Site& s, double amount) {
 
 long Runner::reserved(const Site& s) const {
   long n = 0;
-  for (const auto& inst : insts_)
-    if (inst.state == InstState::awaiting && !inst.attempts.empty() && inst.attempts.back().site == s.spec->name) ++n;
+  for (int ii : awaiting_) {
+    const Instance& inst = insts_[static_cast<std::size_t>(ii)];
+    if (!inst.attempts.empty() && inst.attempts.back().site == s.spec->name) ++n;
+  }
   return n;
 }
 
@@ -579,7 +597,13 @@ Slot* Runner::choose_slot(const Instance& inst, const Attempt& a, Site** site_ou
 
 void Runner::dispatch() {
   if (stopping_) return;
-  for (auto it = queue_.begin(); it != queue_.end();) {
+  auto idle_slots = [&] {
+    long n = 0;
+    for (const auto& s : sites_)
+      for (const auto& sl : s.slots) n += sl.idle();
+    return n;
+  };
+  for (auto it = queue_.begin(); it != queue_.end() && idle_slots() > 0;) {
     auto [ii, ai] = *it;
     Instance& inst = insts_[static_cast<std::size_t>(ii)];
     Attempt& a = inst.attempts[static_cast<std::size_t>(ai)];
@@ -608,8 +632,8 @@ bool Runner::start_attempt(int ii, int ai, Site& s, Slot& slot) {
   a.outcome = "running";
   slot.inst = ii;
   slot.att = ai;
-  if (!a.speculative) inst.state = InstState::running;
-  else if (inst.state == InstState::awaiting || inst.state == InstState::pending) inst.state = InstState::running;
+  if (!a.speculative || inst.state == InstState::awaiting || inst.state == InstState::pending) inst.state = InstState::running;
+  awaiting_.erase(ii);
   const std::string worker = s.spec->name + "/worker-" + std::to_string(slot.index);
   auto i = info(inst, a);
   i.worker = worker.c_str();
@@ -737,6 +761,8 @@ void Runner::instance_final(int ii, InstState st, const std::string& reason) {
   Instance& inst = insts_[static_cast<std::size_t>(ii)];
   if (inst.state == InstState::completed || inst.state == InstState::failed || inst.state == InstState::cancelled) return;
   inst.state = st;
+  awaiting_.erase(ii);
+  --open_;
   inst.end_t = now();
   inst.reason = reason;
   for (auto& a : inst.attempts)
@@ -757,6 +783,7 @@ void Runner::attempt_ended(int ii, int ai, bool ok, const std::string& reason, b
     // The baseline does not see a lost worker: the attempt looks alive until its silence
     // exceeds retry-after.
     a.lost = true;
+    lost_.emplace_back(ii, ai);
     return;
   }
   a.end_t = now();
@@ -823,23 +850,21 @@ void Runner::attempt_ended(int ii, int ai, bool ok, const std::string& reason, b
   if (recoverable) {
     inst.state = InstState::awaiting;
     inst.awaiting_since = now();
+    awaiting_.insert(ii);
   } else {
     instance_final(ii, InstState::failed, reason);
   }
 }
 
 int Runner::find_instance(const std::string& hook_id, int* attempt_out) const {
-  for (int ii = static_cast<int>(insts_.size()) - 1; ii >= 0; --ii) {
-    const Instance& inst = insts_[static_cast<std::size_t>(ii)];
-    if (!hook_id.starts_with(inst.id)) continue;
-    if (hook_id.size() != inst.id.size() && hook_id[inst.id.size()] != '@') continue;
-    int best = -1;
-    for (std::size_t k = 0; k < inst.attempts.size(); ++k)
-      if (inst.attempts[k].hook_id == hook_id) best = static_cast<int>(k);
-    if (attempt_out) *attempt_out = best;
-    return ii;
-  }
-  return -1;
+  auto it = index_.find(hook_id.substr(0, hook_id.find('@')));
+  if (it == index_.end()) return -1;
+  const Instance& inst = insts_[static_cast<std::size_t>(it->second)];
+  int best = -1;
+  for (std::size_t k = 0; k < inst.attempts.size(); ++k)
+    if (inst.attempts[k].hook_id == hook_id) best = static_cast<int>(k);
+  if (attempt_out) *attempt_out = best;
+  return it->second;
 }
 
 // ---- actions ----------------------------------------------------------------------------------
@@ -1287,38 +1312,42 @@ void Runner::faults_tick() {
 void Runner::baseline_checks() {
   if (!opt_.baseline_retry_after_s) return;
   const double t = now(), limit = *opt_.baseline_retry_after_s;
-  for (int ii = 0; ii < static_cast<int>(insts_.size()); ++ii) {
+  // The live attempts: those on a worker, and those whose worker died unnoticed.
+  std::vector<std::pair<int, int>> live = lost_;
+  for (const auto& s : sites_)
+    for (const auto& sl : s.slots)
+      if (sl.inst >= 0) live.emplace_back(sl.inst, sl.att);
+  for (auto [ii, ai] : live) {
     Instance& inst = insts_[static_cast<std::size_t>(ii)];
-    for (int ai = 0; ai < static_cast<int>(inst.attempts.size()); ++ai) {
-      Attempt& a = inst.attempts[static_cast<std::size_t>(ai)];
-      if (!a.live() || t - a.last_beat < limit) continue;
-      const std::string why = "no heartbeat for " + std::to_string(static_cast<int>(limit)) + " s (baseline retry-after)";
-      if (a.lost) {
-        a.outcome = "failed";
-        a.reason = why;
-        a.end_t = t;
-        hook_failed(inst, a, true);
-      } else {
-        stop_attempt(ii, ai, "failed", why, true);
-      }
-      say("baseline: " + a.hook_id + " " + why);
-      if (inst.attempts.size() < 3 && !stopping_) {
-        Attempt n;
-        n.hook_id = inst.id;
-        n.cause = "baseline: retry after heartbeat silence";
-        queue_attempt(ii, std::move(n));
-      } else {
-        instance_final(ii, InstState::failed, why + " (3 attempts)");
-      }
+    Attempt& a = inst.attempts[static_cast<std::size_t>(ai)];
+    if (!a.live() || t - a.last_beat < limit) continue;
+    const std::string why = "no heartbeat for " + std::to_string(static_cast<int>(limit)) + " s (baseline retry-after)";
+    if (a.lost) {
+      a.outcome = "failed";
+      a.reason = why;
+      a.end_t = t;
+      hook_failed(inst, a, true);
+      std::erase(lost_, std::make_pair(ii, ai));
+    } else {
+      stop_attempt(ii, ai, "failed", why, true);
+    }
+    say("baseline: " + a.hook_id + " " + why);
+    if (inst.attempts.size() < 3 && !stopping_) {
+      Attempt n;
+      n.hook_id = inst.id;
+      n.cause = "baseline: retry after heartbeat silence";
+      queue_attempt(ii, std::move(n));
+    } else {
+      instance_final(ii, InstState::failed, why + " (3 attempts)");
     }
   }
 }
 
 void Runner::awaiting_checks() {
   const double t = now();
-  for (int ii = 0; ii < static_cast<int>(insts_.size()); ++ii) {
+  for (int ii : std::vector<int>(awaiting_.begin(), awaiting_.end())) {
     Instance& inst = insts_[static_cast<std::size_t>(ii)];
-    if (inst.state != InstState::awaiting || t - inst.awaiting_since < opt_.failure_grace_s) continue;
+    if (t - inst.awaiting_since < opt_.failure_grace_s) continue;
     std::string last;
     for (const auto& a : inst.attempts)
       if (!a.reason.empty()) last = a.reason;
@@ -1345,10 +1374,7 @@ bool Runner::restart_relay() {
 bool Runner::finished() const {
   for (const auto& st : streams_)
     if (st.created < st.total && !stopping_) return false;
-  for (const auto& inst : insts_)
-    if (inst.state != InstState::completed && inst.state != InstState::failed && inst.state != InstState::cancelled)
-      return false;
-  return true;
+  return open_ == 0;
 }
 
 void Runner::stop_everything(const std::string& why) {
