@@ -17,7 +17,7 @@ set(_deps_relay core)
 set(_deps_resilience core)
 set(_deps_plugin core client resilience)
 set(_deps_rehearsal core plugin)
-set(_deps_engine-adapters core relay resilience plugin)  # plugin: its C header only (loaded with dlopen)
+set(_deps_engine-adapters core client relay resilience plugin)  # plugin: its C header only (loaded with dlopen)
 set(_deps_cli core client resilience relay plugin)
 
 # Which component's include/ holds a public header "diaspora/<name>".

@@ -225,3 +225,48 @@ def test_report_html_is_self_contained(tmp_path):
     assert "<svg" in html and "t.0 attempt 1" in html
     assert "<script" not in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
     assert "https://" not in html
+
+
+def test_resume_after_the_runner_is_killed_skips_finished_instances(tmp_path):
+    spec = rn.write_spec(tmp_path, """version: 1
+name: resume
+sites:
+  - {name: a, engine: local, workers: 2}
+tasks:
+  - name: burn
+    kind: cpu-burn
+    args: {seconds: 1.5, step: 0.25}
+    count: 6
+""")
+    out = tmp_path / "out"
+    p = subprocess.Popen([str(rn.DIASPORA), "run", str(spec), "--out", str(out)], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    done = 0
+    deadline = time.monotonic() + 60
+    for line in p.stdout:  # kill it once two instances are done and others are running
+        done += " done burn." in line
+        if done >= 2 and " start burn." in line or time.monotonic() > deadline:
+            break
+    time.sleep(0.3)  # the plugin publishes within its batch delay (what it had not sent dies with it)
+    p.kill()
+    p.wait(timeout=10)
+    assert not (out / "report.json").exists()
+    r = subprocess.run([str(rn.DIASPORA), "run", str(spec), "--resume", str(out)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = rn.report(out)
+    restored = [i for i in rep["instances"] if i.get("restored")]
+    rerun = [i for i in rep["instances"] if not i.get("restored")]
+    assert len(restored) >= 1 and len(restored) + len(rerun) == 6
+    assert all(i["attempts"] == [] and i["state"] == "completed" for i in restored)
+    assert all(i["state"] == "completed" and i["attempts"] for i in rerun)
+    # The log holds one completion per instance: nothing finished was run again.
+    events = rn.stored_events(out, "resume.events", 60)
+    completed = [e["subject"] for e in events if e["type"] == "org.diaspora.task.completed"]
+    assert sorted(completed) == sorted(f"burn.{k}" for k in range(6)), completed
+
+
+def test_resume_needs_a_run_folder(tmp_path):
+    spec = rn.write_spec(tmp_path, "version: 1\nname: s\n" + SITE)
+    p = subprocess.run([str(rn.DIASPORA), "run", str(spec), "--resume", str(tmp_path)], capture_output=True, text=True)
+    assert p.returncode == 2 and "not the output folder of a run" in p.stderr

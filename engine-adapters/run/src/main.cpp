@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
                "Docs: docs/run.md.",
                "diaspora run"};
   app.set_version_flag("--version", std::string("diaspora-run ") + diaspora::version_string);
-  std::string spec_file, out_dir, baseline, grace = "10s";
+  std::string spec_file, out_dir, baseline, grace = "10s", resume_dir;
   std::vector<std::string> sets;
   bool no_policies = false;
   app.add_option("spec", spec_file, "Workflow spec (YAML)")->required();
@@ -34,6 +34,8 @@ int main(int argc, char** argv) {
                                    "tasks/, the embedded relay's files");
   app.add_option("--set", sets, "Override a spec value: KEY=VALUE, e.g. tasks.burn.count=8, sites[0].workers=4 "
                                 "(repeatable; VALUE is YAML)");
+  app.add_option("--resume", resume_dir, "Resume the run in DIR (its --out) whose runner was killed: instances its "
+                                         "relay log shows completed are not run again")->excludes("--out");
   app.add_flag("--no-policies", no_policies, "Run without the spec's policies (no action is taken)");
   app.add_option("--baseline", baseline, "retry-after=DURATION: no policies; a task is retried only when it exits "
                                          "with an error or after DURATION without heartbeats (Parsl HTEX: 120s)");
@@ -75,6 +77,14 @@ int main(int argc, char** argv) {
     for (const auto& e : errors) std::cerr << e << "\n";
     std::cerr << errors.size() << (errors.size() == 1 ? " error" : " errors") << "; nothing was started\n";
     return 2;
+  }
+  if (!resume_dir.empty()) {
+    if (!std::filesystem::is_directory(std::filesystem::path(resume_dir) / "spool")) {
+      std::cerr << "error: --resume " << resume_dir << ": not the output folder of a run (no spool/ in it)\n";
+      return 2;
+    }
+    out_dir = resume_dir;
+    opt.resume = true;
   }
   if (out_dir.empty()) {
     char stamp[32];

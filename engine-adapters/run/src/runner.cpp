@@ -31,6 +31,7 @@
 #include "plugin_api.hpp"
 #include "process.hpp"
 #include "report.hpp"
+#include "resume.hpp"
 
 namespace diaspora::run {
 
@@ -114,6 +115,7 @@ struct Instance {
   std::string reason;
   json::object result;
   int copies = 0;
+  bool restored = false;  ///< completed in the run this one resumes
 };
 
 struct Slot {
@@ -164,6 +166,7 @@ struct Stream {
   std::size_t task = 0;
   double next_t = 0, end_t = 0, rate = 0;
   long created = 0, total = 0;
+  long first_index = 0;  ///< the index of its first instance (after a resume, past the earlier run's)
 };
 
 std::string fmt_time(double t) {
@@ -183,9 +186,15 @@ class Runner {
   double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
   std::int64_t wall_us(double t) const { return start_us_ + static_cast<std::int64_t>(t * 1e6); }
   void say(const std::string& line) {
+    erase_view();
     log_ << fmt_time(now()) << " " << line << "\n";
+    draw_view();
     log_.flush();
   }
+  // The live terminal view (stdout a terminal): a status block under the log lines.
+  void erase_view();
+  void draw_view();
+  double site_health(const Site& s, double t) const;
 
   // ---- setup
   void start_relay_and_plugin();
@@ -222,6 +231,10 @@ class Runner {
 
   // ---- attempts
   int add_instance(Instance inst);
+  void submit_instance(std::size_t task, long index);
+  bool restore(Instance& inst);
+  void read_prior();
+  void submit_hook(const Instance& inst, const Attempt& a);
   int queue_attempt(int ii, Attempt a);
   void stop_attempt(int ii, int ai, const std::string& outcome, const std::string& reason, bool report_failed);
   void attempt_ended(int ii, int ai, bool ok, const std::string& reason, bool lost = false);
@@ -263,6 +276,7 @@ class Runner {
   std::set<int> awaiting_;                       ///< instances waiting for the policies
   std::vector<std::pair<int, int>> lost_;        ///< baseline: attempts whose worker died unnoticed
   long open_ = 0;                                ///< instances not completed, failed or cancelled
+  PriorRun prior_;                               ///< --resume: what the log says happened before
   std::deque<std::pair<int, int>> queue_;  ///< (instance, attempt) waiting for a slot
   std::vector<Stream> streams_;
   std::vector<Fault> faults_;
@@ -271,6 +285,9 @@ class Runner {
   std::string stop_reason_;
   fs::path data_dir_, tasks_dir_, ckpt_dir_;
   json::object plugin_stats_;
+  int view_lines_ = 0;
+  double view_next_ = 0, view_events_t_ = 0, view_rate_ = 0;
+  std::uint64_t view_events_ = 0;
   bool relay_retry_said_ = false;
 };
 
@@ -362,24 +379,23 @@ void Runner::make_instances() {
       st.next_t = 0;
       st.end_t = ts.duration ? ts.duration->count() : 60.0;
       st.total = static_cast<long>(std::floor(st.end_t * st.rate + 1e-9));
+      // Resumed: the instances the earlier run submitted are restored or submitted again
+      // now; the stream goes on from the next one at its rate.
+      if (auto it = prior_.submitted.find(ts.name); it != prior_.submitted.end()) {
+        const long upto = std::min(it->second + 1, st.total);
+        for (long k = 0; k < upto; ++k) {
+          submit_instance(t, k);
+        }
+        st.end_t = std::max(0.0, st.end_t - static_cast<double>(upto) / st.rate);
+        st.total -= upto;
+        st.created = 0;
+        st.first_index = upto;
+      }
       streams_.push_back(st);
       continue;
     }
     for (long k = 0; k < ts.count; ++k) {
-      Instance inst;
-      inst.id = ts.name + "." + std::to_string(k);
-      inst.task = t;
-      inst.index = k;
-      inst.submitted_t = now();
-      const int ii = add_instance(std::move(inst));
-      Attempt a;
-      a.hook_id = insts_[static_cast<std::size_t>(ii)].id;
-      auto i = info(insts_[static_cast<std::size_t>(ii)], a);
-      i.name = ts.name.c_str();
-      i.attempt = 0;
-      if (ts.deadline) i.deadline_s = ts.deadline->count();
-      lib_->task_submitted(plugin_, &i);
-      queue_attempt(ii, std::move(a));
+      submit_instance(t, k);
     }
   }
 }
@@ -393,21 +409,7 @@ void Runner::generate_stream_instances() {
   }
   for (auto& st : streams_) {
     while (st.created < st.total && t >= st.next_t) {
-      const TaskSpec& ts = spec_.tasks[st.task];
-      Instance inst;
-      inst.id = ts.name + "." + std::to_string(st.created);
-      inst.task = st.task;
-      inst.index = st.created;
-      inst.submitted_t = t;
-      const int ii = add_instance(std::move(inst));
-      Attempt a;
-      a.hook_id = insts_.back().id;
-      auto i = info(insts_.back(), a);
-      i.name = ts.name.c_str();
-      i.attempt = 0;
-      if (ts.deadline) i.deadline_s = ts.deadline->count();
-      lib_->task_submitted(plugin_, &i);
-      queue_attempt(ii, std::move(a));
+      submit_instance(st.task, st.first_index + st.created);
       ++st.created;
       st.next_t += 1.0 / (st.rate * throttle_);
     }
@@ -464,6 +466,64 @@ void Runner::ack(const std::string& action_id, bool ok, const std::string& messa
 
 // ---- attempts -----------------------------------------------------------------------------------
 
+// --resume: an instance the earlier run completed is kept in the report, not run again.
+bool Runner::restore(Instance& inst) {
+  if (!prior_.completed.count(inst.id)) return false;
+  inst.state = InstState::completed;
+  inst.restored = true;
+  inst.reason = "completed in the run this one resumes";
+  insts_.push_back(std::move(inst));
+  index_[insts_.back().id] = static_cast<int>(insts_.size()) - 1;
+  return true;
+}
+
+// --resume: first the plugin delivers what the killed runner left in its spool, then the
+// workflow's events are read back from the relay.
+void Runner::read_prior() {
+  diaspora_stats st{};
+  st.struct_size = sizeof st;
+  for (const double until = now() + 30; now() < until; ::usleep(50000)) {
+    lib_->get_stats(plugin_, &st);
+    if (st.connected && st.spool_records == 0) break;
+  }
+  const std::string topic = spec_.relay.topic_prefix.value_or(spec_.name) + ".events";
+  fs::path ca, token;
+  if (relay_) {
+    ca = relay_->ca_file();
+    token = relay_->token_file();
+  } else {
+    ca = spec_.relay.ca_file ? in_.base_dir / *spec_.relay.ca_file : fs::path();
+    token = spec_.relay.token_file ? in_.base_dir / *spec_.relay.token_file : fs::path();
+  }
+  prior_ = read_prior_run(relay_url_, ca, token, topic);
+  say("resume: read " + std::to_string(prior_.events) + " events of " + topic + "; " +
+      std::to_string(prior_.completed.size()) + " instances completed before, not run again");
+}
+
+void Runner::submit_hook(const Instance& inst, const Attempt& a) {
+  const TaskSpec& ts = spec_.tasks[inst.task];
+  auto i = info(inst, a);
+  i.name = ts.name.c_str();
+  i.attempt = 0;
+  if (ts.deadline) i.deadline_s = ts.deadline->count();
+  lib_->task_submitted(plugin_, &i);
+}
+
+// Instance `index` of a task: restored (--resume) or submitted now, its first attempt queued.
+void Runner::submit_instance(std::size_t task, long index) {
+  Instance inst;
+  inst.id = spec_.tasks[task].name + "." + std::to_string(index);
+  inst.task = task;
+  inst.index = index;
+  inst.submitted_t = now();
+  if (restore(inst)) return;
+  const int ii = add_instance(std::move(inst));
+  Attempt a;
+  a.hook_id = insts_[static_cast<std::size_t>(ii)].id;
+  submit_hook(insts_[static_cast<std::size_t>(ii)], a);
+  queue_attempt(ii, std::move(a));
+}
+
 int Runner::add_instance(Instance inst) {
   insts_.push_back(std::move(inst));
   const int ii = static_cast<int>(insts_.size()) - 1;
@@ -475,9 +535,11 @@ int Runner::add_instance(Instance inst) {
 int Runner::queue_attempt(int ii, Attempt a) {
   Instance& inst = insts_[static_cast<std::size_t>(ii)];
   int n = 0;
+  if (auto it = prior_.attempts.find(a.hook_id); it != prior_.attempts.end()) n = it->second;
   for (const auto& x : inst.attempts)
     if (x.hook_id == a.hook_id) n = std::max(n, x.number);
   a.number = n + 1;
+  if (a.number > 1 && a.cause == "first attempt") a.cause = "resumed (the run it resumes had " + std::to_string(n) + ")";
   a.queued_t = now();
   a.outcome = "queued";
   inst.attempts.push_back(std::move(a));
@@ -507,6 +569,9 @@ Site* Runner::find_site(const std::string& name) {
 }
 
 double Runner::site_score(const Site& s, double t, const std::string& task) const {
+  // The baseline places by the declared speed and cost only, as an engine without
+  // Diaspora does (Parsl's HTEX takes any free worker).
+  if (opt_.baseline_retry_after_s) return s.spec->speed / (1.0 + 0.1 * s.spec->cost);
   const double decayed = s.penalty * std::exp(-(t - s.penalty_t) / 60.0);
   return s.spec->speed * observed_speed(s, t, task) / (1.0 + decayed) / (1.0 + 0.1 * s.spec->cost);
 }
@@ -515,6 +580,7 @@ double Runner::site_score(const Site& s, double t, const std::string& task) cons
 // engine's own measure, like a scheduler's duration estimates): 1 without recent data.
 double Runner::observed_speed(const Site& s, double t, const std::string& task) const {
   constexpr double kFresh = 30;  // seconds: older measurements say nothing about now
+  if (opt_.baseline_retry_after_s) return 1.0;
   auto it = s.step_time.find(task);
   if (it == s.step_time.end() || t - it->second.t > kFresh || it->second.fast <= 0) return 1.0;
   // The reference: this site's own longer-run step time, or the fastest site's recent one.
@@ -1371,6 +1437,64 @@ bool Runner::restart_relay() {
   }
 }
 
+void Runner::erase_view() {
+  if (!opt_.live_view || view_lines_ == 0) return;
+  log_ << "\x1b[" << view_lines_ << "F\x1b[J";
+  view_lines_ = 0;
+}
+
+double Runner::site_health(const Site& s, double t) const {
+  double speed = 1;
+  for (const auto& [task, st] : s.step_time) speed = std::min(speed, observed_speed(s, t, task));
+  return speed / (1.0 + s.penalty * std::exp(-(t - s.penalty_t) / 60.0));
+}
+
+void Runner::draw_view() {
+  if (!opt_.live_view || !lib_ || !plugin_) return;
+  const double t = now();
+  diaspora_stats st{};
+  st.struct_size = sizeof st;
+  lib_->get_stats(plugin_, &st);
+  if (t - view_events_t_ >= 1) {
+    view_rate_ = static_cast<double>(st.events_acked - view_events_) / std::max(1e-3, t - view_events_t_);
+    view_events_ = st.events_acked;
+    view_events_t_ = t;
+  }
+  long done = 0, failed = 0, running = 0;
+  for (const auto& inst : insts_) {
+    done += inst.state == InstState::completed;
+    failed += inst.state == InstState::failed;
+    running += inst.state == InstState::running;
+  }
+  std::ostringstream v;
+  char b[256];
+  std::snprintf(b, sizeof b, "\x1b[1m%s\x1b[0m  %.0f s  %zu instances: %ld done, %ld running, %zu queued, %ld failed  "
+                "%.0f events/s%s\n", spec_.name.c_str(), t, insts_.size(), done, running, queue_.size(), failed, view_rate_,
+                st.connected ? "" : "  (relay unreachable: spooling)");
+  v << b;
+  int lines = 1;
+  for (const auto& s : sites_) {
+    long busy = 0;
+    for (const auto& sl : s.slots) busy += sl.inst >= 0;
+    std::snprintf(b, sizeof b, "  %-16s running %ld/%zu  done %ld  failed %ld  health %.2f\n", s.spec->name.c_str(), busy,
+                  s.slots.size(), s.completed, s.failed, site_health(s, t));
+    v << b;
+    ++lines;
+  }
+  const std::size_t first = actions_.size() > 3 ? actions_.size() - 3 : 0;
+  for (std::size_t i = first; i < actions_.size(); ++i) {
+    const auto& a = actions_[i];
+    std::string line = "  " + fmt_time(a.received_t) + " " + a.kind + " " + a.task + " (" + a.outcome + "): " + a.reason;
+    if (line.size() > 150) line = line.substr(0, 147) + "...";
+    v << line << "\n";
+    ++lines;
+  }
+  log_ << v.str();
+  log_.flush();
+  view_lines_ = lines;
+  view_next_ = t + 0.5;
+}
+
 bool Runner::finished() const {
   for (const auto& st : streams_)
     if (st.created < st.total && !stopping_) return false;
@@ -1416,7 +1540,12 @@ void Runner::loop() {
       if (s.slow_factor > 1) next = std::min(next, std::max(0.0, s.next_toggle - now()));
     poll_io(next);
     reap();
+    if (opt_.live_view && now() >= view_next_) {
+      erase_view();
+      draw_view();
+    }
   }
+  erase_view();
 }
 
 // ---- the whole run ------------------------------------------------------------------------------
@@ -1452,6 +1581,7 @@ int Runner::run() {
     poll_io(0.05);
     reap();
   }
+  if (opt_.resume) read_prior();
   t0_ = std::chrono::steady_clock::now();
   start_us_ = now_us();
   make_instances();
@@ -1497,7 +1627,7 @@ int Runner::run() {
   // before the counters go into the report; close() then has nothing left to wait for.
   diaspora_stats st{};
   st.struct_size = sizeof st;
-  for (const double until = now() + 15; now() < until; ::usleep(50000)) {
+  for (const double drained_by = now() + 15; now() < drained_by; ::usleep(50000)) {
     lib_->get_stats(plugin_, &st);
     if (st.events_acked + st.events_lost + st.events_rejected >= st.events_accepted && st.spool_records == 0) break;
   }
@@ -1543,7 +1673,8 @@ void Runner::write_report(int exit_status) {
     json::object o{{"id", inst.id}, {"task", ts.name}, {"state", to_string(inst.state)},
                    {"submitted_s", opt_t(inst.submitted_t)}, {"end_s", opt_t(inst.end_t)}};
     if (!inst.reason.empty()) o["reason"] = inst.reason;
-    if (ts.deadline) {
+    if (inst.restored) o["restored"] = true;
+    if (ts.deadline && !inst.restored) {
       ++with_deadline;
       const bool met = inst.state == InstState::completed && inst.end_t - inst.submitted_t <= ts.deadline->count();
       misses += !met;

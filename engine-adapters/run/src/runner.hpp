@@ -24,6 +24,7 @@ struct RunOptions {
   double failure_grace_s = 10;   ///< a failed attempt waits this long for the policies' restart/migrate
   double heartbeat_s = 1.0;      ///< command tasks: the runner's heartbeat period
   bool live_view = false;        ///< redraw a status block (stdout is a terminal)
+  bool resume = false;           ///< out_dir holds a run to resume: skip what its log says completed
 };
 
 /// Runs the workflow. Returns the exit status: 0 every instance succeeded, 1 some failed
