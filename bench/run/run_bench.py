@@ -41,6 +41,11 @@ tasks:
     count: 4
     deadline: 60s
 policies:
+  - name: restart-failed
+    signal: task.failures
+    detector: threshold
+    threshold: 1
+    action: restart
   - name: restart-silent
     signal: task.heartbeat_gap
     detector: phi-accrual

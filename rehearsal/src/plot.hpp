@@ -1,4 +1,4 @@
-// A small, self-contained PNG line-chart writer (standard library + zlib only) used by the
+// A PNG line-chart writer (on core's diaspora/raster.hpp) used by the
 // continual-learning trainer to draw its task accuracy matrix as curves.png.
 #pragma once
 
@@ -36,15 +36,5 @@ void write_matrix_plot(const std::filesystem::path& file, const std::vector<std:
                        const std::string& title, const std::string& y_label, int width = 800,
                        int height = 520);
 
-/// Encodes RGB8 pixels (row-major, 3 bytes per pixel, no padding) as PNG bytes: signature,
-/// IHDR (bit depth 8, colour type 2, no interlace), a single IDAT holding every scanline with
-/// filter type 0 compressed by zlib's compress2, and IEND; chunk CRCs by zlib's crc32.
-///
-/// Thread safety: reentrant (pure function).
-///
-/// Errors: std::invalid_argument when width or height is not positive or rgb.size() !=
-/// width * height * 3, or the compressed data would not fit one PNG chunk (>= 2^31 bytes);
-/// std::runtime_error when zlib fails (e.g. out of memory).
-std::string encode_png_rgb(const std::vector<std::uint8_t>& rgb, int width, int height);
 
 }  // namespace diaspora::rehearsal

@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "diaspora/raster.hpp"
 #include "plot.hpp"
 
 namespace dr = diaspora::rehearsal;
@@ -124,7 +125,7 @@ TEST(RehearsalPlot, EncodeRoundTripsPixels) {
     std::vector<std::uint8_t> rgb(std::size_t(w) * std::size_t(h) * 3);
     std::mt19937 gen(unsigned(w * 100 + h));
     for (auto& b : rgb) b = std::uint8_t(gen());
-    const std::string png = dr::encode_png_rgb(rgb, w, h);
+    const std::string png = diaspora::encode_png_rgb(rgb, w, h);
     Decoded d;
     ASSERT_NO_FATAL_FAILURE(decode(png, &d));
     EXPECT_EQ(d.width, w);
@@ -135,7 +136,7 @@ TEST(RehearsalPlot, EncodeRoundTripsPixels) {
 
 TEST(RehearsalPlot, EncodeDetectsCorruptedCrcInOurChecker) {
   // Guards the checker itself: flipping a data byte must break the IHDR CRC comparison.
-  std::string png = dr::encode_png_rgb(std::vector<std::uint8_t>(2 * 2 * 3, 7), 2, 2);
+  std::string png = diaspora::encode_png_rgb(std::vector<std::uint8_t>(2 * 2 * 3, 7), 2, 2);
   const uLong good = crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(png.data() + 12), 17);
   png[16] ^= 1;  // a width byte
   const uLong bad = crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(png.data() + 12), 17);
@@ -144,10 +145,10 @@ TEST(RehearsalPlot, EncodeDetectsCorruptedCrcInOurChecker) {
 }
 
 TEST(RehearsalPlot, EncodeRejectsBadArguments) {
-  EXPECT_THROW(dr::encode_png_rgb(std::vector<std::uint8_t>(11), 2, 2), std::invalid_argument);
-  EXPECT_THROW(dr::encode_png_rgb(std::vector<std::uint8_t>(13), 2, 2), std::invalid_argument);
-  EXPECT_THROW(dr::encode_png_rgb({}, 0, 1), std::invalid_argument);
-  EXPECT_THROW(dr::encode_png_rgb({}, 1, -1), std::invalid_argument);
+  EXPECT_THROW(diaspora::encode_png_rgb(std::vector<std::uint8_t>(11), 2, 2), std::invalid_argument);
+  EXPECT_THROW(diaspora::encode_png_rgb(std::vector<std::uint8_t>(13), 2, 2), std::invalid_argument);
+  EXPECT_THROW(diaspora::encode_png_rgb({}, 0, 1), std::invalid_argument);
+  EXPECT_THROW(diaspora::encode_png_rgb({}, 1, -1), std::invalid_argument);
 }
 
 TEST_F(PlotFile, WritesDecodableColourfulChart) {

@@ -225,6 +225,10 @@ def test_report_html_is_self_contained(tmp_path):
     assert "<svg" in html and "t.0 attempt 1" in html
     assert "<script" not in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
     assert "https://" not in html
+    png = (out / "timeline.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and png[12:16] == b"IHDR"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert width >= 640 and 40 + 2 * 16 < height < 400
 
 
 def test_resume_after_the_runner_is_killed_skips_finished_instances(tmp_path):

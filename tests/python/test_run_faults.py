@@ -14,6 +14,11 @@ import run_harness as rn
 
 RESTART = """
 policies:
+  - name: restart-failed
+    signal: task.failures
+    detector: threshold
+    threshold: 1
+    action: restart
   - name: restart-silent
     signal: task.heartbeat_gap
     detector: phi-accrual
@@ -54,15 +59,21 @@ def test_kill_worker_and_hang_task_are_restarted_by_the_policy(tmp_path):
     for inst in (killed, hung):
         assert inst["state"] == "completed" and len(inst["attempts"]) == 2
         assert inst["attempts"][1]["cause"].startswith("restart (action ")
-    restarts = rn.actions(rep, "restart")
-    assert len(restarts) == 2 and all(a["outcome"] == "done" and a["origin"] == "local" for a in restarts), restarts
-    assert all("phi-accrual" in a["reason"] for a in restarts)
+    # The hung attempt, stopped for its restart, counts as a failure too: restart-failed may
+    # ask again, and is told its restart is not needed.
+    restarts = [a for a in rn.actions(rep, "restart") if a["outcome"] == "done"]
+    assert len(restarts) == 2 and all(a["origin"] == "local" for a in restarts), rep["actions"]
+    assert all(a["outcome"] == "done" or a["message"].startswith("not needed: a new attempt")
+               for a in rn.actions(rep, "restart")), rep["actions"]
+    by_task = {a["task"]: a["reason"] for a in restarts}
+    assert by_task[killed["id"]].startswith("restart-failed: task.failures"), by_task  # the failure, at once
+    assert by_task[hung["id"]].startswith("restart-silent: task.heartbeat_gap") and "phi-accrual" in by_task[hung["id"]]
     for f in (kill, hang):
-        assert 0 < f["hit"][0]["reaction_s"] < 10, f  # bench/run measures it; here: it recovered
+        assert 0 < f["hit"][0]["reaction_s"] < 20, f  # bench/run measures it; here: it recovered
     # The acknowledgements reached the relay as action.done events.
     events = rn.stored_events(out, "faults.events", rep["plugin"]["stats"]["events_acked"])
     done = [e["data"] for e in events if e["type"] == "org.diaspora.action.done"]
-    assert sorted(d["status"] for d in done) == ["done", "done"], done
+    assert [d["status"] for d in done].count("done") == 2, done
     injected = [e for e in events if e["type"] == "org.diaspora.resource.status" and e["data"]["state"] in ("down", "degraded")]
     assert len(injected) == 2  # each fault is an event
 
@@ -76,7 +87,8 @@ def test_baseline_waits_for_heartbeat_silence(tmp_path):
     assert rep["mode"] == "baseline" and rep["actions"] == []
     inst = rn.instance(rep, "burn.0")
     assert len(inst["attempts"]) == 2 and inst["attempts"][0]["reason"].startswith("no heartbeat for 4 s")
-    assert 4 <= rep["faults"][0]["hit"][0]["reaction_s"] < 10
+    # retried once the last heartbeat (before the kill, up to a step earlier) is 4 s old
+    assert 3 <= rep["faults"][0]["hit"][0]["reaction_s"] < 15
 
 
 def test_slow_site_is_migrated_off(tmp_path):
@@ -103,7 +115,7 @@ policies:
     assert inst["attempts"][0]["outcome"] == "stopped" and "migration to b" in inst["attempts"][0]["reason"]
     (mig,) = rn.actions(rep, "migrate")
     assert mig["outcome"] == "done" and mig["target_site"] == "b" and "ewma" in mig["reason"]
-    assert rep["faults"][0]["hit"][0]["reaction_s"] < 10
+    assert rep["faults"][0]["hit"][0]["reaction_s"] < 30  # (bench/run measures it on a quiet machine)
 
 
 def test_speculative_copy_wins_and_the_original_is_cancelled(tmp_path):

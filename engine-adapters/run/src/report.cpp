@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "diaspora/files.hpp"
+#include "diaspora/raster.hpp"
 
 namespace diaspora::run {
 
@@ -206,9 +207,92 @@ std::string report_html(const json::object& r) {
   return h.str();
 }
 
+std::string timeline_png(const json::object& r) {
+  const double duration = std::max(1.0, num(r, "duration_s", 1));
+  std::vector<std::string> lanes;
+  std::map<std::string, int> lane_of;
+  for (const auto& s : arr(r, "sites")) {
+    const auto& so = s.as_object();
+    for (long i = 0; i < static_cast<long>(num(so, "workers", 1)); ++i) {
+      const std::string name = str(so, "name") + "/worker-" + std::to_string(i);
+      lane_of[name] = static_cast<int>(lanes.size());
+      lanes.push_back(name);
+    }
+  }
+  int label_w = 0;
+  for (const auto& l : lanes) label_w = std::max(label_w, Raster::text_width(l, 1));
+  const int lane_h = 16, top = 40, left = label_w + 16, width = std::max(640, left + 900);
+  const int lanes_n = std::max<int>(1, static_cast<int>(lanes.size()));
+  const int height = std::min(16000, top + lanes_n * lane_h + 64), right = width - 16;
+  Raster c(width, height);
+  auto x_of = [&](double t) { return left + static_cast<int>(std::lround(t / duration * (right - left))); };
+  const Rgb black{0, 0, 0}, grid{225, 225, 225}, fault{255, 205, 210}, action{106, 27, 154};
+  auto outcome_rgb = [](const std::string& o) -> Rgb {
+    if (o == "completed") return {46, 125, 50};
+    if (o == "failed") return {198, 40, 40};
+    if (o == "stopped") return {239, 108, 0};
+    if (o == "cancelled") return {117, 117, 117};
+    return {21, 101, 192};
+  };
+  const int bottom = top + lanes_n * lane_h;
+  for (const auto& f : arr(r, "faults")) {  // bands first, under the bars
+    const auto& fo = f.as_object();
+    const double s0 = num(fo, "start_s");
+    if (s0 < 0) continue;
+    double e = num(fo, "end_s");
+    if (e < 0) e = std::min(duration, s0 + duration / 200);
+    int y0 = top, y1 = bottom;
+    if (str(fo, "kind") == "slow-site") {
+      int first = -1, last = -1;
+      for (std::size_t i = 0; i < lanes.size(); ++i)
+        if (lanes[i].starts_with(str(fo, "site") + "/")) {
+          if (first < 0) first = static_cast<int>(i);
+          last = static_cast<int>(i);
+        }
+      if (first >= 0) y0 = top + first * lane_h, y1 = top + (last + 1) * lane_h;
+    }
+    c.fill_rect(x_of(s0), y0, std::max(2, x_of(e) - x_of(s0)), y1 - y0, fault);
+    c.text(x_of(s0), top - 24, str(fo, "kind"), 1, {183, 28, 28});
+  }
+  for (std::size_t i = 0; i < lanes.size(); ++i) {
+    const int y = top + static_cast<int>(i) * lane_h;
+    c.text(4, y + 4, lanes[i], 1, black);
+    c.line(left, y + lane_h, right, y + lane_h, grid);
+  }
+  for (const auto& i : arr(r, "instances"))
+    for (const auto& a : arr(i.as_object(), "attempts")) {
+      const auto& ao = a.as_object();
+      const double s0 = num(ao, "start_s");
+      auto it = lane_of.find(str(ao, "worker"));
+      if (s0 < 0 || it == lane_of.end()) continue;
+      double e = num(ao, "end_s");
+      if (e < 0) e = duration;
+      c.fill_rect(x_of(s0), top + it->second * lane_h + 3, std::max(1, x_of(e) - x_of(s0) - 1), lane_h - 6,
+                  outcome_rgb(str(ao, "outcome")));
+    }
+  for (const auto& a : arr(r, "actions")) {
+    const double t = num(a.as_object(), "received_s");
+    if (t < 0) continue;
+    const int x = x_of(t);
+    for (int k = 0; k < 8; ++k) c.line(x - k / 2, bottom + 4 + k, x + k / 2, bottom + 4 + k, action);
+  }
+  c.line(left, bottom, right, bottom, black);
+  for (int k = 0; k <= 10; ++k) {
+    const double t = duration * k / 10;
+    const std::string label = fixed(t, 0) + "s";
+    c.line(x_of(t), bottom, x_of(t), bottom + 3, black);
+    c.text(x_of(t) - Raster::text_width(label, 1) / 2, bottom + 16, label, 1, black);
+  }
+  const std::string title = str(r, "workflow") + ": attempts per worker (green completed, red failed, orange stopped, "
+                            "grey cancelled), faults shaded, actions marked below";
+  c.text(4, 6, title, 1, black);
+  return c.png();
+}
+
 void write_report_files(const std::filesystem::path& dir, const json::object& report) {
   write_file_atomic(dir / "report.json", json::serialize(report) + "\n", 0644, Durability::file);
   write_file_atomic(dir / "report.html", report_html(report), 0644, Durability::file);
+  write_file_atomic(dir / "timeline.png", timeline_png(report), 0644, Durability::file);
 }
 
 }  // namespace diaspora::run

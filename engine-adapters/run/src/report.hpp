@@ -7,14 +7,19 @@
 #include <boost/json/object.hpp>
 
 #include <filesystem>
+#include <string>
 
 namespace diaspora::run {
 
-/// Writes DIR/report.json and DIR/report.html from the report object (atomically, each).
+/// Writes DIR/report.json, DIR/report.html and DIR/timeline.png from the report object
+/// (atomically, each).
 /// Throws diaspora::Error when a file cannot be written. Runner thread.
 void write_report_files(const std::filesystem::path& dir, const boost::json::object& report);
 
 /// The HTML page for a report object (exposed for tests).
 std::string report_html(const boost::json::object& report);
+
+/// timeline.png for a report object: the same per-worker timeline as the page, as PNG bytes.
+std::string timeline_png(const boost::json::object& report);
 
 }  // namespace diaspora::run

@@ -989,7 +989,8 @@ void Runner::carry_out(const diaspora_action& a, ActionRecord& rec) {
       bool queued_one = false;
       for (std::size_t k = 0; k < inst.attempts.size(); ++k)
         queued_one |= inst.attempts[k].hook_id == cur.hook_id && inst.attempts[k].outcome == "queued";
-      if (queued_one && !migrate) return ack(a.id, true, "a new attempt of " + cur.hook_id + " is already waiting for a worker");
+      if (queued_one && !migrate)  // e.g. a second policy reacting to the same trouble
+        return ack(a.id, false, "not needed: a new attempt of " + cur.hook_id + " is already waiting for a worker");
       const std::string from = cur.site;
       if (cur.live() && a.site[0] != '\0' && from != a.site)  // decided on an attempt that has moved since
         return ack(a.id, false, cur.hook_id + " is no longer on " + a.site + " (attempt " + std::to_string(cur.number) +
