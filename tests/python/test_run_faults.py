@@ -135,12 +135,13 @@ policies:
     assert p.returncode == 0, p.stdout + p.stderr
     rep = rn.report(out)
     inst = rn.instance(rep, "burn.0")
-    orig, copy = inst["attempts"]
+    orig, copy = inst["attempts"][:2]
     assert copy["id"] == "burn.0@copy1" and copy["speculative"] and copy["site"] == "b"
-    assert copy["outcome"] == "completed"
+    # (On a loaded machine the copy's own heartbeats may stall long enough for a copy of it.)
+    (winner,) = [a for a in inst["attempts"] if a["outcome"] == "completed"]
+    assert winner["speculative"] and winner["id"].startswith("burn.0@copy")
     assert orig["outcome"] == "cancelled" and "finished first" in orig["reason"]
-    (spec_action,) = rn.actions(rep, "speculate")
-    assert spec_action["outcome"] == "done"
+    assert rn.actions(rep, "speculate")[0]["outcome"] == "done"
 
 
 def test_checkpoint_then_restart_resumes_from_it(tmp_path):
