@@ -5,16 +5,11 @@
 #include <system_error>
 
 #include "diaspora/error.hpp"
+#include "process.hpp"
 
 namespace diaspora::run {
 
 namespace {
-
-std::filesystem::path self_dir() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::filesystem::path() : p.parent_path();
-}
 
 template <class F>
 bool resolve(void* dl, const char* name, F& out, std::string& missing) {
@@ -73,7 +68,7 @@ std::string try_load(const std::filesystem::path& path, PluginLibrary& lib) {
 
 std::vector<std::filesystem::path> default_plugin_candidates() {
   std::vector<std::filesystem::path> out;
-  const auto dir = self_dir();
+  const auto dir = self_executable().parent_path();
   if (!dir.empty()) {
     out.push_back(dir / "libdiaspora_plugin.so");
     out.push_back(dir.parent_path() / "lib" / "libdiaspora_plugin.so");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <sstream>
 #include <vector>
@@ -55,39 +56,65 @@ std::string fixed(double x, int digits = 1) {
   return b;
 }
 
-const char* colour(const std::string& outcome) {
-  if (outcome == "completed") return "#2e7d32";
-  if (outcome == "failed") return "#c62828";
-  if (outcome == "stopped") return "#ef6c00";
-  if (outcome == "cancelled") return "#757575";
-  return "#1565c0";  // running (at the end of an interrupted run)
+// An attempt's colour by outcome (the page uses its hex form).
+Rgb outcome_colour(const std::string& outcome) {
+  if (outcome == "completed") return {46, 125, 50};
+  if (outcome == "failed") return {198, 40, 40};
+  if (outcome == "stopped") return {239, 108, 0};
+  if (outcome == "cancelled") return {117, 117, 117};
+  return {21, 101, 192};  // running (at the end of an interrupted run)
 }
+
+std::string hex(Rgb c) {
+  char b[8];
+  std::snprintf(b, sizeof b, "#%02x%02x%02x", c.r, c.g, c.b);
+  return b;
+}
+
+// The timeline's rows, shared by the page and the PNG: one per worker of each site, in the
+// sites' order.
+struct Lanes {
+  std::vector<std::string> names;
+  std::map<std::string, int> index;  ///< "site/worker-N" -> row
+
+  explicit Lanes(const json::object& r) {
+    for (const auto& s : arr(r, "sites")) {
+      const auto& so = s.as_object();
+      for (long i = 0; i < static_cast<long>(num(so, "workers", 1)); ++i) {
+        const std::string name = str(so, "name") + "/worker-" + std::to_string(i);
+        index[name] = static_cast<int>(names.size());
+        names.push_back(name);
+      }
+    }
+  }
+  int size() const { return static_cast<int>(names.size()); }
+  /// The rows [first, end) a fault's band covers: its site's workers for slow-site, else all.
+  std::pair<int, int> fault_rows(const json::object& fault) const {
+    int first = -1, last = -1;
+    if (str(fault, "kind") == "slow-site")
+      for (int i = 0; i < size(); ++i)
+        if (names[static_cast<std::size_t>(i)].starts_with(str(fault, "site") + "/")) {
+          if (first < 0) first = i;
+          last = i;
+        }
+    return first < 0 ? std::pair{0, size()} : std::pair{first, last + 1};
+  }
+};
 
 }  // namespace
 
 std::string report_html(const json::object& r) {
   const double duration = std::max(1.0, num(r, "duration_s", 1));
-  // Lanes: one per worker that ran something, grouped by site in the sites' order.
-  std::vector<std::string> lanes;
-  std::map<std::string, int> lane_of;
-  for (const auto& s : arr(r, "sites")) {
-    const auto& so = s.as_object();
-    const long w = static_cast<long>(num(so, "workers", 1));
-    for (long i = 0; i < w; ++i) {
-      const std::string name = str(so, "name") + "/worker-" + std::to_string(i);
-      lane_of[name] = static_cast<int>(lanes.size());
-      lanes.push_back(name);
-    }
-  }
+  const Lanes lanes(r);
   const int left = 170, width = 1000, lane_h = 18, top = 30;
-  const int height = top + static_cast<int>(lanes.size()) * lane_h + 40;
+  const int height = top + lanes.size() * lane_h + 40;
   auto x_of = [&](double t) { return left + static_cast<int>(std::lround(t / duration * width)); };
   std::ostringstream svg;
   svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << left + width + 20 << "' height='" << height
       << "' font-family='sans-serif' font-size='11'>\n";
-  for (std::size_t i = 0; i < lanes.size(); ++i) {
-    const int y = top + static_cast<int>(i) * lane_h;
-    svg << "<text x='4' y='" << y + 13 << "'>" << esc(lanes[i]) << "</text>"
+  for (int i = 0; i < lanes.size(); ++i) {
+    const int y = top + i * lane_h;
+    svg << "<text x='4' y='" << y + 13 << "'>" << esc(lanes.names[static_cast<std::size_t>(i)]) << "</text>"
         << "<line x1='" << left << "' x2='" << left + width << "' y1='" << y + lane_h << "' y2='" << y + lane_h
         << "' stroke='#eee'/>\n";
   }
@@ -98,17 +125,9 @@ std::string report_html(const json::object& r) {
     if (s < 0) continue;
     double e = num(fo, "end_s");
     if (e < 0) e = std::min(duration, s + duration / 200);
-    const std::string site = str(fo, "site"), kind = str(fo, "kind");
-    int y0 = top, y1 = top + static_cast<int>(lanes.size()) * lane_h;
-    if (!site.empty() && kind == "slow-site") {
-      int first = -1, last = -1;
-      for (std::size_t i = 0; i < lanes.size(); ++i)
-        if (lanes[i].starts_with(site + "/")) {
-          if (first < 0) first = static_cast<int>(i);
-          last = static_cast<int>(i);
-        }
-      if (first >= 0) y0 = top + first * lane_h, y1 = top + (last + 1) * lane_h;
-    }
+    const std::string kind = str(fo, "kind");
+    const auto [first, end] = lanes.fault_rows(fo);
+    const int y0 = top + first * lane_h, y1 = top + end * lane_h;
     svg << "<rect x='" << x_of(s) << "' y='" << y0 << "' width='" << std::max(2, x_of(e) - x_of(s)) << "' height='"
         << y1 - y0 << "' fill='#ffcdd2' opacity='0.6'><title>" << esc(kind + " " + str(fo, "target")) << "</title></rect>"
         << "<text x='" << x_of(s) << "' y='" << top - 6 << "' fill='#b71c1c'>" << esc(kind) << "</text>\n";
@@ -121,12 +140,12 @@ std::string report_html(const json::object& r) {
       if (s < 0) continue;
       double e = num(ao, "end_s");
       if (e < 0) e = duration;
-      auto it = lane_of.find(str(ao, "worker"));
-      if (it == lane_of.end()) continue;
+      auto it = lanes.index.find(str(ao, "worker"));
+      if (it == lanes.index.end()) continue;
       const int y = top + it->second * lane_h + 3;
       const std::string outcome = str(ao, "outcome");
       svg << "<rect x='" << x_of(s) << "' y='" << y << "' width='" << std::max(1, x_of(e) - x_of(s) - 1) << "' height='"
-          << lane_h - 6 << "' fill='" << colour(outcome) << "'><title>"
+          << lane_h - 6 << "' fill='" << hex(outcome_colour(outcome)) << "'><title>"
           << esc(str(ao, "id") + " attempt " + str(ao, "number") + ": " + outcome + " (" + str(ao, "cause") + ") " +
                  str(ao, "reason"))
           << "</title></rect>\n";
@@ -136,7 +155,7 @@ std::string report_html(const json::object& r) {
     const auto& ao = a.as_object();
     const double t = num(ao, "received_s");
     if (t < 0) continue;
-    const int x = x_of(t), y = top + static_cast<int>(lanes.size()) * lane_h + 4;
+    const int x = x_of(t), y = top + lanes.size() * lane_h + 4;
     svg << "<path d='M" << x << " " << y << " l-5 10 h10 z' fill='#6a1b9a'><title>"
         << esc(str(ao, "kind") + " " + str(ao, "task") + " -> " + str(ao, "target_site") + " (" + str(ao, "outcome") +
                "): " + str(ao, "reason"))
@@ -209,31 +228,15 @@ std::string report_html(const json::object& r) {
 
 std::string timeline_png(const json::object& r) {
   const double duration = std::max(1.0, num(r, "duration_s", 1));
-  std::vector<std::string> lanes;
-  std::map<std::string, int> lane_of;
-  for (const auto& s : arr(r, "sites")) {
-    const auto& so = s.as_object();
-    for (long i = 0; i < static_cast<long>(num(so, "workers", 1)); ++i) {
-      const std::string name = str(so, "name") + "/worker-" + std::to_string(i);
-      lane_of[name] = static_cast<int>(lanes.size());
-      lanes.push_back(name);
-    }
-  }
+  const Lanes lanes(r);
   int label_w = 0;
-  for (const auto& l : lanes) label_w = std::max(label_w, Raster::text_width(l, 1));
+  for (const auto& l : lanes.names) label_w = std::max(label_w, Raster::text_width(l, 1));
   const int lane_h = 16, top = 40, left = label_w + 16, width = std::max(640, left + 900);
-  const int lanes_n = std::max<int>(1, static_cast<int>(lanes.size()));
+  const int lanes_n = std::max(1, lanes.size());
   const int height = std::min(16000, top + lanes_n * lane_h + 64), right = width - 16;
   Raster c(width, height);
   auto x_of = [&](double t) { return left + static_cast<int>(std::lround(t / duration * (right - left))); };
   const Rgb black{0, 0, 0}, grid{225, 225, 225}, fault{255, 205, 210}, action{106, 27, 154};
-  auto outcome_rgb = [](const std::string& o) -> Rgb {
-    if (o == "completed") return {46, 125, 50};
-    if (o == "failed") return {198, 40, 40};
-    if (o == "stopped") return {239, 108, 0};
-    if (o == "cancelled") return {117, 117, 117};
-    return {21, 101, 192};
-  };
   const int bottom = top + lanes_n * lane_h;
   for (const auto& f : arr(r, "faults")) {  // bands first, under the bars
     const auto& fo = f.as_object();
@@ -241,34 +244,26 @@ std::string timeline_png(const json::object& r) {
     if (s0 < 0) continue;
     double e = num(fo, "end_s");
     if (e < 0) e = std::min(duration, s0 + duration / 200);
-    int y0 = top, y1 = bottom;
-    if (str(fo, "kind") == "slow-site") {
-      int first = -1, last = -1;
-      for (std::size_t i = 0; i < lanes.size(); ++i)
-        if (lanes[i].starts_with(str(fo, "site") + "/")) {
-          if (first < 0) first = static_cast<int>(i);
-          last = static_cast<int>(i);
-        }
-      if (first >= 0) y0 = top + first * lane_h, y1 = top + (last + 1) * lane_h;
-    }
+    const auto [first, end] = lanes.fault_rows(fo);
+    const int y0 = top + first * lane_h, y1 = top + std::max(end, 1) * lane_h;
     c.fill_rect(x_of(s0), y0, std::max(2, x_of(e) - x_of(s0)), y1 - y0, fault);
     c.text(x_of(s0), top - 24, str(fo, "kind"), 1, {183, 28, 28});
   }
-  for (std::size_t i = 0; i < lanes.size(); ++i) {
-    const int y = top + static_cast<int>(i) * lane_h;
-    c.text(4, y + 4, lanes[i], 1, black);
+  for (int i = 0; i < lanes.size(); ++i) {
+    const int y = top + i * lane_h;
+    c.text(4, y + 4, lanes.names[static_cast<std::size_t>(i)], 1, black);
     c.line(left, y + lane_h, right, y + lane_h, grid);
   }
   for (const auto& i : arr(r, "instances"))
     for (const auto& a : arr(i.as_object(), "attempts")) {
       const auto& ao = a.as_object();
       const double s0 = num(ao, "start_s");
-      auto it = lane_of.find(str(ao, "worker"));
-      if (s0 < 0 || it == lane_of.end()) continue;
+      auto it = lanes.index.find(str(ao, "worker"));
+      if (s0 < 0 || it == lanes.index.end()) continue;
       double e = num(ao, "end_s");
       if (e < 0) e = duration;
       c.fill_rect(x_of(s0), top + it->second * lane_h + 3, std::max(1, x_of(e) - x_of(s0) - 1), lane_h - 6,
-                  outcome_rgb(str(ao, "outcome")));
+                  outcome_colour(str(ao, "outcome")));
     }
   for (const auto& a : arr(r, "actions")) {
     const double t = num(a.as_object(), "received_s");

@@ -225,6 +225,7 @@ class Runner {
   void duty_cycle_tick();
   void command_heartbeats();
   void baseline_checks();
+  void baseline_retry(int ii, const std::string& cause, const std::string& why);
   void awaiting_checks();
   bool finished() const;
   bool restart_relay();
@@ -899,15 +900,7 @@ void Runner::attempt_ended(int ii, int ai, bool ok, const std::string& reason, b
   for (const auto& x : inst.attempts) others_alive |= x.live() || x.outcome == "queued";
   if (opt_.baseline_retry_after_s) {
     hook_failed(inst, a, true);
-    if (others_alive) return;
-    if (inst.attempts.size() < 3 && !stopping_) {
-      Attempt n;
-      n.hook_id = inst.id;
-      n.cause = "baseline: retry after an error";
-      queue_attempt(ii, std::move(n));
-    } else {
-      instance_final(ii, InstState::failed, reason + " (3 attempts)");
-    }
+    if (!others_alive) baseline_retry(ii, "baseline: retry after an error", reason);
     return;
   }
   const bool recoverable = policy_can_recover(inst) && !stopping_;
@@ -1399,14 +1392,20 @@ void Runner::baseline_checks() {
       stop_attempt(ii, ai, "failed", why, true);
     }
     say("baseline: " + a.hook_id + " " + why);
-    if (inst.attempts.size() < 3 && !stopping_) {
-      Attempt n;
-      n.hook_id = inst.id;
-      n.cause = "baseline: retry after heartbeat silence";
-      queue_attempt(ii, std::move(n));
-    } else {
-      instance_final(ii, InstState::failed, why + " (3 attempts)");
-    }
+    baseline_retry(ii, "baseline: retry after heartbeat silence", why);
+  }
+}
+
+// The baseline's retry: a new attempt while the instance has had fewer than 3, else it fails.
+void Runner::baseline_retry(int ii, const std::string& cause, const std::string& why) {
+  Instance& inst = insts_[static_cast<std::size_t>(ii)];
+  if (inst.attempts.size() < 3 && !stopping_) {
+    Attempt n;
+    n.hook_id = inst.id;
+    n.cause = cause;
+    queue_attempt(ii, std::move(n));
+  } else {
+    instance_final(ii, InstState::failed, why + " (3 attempts)");
   }
 }
 
