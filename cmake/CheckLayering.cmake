@@ -16,7 +16,7 @@ set(_deps_client core)
 set(_deps_relay core)
 set(_deps_resilience core)
 set(_deps_plugin core client resilience)
-set(_deps_rehearsal core plugin)
+set(_deps_rehearsal core client plugin)  # client: ptycho-stream reads its scans' events back
 set(_deps_engine-adapters core client relay resilience plugin)  # plugin: its C header only (loaded with dlopen)
 set(_deps_cli core client resilience relay plugin)
 

@@ -181,6 +181,7 @@ struct RefChecker {
     std::map<std::string, Path> sites, jobs, policies;
     collect("sites", sites);
     collect("tasks", jobs);
+    const std::map<std::string, Path> tasks_only = jobs;
     collect("rehearsal", jobs);  // tasks and rehearsal jobs share one namespace
     collect("policies", policies);
     std::map<std::string, Path> targets = sites;
@@ -191,6 +192,18 @@ struct RefChecker {
     refs("policies", "targets", targets, "target");
     refs("policies", "to_sites", sites, "site");
     refs("rehearsal", "site", sites, "site");
+    refs("rehearsal", "stream", tasks_only, "task");
+    if (const json::array* jobs_list = section("rehearsal")) {
+      for (std::size_t i = 0; i < jobs_list->size(); ++i) {
+        const json::string* ds = str_field((*jobs_list)[i], "dataset");
+        const bool has_stream = (*jobs_list)[i].is_object() && (*jobs_list)[i].get_object().contains("stream");
+        if (ds && *ds == "ptycho-stream" && !has_stream)
+          report(Path{std::string("rehearsal"), i, std::string("dataset")},
+                 "ptycho-stream needs 'stream': the task whose data.arrived scans the job trains on");
+        if (ds && *ds != "ptycho-stream" && has_stream)
+          report(Path{std::string("rehearsal"), i, std::string("stream")}, "'stream' is for dataset ptycho-stream only");
+      }
+    }
     refs("faults", "site", sites, "site");
     refs("faults", "task", jobs, "task");
 
@@ -365,6 +378,7 @@ WorkflowSpec build(const YamlDocument& doc, std::string file) {
     j.site = opt_str(o, "site");
     if (auto s = opt_str(o, "config")) j.config = *s;
     j.dataset = get_str(o, "dataset");
+    j.stream = opt_str(o, "stream");
     j.strategy = get_str(o, "strategy");
     if (auto n = opt_num(o, "buffer_size")) j.buffer_size = static_cast<std::int64_t>(*n);
     j.world_size = get_int(o, "world_size", 1);

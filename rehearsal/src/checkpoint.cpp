@@ -52,7 +52,11 @@ json::object Job::stream_identity() const {
                  {"batch_size", cfg_.train.batch_size},
                  {"train_per_task", d.train_per_task},
                  {"test_per_task", d.test_per_task}};
-  if (data_.classification) {
+  if (d.name == "ptycho-stream") {  // the relay's address may change between runs; its log's content does not
+    o["topic"] = d.topic;
+    o["stream"] = d.stream;
+    o["test_every"] = d.test_every;
+  } else if (data_.classification) {
     o["classes_per_task"] = d.classes_per_task;
   } else {
     o["patch"] = d.patch;
@@ -179,7 +183,7 @@ void Job::save_checkpoint(const std::string& why, bool background) {
     m["reason"] = why;
     m["elapsed_s"] = elapsed_before_ + seconds_since(started_);
     json::array mat;
-    for (const auto& row : matrix_) mat.push_back(json::value_from(row));
+    for (const auto& row : matrix_) mat.push_back(row_json(row));
     m["matrix"] = mat;
     manifest = json::serialize(m) + "\n";
   }
@@ -332,7 +336,7 @@ void Job::load_checkpoint(const fs::path& from) {
     pos_.batch = m.at("batch").to_number<std::int64_t>();
     elapsed_before_ = m.at("elapsed_s").to_number<double>();
     matrix_.clear();
-    for (const auto& row : m.at("matrix").as_array()) matrix_.push_back(json::value_to<std::vector<double>>(row));
+    for (const auto& row : m.at("matrix").as_array()) matrix_.push_back(row_from_json(row));
     old_world = m.at("world_size").to_number<int>();
   } catch (const RehearsalError&) {
     throw;
@@ -341,7 +345,7 @@ void Job::load_checkpoint(const fs::path& from) {
                          " is not a diaspora-train manifest (a field is missing or of the wrong type: " + e.what() + ")");
   }
   if (old_world < 1 || pos_.step < 0 || pos_.task < 0 || pos_.task > cfg_.dataset.tasks || pos_.epoch < 0 ||
-      pos_.batch < 0 || (pos_.task < cfg_.dataset.tasks && pos_.batch > steps_per_epoch_at(pos_.task, old_world)))
+      pos_.batch < 0 || (pos_.task < static_cast<int>(data_.train.size()) && pos_.batch > steps_per_epoch_at(pos_.task, old_world)))
     throw RehearsalError("checkpoint " + (dir / "manifest.json").string() + " holds an impossible position (world " +
                          std::to_string(old_world) + ", task " + std::to_string(pos_.task) + ", step " +
                          std::to_string(pos_.step) + ")");

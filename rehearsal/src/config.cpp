@@ -186,6 +186,12 @@ TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view
     if (const auto* v = o.if_contains("photons")) ds.photons = num(*v);
     if (const auto* v = o.if_contains("test_every")) ds.test_every = static_cast<int>(i64(*v));
     if (const auto* v = o.if_contains("probe_drift")) ds.probe_drift = num(*v);
+    if (const auto* v = o.if_contains("relay")) ds.relay = str(*v);
+    if (const auto* v = o.if_contains("topic")) ds.topic = str(*v);
+    if (const auto* v = o.if_contains("stream")) ds.stream = str(*v);
+    if (const auto* v = o.if_contains("ca_file")) ds.ca_file = str(*v);
+    if (const auto* v = o.if_contains("token_file")) ds.token_file = str(*v);
+    if (const auto* v = o.if_contains("wait")) ds.wait_s = num(*v);
   }
   if (const auto* t = root.if_contains("train")) {
     const json::object& o = t->as_object();
@@ -223,6 +229,15 @@ TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view
     if (ds.object_size < ds.patch) fail("dataset.object_size", "must be at least dataset.patch");
     if (ds.scan_step >= ds.patch) fail("dataset.scan_step", "must be below dataset.patch (overlapping scan)");
   }
+  if (ds.name == "ptycho-stream") {
+    for (const auto& [key, value] : {std::pair<const char*, const std::string*>{"relay", &ds.relay}, {"topic", &ds.topic},
+                                     {"stream", &ds.stream}, {"ca_file", &ds.ca_file}, {"token_file", &ds.token_file}})
+      if (value->empty())
+        fail(ds_given ? "dataset" : "", std::string("ptycho-stream needs dataset.") + key +
+                                            " (the relay, topic and data stream whose scans it trains on: docs/rehearsal.md)");
+  } else if (!ds.relay.empty() || !ds.topic.empty() || !ds.stream.empty()) {
+    fail("dataset", "relay, topic and stream are keys of dataset.name: ptycho-stream only");
+  }
   throw_if_any(std::move(diags), overrides);
   return c;
 }
@@ -237,6 +252,8 @@ TrainerConfig load_trainer_config_file(const std::filesystem::path& file, const 
   resolve(c.plugin_spec);
   resolve(c.dataset.dir);
   resolve(c.checkpoint_dir);
+  resolve(c.dataset.ca_file);
+  resolve(c.dataset.token_file);
   return c;
 }
 

@@ -35,6 +35,7 @@
 #include "diaspora/datasets.hpp"
 #include "diaspora/files.hpp"
 #include "diaspora/rehearsal.hpp"
+#include "diaspora/scan_file.hpp"
 #include "diaspora/thread_name.hpp"
 #include "diaspora/trainer.hpp"
 #include "plugin_link.hpp"
@@ -46,6 +47,8 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace detail {
+
+class ScanFeed;
 
 inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -122,6 +125,24 @@ torch::Tensor first_rows(const torch::Tensor& t, std::int64_t limit);
 
 Stream load_stream(const TrainerConfig& cfg);
 
+/// ptycho-stream: appends one scan file's samples to `s` (inputs: its patterns; targets: the
+/// normalised reconstruction's patches; every test_every-th position held out). `name`
+/// names the file in errors. @throws RehearsalError.
+void add_scan(Stream& s, const ScanFile& scan, const DatasetConfig& d, const std::string& name);
+
+/// A row of the metric matrix as JSON: a value not measured (NaN: a ptycho-stream scan that
+/// had not arrived) is null, and reads back as NaN.
+inline json::value row_json(const std::vector<double>& row) {
+  json::array a;
+  for (double v : row) a.push_back(std::isnan(v) ? json::value(nullptr) : json::value(v));
+  return a;
+}
+inline std::vector<double> row_from_json(const json::value& v) {
+  std::vector<double> row;
+  for (const auto& x : v.as_array()) row.push_back(x.is_null() ? std::nan("") : x.to_number<double>());
+  return row;
+}
+
 SampleLayout buffer_layout(const Stream& s, const TrainerConfig& cfg);
 
 // ---- files ---------------------------------------------------------------------------------
@@ -158,7 +179,8 @@ struct PendingCheckpoint {
 
 class Job {
  public:
-  Job(const TrainerConfig& cfg, const RankOptions& opt) : cfg_(cfg), opt_(opt) {}
+  Job(const TrainerConfig& cfg, const RankOptions& opt);
+  ~Job();  // out of line: ScanFeed is complete in trainer.cpp only
   int run();
 
  private:
@@ -173,6 +195,9 @@ class Job {
   template <class Open>
   void load_rank_files(Open& open, int old_world);
   std::int64_t task_samples(int task) const;
+  // ptycho-stream: loads the scans of tasks up to `upto`, waiting for them; false when a stop
+  // was requested first. Other datasets: true (everything is loaded by setup).
+  bool ensure_tasks(int upto);
   std::int64_t steps_per_epoch(int task) const { return steps_per_epoch_at(task, world_); }
   std::int64_t steps_per_epoch_at(int task, int world) const;
   torch::Tensor epoch_order(int task, int epoch) const;
@@ -230,6 +255,8 @@ class Job {
   std::string resumed_from_;
   std::unique_ptr<PendingCheckpoint> pending_;  // a background checkpoint not yet complete
   std::int64_t buffer_capacity_ = 0;            // slots of the buffers over all ranks
+  std::unique_ptr<ScanFeed> feed_;              // ptycho-stream's source
+  int progress_fd_ = -1;                        // DIASPORA_PROGRESS_FD (rank 0 under diaspora run)
 };
 
 }  // namespace detail

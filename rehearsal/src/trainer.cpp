@@ -1,8 +1,10 @@
 // diaspora-train's engine: the task stream, the strategies, data-parallel steps with the
 // distributed rehearsal buffer, evaluation, metrics and the summary (the job's declaration
 // is job.hpp; its checkpoints are checkpoint.cpp).
+#include "diaspora/scan_file.hpp"
 #include "job.hpp"
 #include "plot.hpp"
+#include "scan_feed.hpp"
 
 namespace diaspora::rehearsal {
 namespace detail {
@@ -29,6 +31,7 @@ Stream load_stream(const TrainerConfig& cfg) {
     return s;
   }
   s.classification = false;
+  if (d.name == "ptycho-stream") return s;  // the scans come one by one (Job::ensure_tasks)
   PtychoConfig pc;
   pc.patch = d.patch;
   pc.object_size = d.object_size;
@@ -51,6 +54,70 @@ Stream load_stream(const TrainerConfig& cfg) {
   }
   s.output_sizes = {2, d.patch, d.patch};
   return s;
+}
+
+void add_scan(Stream& s, const ScanFile& scan, const DatasetConfig& d, const std::string& name) {
+  const auto n = static_cast<std::int64_t>(scan.patch), S = static_cast<std::int64_t>(scan.object_size);
+  const auto p = static_cast<std::int64_t>(scan.positions.size());
+  if (n % 8 != 0) throw RehearsalError(name + ": patch " + std::to_string(n) + " is not a multiple of 8 (the encoder halves it three times)");
+  if (!s.output_sizes.empty() && s.output_sizes[1] != n)
+    throw RehearsalError(name + ": patch " + std::to_string(n) + ", but scan 0 of the stream had " + std::to_string(s.output_sizes[1]));
+  if (p < 2) throw RehearsalError(name + ": " + std::to_string(p) + " positions; a scan needs 2 or more (training and test)");
+  auto x = torch::from_blob(const_cast<float*>(scan.diffraction.data()), {p, 1, n, n}, torch::kFloat).clone();
+  auto obj = torch::view_as_complex(
+                 torch::from_blob(const_cast<std::complex<float>*>(scan.object.data()), {S, S, 2}, torch::kFloat).clone())
+                 .contiguous();
+  // Labels from the reconstruction, which ptychography fixes only up to a global phase and
+  // (with the probe reconstructed too) a scale: the phase is turned so that the scanned area's
+  // mean is real, the amplitude divided by its 99th percentile there and clipped to [0,1].
+  auto mask = torch::zeros({S, S}, torch::kBool);
+  for (const auto& [r, c] : scan.positions) mask.narrow(0, r, n).narrow(1, c, n).fill_(true);
+  auto inside = obj.masked_select(mask);
+  auto mean = inside.mean();
+  const double mag = std::abs(mean.item<c10::complex<float>>());
+  if (mag > 0) obj = obj * (mean.conj() / mag);
+  auto amp = obj.abs();
+  const double scale = torch::quantile(amp.masked_select(mask), 0.99).item<double>();
+  if (!(scale > 0)) throw RehearsalError(name + ": the reconstructed object is zero over the scanned area");
+  amp = (amp / scale).clamp(0, 1);
+  auto phase = torch::angle(obj);
+  std::vector<torch::Tensor> targets;
+  for (const auto& [r, c] : scan.positions)
+    targets.push_back(torch::stack({amp.narrow(0, r, n).narrow(1, c, n), phase.narrow(0, r, n).narrow(1, c, n)}));
+  auto y = torch::stack(targets).to(torch::kFloat);
+  std::vector<std::int64_t> tr, te;
+  for (std::int64_t i = 0; i < p; ++i) (i % d.test_every == 0 ? te : tr).push_back(i);
+  auto ti = first_rows(torch::tensor(tr), d.train_per_task);
+  auto vi = first_rows(torch::tensor(te), d.test_per_task);
+  if (s.train.empty()) {  // the weight of the error: the reconstructed probe's intensity of scan 0
+    auto w = torch::from_blob(const_cast<float*>(scan.probe_intensity.data()), {n, n}, torch::kFloat).clone();
+    if (!(w.sum().item<double>() > 0)) throw RehearsalError(name + ": the probe's intensity is zero");
+    s.weight = w / w.sum();
+    s.output_sizes = {2, n, n};
+  }
+  s.train.push_back({x.index_select(0, ti), y.index_select(0, ti)});
+  s.test.push_back({x.index_select(0, vi), y.index_select(0, vi)});
+}
+
+Job::Job(const TrainerConfig& cfg, const RankOptions& opt) : cfg_(cfg), opt_(opt) {}
+Job::~Job() = default;
+
+bool Job::ensure_tasks(int upto) {
+  if (!feed_) return true;
+  const int last = std::min(upto, cfg_.dataset.tasks - 1);
+  while (static_cast<int>(data_.train.size()) <= last) {
+    const auto seq = static_cast<std::int64_t>(data_.train.size());
+    const auto file = feed_->wait_for(seq, opt_.stop_flag);
+    if (!file) return false;
+    try {
+      add_scan(data_, read_scan_file(*file), cfg_.dataset, file->string());
+    } catch (const RehearsalError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw RehearsalError(std::string("scan ") + std::to_string(seq) + " of stream '" + cfg_.dataset.stream + "': " + e.what());
+    }
+  }
+  return true;
 }
 
 SampleLayout buffer_layout(const Stream& s, const TrainerConfig& cfg) {
@@ -307,6 +374,7 @@ std::vector<double> Job::evaluate() {
     if (world_ > 1) all_reduce("all-reduce of the evaluation", v);
     out.push_back(v[0][0].item<double>() / std::max(1.0, v[0][1].item<double>()));
   }
+  out.resize(static_cast<std::size_t>(cfg_.dataset.tasks), std::nan(""));  // ptycho-stream: scans yet to come
   return out;
 }
 
@@ -372,6 +440,12 @@ void Job::log_step(double loss, double step_s, double wait_s, std::int64_t reps)
                    cfg_.dataset.tasks, std::string(static_cast<std::size_t>(filled), '#').c_str(),
                    std::string(static_cast<std::size_t>(width - filled), ' ').c_str(), frac * 100, pos_.step, loss, sps);
     }
+    if (progress_fd_ >= 0) {  // diaspora run's progress channel (docs/run.md): one write, ignored if it fails
+      char msg[160];
+      const int len = std::snprintf(msg, sizeof msg, "progress %.6f %" PRId64 "\nmetric step_time %.6f\n",
+                                    (pos_.task + frac) / cfg_.dataset.tasks, pos_.step, step_s);
+      [[maybe_unused]] const ssize_t w = ::write(progress_fd_, msg, static_cast<std::size_t>(len));
+    }
     if (plugin_) {
       const double overall = (pos_.task + frac) / cfg_.dataset.tasks;
       plugin_->progress(pos_.step, overall,
@@ -400,7 +474,7 @@ void Job::write_summary() {
   s["steps"] = pos_.step;
   s["runtime_s"] = elapsed_before_ + seconds_since(started_);
   json::array mat;
-  for (const auto& row : matrix_) mat.push_back(json::value_from(row));
+  for (const auto& row : matrix_) mat.push_back(row_json(row));
   s[cls ? "accuracy_matrix" : "error_matrix"] = mat;
   double avg = 0;
   for (double v : matrix_.back()) avg += v;
@@ -442,11 +516,16 @@ int Job::run() {
   // The plugin first, so that a job failing while it starts (missing data, a bad
   // checkpoint, a rendezvous that fails) is reported as a failed task too.
   if (rank_ == 0) plugin_ = std::make_unique<PluginLink>(cfg_, opt_.resume.has_value());
+  if (const char* fd = std::getenv("DIASPORA_PROGRESS_FD"); fd && rank_ == 0) progress_fd_ = std::atoi(fd);
   try {
     setup();
   } catch (const std::exception& e) {
     if (plugin_) plugin_->finished(false, e.what());
     throw;
+  }
+  if (data_.train.empty()) {
+    if (rank_ == 0) print_line("stopped before scan 0 of stream '" + cfg_.dataset.stream + "' arrived: nothing to checkpoint");
+    return kTrainCheckpointed;
   }
   return train();
 }
@@ -454,6 +533,10 @@ int Job::run() {
 void Job::setup() {
   torch::manual_seed(cfg_.seed);
   data_ = load_stream(cfg_);
+  if (cfg_.dataset.name == "ptycho-stream") {
+    feed_ = std::make_unique<ScanFeed>(cfg_.dataset);
+    if (!ensure_tasks(0)) return;  // stopped before the stream's first scan arrived
+  }
   if (steps_per_epoch(0) == 0)
     throw RehearsalError("task 0 has fewer training samples than batch_size x ranks (" +
                          std::to_string(cfg_.train.batch_size * world_) + "): lower train.batch_size");
@@ -495,6 +578,16 @@ int Job::train() {
   std::int64_t steps_run = 0;
   try {
     for (; pos_.task < cfg_.dataset.tasks; ++pos_.task, pos_.epoch = 0, pos_.batch = 0) {
+      if (feed_) {  // ptycho-stream: wait for this task's scan (every rank reads the same log)
+        const int stop = agree_stop(ensure_tasks(pos_.task) ? 0 : kTrainCheckpointed);
+        if (stop != 0) {
+          finish_checkpoint();  // the previous task's end is this position's checkpoint
+          if (rank_ == 0)
+            print_line("stopped while waiting for scan " + std::to_string(pos_.task) + "; continue with --resume " +
+                       opt_.out.string());
+          return stop;
+        }
+      }
       if (static_cast<std::size_t>(pos_.task) < matrix_.size()) continue;  // evaluated before the checkpoint
       const bool fresh_task = pos_.epoch == 0 && pos_.batch == 0;
       if (cfg_.strategy == "scratch" && fresh_task && pos_.task > 0) {
@@ -540,7 +633,7 @@ int Job::train() {
         json::object e;
         e["eval_after_task"] = pos_.task;
         e["step"] = pos_.step;
-        e[data_.classification ? "accuracy" : "error"] = json::value_from(row);
+        e[data_.classification ? "accuracy" : "error"] = row_json(row);
         e["average_seen"] = avg;
         metrics_ << json::serialize(e) << "\n";
         metrics_.flush();

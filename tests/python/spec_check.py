@@ -310,6 +310,14 @@ def _semantic_errors(spec: dict):
         for i, item in enumerate(items):
             if "site" in item and item["site"] not in site_names:
                 yield [section, i, "site"], f"unknown site '{item['site']}'"
+    task_names = {t["name"] for t in tasks}
+    for i, r in enumerate(rehearsal):
+        if "stream" in r and r["stream"] not in task_names:
+            yield ["rehearsal", i, "stream"], f"unknown task '{r['stream']}'"
+        if r.get("dataset") == "ptycho-stream" and "stream" not in r:
+            yield ["rehearsal", i, "dataset"], "ptycho-stream needs 'stream': the task whose data.arrived scans the job trains on"
+        if r.get("dataset") != "ptycho-stream" and "stream" in r:
+            yield ["rehearsal", i, "stream"], "'stream' is for dataset ptycho-stream only"
     for i, f in enumerate(faults):
         if "task" in f and f["task"] not in job_names:
             yield ["faults", i, "task"], f"unknown task '{f['task']}'"

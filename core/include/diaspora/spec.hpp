@@ -136,6 +136,7 @@ struct RehearsalJobSpec {
   std::optional<std::string> site;
   std::optional<std::filesystem::path> config;
   std::string dataset;
+  std::optional<std::string> stream;  ///< ptycho-stream: the task whose data.arrived scans it trains on
   std::string strategy;
   std::optional<std::int64_t> buffer_size;
   std::int64_t world_size = 1;

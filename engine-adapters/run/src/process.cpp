@@ -113,6 +113,11 @@ std::filesystem::path self_executable(const char* argv0) {
   return argv0 ? std::filesystem::absolute(argv0) : std::filesystem::path();
 }
 
+std::filesystem::path trainer_executable() {
+  const auto p = self_executable().parent_path() / "diaspora-train";
+  return ::access(p.c_str(), X_OK) == 0 ? p : std::filesystem::path();
+}
+
 void signal_group(pid_t pgid, int sig) noexcept {
   if (pgid > 0) ::kill(-pgid, sig);
 }

@@ -37,6 +37,10 @@ std::string describe_wait_status(int status);
 /// The path of the running executable (/proc/self/exe), or argv0 when unavailable.
 std::filesystem::path self_executable(const char* argv0 = nullptr);
 
+/// diaspora-train next to this executable (build/bin, or the installed bin/), or an empty
+/// path when it is not there (a build with DIASPORA_WITH_TORCH=OFF). Any thread.
+std::filesystem::path trainer_executable();
+
 /// Sends `sig` to the process group `pgid` (its leader's pid); ignores ESRCH.
 void signal_group(pid_t pgid, int sig) noexcept;
 

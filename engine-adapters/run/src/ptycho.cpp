@@ -23,6 +23,7 @@
 #include "diaspora/crc32c.hpp"
 #include "diaspora/error.hpp"
 #include "diaspora/files.hpp"
+#include "diaspora/scan_file.hpp"
 #include "kinds.hpp"
 #include "worker.hpp"
 
@@ -241,13 +242,21 @@ json::object ptycho_reconstruct(const json::object& args, TaskContext& ctx) {
     diff += std::norm(g * obj[i] - truth[i]);
     ref += std::norm(truth[i]);
   }
-  std::string bytes(nn * 2 * sizeof(float), '\0');
-  for (std::size_t i = 0; i < nn; ++i) {
-    const float re = static_cast<float>(obj[i].real()), im = static_cast<float>(obj[i].imag());
-    std::memcpy(&bytes[i * 8], &re, 4);
-    std::memcpy(&bytes[i * 8 + 4], &im, 4);
-  }
-  const std::filesystem::path file = std::filesystem::path(ctx.data_dir()) / (ctx.instance() + ".object.c64");
+  // The scan file (diaspora/scan_file.hpp): what a learner needs to train on this scan,
+  // the patterns and the reconstruction that labels them.
+  ScanFile out;
+  out.object_size = static_cast<std::uint32_t>(n);
+  out.patch = static_cast<std::uint32_t>(m);
+  for (const auto& [py, px] : pos) out.positions.emplace_back(py, px);
+  out.diffraction.reserve(pos.size() * mm);
+  for (const auto& I : measured)
+    for (double v : I) out.diffraction.push_back(static_cast<float>(std::sqrt(v)));
+  out.probe_intensity.assign(mm, 0.0f);
+  for (const auto& p : probe)
+    for (std::size_t i = 0; i < mm; ++i) out.probe_intensity[i] += static_cast<float>(std::norm(p[i]));
+  for (const auto& v : obj) out.object.emplace_back(static_cast<float>(v.real()), static_cast<float>(v.imag()));
+  const std::string bytes = encode_scan(out);
+  const std::filesystem::path file = std::filesystem::path(ctx.data_dir()) / (ctx.instance() + ".scan");
   write_file_atomic(file, bytes, 0644, Durability::file);
   char crc[16];
   std::snprintf(crc, sizeof crc, "%08x", crc32c(bytes.data(), bytes.size()));

@@ -3,10 +3,8 @@
 #include <boost/json/parse.hpp>
 
 #include <chrono>
-#include <fstream>
-#include <sstream>
 
-#include "diaspora/client.hpp"
+#include "diaspora/topic_reader.hpp"
 
 namespace diaspora::run {
 
@@ -16,34 +14,14 @@ std::string instance_of(const std::string& hook_id) { return hook_id.substr(0, h
 
 PriorRun read_prior_run(const std::string& url, const std::filesystem::path& ca_file,
                         const std::filesystem::path& token_file, const std::string& topic, double limit_s) {
-  std::ifstream f(token_file);
-  std::string token;
-  std::getline(f, token);
-  RelayClientOptions o;
-  o.url = url;
-  o.ca_file = ca_file;
-  o.token = token;
-  o.client_id = "diaspora-run-resume";
-  RelayClient c(o);
-  c.send(frames::subscribe("resume", topic, frames::From("earliest")));
+  TopicReader reader(relay_options_from_files(url, ca_file, token_file, "diaspora-run-resume"), topic);
   PriorRun prior;
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
   while (std::chrono::steady_clock::now() < until) {
-    auto frame = c.poll_receive(std::chrono::milliseconds(1000));
-    if (!frame) break;  // a second with nothing more: the log is read
-    auto m = RelayClient::parse_frame(*frame);
-    if (!m) continue;
-    const json::value* op = m->if_contains("op");
-    if (op && op->is_string() && op->get_string() == "error")
-      throw RelayClientError("the relay refused to read " + topic + " back: " + std::string(*frame).substr(0, 300));
-    const json::value* events = m->if_contains("events");
-    if (!events || !events->is_array()) continue;
-    for (const auto& item : events->get_array()) {
-      if (!item.is_object() || !item.get_object().contains("event")) continue;
-      const json::value& ev = item.get_object().at("event");
-      if (!ev.is_object()) continue;
+    const auto events = reader.poll(std::chrono::milliseconds(1000));
+    if (events.empty()) break;  // a second with nothing more: the log is read
+    for (const json::object& e : events) {
       ++prior.events;
-      const json::object& e = ev.get_object();
       const json::value* type = e.if_contains("type");
       const json::value* subject = e.if_contains("subject");
       if (!type || !type->is_string() || !subject || !subject->is_string()) continue;
@@ -66,7 +44,6 @@ PriorRun read_prior_run(const std::string& url, const std::filesystem::path& ca_
       }
     }
   }
-  c.close();
   return prior;
 }
 

@@ -129,7 +129,9 @@ struct Slot {
   double next_beat = 0;
   double respawn_at = -1;
   std::string pending_checkpoint;  ///< action id waiting for "checkpointed"
-  bool idle() const { return ready && inst < 0; }
+  int draining_inst = -1;          ///< a rehearsal job told to checkpoint and stop, not exited yet
+  double drain_deadline = 0;       ///< ... killed if it has not exited by then
+  bool idle() const { return ready && inst < 0 && draining_inst < 0; }
 };
 
 struct Site {
@@ -177,7 +179,9 @@ std::string fmt_time(double t) {
 
 class Runner {
  public:
-  Runner(const SpecInput& in, const RunOptions& opt, std::ostream& log) : in_(in), spec_(in.spec), opt_(opt), log_(log) {}
+  Runner(const SpecInput& in, const RunOptions& opt, std::ostream& log) : in_(in), spec_(in.spec), opt_(opt), log_(log) {
+    add_job_tasks();
+  }
 
   int run();
 
@@ -251,11 +255,22 @@ class Runner {
   void kill_slot_process(Site& s, Slot& slot);
   void stop_everything(const std::string& why);
 
+  // ---- rehearsal jobs: tasks first_job_.. of spec_.tasks are the spec's rehearsal jobs
+  void add_job_tasks();
+  bool is_job(std::size_t task) const { return task >= first_job_; }
+  const RehearsalJobSpec& job_of(std::size_t task) const { return spec_.rehearsal[task - first_job_]; }
+  fs::path job_dir(std::size_t task) const { return opt_.out_dir / "rehearsal" / job_of(task).name; }
+  std::vector<std::string> job_argv(std::size_t task);
+  bool draining(int ii) const;
+  void jobs_tick();
+  std::pair<fs::path, fs::path> relay_credentials() const;  ///< CA file, token file
+
   // ---- report
   void write_report(int exit_status);
 
   const SpecInput& in_;
-  const WorkflowSpec& spec_;
+  WorkflowSpec spec_;                 ///< the spec, its rehearsal jobs appended to tasks
+  std::size_t first_job_ = 0;
   RunOptions opt_;
   std::ostream& log_;
   std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
@@ -379,7 +394,7 @@ void Runner::make_instances() {
       st.rate = *ts.rate;
       st.next_t = 0;
       st.end_t = ts.duration ? ts.duration->count() : 60.0;
-      st.total = static_cast<long>(std::floor(st.end_t * st.rate + 1e-9));
+      st.total = instances_of(ts);
       // Resumed: the instances the earlier run submitted are restored or submitted again
       // now; the stream goes on from the next one at its rate.
       if (auto it = prior_.submitted.find(ts.name); it != prior_.submitted.end()) {
@@ -398,6 +413,115 @@ void Runner::make_instances() {
     for (long k = 0; k < ts.count; ++k) {
       submit_instance(t, k);
     }
+  }
+}
+
+// ---- rehearsal jobs ------------------------------------------------------------------------------
+
+void Runner::add_job_tasks() {
+  first_job_ = spec_.tasks.size();
+  for (const auto& j : spec_.rehearsal) {
+    TaskSpec t;  // one instance, run as a command (job_argv) on the job's site if it names one
+    t.name = j.name;
+    t.count = 1;
+    t.resources.cpus = static_cast<double>(j.world_size);
+    if (j.site) t.preferred_sites = {*j.site};
+    t.location = j.location;
+    spec_.tasks.push_back(std::move(t));
+  }
+}
+
+std::pair<fs::path, fs::path> Runner::relay_credentials() const {
+  if (relay_) return {relay_->ca_file(), relay_->token_file()};
+  return {spec_.relay.ca_file ? in_.base_dir / *spec_.relay.ca_file : fs::path(),
+          spec_.relay.token_file ? in_.base_dir / *spec_.relay.token_file : fs::path()};
+}
+
+// diaspora-train's command line for a rehearsal job: the spec's config (or a small one
+// written here), the job's keys as --set, ptycho-stream's relay and stream, and --resume
+// when the job has a checkpoint (an earlier attempt, a migration, a resumed run).
+std::vector<std::string> Runner::job_argv(std::size_t task) {
+  const RehearsalJobSpec& j = job_of(task);
+  const fs::path dir = job_dir(task);
+  fs::create_directories(dir);
+  const fs::path bin = trainer_executable();
+  if (bin.empty()) throw Error("diaspora-train is not next to diaspora-run (" + self_executable().parent_path().string() +
+                               "): build with DIASPORA_WITH_TORCH=ON");
+  fs::path config = j.config ? in_.base_dir / *j.config : dir / "job.yaml";
+  if (!j.config)
+    write_file_atomic(config, "# written by diaspora run for rehearsal job " + j.name +
+                                  " (the spec's keys and set: are given as --set)\ntrain:\n  threads: 1\n  log_every: 5\n");
+  std::vector<std::string> argv{bin.string(), "--config", config.string(), "--out", dir.string(),
+                                "--set", "strategy=" + j.strategy, "--set", "dataset.name=" + j.dataset};
+  auto set = [&](const std::string& key, const std::string& value) {
+    argv.push_back("--set");
+    argv.push_back(key + "=" + value);
+  };
+  if (j.buffer_size) set("buffer_size", std::to_string(*j.buffer_size));
+  if (j.stream) {
+    const auto [ca, token] = relay_credentials();
+    long total = 0;
+    for (const auto& ts : spec_.tasks)
+      if (ts.name == *j.stream) total = instances_of(ts);
+    set("dataset.relay", relay_url_);
+    set("dataset.topic", spec_.relay.topic_prefix.value_or(spec_.name) + ".events");
+    set("dataset.stream", *j.stream);
+    set("dataset.ca_file", ca.string());
+    set("dataset.token_file", token.string());
+    set("dataset.tasks", std::to_string(total));
+  }
+  for (const auto& [key, value] : j.set)
+    set(key, value.is_string() ? std::string(value.get_string()) : json::serialize(value));
+  if (j.world_size > 1) {
+    argv.push_back("--world-size");
+    argv.push_back(std::to_string(j.world_size));
+  }
+  if (fs::exists(dir / "checkpoint" / "LATEST")) {
+    argv.push_back("--resume");
+    argv.push_back(dir.string());
+  }
+  return argv;
+}
+
+bool Runner::draining(int ii) const {
+  for (const auto& s : sites_)
+    for (const auto& slot : s.slots)
+      if (slot.draining_inst == ii) return true;
+  return false;
+}
+
+void Runner::jobs_tick() {
+  const double t = now();
+  for (auto& s : sites_)  // a job that does not stop when told: killed (it resumes from its last checkpoint)
+    for (auto& slot : s.slots)
+      if (slot.draining_inst >= 0 && t > slot.drain_deadline && slot.cmd_pid > 0) {
+        say("rehearsal job " + insts_[static_cast<std::size_t>(slot.draining_inst)].id + " did not stop within " +
+            std::to_string(static_cast<int>(opt_.job_drain_s)) + " s of SIGTERM: killed");
+        signal_group(slot.cmd_pid, SIGKILL);
+        slot.drain_deadline = t + 3600;
+      }
+  // A job trained on a stream waits for every scan: when the stream has ended and one of its
+  // instances failed for good, the job can never finish. It is stopped (checkpointed) and failed.
+  for (int ii = 0; ii < static_cast<int>(insts_.size()); ++ii) {
+    Instance& inst = insts_[static_cast<std::size_t>(ii)];
+    if (!is_job(inst.task) || !job_of(inst.task).stream || inst.state == InstState::completed ||
+        inst.state == InstState::failed || inst.state == InstState::cancelled)
+      continue;
+    const std::string& source = *job_of(inst.task).stream;
+    bool open = false;
+    for (const auto& st : streams_) open |= spec_.tasks[st.task].name == source && st.created < st.total;
+    std::string lost;
+    for (const auto& x : insts_) {
+      if (spec_.tasks[x.task].name != source) continue;
+      open |= x.state != InstState::completed && x.state != InstState::failed && x.state != InstState::cancelled;
+      if (x.state == InstState::failed || x.state == InstState::cancelled) lost = x.id;
+    }
+    if (open || lost.empty()) continue;
+    const std::string why = "its stream '" + source + "' lost scan " + lost + " (" +
+                            std::string(to_string(insts_[static_cast<std::size_t>(index_.at(lost))].state)) +
+                            "); the job was stopped at its last checkpoint";
+    for (int ai = 0; ai < static_cast<int>(inst.attempts.size()); ++ai) stop_attempt(ii, ai, "stopped", why, false);
+    instance_final(ii, InstState::failed, why);
   }
 }
 
@@ -488,14 +612,7 @@ void Runner::read_prior() {
     if (st.connected && st.spool_records == 0) break;
   }
   const std::string topic = spec_.relay.topic_prefix.value_or(spec_.name) + ".events";
-  fs::path ca, token;
-  if (relay_) {
-    ca = relay_->ca_file();
-    token = relay_->token_file();
-  } else {
-    ca = spec_.relay.ca_file ? in_.base_dir / *spec_.relay.ca_file : fs::path();
-    token = spec_.relay.token_file ? in_.base_dir / *spec_.relay.token_file : fs::path();
-  }
+  const auto [ca, token] = relay_credentials();
   prior_ = read_prior_run(relay_url_, ca, token, topic);
   say("resume: read " + std::to_string(prior_.events) + " events of " + topic + "; " +
       std::to_string(prior_.completed.size()) + " instances completed before, not run again");
@@ -679,7 +796,7 @@ void Runner::dispatch() {
       continue;
     }
     Site* s = nullptr;
-    Slot* slot = choose_slot(inst, a, &s);
+    Slot* slot = draining(ii) ? nullptr : choose_slot(inst, a, &s);
     if (!slot) {
       ++it;
       continue;
@@ -739,7 +856,18 @@ bool Runner::start_attempt(int ii, int ai, Site& s, Slot& slot) {
     int pfd[2];
     if (::pipe2(pfd, O_CLOEXEC) != 0) throw Error("pipe: " + storage::errno_text(errno));
     SpawnSpec sp;
-    sp.argv = {"/bin/sh", "-c", *ts.command};
+    if (is_job(inst.task)) {
+      try {
+        sp.argv = job_argv(inst.task);
+      } catch (const Error& e) {
+        ::close(pfd[0]);
+        ::close(pfd[1]);
+        attempt_ended(ii, ai, false, e.what());
+        return false;
+      }
+    } else {
+      sp.argv = {"/bin/sh", "-c", *ts.command};
+    }
     sp.fds = {{pfd[1], 3}};
     const std::string base = (tasks_dir_ / (a.hook_id + "." + std::to_string(a.number))).string();
     sp.stdout_file = base + ".out";
@@ -772,7 +900,14 @@ bool Runner::start_attempt(int ii, int ai, Site& s, Slot& slot) {
 
 void Runner::kill_slot_process(Site& s, Slot& slot) {
   (void)s;
-  if (slot.cmd_pid > 0) {
+  if (slot.cmd_pid > 0 && slot.inst >= 0 && is_job(insts_[static_cast<std::size_t>(slot.inst)].task)) {
+    // A rehearsal job checkpoints on SIGTERM (its ranks finish the step, write the
+    // checkpoint, exit 3); its next attempt waits for that (draining()).
+    signal_group(slot.cmd_pid, SIGTERM);
+    signal_group(slot.cmd_pid, SIGCONT);
+    slot.draining_inst = slot.inst;
+    slot.drain_deadline = now() + opt_.job_drain_s;
+  } else if (slot.cmd_pid > 0) {
     signal_group(slot.cmd_pid, SIGKILL);
     signal_group(slot.cmd_pid, SIGCONT);
   } else if (slot.pid > 0) {
@@ -1190,6 +1325,11 @@ void Runner::on_slot_process_exit(Site& s, Slot& slot, bool worker, int status) 
   }
   track_group(slot.cmd_pid, false);
   slot.cmd_pid = -1;
+  if (slot.draining_inst >= 0) {
+    say("rehearsal job " + insts_[static_cast<std::size_t>(slot.draining_inst)].id + " stopped on " + s.spec->name + " (" + what +
+        (WIFEXITED(status) && WEXITSTATUS(status) == 3 ? ", checkpointed)" : ")"));
+    slot.draining_inst = -1;
+  }
   // Read what the command reported before it exited.
   if (slot.progress.fd() >= 0) {
     slot.progress.fill();
@@ -1200,7 +1340,19 @@ void Runner::on_slot_process_exit(Site& s, Slot& slot, bool worker, int status) 
   const int ii = slot.inst, ai = slot.att;
   slot.inst = slot.att = -1;
   Attempt& a = insts_[static_cast<std::size_t>(ii)].attempts[static_cast<std::size_t>(ai)];
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return attempt_ended(ii, ai, true, "");
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    if (is_job(insts_[static_cast<std::size_t>(ii)].task)) {  // the trainer's summary is the job's result
+      try {
+        std::ifstream f(job_dir(insts_[static_cast<std::size_t>(ii)].task) / "summary.json");
+        std::stringstream text;
+        text << f.rdbuf();
+        if (json::value v = json::parse(text.str()); v.is_object()) insts_[static_cast<std::size_t>(ii)].result = v.get_object();
+      } catch (const std::exception& e) {
+        say("warning: " + insts_[static_cast<std::size_t>(ii)].id + ": summary.json unreadable: " + e.what());
+      }
+    }
+    return attempt_ended(ii, ai, true, "");
+  }
   std::string reason = "command " + what;
   // The last line the command wrote to stderr says why, most of the time.
   const fs::path err = tasks_dir_ / (a.hook_id + "." + std::to_string(a.number) + ".err");
@@ -1533,6 +1685,7 @@ void Runner::loop() {
     command_heartbeats();
     baseline_checks();
     awaiting_checks();
+    jobs_tick();
     double next = 0.1;
     for (const auto& st : streams_)
       if (st.created < st.total) next = std::min(next, std::max(0.0, st.next_t - now()));
@@ -1606,7 +1759,10 @@ int Runner::run() {
       slot.ch.close();
       signal_group(slot.pid, SIGCONT);
     }
-  const double deadline = now() + 2;
+  double deadline = now() + 2;
+  for (const auto& s : sites_)
+    for (const auto& slot : s.slots)
+      if (slot.draining_inst >= 0) deadline = std::max(deadline, slot.drain_deadline);  // a job writing its checkpoint
   for (;;) {
     bool any = false;
     for (auto& s : sites_)
@@ -1674,6 +1830,7 @@ void Runner::write_report(int exit_status) {
                    {"submitted_s", opt_t(inst.submitted_t)}, {"end_s", opt_t(inst.end_t)}};
     if (!inst.reason.empty()) o["reason"] = inst.reason;
     if (inst.restored) o["restored"] = true;
+    if (is_job(inst.task)) o["rehearsal"] = (job_dir(inst.task)).string();
     if (ts.deadline && !inst.restored) {
       ++with_deadline;
       const bool met = inst.state == InstState::completed && inst.end_t - inst.submitted_t <= ts.deadline->count();

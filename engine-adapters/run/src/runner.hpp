@@ -25,6 +25,7 @@ struct RunOptions {
   double heartbeat_s = 1.0;      ///< command tasks: the runner's heartbeat period
   bool live_view = false;        ///< redraw a status block (stdout is a terminal)
   bool resume = false;           ///< out_dir holds a run to resume: skip what its log says completed
+  double job_drain_s = 60;       ///< a rehearsal job told to stop (SIGTERM) is killed after this
 };
 
 /// Runs the workflow. Returns the exit status: 0 every instance succeeded, 1 some failed

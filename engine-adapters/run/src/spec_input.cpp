@@ -8,6 +8,7 @@
 
 #include "diaspora/policy.hpp"
 #include "kinds.hpp"
+#include "process.hpp"
 
 namespace diaspora::run {
 
@@ -152,12 +153,39 @@ void check_runnable(const WorkflowSpec& spec, const YamlDocument& doc, std::vect
     if (t.resources.gpus > 0)
       add(base + ".resources.gpus", at(base + ".resources.gpus", t.location), "local sites offer no GPU to a task");
   }
-  for (std::size_t i = 0; i < spec.rehearsal.size(); ++i)
-    add("rehearsal[" + std::to_string(i) + "]", spec.rehearsal[i].location,
-        "rehearsal jobs are not run by `diaspora run` yet (run diaspora-train beside it)");
+  for (std::size_t i = 0; i < spec.rehearsal.size(); ++i) {
+    const RehearsalJobSpec& j = spec.rehearsal[i];
+    const std::string base = "rehearsal[" + std::to_string(i) + "]";
+    if (trainer_executable().empty())
+      add(base, j.location, "rehearsal jobs run diaspora-train, which is not next to diaspora-run (" +
+                                self_executable().parent_path().string() + "): build with DIASPORA_WITH_TORCH=ON");
+    if (j.checkpoint_every)
+      add(base + ".checkpoint_every", at(base + ".checkpoint_every", j.location),
+          "not supported by `diaspora run` yet: the job checkpoints at the end of every task (every scan of a "
+          "ptycho-stream) and when it is stopped or moved; remove the key");
+    if (j.world_size > cores)
+      add(base + ".world_size", at(base + ".world_size", j.location),
+          std::to_string(j.world_size) + " ranks but this host has " + std::to_string(cores) + " cores (local sites share them)");
+    if (j.stream)
+      for (const auto& t : spec.tasks)
+        if (t.name == *j.stream) {
+          if (t.kind != std::optional<std::string>("ptycho-reconstruct"))
+            add(base + ".stream", at(base + ".stream", j.location),
+                "task '" + t.name + "' does not write scan files: a ptycho-stream trains on a ptycho-reconstruct task's scans");
+          const long total = instances_of(t);
+          if (total > 64)
+            add(base + ".stream", at(base + ".stream", j.location),
+                "task '" + t.name + "' makes " + std::to_string(total) + " scans; a rehearsal job trains on at most 64 (dataset.tasks)");
+        }
+  }
 }
 
 }  // namespace
+
+long instances_of(const TaskSpec& ts) {
+  if (!ts.rate) return static_cast<long>(ts.count);
+  return static_cast<long>(std::floor((ts.duration ? ts.duration->count() : 60.0) * *ts.rate + 1e-9));
+}
 
 std::optional<SpecInput> load_run_spec(const fs::path& file, const std::vector<std::string>& sets, bool no_policies,
                                        std::vector<std::string>& errors) {

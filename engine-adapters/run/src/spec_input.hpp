@@ -28,4 +28,8 @@ struct SpecInput {
 std::optional<SpecInput> load_run_spec(const std::filesystem::path& file, const std::vector<std::string>& sets,
                                        bool no_policies, std::vector<std::string>& errors);
 
+/// The instances a task makes: `count`, or a stream's floor(rate x duration) (duration
+/// default 60 s). Pure: any thread.
+long instances_of(const TaskSpec& ts);
+
 }  // namespace diaspora::run

@@ -22,7 +22,7 @@ namespace diaspora::rehearsal {
 
 /// The dataset section (`dataset:`).
 struct DatasetConfig {
-  std::string name = "fashion-mnist";  ///< "fashion-mnist" or "ptycho-sim"
+  std::string name = "fashion-mnist";  ///< "fashion-mnist", "ptycho-sim" or "ptycho-stream"
   std::string dir = "/usr/share/datasets/fashion-mnist";
   int tasks = 5;
   int classes_per_task = 2;        ///< fashion-mnist; tasks * classes_per_task == 10
@@ -34,6 +34,13 @@ struct DatasetConfig {
   double photons = 1e4;
   int test_every = 5;              ///< ptycho-sim: every k-th position is a test pattern
   double probe_drift = 0;          ///< ptycho-sim: scan t's probe curvature is pi * (1 + probe_drift * t)
+  // ptycho-stream: scan t is the file announced by the org.diaspora.data.arrived event of
+  // stream `stream` with seq t on `topic` of the relay at `relay` (docs/rehearsal.md).
+  std::string relay;               ///< wss://HOST:PORT
+  std::string topic;
+  std::string stream;
+  std::string ca_file, token_file;
+  double wait_s = 600;             ///< fail when the next scan does not arrive within this
 };
 
 /// The training section (`train:`).

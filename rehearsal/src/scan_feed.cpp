@@ -1,0 +1,63 @@
+#include "scan_feed.hpp"
+
+#include <boost/json/value.hpp>
+
+#include <chrono>
+#include <thread>
+
+#include "diaspora/rehearsal.hpp"
+#include "diaspora/topic_reader.hpp"
+
+namespace diaspora::rehearsal::detail {
+
+namespace json = boost::json;
+using Clock = std::chrono::steady_clock;
+
+ScanFeed::ScanFeed(DatasetConfig d) : d_(std::move(d)) {}
+ScanFeed::~ScanFeed() = default;
+
+void ScanFeed::take(const std::string& uri, std::int64_t seq) {
+  constexpr std::string_view scheme = "file://";
+  if (!uri.starts_with(scheme) || uri.size() == scheme.size() || uri[scheme.size()] != '/')
+    throw RehearsalError("scan " + std::to_string(seq) + " of stream '" + d_.stream + "' on " + d_.topic +
+                         " has the URI '" + uri + "': ptycho-stream reads file:///absolute/path URIs only");
+  paths_.try_emplace(seq, uri.substr(scheme.size()));  // the first announcement of a seq counts
+}
+
+std::optional<std::filesystem::path> ScanFeed::wait_for(std::int64_t seq, const std::atomic<int>* stop) {
+  const auto deadline = Clock::now() + std::chrono::duration<double>(d_.wait_s);
+  while (!paths_.contains(seq)) {
+    if (stop && stop->load() != 0) return std::nullopt;
+    if (Clock::now() >= deadline)
+      throw RehearsalError("scan " + std::to_string(seq) + " of stream '" + d_.stream + "' did not arrive on " + d_.topic +
+                           " at " + d_.relay + " within dataset.wait (" + std::to_string(static_cast<long>(d_.wait_s)) +
+                           " s; " + std::to_string(paths_.size()) + " scans seen" +
+                           (last_error_.empty() ? std::string() : "; last relay error: " + last_error_) + ")");
+    try {
+      if (!reader_)
+        reader_ = std::make_unique<TopicReader>(
+            relay_options_from_files(d_.relay, d_.ca_file, d_.token_file, "diaspora-train-feed"), d_.topic);
+      for (const json::object& e : reader_->poll(std::chrono::milliseconds(200))) {
+        const json::value* type = e.if_contains("type");
+        const json::value* data = e.if_contains("data");
+        if (!type || !type->is_string() || type->get_string() != "org.diaspora.data.arrived" || !data || !data->is_object())
+          continue;
+        const json::object& o = data->get_object();
+        const json::value* stream = o.if_contains("stream");
+        const json::value* s = o.if_contains("seq");
+        const json::value* uri = o.if_contains("uri");
+        if (!stream || !stream->is_string() || stream->get_string() != d_.stream || !s || !s->is_int64() || !uri ||
+            !uri->is_string())
+          continue;
+        take(std::string(uri->get_string()), s->get_int64());
+      }
+    } catch (const RelayClientError& e) {
+      last_error_ = e.what();  // the relay is away (restarting, stopped): read the log again once it is back
+      reader_.reset();
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+  }
+  return std::filesystem::path(paths_.at(seq));
+}
+
+}  // namespace diaspora::rehearsal::detail

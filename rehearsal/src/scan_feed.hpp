@@ -1,0 +1,46 @@
+// ptycho-stream's source (docs/rehearsal.md, "ptycho-stream"): the scans a workflow
+// announces with org.diaspora.data.arrived events on a relay, read back from the topic's
+// durable log. Scan t is the file of the event of stream `dataset.stream` with seq t, so the
+// order does not depend on when the scans arrived (a resumed or migrated job sees the same
+// scans in the same order). Internal to the trainer; one thread (the rank's training loop).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "diaspora/trainer.hpp"
+
+namespace diaspora {
+class TopicReader;
+}
+
+namespace diaspora::rehearsal::detail {
+
+class ScanFeed {
+ public:
+  /// Keeps the dataset settings; connects on the first wait_for().
+  explicit ScanFeed(DatasetConfig d);
+  ~ScanFeed();
+  ScanFeed(const ScanFeed&) = delete;
+  ScanFeed& operator=(const ScanFeed&) = delete;
+
+  /// The local path of scan `seq` (a file:// URI's path), waiting for its event; a relay that
+  /// is down is retried every second meanwhile. nullopt when `stop` became non-zero first.
+  /// @throws RehearsalError after dataset.wait seconds without it (naming the scans seen), or
+  ///         for an event whose URI is not a file:// path.
+  std::optional<std::filesystem::path> wait_for(std::int64_t seq, const std::atomic<int>* stop);
+
+ private:
+  void take(const std::string& uri, std::int64_t seq);
+  DatasetConfig d_;
+  std::unique_ptr<TopicReader> reader_;
+  std::map<std::int64_t, std::string> paths_;  ///< seq -> local path
+  std::string last_error_;
+};
+
+}  // namespace diaspora::rehearsal::detail
