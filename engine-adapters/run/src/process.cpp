@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -54,6 +55,7 @@ pid_t spawn(const SpawnSpec& spec) {
   rlimit mem{};
   if (spec.memory_limit) mem.rlim_cur = mem.rlim_max = spec.memory_limit;
 
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
     const int e = errno;
@@ -63,6 +65,10 @@ pid_t spawn(const SpawnSpec& spec) {
   }
   if (pid == 0) {
     if (spec.new_process_group) ::setpgid(0, 0);
+    if (spec.parent_death_signal != 0) {
+      ::prctl(PR_SET_PDEATHSIG, spec.parent_death_signal);
+      if (::getppid() != parent) ::_exit(127);  // the parent died before the call
+    }
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);

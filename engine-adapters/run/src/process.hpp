@@ -25,6 +25,7 @@ struct SpawnSpec {
   std::optional<std::filesystem::path> stdout_file, stderr_file;  ///< appended to; default: inherited
   bool new_process_group = true;                  ///< setpgid(0, 0): signals reach the whole group
   std::uint64_t memory_limit = 0;                 ///< RLIMIT_AS in bytes; 0 = none
+  int parent_death_signal = 0;                    ///< sent to the child when the spawning thread dies (0: none)
 };
 
 /// Forks and execs. Returns the child's pid. Throws diaspora::Error (fork failed, or a

@@ -857,6 +857,7 @@ bool Runner::start_attempt(int ii, int ai, Site& s, Slot& slot) {
     if (::pipe2(pfd, O_CLOEXEC) != 0) throw Error("pipe: " + storage::errno_text(errno));
     SpawnSpec sp;
     if (is_job(inst.task)) {
+      sp.parent_death_signal = SIGTERM;  // the runner killed: the job checkpoints and stops (--resume continues it)
       try {
         sp.argv = job_argv(inst.task);
       } catch (const Error& e) {

@@ -1,0 +1,162 @@
+"""`diaspora run` with a rehearsal job: diaspora-train trained on the workflow's own scans.
+
+The job (dataset ptycho-stream) learns from the scans the ptycho-reconstruct instances
+announce with data.arrived events on the run's relay. Moving it to another site mid-stream
+(a migrate action: SIGTERM, checkpoint, resume there) and killing the runner (the job
+checkpoints on its parent's death; `--resume` continues it) both end with the same error
+matrix as a run left alone: no scan lost or trained twice.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import run_harness as rn
+
+
+def stream_spec(tmp: Path, policies: str = "", rate: float = 2, duration: str = "3s") -> Path:
+    return rn.write_spec(tmp, f"""version: 1
+name: learn-stream
+sites:
+  - {{name: edge, engine: local, workers: 2}}
+  - {{name: cluster, engine: local, workers: 2}}
+tasks:
+  - name: scan
+    kind: ptycho-reconstruct
+    args: {{iterations: 10, object_size: 64, probe_size: 16, scan_step: 4}}
+    rate: {rate}
+    duration: {duration}
+rehearsal:
+  - name: learn
+    site: edge
+    dataset: ptycho-stream
+    stream: scan
+    strategy: derpp
+    buffer_size: 50
+    set: {{train.epochs: 3, train.batch_size: 8}}
+""" + policies)
+
+
+MOVE = """policies:
+  - name: move-learner
+    signal: task.step_time
+    detector: threshold
+    threshold: 0
+    for: 12
+    action: migrate
+    targets: [learn]
+    to_sites: [cluster]
+    max_attempts: 1
+"""
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "rehearsal" / "learn" / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory) -> dict:
+    """The job's summary in a run with no policy and no fault."""
+    tmp = tmp_path_factory.mktemp("undisturbed")
+    out = tmp / "out"
+    p = rn.run(stream_spec(tmp), out, "--no-policies")
+    assert p.returncode == 0, p.stdout + p.stderr
+    s = summary(out)
+    assert s["dataset"] == "ptycho-stream" and s["tasks"] == 6 and len(s["error_matrix"]) == 6
+    # Row i holds the scans seen after scan i only (the others had not been trained on).
+    assert all(v is None for i, row in enumerate(s["error_matrix"]) for v in row[i + 1:])
+    assert all(v is not None and 0 < v < 0.1 for row in s["error_matrix"] for v in row[:1])
+    return s
+
+
+def test_the_job_trains_on_every_scan_of_the_stream(tmp_path, undisturbed):
+    out = tmp_path / "out"
+    p = rn.run(stream_spec(tmp_path), out, "--no-policies")
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = rn.report(out)
+    job = rn.instance(rep, "learn.0")
+    assert job["state"] == "completed" and job["rehearsal"].endswith("rehearsal/learn")
+    assert job["attempts"][0]["site"] == "edge"
+    assert job["result"]["error_matrix"] == undisturbed["error_matrix"]  # deterministic: same scans, same order
+    assert job["result"]["steps"] == undisturbed["steps"]
+
+
+def test_migrated_mid_stream_it_ends_as_an_unmigrated_run(tmp_path, undisturbed):
+    out = tmp_path / "out"
+    p = rn.run(stream_spec(tmp_path, MOVE), out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = rn.report(out)
+    job = rn.instance(rep, "learn.0")
+    assert [a["site"] for a in job["attempts"]] == ["edge", "cluster"], job["attempts"]
+    assert job["attempts"][0]["outcome"] == "stopped" and "migration to cluster" in job["attempts"][0]["reason"]
+    moved = rn.actions(rep, "migrate")
+    assert moved and moved[0]["outcome"] == "done", moved
+    assert "(exit status 3, checkpointed)" in p.stdout
+    s = summary(out)
+    assert "resumed_from" in s and 0 < int(s["resumed_from"].rsplit("-", 1)[1]) < s["steps"]
+    assert s["error_matrix"] == undisturbed["error_matrix"] and s["steps"] == undisturbed["steps"]
+
+
+def test_runner_killed_then_resumed_the_job_continues_from_its_checkpoint(tmp_path):
+    spec = stream_spec(tmp_path, rate=1, duration="6s")
+    ref = tmp_path / "ref"
+    p = rn.run(spec, ref, "--no-policies")
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = tmp_path / "out"
+    p = subprocess.Popen([str(rn.DIASPORA), "run", str(spec), "--out", str(out), "--no-policies"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    for line in p.stdout:  # kill it once the job has trained on a few scans
+        if " done scan.3 " in line or time.monotonic() > deadline:
+            break
+    time.sleep(0.5)
+    p.kill()
+    p.wait(timeout=10)
+    # The trainer gets SIGTERM when its runner dies: it checkpoints and exits.
+    ckpt = out / "rehearsal" / "learn" / "checkpoint" / "LATEST"
+    for _ in range(200):
+        busy = subprocess.run(["pgrep", "-f", str(out / "rehearsal")], capture_output=True).returncode == 0
+        if not busy:
+            break
+        time.sleep(0.1)
+    assert not busy and ckpt.is_file()
+    r = subprocess.run([str(rn.DIASPORA), "run", str(spec), "--resume", str(out), "--no-policies"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = summary(out)
+    assert "resumed_from" in s
+    want = json.loads((ref / "rehearsal" / "learn" / "summary.json").read_text())
+    assert s["error_matrix"] == want["error_matrix"] and s["steps"] == want["steps"]
+
+
+def test_rehearsal_jobs_it_cannot_run_are_refused_with_their_place(tmp_path):
+    spec = rn.write_spec(tmp_path, """version: 1
+name: refused-jobs
+sites:
+  - {name: a, engine: local}
+tasks:
+  - name: nap
+    kind: sleep
+    args: {seconds: 1}
+rehearsal:
+  - name: learn
+    dataset: ptycho-stream
+    stream: nap
+    strategy: er
+    checkpoint_every: 30s
+""")
+    p = rn.run(spec, tmp_path / "out")
+    assert p.returncode == 2
+    assert f"{spec}:12:13: error: rehearsal[0].stream: task 'nap' does not write scan files" in p.stderr, p.stderr
+    assert "rehearsal[0].checkpoint_every: not supported by `diaspora run` yet" in p.stderr, p.stderr
+    assert not (tmp_path / "out").exists()
+    bad = rn.write_spec(tmp_path, spec.read_text().replace("    stream: nap\n", "").replace("    checkpoint_every: 30s\n", ""),
+                        "bad.yaml")
+    p = rn.run(bad, tmp_path / "out")
+    assert p.returncode == 2
+    assert "rehearsal[0].dataset: ptycho-stream needs 'stream'" in p.stderr, p.stderr
