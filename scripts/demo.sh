@@ -9,7 +9,8 @@ echo "== Diaspora demo =="
 echo
 echo "-- the main job: a ptychography stream on two local sites, a 4x slow-down of one"
 echo "   site and a 5 s relay outage injected; the plugin's policies migrate the"
-echo "   reconstructions off the slow site (about 70 s)"
+echo "   reconstructions off the slow site, and a continual-learning job (diaspora-train)"
+echo "   learns from each scan as it is reconstructed (about 80 s)"
 run_dir="runs/demo-$(date +%Y%m%d-%H%M%S)"
 # DIASPORA_DEMO_QUICK=1 (the test of this script in sanitizer builds, where the
 # reconstructions run tens of times slower) makes each reconstruction smaller.
@@ -24,8 +25,15 @@ fi
 import json, sys
 r = json.load(open(sys.argv[1]))
 s = r["summary"]
-print(f"\n{s['completed']} of {s['instances']} scans reconstructed, {s['deadline_misses']} deadline misses, "
-      f"{s['actions']} actions, plugin events lost: {r['plugin']['stats']['events_lost']}")
+scans = [i for i in r["instances"] if "rehearsal" not in i]
+print(f"\n{sum(i['state'] == 'completed' for i in scans)} of {len(scans)} scans reconstructed, "
+      f"{s['deadline_misses']} deadline misses, {s['actions']} actions, "
+      f"plugin events lost: {r['plugin']['stats']['events_lost']}")
+for j in (i for i in r["instances"] if "rehearsal" in i):
+    res = j.get("result", {})
+    print(f"  rehearsal job {j['task']}: {j['state']}"
+          + (f", trained on {res['tasks']} scans, final average error {res['average_error']:.4f} (in {j['rehearsal']})"
+             if "average_error" in res else ""))
 for f in r["faults"]:
     for h in f["hit"]:
         if h["reaction_s"] is not None:
