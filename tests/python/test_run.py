@@ -162,8 +162,10 @@ tasks:
     for k in range(2):
         res = rn.instance(rep, f"rec.{k}")["result"]
         f = Path(res["file"])
-        assert f.is_file() and f.stat().st_size == 64 * 64 * 8 == res["bytes"]
         assert res["positions"] >= 169
+        n, P = 16, res["positions"]  # the scan file: header, corners, patterns, probe, object, CRC
+        assert f.is_file() and f.stat().st_size == 24 + P * 8 + P * n * n * 4 + n * n * 4 + 64 * 64 * 8 + 4 == res["bytes"]
+        assert f.read_bytes()[:8] == b"DSPSCAN1"
         # A real reconstruction: the object found matches the simulated one far better than
         # the flat start (error 1 - |mean| ~ 0.4 for this object), and the data fits.
         assert res["object_error"] < 0.25, res

@@ -211,7 +211,9 @@ def test_stopped_relay_loses_no_event(tmp_path):
     assert "relay started again" in p.stdout
     rep = rn.report(out)
     stats = rep["plugin"]["stats"]
-    assert stats["events_lost"] == 0 and stats["events_acked"] == stats["events_accepted"]
+    # Every event acked (a batch acked by the relay just as the connection dropped is acked
+    # again when its spooled copy is replayed, so the counter may exceed the events).
+    assert stats["events_lost"] == 0 and stats["events_acked"] >= stats["events_accepted"]
     assert stats["close_status"] == "DIASPORA_OK" and stats["reconnects"] >= 1
     events = rn.stored_events(out, "faults.events", stats["events_accepted"])
     ids = [(e["source"], e["id"]) for e in events]
