@@ -2,6 +2,7 @@
 
 #include <boost/json/value.hpp>
 
+#include <algorithm>
 #include <fstream>
 
 namespace diaspora {
@@ -33,25 +34,31 @@ TopicReader::~TopicReader() {
 
 std::vector<json::object> TopicReader::poll(std::chrono::milliseconds wait) {
   std::vector<json::object> out;
-  auto frame = client_->poll_receive(wait);
-  while (frame) {
-    if (auto m = RelayClient::parse_frame(*frame)) {
-      const json::value* op = m->if_contains("op");
-      if (op && op->is_string() && op->get_string() == "error")
-        throw RelayClientError("the relay refused to read " + topic_ + " back: " + frame->substr(0, 300));
-      const json::value* events = m->if_contains("events");
-      if (events && events->is_array())
-        for (const auto& item : events->get_array()) {
-          if (!item.is_object()) continue;
-          const json::value* ev = item.get_object().if_contains("event");
-          if (!ev || !ev->is_object()) continue;
-          out.push_back(ev->get_object());
-          ++delivered_;
-        }
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    // Until the first event: wait out `wait` (frames that carry no event, such as the
+    // subscription's confirmation, do not end it); then take only what is already here.
+    auto left = std::chrono::milliseconds(0);
+    if (out.empty())
+      left = std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                         deadline - std::chrono::steady_clock::now()));
+    auto frame = client_->poll_receive(left);
+    if (!frame) return out;
+    auto m = RelayClient::parse_frame(*frame);
+    if (!m) continue;
+    const json::value* op = m->if_contains("op");
+    if (op && op->is_string() && op->get_string() == "error")
+      throw RelayClientError("the relay refused to read " + topic_ + " back: " + frame->substr(0, 300));
+    const json::value* events = m->if_contains("events");
+    if (!events || !events->is_array()) continue;
+    for (const auto& item : events->get_array()) {
+      if (!item.is_object()) continue;
+      const json::value* ev = item.get_object().if_contains("event");
+      if (!ev || !ev->is_object()) continue;
+      out.push_back(ev->get_object());
+      ++delivered_;
     }
-    frame = client_->poll_receive(std::chrono::milliseconds(0));  // take what is already here
   }
-  return out;
 }
 
 }  // namespace diaspora

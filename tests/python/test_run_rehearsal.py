@@ -96,6 +96,12 @@ def test_migrated_mid_stream_it_ends_as_an_unmigrated_run(tmp_path, undisturbed)
     assert job["attempts"][0]["outcome"] == "stopped" and "migration to cluster" in job["attempts"][0]["reason"]
     moved = rn.actions(rep, "migrate")
     assert moved and moved[0]["outcome"] == "done", moved
+    # The decision is on the report's timeline too: its anomaly score, read back from the relay.
+    seen = [a for a in rep["anomalies"] if a.get("task") == "learn.0"]
+    assert seen and seen[0]["series"] == "task.step_time:learn.0" and seen[0]["detector"] == "threshold", rep["anomalies"]
+    assert 0 <= seen[0]["score"] <= 1 and 0 < seen[0]["t_s"] < rep["duration_s"]
+    html = (out / "report.html").read_text()
+    assert "<circle" in html and "anomaly " in html and "task.step_time:learn.0" in html
     assert "(exit status 3, checkpointed)" in p.stdout
     s = summary(out)
     assert "resumed_from" in s and 0 < int(s["resumed_from"].rsplit("-", 1)[1]) < s["steps"]

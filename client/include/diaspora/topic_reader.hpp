@@ -32,8 +32,9 @@ class TopicReader {
   TopicReader(const TopicReader&) = delete;
   TopicReader& operator=(const TopicReader&) = delete;
 
-  /// The events that arrived within `wait` (empty when none did: at the log's end, nothing
-  /// new yet). Frames that are not event deliveries are skipped.
+  /// The events that arrived: waits up to `wait` for the first one, then takes the ones
+  /// already received. Empty when none came within `wait` (at the log's end, nothing new
+  /// yet). Frames that are not event deliveries are skipped.
   /// @throws RelayClientError if the relay refuses the subscription or the connection drops.
   std::vector<boost::json::object> poll(std::chrono::milliseconds wait);
 

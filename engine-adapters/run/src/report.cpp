@@ -88,6 +88,29 @@ struct Lanes {
     }
   }
   int size() const { return static_cast<int>(names.size()); }
+  /// The row of an anomaly (report.json "anomalies"): the worker its task's attempt ran on
+  /// at that time, else its site's first worker; -1 when neither is known.
+  int anomaly_row(const json::object& r, const json::object& an) const {
+    const double t = num(an, "t_s");
+    const std::string task = str(an, "task");
+    if (!task.empty())
+      for (const auto& i : arr(r, "instances"))
+        for (const auto& a : arr(i.as_object(), "attempts")) {
+          const auto& ao = a.as_object();
+          const double e = num(ao, "end_s");
+          if (str(ao, "id") != task || num(ao, "start_s") < 0 || t < num(ao, "start_s") - 0.5 || (e >= 0 && t > e + 0.5))
+            continue;
+          if (auto it = index.find(str(ao, "worker")); it != index.end()) return it->second;
+        }
+    if (auto it = index.find(str(an, "site") + "/worker-0"); it != index.end()) return it->second;
+    return -1;
+  }
+  /// An anomaly's colour: yellow (score 0) to dark red (score 1).
+  static Rgb anomaly_colour(double score) {
+    const double k = std::clamp(score, 0.0, 1.0);
+    auto mix = [&](int a, int b) { return static_cast<std::uint8_t>(std::lround(a + (b - a) * k)); };
+    return {mix(0xf9, 0x8e), mix(0xa8, 0x0e), mix(0x25, 0x0e)};
+  }
   /// The rows [first, end) a fault's band covers: its site's workers for slow-site, else all.
   std::pair<int, int> fault_rows(const json::object& fault) const {
     int first = -1, last = -1;
@@ -161,6 +184,16 @@ std::string report_html(const json::object& r) {
                "): " + str(ao, "reason"))
         << "</title></path>\n";
   }
+  for (const auto& an : arr(r, "anomalies")) {  // the policies' anomaly scores, on the lane of what they saw
+    const auto& o = an.as_object();
+    const int row = lanes.anomaly_row(r, o);
+    if (row < 0 || num(o, "t_s") < 0) continue;
+    svg << "<circle cx='" << x_of(num(o, "t_s")) << "' cy='" << top + row * lane_h + lane_h / 2 << "' r='3.5' fill='"
+        << hex(Lanes::anomaly_colour(num(o, "score", 0))) << "' stroke='#222' stroke-width='0.5'><title>"
+        << esc("anomaly " + fixed(num(o, "score", 0), 2) + " (" + str(o, "detector") + ") " + str(o, "series") + ": " +
+               str(o, "explanation"))
+        << "</title></circle>\n";
+  }
   for (int k = 0; k <= 10; ++k) {
     const double t = duration * k / 10;
     svg << "<text x='" << x_of(t) - 8 << "' y='" << height - 6 << "' fill='#555'>" << fixed(t, 0) << "s</text>";
@@ -183,7 +216,7 @@ std::string report_html(const json::object& r) {
     << str(sum, "deadline_misses") << " of " << str(sum, "with_deadline") << "</td><td>" << str(sum, "actions")
     << "</td><td>" << (rs.contains("mean_s") ? fixed(num(rs, "mean_s"), 2) + " / " + fixed(num(rs, "max_s"), 2) : "-")
     << "</td></tr></table>\n<h2>Timeline</h2><p>Bars: attempts (green completed, red failed, orange stopped by an "
-       "action, grey cancelled); red bands: faults; purple marks: actions. Hover for details.</p>\n"
+       "action, grey cancelled); red bands: faults; purple marks: actions; dots: the policies' anomaly scores (yellow low, dark red 1). Hover for details.</p>\n"
     << svg.str() << "\n<h2>Faults</h2><table><tr><th>kind</th><th>at (s)</th><th>target</th><th>hit</th>"
                     "<th>reaction (s)</th></tr>";
   for (const auto& f : arr(r, "faults")) {
@@ -271,6 +304,13 @@ std::string timeline_png(const json::object& r) {
     const int x = x_of(t);
     for (int k = 0; k < 8; ++k) c.line(x - k / 2, bottom + 4 + k, x + k / 2, bottom + 4 + k, action);
   }
+  for (const auto& an : arr(r, "anomalies")) {
+    const auto& o = an.as_object();
+    const int row = lanes.anomaly_row(r, o);
+    if (row < 0 || num(o, "t_s") < 0) continue;
+    const int x = x_of(num(o, "t_s")), y = top + row * lane_h + lane_h / 2;
+    c.fill_rect(x - 2, y - 2, 5, 5, Lanes::anomaly_colour(num(o, "score", 0)));
+  }
   c.line(left, bottom, right, bottom, black);
   for (int k = 0; k <= 10; ++k) {
     const double t = duration * k / 10;
@@ -279,7 +319,7 @@ std::string timeline_png(const json::object& r) {
     c.text(x_of(t) - Raster::text_width(label, 1) / 2, bottom + 16, label, 1, black);
   }
   const std::string title = str(r, "workflow") + ": attempts per worker (green completed, red failed, orange stopped, "
-                            "grey cancelled), faults shaded, actions marked below";
+                            "grey cancelled), faults shaded, anomaly scores as dots, actions marked below";
   c.text(4, 6, title, 1, black);
   return c.png();
 }

@@ -7,8 +7,11 @@
 // Thread safety: plain functions, runner thread.
 #pragma once
 
+#include <boost/json/object.hpp>
+
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -23,9 +26,14 @@ struct PriorRun {
   std::uint64_t events = 0;                  ///< events read
 };
 
-/// Reads every event of `topic` from the relay at `url` (subscribes from the earliest
-/// offset and reads until the relay has nothing more for a second, at most `limit_s`).
+/// Calls `each` with every event of `topic` on the relay at `url`, in log order (subscribes
+/// from the earliest offset and reads until the relay has nothing more for a second, at
+/// most `limit_s`). Returns the number of events read.
 /// Throws diaspora::Error (RelayClientError) when the relay cannot be read.
+std::uint64_t read_topic(const std::string& url, const std::filesystem::path& ca_file, const std::filesystem::path& token_file,
+                         const std::string& topic, double limit_s, const std::function<void(const boost::json::object&)>& each);
+
+/// read_topic() folded into what the earlier run did.
 PriorRun read_prior_run(const std::string& url, const std::filesystem::path& ca_file,
                         const std::filesystem::path& token_file, const std::string& topic, double limit_s = 120);
 

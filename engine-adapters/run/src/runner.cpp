@@ -266,6 +266,7 @@ class Runner {
   std::pair<fs::path, fs::path> relay_credentials() const;  ///< CA file, token file
 
   // ---- report
+  void read_anomalies();
   void write_report(int exit_status);
 
   const SpecInput& in_;
@@ -301,6 +302,7 @@ class Runner {
   std::string stop_reason_;
   fs::path data_dir_, tasks_dir_, ckpt_dir_;
   json::object plugin_stats_;
+  json::array anomalies_;  ///< the policies' anomaly.predicted events, read back for the report
   int view_lines_ = 0;
   double view_next_ = 0, view_events_t_ = 0, view_rate_ = 0;
   std::uint64_t view_events_ = 0;
@@ -1796,10 +1798,40 @@ int Runner::run() {
                    {"events_spilled", st.events_spilled},   {"events_lost", st.events_lost},
                    {"events_rejected", st.events_rejected}, {"reconnects", st.reconnects},
                    {"actions_received", st.actions_received}, {"close_status", lib_->status_name(rc)}};
+  read_anomalies();
   write_report(status);
   if (relay_) relay_->stop();
   say("report: " + (opt_.out_dir / "report.json").string() + ", " + (opt_.out_dir / "report.html").string());
   return status;
+}
+
+// The anomaly scores the policies published (org.diaspora.anomaly.predicted), read back from
+// the events topic for the report's timeline: time since the start, score, series, task.
+void Runner::read_anomalies() {
+  if (spec_.policies.empty() || opt_.baseline_retry_after_s) return;
+  const auto [ca, token] = relay_credentials();
+  const std::string topic = spec_.relay.topic_prefix.value_or(spec_.name) + ".events";
+  constexpr std::size_t kMax = 5000;
+  try {
+    read_topic(relay_url_, ca, token, topic, 30, [&](const json::object& e) {
+      const json::value* type = e.if_contains("type");
+      const json::value* data = e.if_contains("data");
+      const json::value* time = e.if_contains("time");
+      if (anomalies_.size() >= kMax || !type || !type->is_string() || type->get_string() != "org.diaspora.anomaly.predicted" ||
+          !data || !data->is_object() || !time || !time->is_string())
+        return;
+      const auto tp = parse_rfc3339(std::string(time->get_string()));
+      if (!tp) return;
+      const auto us = std::chrono::duration_cast<std::chrono::microseconds>(tp->time_since_epoch()).count();
+      json::object a{{"t_s", std::round(static_cast<double>(us - start_us_) / 1e3) / 1e3}};
+      for (const char* k : {"score", "series", "detector", "explanation", "site"})
+        if (const json::value* v = data->get_object().if_contains(k)) a[k] = *v;
+      if (const json::value* v = data->get_object().if_contains("task_id")) a["task"] = *v;
+      anomalies_.push_back(std::move(a));
+    });
+  } catch (const std::exception& e) {
+    say(std::string("warning: the anomaly scores were not read back for the report: ") + e.what());
+  }
 }
 
 void Runner::write_report(int exit_status) {
@@ -1823,6 +1855,7 @@ void Runner::write_report(int exit_status) {
                                  {"completed", s.completed},
                                  {"failed", s.failed}});
   r["sites"] = std::move(sites);
+  r["anomalies"] = anomalies_;
   json::array insts;
   long completed = 0, failed = 0, cancelled = 0, misses = 0, with_deadline = 0, attempts = 0;
   for (const auto& inst : insts_) {
