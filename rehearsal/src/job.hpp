@@ -257,6 +257,7 @@ class Job {
   std::int64_t buffer_capacity_ = 0;            // slots of the buffers over all ranks
   std::unique_ptr<ScanFeed> feed_;              // ptycho-stream's source
   int progress_fd_ = -1;                        // DIASPORA_PROGRESS_FD (rank 0 under diaspora run)
+  bool checkpoint_asked_ = false;               // a rank got SIGUSR1: checkpoint at this step
 };
 
 }  // namespace detail

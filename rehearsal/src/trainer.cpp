@@ -382,8 +382,12 @@ std::vector<double> Job::evaluate() {
 // all-reduce) the state of a background checkpoint, which completes it once every rank's
 // file is durable.
 int Job::agree_stop(int local) {
-  const auto v = max_over_ranks({local, checkpoint_state()});
+  // A checkpoint request (SIGUSR1) rides in the same all-reduce: every rank sees it at the
+  // same step, so they checkpoint together.
+  const int asked = opt_.checkpoint_flag && opt_.checkpoint_flag->exchange(0) != 0 ? 1 : 0;
+  const auto v = max_over_ranks({local, checkpoint_state(), asked});
   poll_checkpoint(static_cast<int>(v[1]));
+  checkpoint_asked_ = v[2] != 0;
   return static_cast<int>(v[0]);
 }
 
@@ -619,7 +623,11 @@ int Job::train() {
           }
           // Not on a task's last step: the task-end checkpoint of that same step follows.
           const bool task_done = pos_.batch == spe && pos_.epoch + 1 == cfg_.train.epochs;
-          if (cfg_.checkpoint_every > 0 && pos_.step % cfg_.checkpoint_every == 0 && !task_done)
+          if (checkpoint_asked_ && !task_done) {
+            if (rank_ == 0) print_line("checkpoint requested (SIGUSR1): writing ckpt-" + std::to_string(pos_.step));
+            save_checkpoint("request", true);
+          }
+          else if (cfg_.checkpoint_every > 0 && pos_.step % cfg_.checkpoint_every == 0 && !task_done)
             save_checkpoint("period", true);
         }
       }

@@ -6,7 +6,7 @@
 //
 // --world-size N alone spawns N local ranks (this binary again, with --rank/--master on a
 // free loopback port) and waits for them; SIGTERM/SIGINT are forwarded to the ranks,
-// which checkpoint and exit 3. Exit statuses: see TrainExit in diaspora/trainer.hpp.
+// which checkpoint and exit 3 (SIGUSR1 too: they checkpoint and go on). Exit statuses: see TrainExit in diaspora/trainer.hpp.
 #include <CLI/CLI.hpp>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -31,10 +31,11 @@ namespace dr = diaspora::rehearsal;
 namespace {
 
 std::atomic<int> g_stop{0};
+std::atomic<int> g_checkpoint{0};
 std::vector<pid_t> g_children;
 
 extern "C" void on_signal(int sig) {
-  g_stop.store(1);
+  (sig == SIGUSR1 ? g_checkpoint : g_stop).store(1);
   for (pid_t p : g_children) ::kill(p, sig == SIGINT ? SIGTERM : sig);  // async-signal-safe
 }
 
@@ -44,6 +45,7 @@ void install_handlers() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);  // checkpoint now and go on
 }
 
 int free_loopback_port() {
@@ -211,5 +213,6 @@ int main(int argc, char** argv) {
   o.checkpoint_delay_ms = checkpoint_delay_ms;
   o.progress_bar = o.rank == 0 && ::isatty(2);
   o.stop_flag = &g_stop;
+  o.checkpoint_flag = &g_checkpoint;
   return dr::run_trainer(cfg, o);
 }

@@ -10,6 +10,7 @@ matrix as a run left alone: no scan lost or trained twice.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -75,8 +76,12 @@ def undisturbed(tmp_path_factory) -> dict:
 
 
 def test_the_job_trains_on_every_scan_of_the_stream(tmp_path, undisturbed):
+    # ... with a checkpoint every second besides (SIGUSR1: the trainer checkpoints and goes on,
+    # which changes nothing in what it learns).
     out = tmp_path / "out"
-    p = rn.run(stream_spec(tmp_path), out, "--no-policies")
+    spec = stream_spec(tmp_path)
+    spec.write_text(spec.read_text().replace("    buffer_size: 50\n", "    buffer_size: 50\n    checkpoint_every: 1s\n"))
+    p = rn.run(spec, out, "--no-policies")
     assert p.returncode == 0, p.stdout + p.stderr
     rep = rn.report(out)
     job = rn.instance(rep, "learn.0")
@@ -84,6 +89,7 @@ def test_the_job_trains_on_every_scan_of_the_stream(tmp_path, undisturbed):
     assert job["attempts"][0]["site"] == "edge"
     assert job["result"]["error_matrix"] == undisturbed["error_matrix"]  # deterministic: same scans, same order
     assert job["result"]["steps"] == undisturbed["steps"]
+    assert "checkpoint requested (SIGUSR1): writing ckpt-" in (out / "tasks" / "learn.0.1.err").read_text()
 
 
 def test_migrated_mid_stream_it_ends_as_an_unmigrated_run(tmp_path, undisturbed):
@@ -154,15 +160,34 @@ rehearsal:
     dataset: ptycho-stream
     stream: nap
     strategy: er
-    checkpoint_every: 30s
 """)
     p = rn.run(spec, tmp_path / "out")
     assert p.returncode == 2
     assert f"{spec}:12:13: error: rehearsal[0].stream: task 'nap' does not write scan files" in p.stderr, p.stderr
-    assert "rehearsal[0].checkpoint_every: not supported by `diaspora run` yet" in p.stderr, p.stderr
     assert not (tmp_path / "out").exists()
-    bad = rn.write_spec(tmp_path, spec.read_text().replace("    stream: nap\n", "").replace("    checkpoint_every: 30s\n", ""),
-                        "bad.yaml")
+    bad = rn.write_spec(tmp_path, spec.read_text().replace("    stream: nap\n", ""), "bad.yaml")
     p = rn.run(bad, tmp_path / "out")
     assert p.returncode == 2
     assert "rehearsal[0].dataset: ptycho-stream needs 'stream'" in p.stderr, p.stderr
+
+
+def test_sigint_checkpoints_the_job_before_the_report(tmp_path):
+    spec = stream_spec(tmp_path, rate=1, duration="6s")
+    out = tmp_path / "out"
+    p = subprocess.Popen([str(rn.DIASPORA), "run", str(spec), "--out", str(out), "--no-policies"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    deadline = time.monotonic() + 60
+    for line in p.stdout:
+        lines.append(line)
+        if " done scan.2 " in line or time.monotonic() > deadline:
+            break
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    rest, _ = p.communicate(timeout=120)
+    text = "".join(lines) + rest
+    assert p.returncode == 1, text
+    assert "rehearsal job learn.0 stopped on edge (exit status 3, checkpointed)" in text, text
+    assert (out / "rehearsal" / "learn" / "checkpoint" / "LATEST").is_file()
+    rep = rn.report(out)
+    assert rep["interrupted"] and rn.instance(rep, "learn.0")["state"] == "cancelled"

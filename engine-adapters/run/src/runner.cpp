@@ -130,6 +130,7 @@ struct Slot {
   double respawn_at = -1;
   std::string pending_checkpoint;  ///< action id waiting for "checkpointed"
   int draining_inst = -1;          ///< a rehearsal job told to checkpoint and stop, not exited yet
+  double next_checkpoint = 0;      ///< a rehearsal job's next checkpoint_every signal
   double drain_deadline = 0;       ///< ... killed if it has not exited by then
   bool idle() const { return ready && inst < 0 && draining_inst < 0; }
 };
@@ -494,6 +495,18 @@ bool Runner::draining(int ii) const {
 
 void Runner::jobs_tick() {
   const double t = now();
+  for (auto& s : sites_)  // checkpoint_every: SIGUSR1 (the trainer checkpoints at its next step and goes on)
+    for (auto& slot : s.slots) {
+      if (slot.cmd_pid <= 0 || slot.inst < 0 || slot.draining_inst >= 0) continue;
+      const Instance& inst = insts_[static_cast<std::size_t>(slot.inst)];
+      const Attempt& a = inst.attempts[static_cast<std::size_t>(slot.att)];
+      if (!is_job(inst.task) || !job_of(inst.task).checkpoint_every || a.progress <= 0) continue;
+      const double every = job_of(inst.task).checkpoint_every->count();
+      if (slot.next_checkpoint <= 0) slot.next_checkpoint = t + every;
+      if (t < slot.next_checkpoint) continue;
+      signal_group(slot.cmd_pid, SIGUSR1);
+      slot.next_checkpoint = t + every;
+    }
   for (auto& s : sites_)  // a job that does not stop when told: killed (it resumes from its last checkpoint)
     for (auto& slot : s.slots)
       if (slot.draining_inst >= 0 && t > slot.drain_deadline && slot.cmd_pid > 0) {
@@ -894,6 +907,7 @@ bool Runner::start_attempt(int ii, int ai, Site& s, Slot& slot) {
     track_group(slot.cmd_pid, true);
     slot.progress = LineChannel(pfd[0]);
     slot.next_beat = now() + opt_.heartbeat_s;
+    slot.next_checkpoint = 0;
     if (s.stopped_phase) signal_group(slot.cmd_pid, SIGSTOP);
   }
   say("start " + a.hook_id + " attempt " + std::to_string(a.number) + " on " + worker + " (" + a.cause + ")");
@@ -1145,6 +1159,8 @@ void Runner::carry_out(const diaspora_action& a, ActionRecord& rec) {
     }
     case DIASPORA_ACTION_SPECULATE: {
       if (inst.state != InstState::running) return ack(a.id, false, inst.id + " is not running (" + std::string(to_string(inst.state)) + ")");
+      if (is_job(inst.task))
+        return ack(a.id, false, "a rehearsal job is not copied (two trainers would share its checkpoints); migrate it instead");
       Attempt n;
       n.hook_id = inst.id + "@copy" + std::to_string(++inst.copies);
       n.speculative = true;
@@ -1163,6 +1179,8 @@ void Runner::carry_out(const diaspora_action& a, ActionRecord& rec) {
       if (!cur.live()) return ack(a.id, false, cur.hook_id + " is not running");
       Site* s = find_site(cur.site);
       Slot& slot = s->slots[static_cast<std::size_t>(cur.slot)];
+      if (slot.cmd_pid > 0 && is_job(inst.task) && cur.step <= 0 && cur.progress <= 0)
+        return ack(a.id, false, cur.hook_id + " has not started training yet (nothing to checkpoint)");
       if (slot.cmd_pid > 0) {
         signal_group(slot.cmd_pid, SIGUSR1);
         return ack(a.id, true, "SIGUSR1 sent to the command's process group");

@@ -159,10 +159,6 @@ void check_runnable(const WorkflowSpec& spec, const YamlDocument& doc, std::vect
     if (trainer_executable().empty())
       add(base, j.location, "rehearsal jobs run diaspora-train, which is not next to diaspora-run (" +
                                 self_executable().parent_path().string() + "): build with DIASPORA_WITH_TORCH=ON");
-    if (j.checkpoint_every)
-      add(base + ".checkpoint_every", at(base + ".checkpoint_every", j.location),
-          "not supported by `diaspora run` yet: the job checkpoints at the end of every task (every scan of a "
-          "ptycho-stream) and when it is stopped or moved; remove the key");
     if (j.world_size > cores)
       add(base + ".world_size", at(base + ".world_size", j.location),
           std::to_string(j.world_size) + " ranks but this host has " + std::to_string(cores) + " cores (local sites share them)");

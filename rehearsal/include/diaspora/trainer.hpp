@@ -116,6 +116,10 @@ struct RankOptions {
   bool progress_bar = false;      ///< draw a progress bar on stderr (rank 0)
   /// Set from a signal handler (SIGTERM/SIGINT): checkpoint at the next step and stop.
   const std::atomic<int>* stop_flag = nullptr;
+  /// Set from a signal handler (SIGUSR1): write a checkpoint at the next step and go on
+  /// (the trainer clears it). `diaspora run` sends SIGUSR1 for a checkpoint action and
+  /// every `checkpoint_every` of a rehearsal job.
+  std::atomic<int>* checkpoint_flag = nullptr;
 };
 
 /// Writes "diaspora-train: TEXT" and a newline to stderr in one write(2), after flushing
