@@ -63,6 +63,13 @@ std::string encode_scan(const ScanFile& scan) {
       scan.object.size() != std::size_t{s} * s)
     throw Error("scan: array sizes do not match object_size " + std::to_string(s) + ", patch " + std::to_string(n) +
                 " and " + std::to_string(p) + " positions");
+  // A diverged reconstruction is refused here, where it is made, not by every reader.
+  for (float v : scan.diffraction)
+    if (!std::isfinite(v)) throw Error("scan: a diffraction value is not finite");
+  for (float v : scan.probe_intensity)
+    if (!std::isfinite(v)) throw Error("scan: a probe intensity value is not finite");
+  for (auto v : scan.object)
+    if (!std::isfinite(v.real()) || !std::isfinite(v.imag())) throw Error("scan: an object value is not finite (the reconstruction diverged?)");
   std::string out;
   out.reserve(file_bytes(s, n, p));
   out.append(kMagic, sizeof kMagic);

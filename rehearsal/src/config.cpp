@@ -192,6 +192,7 @@ TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view
     if (const auto* v = o.if_contains("ca_file")) ds.ca_file = str(*v);
     if (const auto* v = o.if_contains("token_file")) ds.token_file = str(*v);
     if (const auto* v = o.if_contains("wait")) ds.wait_s = num(*v);
+    if (const auto* v = o.if_contains("scan_dir")) ds.scan_dir = str(*v);
   }
   if (const auto* t = root.if_contains("train")) {
     const json::object& o = t->as_object();
@@ -254,6 +255,7 @@ TrainerConfig load_trainer_config_file(const std::filesystem::path& file, const 
   resolve(c.checkpoint_dir);
   resolve(c.dataset.ca_file);
   resolve(c.dataset.token_file);
+  resolve(c.dataset.scan_dir);
   return c;
 }
 

@@ -21,7 +21,12 @@ void ScanFeed::take(const std::string& uri, std::int64_t seq) {
   if (!uri.starts_with(scheme) || uri.size() == scheme.size() || uri[scheme.size()] != '/')
     throw RehearsalError("scan " + std::to_string(seq) + " of stream '" + d_.stream + "' on " + d_.topic +
                          " has the URI '" + uri + "': ptycho-stream reads file:///absolute/path URIs only");
-  paths_.try_emplace(seq, uri.substr(scheme.size()));  // the first announcement of a seq counts
+  const std::string path = uri.substr(scheme.size());
+  if (!d_.scan_dir.empty()) {  // another run's scan on a shared relay log: not this stream's
+    const std::string dir = d_.scan_dir.ends_with('/') ? d_.scan_dir : d_.scan_dir + "/";
+    if (!path.starts_with(dir)) return;
+  }
+  paths_.try_emplace(seq, path);  // the first announcement of a seq counts
 }
 
 std::optional<std::filesystem::path> ScanFeed::wait_for(std::int64_t seq, const std::atomic<int>* stop) {

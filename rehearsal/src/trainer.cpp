@@ -387,7 +387,7 @@ int Job::agree_stop(int local) {
   const int asked = opt_.checkpoint_flag && opt_.checkpoint_flag->exchange(0) != 0 ? 1 : 0;
   const auto v = max_over_ranks({local, checkpoint_state(), asked});
   poll_checkpoint(static_cast<int>(v[1]));
-  checkpoint_asked_ = v[2] != 0;
+  checkpoint_asked_ = checkpoint_asked_ || v[2] != 0;  // until a checkpoint is written (same on every rank)
   return static_cast<int>(v[0]);
 }
 
@@ -448,7 +448,7 @@ void Job::log_step(double loss, double step_s, double wait_s, std::int64_t reps)
       char msg[160];
       const int len = std::snprintf(msg, sizeof msg, "progress %.6f %" PRId64 "\nmetric step_time %.6f\n",
                                     (pos_.task + frac) / cfg_.dataset.tasks, pos_.step, step_s);
-      [[maybe_unused]] const ssize_t w = ::write(progress_fd_, msg, static_cast<std::size_t>(len));
+      if (::write(progress_fd_, msg, static_cast<std::size_t>(len)) < 0 && errno == EPIPE) progress_fd_ = -1;  // reader gone
     }
     if (plugin_) {
       const double overall = (pos_.task + frac) / cfg_.dataset.tasks;
@@ -626,6 +626,7 @@ int Job::train() {
           if (checkpoint_asked_ && !task_done) {
             if (rank_ == 0) print_line("checkpoint requested (SIGUSR1): writing ckpt-" + std::to_string(pos_.step));
             save_checkpoint("request", true);
+            checkpoint_asked_ = false;
           }
           else if (cfg_.checkpoint_every > 0 && pos_.step % cfg_.checkpoint_every == 0 && !task_done)
             save_checkpoint("period", true);
@@ -655,6 +656,7 @@ int Job::train() {
       ++pos_.task;  // the checkpoint of a task's end resumes at the next task
       pos_.epoch = 0;
       save_checkpoint("task end", true);
+      checkpoint_asked_ = false;  // a request made during the task is answered by this one
       pos_ = next;
     }
     finish_checkpoint();  // the last task's checkpoint is durable before the job reports done

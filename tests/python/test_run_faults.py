@@ -165,7 +165,10 @@ def test_checkpoint_then_restart_resumes_from_it(tmp_path):
     assert ck and all(a["outcome"] in ("done", "failed") for a in ck)
     assert any(a["outcome"] == "done" and a["message"].startswith("checkpoint written at step") for a in ck), ck
     inst = rn.instance(rep, "burn.0")
-    assert len(inst["attempts"]) == 2 and inst["state"] == "completed"
+    # Two attempts, or more when under load the restarted attempt's own heartbeats stalled long
+    # enough for phi-accrual to restart it again: the one that finished resumed from a checkpoint.
+    assert len(inst["attempts"]) >= 2 and inst["state"] == "completed", inst["attempts"]
+    assert "died (killed by signal 9 (SIGKILL))" in inst["attempts"][0]["reason"], inst["attempts"][0]
     assert inst["result"]["resumed_from_step"] >= 2, inst["result"]
     assert (out / "checkpoints" / "burn.0.json").is_file()
 

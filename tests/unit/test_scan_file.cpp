@@ -88,6 +88,9 @@ TEST(ScanFile, EncodeRefusesInconsistentArrays) {
   s = small_scan();
   s.positions[1] = {0, 5};
   EXPECT_THROW(diaspora::encode_scan(s), diaspora::Error);
+  s = small_scan();
+  s.object[7] = {std::numeric_limits<float>::infinity(), 0};
+  EXPECT_THROW(diaspora::encode_scan(s), diaspora::Error);
 }
 
 }  // namespace

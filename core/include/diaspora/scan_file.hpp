@@ -35,7 +35,8 @@ struct ScanFile {
 
 /// Encodes `scan` in the layout above. Pure: any thread.
 /// @throws diaspora::Error if the sizes of its arrays do not match S, n and P, a corner is
-///         outside [0, S-n], or S, n or P is 0 or above the reader's limits.
+///         outside [0, S-n], S, n or P is 0 or above the reader's limits, or a value is
+///         not finite.
 std::string encode_scan(const ScanFile& scan);
 
 /// Decodes a scan file's bytes; `name` names it in messages. Pure: any thread.

@@ -65,16 +65,17 @@ pid_t spawn(const SpawnSpec& spec) {
   }
   if (pid == 0) {
     if (spec.new_process_group) ::setpgid(0, 0);
+    ::signal(SIGPIPE, SIG_DFL);
+    ::signal(SIGINT, SIG_DFL);
+    ::signal(SIGTERM, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    // After the defaults: a parent-death signal must not reach the parent's handlers.
     if (spec.parent_death_signal != 0) {
       ::prctl(PR_SET_PDEATHSIG, spec.parent_death_signal);
       if (::getppid() != parent) ::_exit(127);  // the parent died before the call
     }
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::signal(SIGPIPE, SIG_DFL);
-    ::signal(SIGINT, SIG_DFL);
-    ::signal(SIGTERM, SIG_DFL);
     if (out_fd >= 0) ::dup2(out_fd, 1);
     if (err_fd >= 0) ::dup2(err_fd, 2);
     // dup2 onto targets: first move sources above every target so that no source is overwritten.

@@ -469,6 +469,7 @@ std::vector<std::string> Runner::job_argv(std::size_t task) {
     set("dataset.relay", relay_url_);
     set("dataset.topic", spec_.relay.topic_prefix.value_or(spec_.name) + ".events");
     set("dataset.stream", *j.stream);
+    set("dataset.scan_dir", (data_dir_ / *j.stream).string());  // this run's scans only
     set("dataset.ca_file", ca.string());
     set("dataset.token_file", token.string());
     set("dataset.tasks", std::to_string(total));
@@ -875,9 +876,10 @@ bool Runner::start_attempt(int ii, int ai, Site& s, Slot& slot) {
       sp.parent_death_signal = SIGTERM;  // the runner killed: the job checkpoints and stops (--resume continues it)
       try {
         sp.argv = job_argv(inst.task);
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {  // diaspora::Error, or the job folder cannot be made
         ::close(pfd[0]);
         ::close(pfd[1]);
+        slot.inst = slot.att = -1;  // the slot is free again
         attempt_ended(ii, ai, false, e.what());
         return false;
       }
@@ -894,12 +896,13 @@ bool Runner::start_attempt(int ii, int ai, Site& s, Slot& slot) {
                     "DIASPORA_ATTEMPT=" + std::to_string(a.number),
                     "DIASPORA_SITE=" + s.spec->name,
                     "DIASPORA_DATA_DIR=" + (data_dir_ / ts.name).string()};
-    fs::create_directories(data_dir_ / ts.name);
     try {
+      fs::create_directories(data_dir_ / ts.name);
       slot.cmd_pid = spawn(sp);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       ::close(pfd[0]);
       ::close(pfd[1]);
+      slot.inst = slot.att = -1;  // the slot is free again
       attempt_ended(ii, ai, false, e.what());
       return false;
     }
@@ -1841,6 +1844,7 @@ void Runner::read_anomalies() {
       const auto tp = parse_rfc3339(std::string(time->get_string()));
       if (!tp) return;
       const auto us = std::chrono::duration_cast<std::chrono::microseconds>(tp->time_since_epoch()).count();
+      if (us < start_us_) return;  // an earlier run's (a relay log shared between runs)
       json::object a{{"t_s", std::round(static_cast<double>(us - start_us_) / 1e3) / 1e3}};
       for (const char* k : {"score", "series", "detector", "explanation", "site"})
         if (const json::value* v = data->get_object().if_contains(k)) a[k] = *v;

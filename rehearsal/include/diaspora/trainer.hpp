@@ -40,6 +40,7 @@ struct DatasetConfig {
   std::string topic;
   std::string stream;
   std::string ca_file, token_file;
+  std::string scan_dir;            ///< non-empty: only scan files under this folder count
   double wait_s = 600;             ///< fail when the next scan does not arrive within this
 };
 
