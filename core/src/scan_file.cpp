@@ -52,6 +52,12 @@ void check_corner(std::int32_t r, std::int32_t c, std::uint32_t s, std::uint32_t
                 ") puts the patch outside the object (corners must be in 0.." + std::to_string(hi) + ")");
 }
 
+// Every value of p[0..count) finite, else "NAME: a WHAT value is not finite".
+void check_finite(const float* p, std::size_t count, const std::string& name, const char* what) {
+  for (std::size_t i = 0; i < count; ++i)
+    if (!std::isfinite(p[i])) throw Error(name + ": a " + what + " value is not finite");
+}
+
 }  // namespace
 
 std::string encode_scan(const ScanFile& scan) {
@@ -64,12 +70,10 @@ std::string encode_scan(const ScanFile& scan) {
     throw Error("scan: array sizes do not match object_size " + std::to_string(s) + ", patch " + std::to_string(n) +
                 " and " + std::to_string(p) + " positions");
   // A diverged reconstruction is refused here, where it is made, not by every reader.
-  for (float v : scan.diffraction)
-    if (!std::isfinite(v)) throw Error("scan: a diffraction value is not finite");
-  for (float v : scan.probe_intensity)
-    if (!std::isfinite(v)) throw Error("scan: a probe intensity value is not finite");
-  for (auto v : scan.object)
-    if (!std::isfinite(v.real()) || !std::isfinite(v.imag())) throw Error("scan: an object value is not finite (the reconstruction diverged?)");
+  check_finite(scan.diffraction.data(), scan.diffraction.size(), name, "diffraction");
+  check_finite(scan.probe_intensity.data(), scan.probe_intensity.size(), name, "probe intensity");
+  // std::complex<float> is an array of two floats (re, im).
+  check_finite(reinterpret_cast<const float*>(scan.object.data()), scan.object.size() * 2, name, "object");
   std::string out;
   out.reserve(file_bytes(s, n, p));
   out.append(kMagic, sizeof kMagic);
@@ -121,8 +125,7 @@ ScanFile decode_scan(const std::string& bytes, const std::string& name) {
     v.resize(count);
     std::memcpy(v.data(), bytes.data() + at, count * 4);
     at += count * 4;
-    for (float x : v)
-      if (!std::isfinite(x)) throw Error(name + ": a " + what + " value is not finite");
+    check_finite(v.data(), count, name, what);
   };
   floats(scan.diffraction, std::size_t{p} * n * n, "diffraction");
   floats(scan.probe_intensity, std::size_t{n} * n, "probe intensity");

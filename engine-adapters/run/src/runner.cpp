@@ -172,6 +172,15 @@ struct Stream {
   long first_index = 0;  ///< the index of its first instance (after a resume, past the earlier run's)
 };
 
+// A JSON file's value. Throws (unreadable file, bad JSON).
+json::value read_json_file(const fs::path& file) {
+  std::ifstream f(file);
+  if (!f) throw Error("cannot read " + file.string());
+  std::stringstream text;
+  text << f.rdbuf();
+  return json::parse(text.str());
+}
+
 std::string fmt_time(double t) {
   char b[32];
   std::snprintf(b, sizeof b, "[%7.1fs]", t);
@@ -265,6 +274,8 @@ class Runner {
   bool draining(int ii) const;
   void jobs_tick();
   std::pair<fs::path, fs::path> relay_credentials() const;  ///< CA file, token file
+  /// The topic the plugin publishes the workflow's events on.
+  std::string events_topic() const { return spec_.relay.topic_prefix.value_or(spec_.name) + ".events"; }
 
   // ---- report
   void read_anomalies();
@@ -467,7 +478,7 @@ std::vector<std::string> Runner::job_argv(std::size_t task) {
     for (const auto& ts : spec_.tasks)
       if (ts.name == *j.stream) total = instances_of(ts);
     set("dataset.relay", relay_url_);
-    set("dataset.topic", spec_.relay.topic_prefix.value_or(spec_.name) + ".events");
+    set("dataset.topic", events_topic());
     set("dataset.stream", *j.stream);
     set("dataset.scan_dir", (data_dir_ / *j.stream).string());  // this run's scans only
     set("dataset.ca_file", ca.string());
@@ -627,7 +638,7 @@ void Runner::read_prior() {
     lib_->get_stats(plugin_, &st);
     if (st.connected && st.spool_records == 0) break;
   }
-  const std::string topic = spec_.relay.topic_prefix.value_or(spec_.name) + ".events";
+  const std::string topic = events_topic();
   const auto [ca, token] = relay_credentials();
   prior_ = read_prior_run(relay_url_, ca, token, topic);
   say("resume: read " + std::to_string(prior_.events) + " events of " + topic + "; " +
@@ -842,10 +853,7 @@ bool Runner::start_attempt(int ii, int ai, Site& s, Slot& slot) {
   long resume = 0;
   if (fs::exists(ckpt)) {
     try {
-      std::ifstream f(ckpt);
-      std::stringstream text;
-      text << f.rdbuf();
-      json::value c = json::parse(text.str());
+      const json::value c = read_json_file(ckpt);
       if (c.is_object() && c.get_object().contains("step") && c.get_object().at("step").is_int64())
         resume = static_cast<long>(c.get_object().at("step").get_int64());
     } catch (const std::exception&) {
@@ -1367,10 +1375,7 @@ void Runner::on_slot_process_exit(Site& s, Slot& slot, bool worker, int status) 
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
     if (is_job(insts_[static_cast<std::size_t>(ii)].task)) {  // the trainer's summary is the job's result
       try {
-        std::ifstream f(job_dir(insts_[static_cast<std::size_t>(ii)].task) / "summary.json");
-        std::stringstream text;
-        text << f.rdbuf();
-        if (json::value v = json::parse(text.str()); v.is_object()) insts_[static_cast<std::size_t>(ii)].result = v.get_object();
+        if (const json::value v = read_json_file(job_dir(insts_[static_cast<std::size_t>(ii)].task) / "summary.json"); v.is_object()) insts_[static_cast<std::size_t>(ii)].result = v.get_object();
       } catch (const std::exception& e) {
         say("warning: " + insts_[static_cast<std::size_t>(ii)].id + ": summary.json unreadable: " + e.what());
       }
@@ -1831,7 +1836,7 @@ int Runner::run() {
 void Runner::read_anomalies() {
   if (spec_.policies.empty() || opt_.baseline_retry_after_s) return;
   const auto [ca, token] = relay_credentials();
-  const std::string topic = spec_.relay.topic_prefix.value_or(spec_.name) + ".events";
+  const std::string topic = events_topic();
   constexpr std::size_t kMax = 5000;
   try {
     read_topic(relay_url_, ca, token, topic, 30, [&](const json::object& e) {
