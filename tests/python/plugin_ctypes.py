@@ -1,5 +1,5 @@
-"""ctypes binding of libdiaspora_plugin.so, written from plugin/include/diaspora/plugin.h,
-for tests that drive the plugin from Python (and from child processes that get killed).
+"""Raw ctypes access to libdiaspora_plugin.so (the declarations are the diaspora package's
+_abi module), returning the C status codes, for tests that drive the plugin from Python (and from child processes that get killed).
 
 Run as a script it is a tiny engine used by the crash tests:
     python3 plugin_ctypes.py SPEC TASKS [--kill-when-spooled N] [--close-timeout-ms MS]
@@ -22,56 +22,16 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("DIASPORA_BIN_DIR", REPO / "build" / "bin"))
 LIB = BIN.parent / "lib" / "libdiaspora_plugin.so"
 
+sys.path.insert(0, str(REPO / "engine-adapters" / "python"))
+from diaspora._abi import (ACTION_CALLBACK as ACTION_CB, MAX_ID, MAX_TEXT, ActionStruct as Action,  # noqa: E402,F401
+                           MetricValue, Stats, TaskInfo, _declare)
+
 OK, ERR_NULL, ERR_INVALID, ERR_CONFIG, ERR_IO, ERR_CLOSED, ERR_TIMEOUT, ERR_NOT_FOUND, ERR_EMPTY = range(9)
-MAX_ID, MAX_TEXT = 255, 4095
-
-
-class MetricValue(C.Structure):
-    _fields_ = [("name", C.c_char_p), ("value", C.c_double)]
-
-
-class TaskInfo(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), ("task_id", C.c_char_p), ("site", C.c_char_p),
-                ("worker", C.c_char_p), ("name", C.c_char_p), ("timestamp_us", C.c_int64),
-                ("attempt", C.c_int32), ("exit_code", C.c_int32), ("has_exit_code", C.c_int32),
-                ("retryable", C.c_int32), ("progress", C.c_double), ("step", C.c_int64),
-                ("deadline_s", C.c_double), ("reason", C.c_char_p),
-                ("metrics", C.POINTER(MetricValue)), ("metric_count", C.c_size_t)]
-
-
-class Action(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t), ("id", C.c_char * (MAX_ID + 1)), ("kind", C.c_int32),
-                ("kind_name", C.c_char * 16), ("task_id", C.c_char * (MAX_ID + 1)),
-                ("site", C.c_char * (MAX_ID + 1)), ("target_site", C.c_char * (MAX_ID + 1)),
-                ("reason", C.c_char * (MAX_TEXT + 1)), ("origin", C.c_char * 16), ("issued_us", C.c_int64)]
-
-
-class Stats(C.Structure):
-    _fields_ = [("struct_size", C.c_size_t)] + [(n, C.c_uint64) for n in (
-        "events_accepted", "events_acked", "events_spilled", "metrics_coalesced", "events_lost",
-        "spool_records", "spool_bytes", "reconnects", "invalid_transitions", "actions_received",
-        "events_rejected")] + [("connected", C.c_int32), ("control_connected", C.c_int32)]
-
-
-ACTION_CB = C.CFUNCTYPE(None, C.POINTER(Action), C.c_void_p)
 
 
 def load(path: Path = LIB) -> C.CDLL:
     lib = C.CDLL(str(path))
-    lib.diaspora_abi_version.restype = C.c_uint32
-    lib.diaspora_open_file.argtypes = [C.c_char_p, C.POINTER(C.c_void_p), C.c_char_p, C.c_size_t]
-    lib.diaspora_open_yaml.argtypes = [C.c_char_p, C.POINTER(C.c_void_p), C.c_char_p, C.c_size_t]
-    lib.diaspora_close.argtypes = [C.c_void_p, C.c_int64]
-    lib.diaspora_last_error.argtypes = [C.c_void_p, C.c_char_p, C.c_size_t]
-    lib.diaspora_last_error.restype = C.c_size_t
-    for hook in ("submitted", "started", "heartbeat", "progress", "completed", "failed", "cancelled"):
-        getattr(lib, f"diaspora_task_{hook}").argtypes = [C.c_void_p, C.POINTER(TaskInfo)]
-    lib.diaspora_poll_action.argtypes = [C.c_void_p, C.POINTER(Action)]
-    lib.diaspora_set_action_callback.argtypes = [C.c_void_p, ACTION_CB, C.c_void_p]
-    lib.diaspora_action_done.argtypes = [C.c_void_p, C.c_char_p, C.c_char_p]
-    lib.diaspora_action_failed.argtypes = [C.c_void_p, C.c_char_p, C.c_char_p]
-    lib.diaspora_get_stats.argtypes = [C.c_void_p, C.POINTER(Stats)]
-    lib.diaspora_status_name.restype = C.c_char_p
+    _declare(lib)
     return lib
 
 

@@ -201,3 +201,56 @@ async def collect_all(relay: RelayProcess, token: str, topic: str, n: int):
             out += [(e["offset"], e["event"]) for e in m["events"]]
     await ws.close()
     return out
+
+
+def write_spec(tmp_path: Path, creds: Credentials, token_file: Path, port: int, *, name: str = "plug",
+               sites: list[dict] | None = None, extra: dict | None = None, **plugin) -> Path:
+    """A workflow spec for an engine plugin talking to a relay on 127.0.0.1:`port`, its
+    spool under tmp_path; `extra` adds top-level sections (policies, tasks)."""
+    plugin.setdefault("spool_dir", str(tmp_path / "spool"))
+    plugin.setdefault("reconnect_max", "1s")
+    spec = {
+        "version": 1, "name": name,
+        "relay": {"url": f"wss://127.0.0.1:{port}", "ca_file": str(creds.ca), "token_file": str(token_file)},
+        "plugin": plugin,
+        "sites": sites or [{"name": "local", "engine": "local"}],
+        **(extra or {}),
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(json.dumps(spec))  # JSON is YAML
+    return path
+
+
+def relay_events(relay: RelayProcess, token: str, n: int, topic: str = "plug.events",
+                 counted=lambda e: e["type"].startswith("org.diaspora.task.")) -> list[dict]:
+    """Every event of `topic` from the start, once `n` of them satisfy `counted` (then
+    whatever else is already there, read until 0.5 s pass without more)."""
+    async def go():
+        ws = await session(relay, token)
+        await ws.send(json.dumps({"op": "subscribe", "id": "all", "topic": topic, "from": "earliest"}))
+        out, deadline = [], time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                m = await asyncio.wait_for(ws.recv(), 0.5)
+            except asyncio.TimeoutError:
+                if sum(1 for e in out if counted(e)) >= n:
+                    break
+                continue
+            m = json.loads(m)
+            if m["op"] == "events":
+                out += [e["event"] for e in m["events"]]
+        await ws.close()
+        return out
+    return run(go())
+
+
+def publish_action(relay: RelayProcess, token: str, data: dict, topic: str = "plug.control.engine") -> None:
+    """Publishes an operator's org.diaspora.action.requested (`data`: action_id, action,
+    reason, ...) on an engine's control topic and waits for the relay's ack."""
+    async def go():
+        ws = await session(relay, token)
+        ev = event(data["action_id"], source="/operator", type_="org.diaspora.action.requested", data=data)
+        await ws.send(json.dumps({"op": "publish", "topic": topic, "seq": 0, "events": [ev]}))
+        ack = await recv(ws)
+        assert ack["op"] == "ack", ack
+    run(go())

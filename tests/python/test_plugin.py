@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -21,8 +20,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import plugin_ctypes as pc  # noqa: E402
-from relay_harness import (BIN, Credentials, RelayProcess, event, free_port, recv, run,  # noqa: E402
-                           session)
+from relay_harness import (BIN, Credentials, RelayProcess, event, free_port, publish_action, recv,  # noqa: E402
+                           relay_events, run, session, write_spec)
 
 MINIMAL = BIN / "diaspora-plugin-minimal"
 TOPIC = "plug.events"
@@ -38,43 +37,6 @@ def token_file(creds, tmp_path) -> Path:
     f = tmp_path / "token"
     f.write_text(creds.token("publish:*", "subscribe:*") + "\n")
     return f
-
-
-def write_spec(tmp_path: Path, creds: Credentials, token_file: Path, port: int, **plugin) -> Path:
-    plugin.setdefault("spool_dir", str(tmp_path / "spool"))
-    plugin.setdefault("reconnect_max", "1s")
-    spec = {
-        "version": 1, "name": "plug",
-        "relay": {"url": f"wss://127.0.0.1:{port}", "ca_file": str(creds.ca), "token_file": str(token_file)},
-        "plugin": plugin,
-        "sites": [{"name": "local", "engine": "local"}],
-    }
-    path = tmp_path / "spec.yaml"
-    path.write_text(json.dumps(spec))  # JSON is YAML
-    return path
-
-
-def relay_events(relay: RelayProcess, token: str, n: int, topic: str = TOPIC,
-                 counted=lambda e: e["type"].startswith("org.diaspora.task.")) -> list[dict]:
-    """Every event of `topic` from the start, once `n` of them satisfy `counted` (then
-    whatever else is already there, read until 0.5 s pass without more)."""
-    async def go():
-        ws = await session(relay, token)
-        await ws.send(json.dumps({"op": "subscribe", "id": "all", "topic": topic, "from": "earliest"}))
-        out, deadline = [], time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                m = await asyncio.wait_for(ws.recv(), 0.5)
-            except asyncio.TimeoutError:
-                if sum(1 for e in out if counted(e)) >= n:
-                    break
-                continue
-            m = json.loads(m)
-            if m["op"] == "events":
-                out += [e["event"] for e in m["events"]]
-        await ws.close()
-        return out
-    return run(go())
 
 
 def task_events(events: list[dict]) -> list[dict]:
@@ -263,14 +225,8 @@ def test_operator_actions_reach_the_engine_and_outcomes_are_published(creds, tok
         admin = creds.token("publish:*", "subscribe:*")
 
         def request(action_id: str, action: str, **extra) -> None:
-            async def go():
-                ws = await session(relay, admin)
-                data = {"action_id": action_id, "action": action, "reason": "operator says so", **extra}
-                ev = event(action_id, source="/operator", type_="org.diaspora.action.requested", data=data)
-                await ws.send(json.dumps({"op": "publish", "topic": "plug.control.engine", "seq": 0, "events": [ev]}))
-                ack = await recv(ws)
-                assert ack["op"] == "ack", ack
-            run(go())
+            publish_action(relay, admin, {"action_id": action_id, "action": action, "reason": "operator says so",
+                                          **extra})
 
         request("a-1", "migrate", task_id="task-7", target_site="cluster-b")
         got = []

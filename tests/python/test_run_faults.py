@@ -102,8 +102,10 @@ policies:
     action: migrate
     targets: [burn]
 """
-    spec = rn.write_spec(tmp_path, burn_spec("  - {at: 3s, kind: slow-site, site: a, factor: 8, for: 20s}\n",
-                                             policies=policies, seconds=8, count=1,
+    # The detector watches the task's own step times and warms up on its first 10 steps: the
+    # slowdown comes late enough that a task started late (sanitizer build, loaded CI) has them.
+    spec = rn.write_spec(tmp_path, burn_spec("  - {at: 8s, kind: slow-site, site: a, factor: 8, for: 30s}\n",
+                                             policies=policies, seconds=14, count=1,
                                              sites="  - {name: b, engine: local, workers: 1}\n")
                          .replace("    count: 1\n", "    count: 1\n    preferred_sites: [a]\n"))
     out = tmp_path / "out"

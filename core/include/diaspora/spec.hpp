@@ -71,6 +71,7 @@ struct PluginSpec {
   std::string engine_id = "engine";  ///< source suffix, control topic suffix, spool subdirectory
   std::int64_t max_inflight = 16;    ///< batches sent and not yet acked
   bool control = true;               ///< subscribe to the control topic
+  bool required = true;              ///< adapters: refuse to run without the plugin (false: warn, run without)
   Duration reconnect_max{5.0};       ///< backoff ceiling
   BatchSpec batch;
 };

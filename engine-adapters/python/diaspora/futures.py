@@ -1,0 +1,417 @@
+"""`ResilientExecutor`: any `concurrent.futures` executors as the sites of one resilient
+executor. ProcessPoolExecutor, ThreadPoolExecutor, a Dask client's executor
+(`client.get_executor(workers=...)`), and executors with the same contract (Parsl's,
+Globus Compute's: docs/adapters.md has untested recipes) can be mixed.
+
+    from concurrent.futures import ProcessPoolExecutor
+    from diaspora.futures import ResilientExecutor
+
+    with ResilientExecutor({"a": ProcessPoolExecutor(2), "b": ProcessPoolExecutor(2)},
+                           spec="workflow.yaml") as ex:
+        fut = ex.submit(reconstruct, frame)     # one Future: the first successful attempt
+        print(fut.result())
+
+Each attempt is reported to the plugin (submitted, started with the worker's host:pid,
+heartbeats with CPU and memory, completed / failed with the exception text / cancelled);
+the spec's policies decide, and the executor carries out their actions across the
+wrapped executors: restart (a new attempt, on another site when its own is broken),
+migrate (the attempt stopped, a new one on the target site), speculate (a copy
+`ID@copyN` elsewhere; the first result wins, the others are stopped), cancel, checkpoint
+(diaspora.task.checkpoint_requested() turns true in the attempt). A failed attempt that
+no action follows within `failure_grace` seconds fails the Future with its exception,
+as the wrapped executor would have. Stopped attempts end at their next
+diaspora.task.step() (Python cannot interrupt a running function).
+
+Threads: submit() and shutdown() from any thread. One internal thread carries out every
+state change (attempt ends, actions, reports from the workers), so the executor holds no
+lock while it calls a wrapped executor or the plugin.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
+
+from .channel import Listener, Sender
+from .errors import DiasporaError
+from .plugin import Action, Plugin
+from .task import AttemptStopped, Call
+
+log = logging.getLogger("diaspora.futures")
+
+
+@dataclass
+class _Attempt:
+    number: int
+    site: str
+    hook_id: str  # the task id reported to the plugin: the task's, or ID@copyN for a copy
+    copy: bool = False
+    inner: cf.Future | None = None
+    state: str = "pending"  # pending | running | done | failed | stopped
+    ctl: str | None = None  # the attempt's control address (from its "started" report)
+
+    @property
+    def live(self) -> bool:
+        return self.state in ("pending", "running")
+
+
+@dataclass
+class _Task:
+    id: str
+    name: str
+    fn: Callable
+    args: tuple
+    kwargs: dict
+    outer: cf.Future
+    allowed: list[str]
+    deadline_s: float
+    attempts: list[_Attempt] = field(default_factory=list)
+    copies: int = 0
+    failed_at: float | None = None
+    last_exc: BaseException | None = None
+    resolved: bool = False
+
+    def live(self) -> list[_Attempt]:
+        return [a for a in self.attempts if a.live]
+
+
+class ResilientExecutor(cf.Executor):
+    """Wraps `sites` (name → executor) behind one `concurrent.futures.Executor`.
+
+    spec / plugin: the workflow spec to open a plugin from (closed at shutdown), or an open
+        diaspora.Plugin (left open). One of them is required.
+    heartbeat_s: heartbeat period of a running attempt (its worker sends them).
+    failure_grace: seconds a failed attempt waits for a restart or migrate action before
+        its Future fails.
+    max_attempts: attempts per task (restarts and migrations included; copies not counted).
+    """
+
+    def __init__(self, sites: Mapping[str, cf.Executor], spec=None, *, plugin: Plugin | None = None,
+                 heartbeat_s: float = 1.0, failure_grace: float = 3.0, max_attempts: int = 5):
+        if not sites:
+            raise ValueError("ResilientExecutor needs at least one site")
+        for name, ex in sites.items():
+            if not callable(getattr(ex, "submit", None)):
+                raise TypeError(f"site {name!r}: {type(ex).__name__} has no submit()")
+        if (spec is None) == (plugin is None):
+            raise ValueError("give either spec= (a path or YAML text) or plugin= (an open diaspora.Plugin)")
+        self._sites = dict(sites)
+        self._order = list(self._sites)
+        self._plugin = plugin if plugin is not None else Plugin.open(spec)
+        self._own_plugin = plugin is None
+        self._heartbeat_s = heartbeat_s
+        self._failure_grace = failure_grace
+        self._max_attempts = max_attempts
+        self._down: dict[str, str] = {}  # site → why it is out of use
+        self._tasks: dict[str, _Task] = {}
+        self._by_hook: dict[tuple[str, int], tuple[_Task, _Attempt]] = {}
+        self._ids = itertools.count()
+        self._q: queue.Queue = queue.Queue()
+        self._closed = False
+        self._shutdown_lock = threading.Lock()
+        self._listener = Listener(lambda m: self._q.put(("msg", m)), tag="executor")
+        self._thread = threading.Thread(target=self._loop, name="diaspora-executor", daemon=True)
+        self._thread.start()
+        for s in self._order:
+            self._plugin.resource_status(s, "site", "up", site=s)
+        self._plugin.on_action(lambda a: self._q.put(("action", a)))
+
+    # ---- public API --------------------------------------------------------------------------
+
+    @property
+    def plugin(self) -> Plugin:
+        return self._plugin
+
+    def submit(self, fn: Callable, /, *args, **kwargs) -> cf.Future:
+        """Runs fn(*args, **kwargs) on the best site; returns one Future for all attempts."""
+        return self.submit_task(fn, args, kwargs)
+
+    def submit_task(self, fn: Callable, args: Iterable = (), kwargs: Mapping | None = None, *,
+                    task_id: str | None = None, name: str | None = None, site: str | None = None,
+                    allowed_sites: Iterable[str] | None = None, deadline_s: float = 0.0) -> cf.Future:
+        """submit() with the task's options: its id (default NAME-N), the first site, the
+        sites it may run on, and a deadline in seconds (fed to the plugin's forecast)."""
+        with self._shutdown_lock:
+            if self._closed:
+                raise RuntimeError("cannot submit after shutdown")
+            name = name or getattr(fn, "__name__", "task")
+            tid = task_id or f"{name}-{next(self._ids)}"
+            allowed = list(allowed_sites) if allowed_sites is not None else list(self._order)
+            for s in allowed + ([site] if site else []):
+                if s not in self._sites:
+                    raise ValueError(f"unknown site {s!r}; the sites are {', '.join(self._order)}")
+            if tid in self._tasks:
+                raise ValueError(f"task id {tid!r} is already in use")
+            outer: cf.Future = cf.Future()
+            task = _Task(tid, name, fn, tuple(args), dict(kwargs or {}), outer, allowed, float(deadline_s))
+            self._tasks[tid] = task
+            outer.add_done_callback(lambda f, t=task: f.cancelled() and self._q.put(("cancelled", t)))
+            self._q.put(("start", task, site))
+            return outer
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stops taking tasks; with cancel_futures cancels those not finished; with wait
+        waits for every Future. Then closes the plugin if the executor opened it. The
+        wrapped executors are the caller's to shut down."""
+        with self._shutdown_lock:
+            if self._closed:
+                return
+            self._closed = True
+        tasks = list(self._tasks.values())
+        if cancel_futures:
+            for t in tasks:
+                t.outer.cancel()
+        if wait:
+            cf.wait([t.outer for t in tasks])
+            self._q.put(("sync", done := threading.Event()))
+            done.wait(30)
+        self._q.put(("exit",))
+        self._thread.join(timeout=30)
+        self._listener.close()
+        self._plugin.on_action(None)
+        if self._own_plugin:
+            self._plugin.close()
+
+    # ---- the executor's thread ----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                ev = self._q.get(timeout=0.1)
+            except queue.Empty:
+                ev = None
+            try:
+                if ev is not None:
+                    if ev[0] == "exit":
+                        return
+                    getattr(self, "_on_" + ev[0])(*ev[1:])
+                self._expire_failures()
+            except Exception:
+                log.exception("ResilientExecutor: handling %r failed", ev and ev[0])
+
+    def _on_sync(self, done: threading.Event) -> None:
+        done.set()
+
+    def _on_start(self, task: _Task, site: str | None) -> None:
+        self._start(task, site, copy=False)
+
+    def _start(self, task: _Task, site: str | None, *, copy: bool) -> _Attempt | None:
+        """Starts an attempt on `site` (or the best site); tries the others when a site
+        refuses it. Returns the attempt, or None when no site took it (the Future fails)."""
+        tried: list[str] = []
+        while True:
+            s = site if site and site not in self._down and site not in tried else self._pick(task, tried)
+            if s is None:
+                why = "; ".join(f"{k}: {v}" for k, v in self._down.items() if k in task.allowed) or "no site allowed"
+                self._resolve_error(task, task.last_exc or RuntimeError(f"task {task.id}: no site can run it ({why})"))
+                return None
+            tried.append(s)
+            att = self._launch(task, s, copy)
+            if att is not None:
+                return att
+
+    def _launch(self, task: _Task, site: str, copy: bool) -> _Attempt | None:
+        if copy:
+            task.copies += 1
+            att = _Attempt(1, site, f"{task.id}@copy{task.copies}", copy=True)
+        else:
+            att = _Attempt(1 + sum(1 for a in task.attempts if not a.copy), site, task.id)
+        task.attempts.append(att)
+        self._by_hook[(att.hook_id, att.number)] = (task, att)
+        self._plugin.submitted(att.hook_id, site=site, name=task.name, attempt=att.number, deadline_s=task.deadline_s)
+        call = Call(task.fn, att.hook_id, att.number, self._listener.address, self._heartbeat_s)
+        try:
+            att.inner = self._sites[site].submit(call, *task.args, **task.kwargs)
+        except Exception as e:  # a broken pool, an executor that was shut down, ...
+            att.state = "failed"
+            self._site_down(site, f"{type(e).__name__}: {e}")
+            self._plugin.failed(att.hook_id, f"site {site} refused the attempt: {type(e).__name__}: {e}",
+                                retryable=True, site=site)
+            return None
+        task.failed_at = None
+        att.inner.add_done_callback(lambda f, t=task, a=att: self._q.put(("done", t, a, f)))
+        return att
+
+    def _pick(self, task: _Task, exclude: Iterable[str] = ()) -> str | None:
+        """The allowed site in use with the lowest load (live attempts per worker), in the
+        order the sites were given when loads tie."""
+        load: dict[str, int] = {}
+        for t in self._tasks.values():
+            for a in t.attempts:
+                if a.live:
+                    load[a.site] = load.get(a.site, 0) + 1
+        best = None
+        for i, s in enumerate(self._order):
+            if s not in task.allowed or s in self._down or s in exclude:
+                continue
+            cap = max(1, int(getattr(self._sites[s], "_max_workers", 1) or 1))
+            key = (load.get(s, 0) / cap, i)
+            if best is None or key < best[0]:
+                best = (key, s)
+        return None if best is None else best[1]
+
+    def _site_down(self, site: str, why: str) -> None:
+        if site in self._down:
+            return
+        self._down[site] = why
+        log.warning("site %s is out of use: %s", site, why)
+        self._plugin.resource_status(site, "site", "down", site=site)
+
+    def _on_msg(self, m: dict) -> None:
+        hit = self._by_hook.get((m["t"], m.get("a")))
+        if hit is None:
+            return
+        task, att = hit
+        kind = m.get("k")
+        if kind == "started":
+            att.ctl = m.get("ctl") if isinstance(m.get("ctl"), str) else None
+            if att.state == "stopped":  # stopped before it began: tell it at once
+                self._tell(att, "stop")
+                return
+            if att.state == "pending":
+                att.state = "running"
+                self._plugin.started(att.hook_id, site=att.site, worker=str(m.get("w", ""))[:255] or None,
+                                     attempt=att.number)
+            return
+        if att.state != "running":
+            return
+        try:
+            if kind == "hb" and isinstance(m.get("m"), dict):
+                metrics = {k[:63]: float(v) for k, v in list(m["m"].items())[:64]}
+                self._plugin.heartbeat(att.hook_id, metrics=metrics)
+            elif kind == "progress":
+                self._plugin.progress(att.hook_id, float(m["p"]), step=int(m.get("s", -1)))
+        except (DiasporaError, TypeError, ValueError, KeyError) as e:
+            log.warning("a report of %s was refused: %s", att.hook_id, e)
+
+    def _tell(self, att: _Attempt, kind: str) -> bool:
+        return bool(att.ctl) and Sender.send(att.ctl, {"t": att.hook_id, "a": att.number, "k": kind})
+
+    def _on_done(self, task: _Task, att: _Attempt, f: cf.Future) -> None:
+        self._by_hook.pop((att.hook_id, att.number), None)
+        if att.state == "stopped":
+            return  # reported when it was stopped
+        if att.state == "pending":  # it never reported (another host, or too short): keep the lifecycle whole
+            self._plugin.started(att.hook_id, site=att.site, attempt=att.number)
+        exc = None if f.cancelled() else f.exception()
+        if f.cancelled() or isinstance(exc, AttemptStopped):
+            att.state = "stopped"
+            self._plugin.cancelled(att.hook_id, "cancelled by the wrapped executor", site=att.site)
+            exc = cf.CancelledError(f"attempt {att.number} of {task.id} was cancelled by site {att.site}")
+        elif exc is None:
+            att.state = "done"
+            self._plugin.completed(att.hook_id, site=att.site)
+            if not task.resolved:
+                task.resolved = True
+                for other in task.live():
+                    self._stop(other, f"attempt {att.number} on {att.site} finished first")
+                task.outer.set_result(f.result())
+            return
+        else:
+            att.state = "failed"
+            if isinstance(exc, cf.BrokenExecutor):
+                self._site_down(att.site, f"{type(exc).__name__}: {exc}")
+            self._plugin.failed(att.hook_id, f"{type(exc).__name__}: {exc}" or type(exc).__name__,
+                                retryable=False, site=att.site)
+        task.last_exc = exc
+        if not task.resolved and not task.live():
+            task.failed_at = time.monotonic()  # the policies may still restart it
+
+    def _expire_failures(self) -> None:
+        now = time.monotonic()
+        for task in list(self._tasks.values()):
+            if task.failed_at is not None and not task.resolved and now - task.failed_at >= self._failure_grace:
+                self._resolve_error(task, task.last_exc or RuntimeError(f"task {task.id} failed"))
+
+    def _resolve_error(self, task: _Task, exc: BaseException) -> None:
+        task.failed_at = None
+        if task.resolved:
+            return
+        task.resolved = True
+        for a in task.live():
+            self._stop(a, "the task failed")
+        if not task.outer.done():
+            task.outer.set_exception(exc)
+
+    def _stop(self, att: _Attempt, why: str) -> None:
+        """Stops a live attempt: cancelled if it has not started, else asked to stop at its
+        next step; reported cancelled now."""
+        if not att.live:
+            return
+        att.state = "stopped"
+        if att.inner is not None:
+            att.inner.cancel()
+        self._tell(att, "stop")
+        self._plugin.cancelled(att.hook_id, why[:4095], site=att.site)
+
+    def _on_cancelled(self, task: _Task) -> None:
+        task.resolved = True
+        task.failed_at = None
+        for a in task.live():
+            self._stop(a, "the task's Future was cancelled")
+
+    def _on_action(self, a: Action) -> None:
+        base = a.task_id.split("@copy", 1)[0]
+        task = self._tasks.get(base)
+        if a.kind == "throttle":
+            return a.failed("ResilientExecutor does not throttle: it submits what its caller submits")
+        if task is None:
+            return a.failed(f"unknown task {a.task_id!r}")
+        if task.resolved:
+            return a.failed(f"not needed: task {task.id} has already finished")
+        live = task.live()
+        if a.kind == "checkpoint":
+            told = [x for x in live if self._tell(x, "checkpoint")]
+            return a.done(f"asked {len(told)} attempt(s)") if told else a.failed("no running attempt to ask")
+        if a.kind == "cancel":
+            task.outer.cancel()  # the callback stops the attempts
+            self._on_cancelled(task)
+            return a.done("cancelled")
+        if a.kind == "speculate":
+            used = {x.site for x in live}
+            target = a.target_site or self._pick(task, used)
+            err = self._unusable(task, target)
+            if err:
+                return a.failed(err)
+            att = self._launch(task, target, copy=True)
+            return a.done(f"copy {att.hook_id} on {target}") if att else a.failed(f"site {target} refused the copy")
+        if a.kind not in ("restart", "migrate"):
+            return a.failed(f"unsupported action {a.kind!r}")
+        if sum(1 for x in task.attempts if not x.copy) >= self._max_attempts:
+            self._resolve_error(task, task.last_exc or RuntimeError(f"task {task.id}: {self._max_attempts} attempts"))
+            return a.failed(f"task {task.id} has used its {self._max_attempts} attempts")
+        if a.kind == "migrate":
+            target = a.target_site
+            err = self._unusable(task, target)
+            if err:
+                return a.failed(err)
+        else:
+            current = next((x.site for x in reversed(task.attempts) if not x.copy), None)
+            target = current if current and current not in self._down else self._pick(task)
+            if target is None:
+                return a.failed("no site is usable: " + "; ".join(f"{k}: {v}" for k, v in self._down.items()))
+        for x in live:
+            self._stop(x, f"stopped for {a.kind} (action {a.id})" if a.kind == "restart"
+                       else f"stopped for migration to {target} (action {a.id})")
+        att = self._start(task, target, copy=False)
+        if att is None:
+            return a.failed(f"no site took the new attempt of {task.id}")
+        return a.done(f"attempt {att.number} of {task.id} on {att.site}")
+
+    def _unusable(self, task: _Task, site: str | None) -> str | None:
+        if not site:
+            return f"no other site is usable for {task.id}"
+        if site not in self._sites:
+            return f"unknown site {site!r}"
+        if site not in task.allowed:
+            return f"site {site} is not allowed for {task.id}"
+        if site in self._down:
+            return f"site {site} is out of use: {self._down[site]}"
+        return None
+
