@@ -1,0 +1,271 @@
+"""diaspora.futures.ResilientExecutor over real executors (spawned ProcessPoolExecutors, a
+Dask LocalCluster's executor) with a real relay and the plugin's policies: a worker
+process SIGKILLed mid-task, a site slowed by a SIGSTOP duty cycle, a hung attempt copied
+elsewhere. The Future's result is right, no attempt is left running, and the relay holds
+each attempt's lifecycle in order."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from relay_harness import REPO, Credentials, RelayProcess, relay_events, write_spec  # noqa: E402
+
+sys.path.insert(0, str(REPO / "engine-adapters" / "python"))
+import adapter_tasks as at  # noqa: E402
+from diaspora.futures import ResilientExecutor  # noqa: E402
+
+RESTART = [{"name": "restart-failed", "signal": "task.failures", "detector": "threshold", "threshold": 1,
+            "action": "restart"}]
+MIGRATE = [{"name": "move-off", "signal": "task.step_time", "detector": "ewma", "threshold": 15, "for": 3,
+            "action": "migrate"}]
+SPECULATE = [{"name": "copy-silent", "signal": "task.heartbeat_gap", "detector": "phi-accrual", "threshold": 8,
+              "action": "speculate"}]
+SITES = [{"name": "a", "engine": "local", "workers": 2}, {"name": "b", "engine": "local", "workers": 2}]
+
+
+@pytest.fixture(scope="module")
+def creds(tmp_path_factory) -> Credentials:
+    return Credentials(tmp_path_factory.mktemp("futures-creds"))
+
+
+@pytest.fixture
+def relay(creds, tmp_path):
+    r = RelayProcess(creds, tmp_path / "relay").start()
+    yield r
+    r.stop()
+
+
+@pytest.fixture
+def token(creds, tmp_path) -> tuple[str, Path]:
+    t = creds.token("publish:*", "subscribe:*")
+    f = tmp_path / "token"
+    f.write_text(t + "\n")
+    return t, f
+
+
+def pool(n: int = 2) -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
+
+
+def wait_until(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def attempts_all_done(ex: ResilientExecutor, timeout: float = 20) -> None:
+    """No attempt left running: every attempt's own future finished."""
+    wait_until(lambda: all(a.inner is None or a.inner.done() for t in ex._tasks.values() for a in t.attempts),
+               timeout, "every attempt to end")
+
+
+def lifecycle(events: list[dict], task_id: str) -> list[tuple]:
+    out = []
+    for e in events:
+        if e["type"].startswith("org.diaspora.task.") and e["data"]["task_id"] == task_id:
+            kind = e["type"].rsplit(".", 1)[1]
+            if kind != "heartbeat":
+                out.append((kind, e["data"].get("site"), e["data"].get("attempt")))
+    return out
+
+
+class DutyCycle(threading.Thread):
+    """SIGSTOP / SIGCONT of `pids` (stopped `off` s, running `on` s) until stop()."""
+
+    def __init__(self, pids, off: float = 0.45, on: float = 0.05):
+        super().__init__(daemon=True)
+        self.pids, self.off, self.on, self.done = list(pids), off, on, threading.Event()
+
+    def run(self):
+        while not self.done.is_set():
+            self._sig(signal.SIGSTOP)
+            time.sleep(self.off)
+            self._sig(signal.SIGCONT)
+            time.sleep(self.on)
+
+    def _sig(self, s):
+        for p in self.pids:
+            try:
+                os.kill(p, s)
+            except ProcessLookupError:
+                pass
+
+    def stop(self):
+        self.done.set()
+        self.join()
+        self._sig(signal.SIGCONT)
+
+
+def test_a_killed_worker_process_is_restarted_on_the_other_site(relay, token, tmp_path):
+    spec = write_spec(tmp_path, relay.creds, token[1], relay.port, name="futs", sites=SITES,
+                      extra={"policies": RESTART})
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    a, b = pool(), pool()
+    try:
+        with ResilientExecutor({"a": a, "b": b}, spec=spec, heartbeat_s=0.2) as ex:
+            fut = ex.submit_task(at.stepper, (40, 0.05, 21, str(marks)), task_id="recon-1", site="a")
+            ok = [ex.submit(at.stepper, 2, 0.01, k) for k in range(4)]
+            first = wait_until(lambda: at.markers(marks).get("recon-1.1"), 60, "the first attempt to run")
+            os.kill(first["pid"], signal.SIGKILL)
+            assert fut.result(timeout=90) == 42
+            assert sorted(f.result(timeout=60) for f in ok) == [0, 2, 4, 6]  # those on a: restarted too
+            attempts_all_done(ex)
+            t = ex._tasks["recon-1"]
+            assert [(x.site, x.state) for x in t.attempts] == [("a", "failed"), ("b", "done")]
+            assert "a" in ex._down and "BrokenProcessPool" in ex._down["a"]
+            assert ex.plugin.wait_acked(30)
+    finally:
+        a.shutdown(wait=False, cancel_futures=True)
+        b.shutdown()
+    events = relay_events(relay, token[0], 1, topic="futs.events",
+                          counted=lambda e: e["type"] == "org.diaspora.task.completed" and e["data"]["task_id"] == "recon-1")
+    life = lifecycle(events, "recon-1")
+    assert life[:3] == [("submitted", "a", 1), ("started", "a", 1), ("failed", "a", None)], life
+    assert life[3:] == [("submitted", "b", 2), ("started", "b", 2), ("completed", "b", None)], life
+    failed = next(e["data"] for e in events if e["type"] == "org.diaspora.task.failed" and e["data"]["task_id"] == "recon-1")
+    assert "BrokenProcessPool" in failed["reason"]
+    done = [e["data"] for e in events if e["type"] == "org.diaspora.action.done" and e["data"]["task_id"] == "recon-1"]
+    assert done and done[0]["status"] == "done" and "on b" in done[0]["message"], done
+    beats = [e for e in events if e["type"] == "org.diaspora.task.heartbeat" and e["data"]["task_id"] == "recon-1"]
+    assert any("step_time_s" in e["data"].get("metrics", {}) for e in beats)
+    assert any("rss_mib" in e["data"].get("metrics", {}) for e in beats)
+
+
+def test_a_slowed_site_is_migrated_off_and_the_old_attempt_stops(relay, token, tmp_path):
+    spec = write_spec(tmp_path, relay.creds, token[1], relay.port, name="futs", sites=SITES,
+                      extra={"policies": MIGRATE})
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    a, b = pool(1), pool(1)
+    try:
+        with ResilientExecutor({"a": a, "b": b}, spec=spec, heartbeat_s=0.5) as ex:
+            fut = ex.submit_task(at.stepper, (120, 0.05, 5, str(marks)), task_id="recon-2", site="a", deadline_s=60)
+            m = wait_until(lambda: (at.markers(marks).get("recon-2.1") or {}).get("step", 0) >= 20 and
+                           at.markers(marks)["recon-2.1"], 60, "20 steps on a")
+            slow = DutyCycle([m["pid"]])
+            slow.start()
+            try:
+                wait_until(lambda: "recon-2.2" in at.markers(marks), 60, "the attempt on b")
+            finally:
+                slow.stop()
+            assert fut.result(timeout=90) == 10
+            attempts_all_done(ex)
+            t = ex._tasks["recon-2"]
+            assert [(x.site, x.state) for x in t.attempts] == [("a", "stopped"), ("b", "done")]
+            assert isinstance(t.attempts[0].inner.exception(), Exception)  # AttemptStopped at its next step
+            assert at.markers(marks)["recon-2.1"]["step"] < 119
+            assert ex.plugin.wait_acked(30)
+    finally:
+        a.shutdown()
+        b.shutdown()
+    events = relay_events(relay, token[0], 1, topic="futs.events",
+                          counted=lambda e: e["type"] == "org.diaspora.task.completed")
+    life = lifecycle(events, "recon-2")
+    assert life[:2] == [("submitted", "a", 1), ("started", "a", 1)] and life[2][0] == "cancelled", life
+    assert life[3:] == [("submitted", "b", 2), ("started", "b", 2), ("completed", "b", None)], life
+    cancelled = next(e["data"] for e in events if e["type"] == "org.diaspora.task.cancelled")
+    assert "migration to b" in cancelled["reason"]
+    (mig,) = [e["data"] for e in events if e["type"] == "org.diaspora.action.done"]
+    assert mig["action"] == "migrate" and mig["status"] == "done"
+
+
+def test_a_hung_attempt_gets_a_copy_that_wins(relay, token, tmp_path):
+    spec = write_spec(tmp_path, relay.creds, token[1], relay.port, name="futs", sites=SITES,
+                      extra={"policies": SPECULATE})
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    a, b = pool(1), pool(1)
+    try:
+        with ResilientExecutor({"a": a, "b": b}, spec=spec, heartbeat_s=0.2) as ex:
+            fut = ex.submit_task(at.stepper, (60, 0.05, 7, str(marks)), task_id="recon-3", site="a")
+            m = wait_until(lambda: (at.markers(marks).get("recon-3.1") or {}).get("step", 0) >= 10 and
+                           at.markers(marks)["recon-3.1"], 60, "10 steps on a")
+            os.kill(m["pid"], signal.SIGSTOP)
+            try:
+                assert fut.result(timeout=90) == 14
+            finally:
+                os.kill(m["pid"], signal.SIGCONT)
+            attempts_all_done(ex)
+            t = ex._tasks["recon-3"]
+            assert [(x.hook_id, x.site, x.state) for x in t.attempts] == \
+                [("recon-3", "a", "stopped"), ("recon-3@copy1", "b", "done")]
+            assert ex.plugin.wait_acked(30)
+    finally:
+        a.shutdown()
+        b.shutdown()
+    events = relay_events(relay, token[0], 1, topic="futs.events",
+                          counted=lambda e: e["type"] == "org.diaspora.task.completed")
+    assert lifecycle(events, "recon-3@copy1") == [("submitted", "b", 1), ("started", "b", 1), ("completed", "b", None)]
+    orig = lifecycle(events, "recon-3")
+    assert orig[-1][0] == "cancelled" and "finished first" in next(
+        e["data"]["reason"] for e in events if e["type"] == "org.diaspora.task.cancelled")
+
+
+def test_without_a_policy_a_failure_fails_the_future_and_results_pass_through(relay, token, tmp_path):
+    spec = write_spec(tmp_path, relay.creds, token[1], relay.port, name="futs", sites=SITES)
+    with ThreadPoolExecutor(2) as a, ThreadPoolExecutor(2) as b:
+        with ResilientExecutor({"a": a, "b": b}, spec=spec, failure_grace=0.5) as ex:
+            bad = ex.submit(at.explode, "bad frame")
+            good = [ex.submit(at.stepper, 1, 0.0, k) for k in range(20)]
+            with pytest.raises(ValueError, match="bad frame"):
+                bad.result(timeout=30)
+            assert [f.result(timeout=30) for f in good] == [2 * k for k in range(20)]
+            sites = {t.attempts[0].site for t in ex._tasks.values()}
+            assert sites == {"a", "b"}  # spread by load
+            with pytest.raises(ValueError, match="unknown site"):
+                ex.submit_task(at.explode, ("x",), site="c")
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        ex.submit(at.explode, "late")
+
+
+def test_a_dask_executor_and_a_process_pool_as_two_sites(relay, token, tmp_path):
+    from distributed import Client, LocalCluster
+
+    spec = write_spec(tmp_path, relay.creds, token[1], relay.port, name="futs",
+                      sites=[{"name": "dask", "engine": "dask", "endpoint": "local"}, SITES[1]],
+                      extra={"policies": RESTART + MIGRATE})
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None,
+                      host="127.0.0.1") as cluster, Client(cluster) as client:
+        dask_pid = next(iter(client.run(os.getpid).values()))
+        b = pool(2)
+        try:
+            sites = {"dask": client.get_executor(pure=False), "b": b}
+            with ResilientExecutor(sites, spec=spec, heartbeat_s=0.5) as ex:
+                # 1. A slowed Dask worker: migrated to the process pool.
+                slow_fut = ex.submit_task(at.stepper, (120, 0.05, 3, str(marks)), task_id="slow", site="dask")
+                wait_until(lambda: (at.markers(marks).get("slow.1") or {}).get("step", 0) >= 20, 90, "20 steps on dask")
+                duty = DutyCycle([dask_pid])
+                duty.start()
+                try:
+                    wait_until(lambda: "slow.2" in at.markers(marks), 60, "the attempt on b")
+                finally:
+                    duty.stop()
+                assert slow_fut.result(timeout=90) == 6
+                # 2. A killed process-pool worker: restarted on Dask.
+                kill_fut = ex.submit_task(at.stepper, (40, 0.05, 4, str(marks)), task_id="kill", site="b")
+                victim = wait_until(lambda: at.markers(marks).get("kill.1"), 60, "the attempt on b")
+                os.kill(victim["pid"], signal.SIGKILL)
+                assert kill_fut.result(timeout=90) == 8
+                attempts_all_done(ex)
+                assert [(x.site, x.state) for x in ex._tasks["slow"].attempts] == [("dask", "stopped"), ("b", "done")]
+                assert [(x.site, x.state) for x in ex._tasks["kill"].attempts] == [("b", "failed"), ("dask", "done")]
+                assert at.markers(marks)["kill.2"]["pid"] == dask_pid
+        finally:
+            b.shutdown(wait=False, cancel_futures=True)
