@@ -93,6 +93,7 @@ class DiasporaSchedulerPlugin(SchedulerPlugin):
         self._attempt: dict[str, int] = {}
         self._key: dict[str, object] = {}  # task id → Dask key
         self._lost_on: dict[str, str] = {}
+        self._submitted_us: dict[str, int] = {}  # when the current attempt was submitted
 
     def __getstate__(self):  # register_scheduler_plugin pickles the plugin
         if self._given_plugin is not None:
@@ -120,7 +121,7 @@ class DiasporaSchedulerPlugin(SchedulerPlugin):
         if self._listener is not None:
             self._listener.close()
             self._listener = None
-        if self.plugin is not None:
+        if self.plugin is not None and not self.plugin._closed:
             self.plugin.on_action(None)
             if self._given_plugin is None:
                 self.plugin.close()
@@ -175,6 +176,7 @@ class DiasporaSchedulerPlugin(SchedulerPlugin):
                 p.failed(tid, f"its worker {self._lost_on.pop(tid, '?')} left while it was processing", retryable=True)
             n = self._attempt.get(tid, 0) + 1
             self._attempt[tid] = n
+            self._submitted_us[tid] = int(time.time() * 1e6)
             self._key[tid] = key
             self._state[tid] = "submitted"
             p.submitted(tid, name=key_id(_key_prefix(key)), attempt=n)
@@ -204,6 +206,7 @@ class DiasporaSchedulerPlugin(SchedulerPlugin):
             self._state.pop(tid, None)
             self._attempt.pop(tid, None)
             self._key.pop(tid, None)
+            self._submitted_us.pop(tid, None)
 
     # ---- reports from DiasporaWorkerPlugin (listener thread) ------------------------------------
 
@@ -250,6 +253,12 @@ class DiasporaSchedulerPlugin(SchedulerPlugin):
             for c in clients:
                 await _maybe_await(s.stimulus_cancel([key], c, force=True))
             return f"cancelled {a.task_id} for {len(clients)} client(s)"
+        if a.kind in ("restart", "migrate") and ts.state != "erred" and \
+                self._submitted_us.get(a.task_id, 0) > a.issued_us:
+            # Decided on an earlier attempt (e.g. the failure of a worker that left), and
+            # Dask has already started another one.
+            return (f"refused: not needed: attempt {self._attempt.get(a.task_id)} of {a.task_id} was submitted "
+                    f"after the decision (it is {ts.state})")
         if a.kind == "migrate":
             targets = self.workers_of(a.target_site)
             if not targets:
@@ -341,7 +350,9 @@ def register(client_or_scheduler, spec=None, *, plugin: Plugin | None = None, he
     Client: the copy made here; the live one is the scheduler's)."""
     sp = DiasporaSchedulerPlugin(spec, plugin=plugin, **kwargs)
     wp = DiasporaWorkerPlugin(sp.address, heartbeat_s)
-    if hasattr(client_or_scheduler, "register_scheduler_plugin"):
+    from distributed import Client
+
+    if isinstance(client_or_scheduler, Client):
         client = client_or_scheduler
         client.register_scheduler_plugin(sp, name=sp.name)
         client.register_worker_plugin(wp, name=wp.name)
