@@ -130,6 +130,10 @@ int main(int argc, char** argv) {
   // `diaspora run SPEC ...` is diaspora-run (engine-adapters/run), which links the embedded relay.
   auto* run = app.add_subcommand("run", "Run a workflow spec and keep it alive (runs diaspora-run; see `diaspora run --help`)");
   run->allow_extras()->prefix_command()->set_help_flag();
+  // `diaspora exec --spec S --task T -- CMD ...` is diaspora-exec (engine-adapters/exec).
+  auto* exec = app.add_subcommand("exec", "Run a command and report its lifecycle through the plugin (runs "
+                                          "diaspora-exec; see `diaspora exec --help`)");
+  exec->allow_extras()->prefix_command()->set_help_flag();
 
   try {
     app.parse(argc, argv);
@@ -145,6 +149,9 @@ int main(int argc, char** argv) {
                                          "it is built with the benchmarks: configure with -DDIASPORA_BUILD_BENCH=ON");
     if (run->parsed())
       return diaspora::cli::exec_sibling("diaspora-run", argv[0], run->remaining(),
+                                         "it is built with the engine adapters, beside this program");
+    if (exec->parsed())
+      return diaspora::cli::exec_sibling("diaspora-exec", argv[0], exec->remaining(),
                                          "it is built with the engine adapters, beside this program");
     if (validate->parsed()) return cmd_validate(spec_files, quiet);
     if (certs_init->parsed()) {

@@ -56,7 +56,7 @@ class Plugin:
             setattr(info, k, v.encode() if isinstance(v, str) else v)
         if metrics:
             arr = (MetricValue * len(metrics))(*[MetricValue(k.encode(), v) for k, v in metrics.items()])
-            info.metrics = C.cast(arr, C.POINTER(MetricValue))
+            info.metrics = C.addressof(arr)
             info.metric_count = len(metrics)
         return getattr(self.lib, f"diaspora_task_{hook}")(self.h, C.byref(info))
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes as C
 import os
+import struct
 from pathlib import Path
 
 ABI_MAJOR, ABI_MINOR = 1, 0
@@ -52,7 +53,10 @@ class TaskInfo(C.Structure):
                 ("attempt", C.c_int32), ("exit_code", C.c_int32), ("has_exit_code", C.c_int32),
                 ("retryable", C.c_int32), ("progress", C.c_double), ("step", C.c_int64),
                 ("deadline_s", C.c_double), ("reason", C.c_char_p),
-                ("metrics", C.POINTER(MetricValue)), ("metric_count", C.c_size_t)]
+                # const diaspora_metric_value*, declared as char* so that a bytes object
+                # holding the packed array (pack_metrics) can be stored directly: much
+                # cheaper from Python than building MetricValue objects.
+                ("metrics", C.c_char_p), ("metric_count", C.c_size_t)]
 
 
 class Metric(C.Structure):
@@ -88,6 +92,35 @@ class Stats(C.Structure):
                 + [("connected", C.c_int32), ("control_connected", C.c_int32)])
 
 
+_metric_names: dict[str, tuple[bytes, int]] = {}
+_packers: dict[int, struct.Struct] = {}
+
+
+def pack_metrics(metrics) -> tuple[bytes, list]:
+    """The diaspora_metric_value array of a {name: value} mapping, packed into bytes, and
+    what must stay alive while the plugin reads it (the names' bytes live in a cache of at
+    most 4096 names; others are in the returned list: hold it until the call returns).
+    Raises ValueError for more than MAX_METRICS samples and TypeError for a non-number."""
+    n = len(metrics)
+    if n > MAX_METRICS:
+        raise ValueError(f"at most {MAX_METRICS} metrics per call, not {n}")
+    packer = _packers.get(n) or _packers.setdefault(n, struct.Struct("Pd" * n))
+    flat: list = []
+    keep: list = []
+    for k, v in metrics.items():
+        hit = _metric_names.get(k)
+        if hit is None:
+            b = k.encode()
+            hit = (b, C.cast(C.c_char_p(b), C.c_void_p).value)
+            if len(_metric_names) < 4096:
+                _metric_names[k] = hit
+            else:
+                keep.append(hit)
+        flat.append(hit[1])
+        flat.append(v)
+    return packer.pack(*flat), keep
+
+
 ACTION_CALLBACK = C.CFUNCTYPE(None, C.POINTER(ActionStruct), C.c_void_p)
 
 
@@ -116,6 +149,15 @@ def _declare(lib: C.CDLL) -> None:
     lib.diaspora_action_done.argtypes = [vp, cp, cp]
     lib.diaspora_action_failed.argtypes = [vp, cp, cp]
     lib.diaspora_get_stats.argtypes = [vp, C.POINTER(Stats)]
+
+
+def fast_hook(lib: C.CDLL, name: str):
+    """A second function object for `name` without argtypes (restype int): ctypes then
+    skips its per-argument type checks, a third of a hook's cost. Callers must pass
+    exactly (c_void_p handle, C.byref(struct)), which the Plugin class does."""
+    f = lib._FuncPtr((name, lib))
+    f.restype = C.c_int
+    return f
 
 
 def library_candidates(explicit: str | os.PathLike | None = None) -> list[str]:

@@ -44,6 +44,7 @@ import threading
 import time
 from typing import Callable, Iterable, Mapping
 
+from dask.utils import key_split
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from . import task as _task
@@ -52,7 +53,18 @@ from .plugin import Action, Plugin
 
 log = logging.getLogger("diaspora.dask")
 
-_UNFINISHED = ("waiting", "queued", "no-worker", "processing")
+_WATCHED = frozenset(("waiting", "queued", "no-worker", "processing", "memory", "erred", "released", "forgotten"))
+
+
+class _KeyRecord:
+    __slots__ = ("key", "state", "attempt", "submitted_us", "lost_on")
+
+    def __init__(self, key):
+        self.key = key
+        self.state = None  # submitted | running | lost | done
+        self.attempt = 0
+        self.submitted_us = 0
+        self.lost_on = ""
 
 
 def key_id(key) -> str:
@@ -89,11 +101,8 @@ class DiasporaSchedulerPlugin(SchedulerPlugin):
         self.scheduler = None
         self._listener: Listener | None = None
         self._lock = threading.Lock()
-        self._state: dict[str, str] = {}  # task id → submitted | running | lost | done
-        self._attempt: dict[str, int] = {}
-        self._key: dict[str, object] = {}  # task id → Dask key
-        self._lost_on: dict[str, str] = {}
-        self._submitted_us: dict[str, int] = {}  # when the current attempt was submitted
+        self._tasks: dict[str, _KeyRecord] = {}  # task id → what was reported of its Dask key
+        self._site_cache: dict[str, str] = {}
 
     def __getstate__(self):  # register_scheduler_plugin pickles the plugin
         if self._given_plugin is not None:
@@ -159,9 +168,9 @@ class DiasporaSchedulerPlugin(SchedulerPlugin):
             log.warning("diaspora: worker %s status not reported: %s", address, e)
 
     def transition(self, key, start: str, finish: str, *args, **kwargs) -> None:
-        if self.plugin is None:
+        if self.plugin is None or finish not in _WATCHED:
             return
-        tid = key_id(key)
+        tid = key if type(key) is str and len(key) < 64 else key_id(key)
         try:
             with self._lock:
                 self._transition(key, tid, start, finish, kwargs)
@@ -170,50 +179,52 @@ class DiasporaSchedulerPlugin(SchedulerPlugin):
 
     def _transition(self, key, tid: str, start: str, finish: str, kwargs: dict) -> None:
         p = self.plugin
-        st = self._state.get(tid)
-        if finish in ("waiting", "queued", "no-worker") and st in (None, "lost", "done"):
-            if st == "lost":
-                p.failed(tid, f"its worker {self._lost_on.pop(tid, '?')} left while it was processing", retryable=True)
-            n = self._attempt.get(tid, 0) + 1
-            self._attempt[tid] = n
-            self._submitted_us[tid] = int(time.time() * 1e6)
-            self._key[tid] = key
-            self._state[tid] = "submitted"
-            p.submitted(tid, name=key_id(_key_prefix(key)), attempt=n)
-        elif finish == "processing" and self._state.get(tid) == "submitted":
-            ts = self.scheduler.tasks.get(key) if self.scheduler is not None else None
-            ws = getattr(ts, "processing_on", None)
-            addr = getattr(ws, "address", None)
-            self._state[tid] = "running"
-            p.started(tid, site=self.site_of(addr, ws) if addr else None, worker=addr[:255] if addr else None,
-                      attempt=self._attempt.get(tid, 0))
-        elif finish == "memory" and start == "processing" and st == "running":
-            self._state[tid] = "done"
-            p.completed(tid)
-        elif finish == "erred" and st in ("running", "submitted"):
-            self._state[tid] = "done"
-            text = kwargs.get("exception_text") or ("a dependency failed" if start != "processing" else "erred")
-            p.failed(tid, str(text)[:4095] or "erred")
-        elif finish == "released" and start == "processing" and st == "running":
-            ts = self.scheduler.tasks.get(key) if self.scheduler is not None else None
-            self._state[tid] = "lost"  # waiting next (worker left) or forgotten (cancelled)
-            self._lost_on[tid] = kwargs.get("worker", "") or getattr(getattr(ts, "processing_on", None), "address", "?")
-        elif finish == "forgotten" and st in ("submitted", "running", "lost"):
-            self._state.pop(tid, None)
-            self._lost_on.pop(tid, None)
-            p.cancelled(tid, "released by its clients before it finished")
+        r = self._tasks.get(tid)
+        st = r.state if r is not None else None
+        if finish == "processing":
+            if st == "submitted":
+                ws = self.scheduler.tasks[key].processing_on
+                addr = ws.address
+                site = self._site_cache.get(addr)
+                if site is None:
+                    site = self._site_cache[addr] = self.site_of(addr, ws)
+                r.state = "running"
+                p.started(tid, site=site, worker=addr[:255], attempt=r.attempt)
+        elif finish == "memory":
+            if st == "running":
+                r.state = "done"
+                p.completed(tid)
         elif finish == "forgotten":
-            self._state.pop(tid, None)
-            self._attempt.pop(tid, None)
-            self._key.pop(tid, None)
-            self._submitted_us.pop(tid, None)
+            if st in ("submitted", "running", "lost"):
+                p.cancelled(tid, "released by its clients before it finished")
+            self._tasks.pop(tid, None)
+        elif finish == "erred":
+            if st in ("running", "submitted"):
+                r.state = "done"
+                text = kwargs.get("exception_text") or ("a dependency failed" if start != "processing" else "erred")
+                p.failed(tid, str(text)[:4095] or "erred")
+        elif finish == "released":
+            if start == "processing" and st == "running":
+                ts = self.scheduler.tasks.get(key)
+                r.state = "lost"  # waiting next (its worker left) or forgotten (cancelled)
+                r.lost_on = kwargs.get("worker", "") or getattr(getattr(ts, "processing_on", None), "address", "?")
+        elif st in (None, "lost", "done"):  # waiting, queued, no-worker: a new attempt
+            if r is None:
+                r = self._tasks[tid] = _KeyRecord(key)
+            elif st == "lost":
+                p.failed(tid, f"its worker {r.lost_on} left while it was processing", retryable=True)
+            r.attempt += 1
+            r.submitted_us = int(time.time() * 1e6)
+            r.state = "submitted"
+            p.submitted(tid, name=key_id(key_split(key)), attempt=r.attempt)
 
     # ---- reports from DiasporaWorkerPlugin (listener thread) ------------------------------------
 
     def _on_report(self, m: dict) -> None:
         tid = m["t"]
         with self._lock:
-            if self._state.get(tid) != "running":
+            r = self._tasks.get(tid)
+            if r is None or r.state != "running":
                 return  # not (or no longer) running: a late report is dropped
             if m.get("k") == "hb" and isinstance(m.get("m"), dict):
                 metrics = {str(k)[:63]: float(v) for k, v in list(m["m"].items())[:64]}
@@ -244,7 +255,8 @@ class DiasporaSchedulerPlugin(SchedulerPlugin):
         if a.kind in ("speculate", "checkpoint", "throttle"):
             return (f"refused: the Dask scheduler plugin cannot {a.kind} a key; run the tasks through "
                     "diaspora.futures.ResilientExecutor over client.get_executor(workers=...) sites for that")
-        key = self._key.get(a.task_id)
+        rec = self._tasks.get(a.task_id)
+        key = rec.key if rec is not None else None
         ts = s.tasks.get(key) if key is not None else None
         if ts is None:
             return f"refused: no Dask key {a.task_id!r} on this scheduler"
@@ -254,10 +266,10 @@ class DiasporaSchedulerPlugin(SchedulerPlugin):
                 await _maybe_await(s.stimulus_cancel([key], c, force=True))
             return f"cancelled {a.task_id} for {len(clients)} client(s)"
         if a.kind in ("restart", "migrate") and ts.state != "erred" and \
-                self._submitted_us.get(a.task_id, 0) > a.issued_us:
+                rec.submitted_us > a.issued_us:
             # Decided on an earlier attempt (e.g. the failure of a worker that left), and
             # Dask has already started another one.
-            return (f"refused: not needed: attempt {self._attempt.get(a.task_id)} of {a.task_id} was submitted "
+            return (f"refused: not needed: attempt {rec.attempt} of {a.task_id} was submitted "
                     f"after the decision (it is {ts.state})")
         if a.kind == "migrate":
             targets = self.workers_of(a.target_site)
@@ -289,13 +301,6 @@ class DiasporaSchedulerPlugin(SchedulerPlugin):
             await self.scheduler.retire_workers(workers=workers, close_workers=True,
                                                 stimulus_id=f"diaspora-drain-{site}-{time.time()}")
         return workers
-
-
-def _key_prefix(key):
-    """The task's function name, as Dask's key_split gives it."""
-    from dask.utils import key_split
-
-    return key_split(key)
 
 
 async def _maybe_await(x):

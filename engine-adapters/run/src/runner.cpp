@@ -1271,32 +1271,21 @@ void Runner::on_command_line(Site& s, Slot& slot, const std::string& line) {
   if (slot.inst < 0) return;
   Instance& inst = insts_[static_cast<std::size_t>(slot.inst)];
   Attempt& a = inst.attempts[static_cast<std::size_t>(slot.att)];
-  std::istringstream in(line);
-  std::string word;
-  in >> word;
+  const ProgressLine pl = parse_progress_line(line);
+  if (pl.kind == ProgressLine::Kind::none) return;
   auto i = info(inst, a);
-  if (word == "progress") {
-    double p = -1;
-    long step = -1;
-    in >> p;
-    if (!(p >= 0 && p <= 1)) return;
-    if (!(in >> step)) step = -1;
-    a.progress = p;
-    a.last_beat = now();
-    i.progress = p;
-    i.step = step;
+  a.last_beat = now();
+  if (pl.kind == ProgressLine::Kind::progress) {
+    a.progress = pl.value;
+    i.progress = pl.value;
+    i.step = pl.step;
     lib_->task_progress(plugin_, &i);
-  } else if (word == "metric") {
-    std::string name;
-    double v = 0;
-    if (!(in >> name >> v) || name.empty() || name.size() > DIASPORA_MAX_METRIC_NAME || !std::isfinite(v)) return;
-    diaspora_metric_value mv{name.c_str(), v};
-    a.last_beat = now();
+  } else if (pl.kind == ProgressLine::Kind::metric) {
+    diaspora_metric_value mv{pl.name.c_str(), pl.value};
     i.metrics = &mv;
     i.metric_count = 1;
     lib_->task_heartbeat(plugin_, &i);
-  } else if (word == "heartbeat") {
-    a.last_beat = now();
+  } else {
     lib_->task_heartbeat(plugin_, &i);
   }
 }

@@ -48,6 +48,22 @@ void signal_group(pid_t pgid, int sig) noexcept;
 /// True when the process is stopped (state T in /proc/PID/stat) or gone.
 bool process_stopped(pid_t pid) noexcept;
 
+/// One line of a command's progress channel (DIASPORA_PROGRESS_FD, docs/run.md):
+/// "progress FRACTION [STEP]", "metric NAME VALUE", "heartbeat". Anything else, or a value
+/// out of range (a fraction outside [0, 1], a name longer than 63 bytes, a non-finite
+/// number), is kind none: ignored by its readers. Pure: any thread.
+struct ProgressLine {
+  enum class Kind { none, progress, metric, heartbeat } kind = Kind::none;
+  double value = 0;   ///< progress: the fraction; metric: the value
+  long step = -1;     ///< progress: the step number, -1 when not given
+  std::string name;   ///< metric: its name
+};
+ProgressLine parse_progress_line(const std::string& line);
+
+/// Executable for a command word as execvp would find it: a word with a '/' as is, else
+/// the first PATH entry holding an executable file of that name. nullopt when none.
+std::optional<std::filesystem::path> find_program(const std::string& word);
+
 /// Newline-delimited JSON objects over a stream socket or pipe (one object per line,
 /// at most 1 MiB a line). Reads are non-blocking (the fd is set O_NONBLOCK); writes
 /// block until the line is written.

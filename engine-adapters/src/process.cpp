@@ -13,6 +13,8 @@
 #include <boost/json/serialize.hpp>
 
 #include <cerrno>
+#include <cmath>
+#include <sstream>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -101,6 +103,49 @@ pid_t spawn(const SpawnSpec& spec) {
   if (out_fd >= 0) ::close(out_fd);
   if (err_fd >= 0) ::close(err_fd);
   return pid;
+}
+
+ProgressLine parse_progress_line(const std::string& line) {
+  ProgressLine out;
+  std::istringstream in(line);
+  std::string word;
+  in >> word;
+  if (word == "progress") {
+    double p = -1;
+    in >> p;
+    if (!(p >= 0 && p <= 1)) return out;
+    long step = -1;
+    if (!(in >> step) || step < 0) step = -1;
+    out.kind = ProgressLine::Kind::progress;
+    out.value = p;
+    out.step = step;
+  } else if (word == "metric") {
+    std::string name;
+    double v = 0;
+    if (!(in >> name >> v) || name.empty() || name.size() > 63 || !std::isfinite(v)) return out;
+    out.kind = ProgressLine::Kind::metric;
+    out.name = std::move(name);
+    out.value = v;
+  } else if (word == "heartbeat") {
+    out.kind = ProgressLine::Kind::heartbeat;
+  }
+  return out;
+}
+
+std::optional<std::filesystem::path> find_program(const std::string& word) {
+  if (word.empty()) return std::nullopt;
+  if (word.find('/') != std::string::npos) return std::filesystem::path(word);
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (true) {
+    const auto colon = dirs.find(':');
+    const std::string dir(dirs.substr(0, colon));
+    const std::filesystem::path cand = std::filesystem::path(dir.empty() ? "." : dir) / word;
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(cand, ec) && ::access(cand.c_str(), X_OK) == 0) return cand;
+    if (colon == std::string_view::npos) return std::nullopt;
+    dirs.remove_prefix(colon + 1);
+  }
 }
 
 std::string describe_wait_status(int status) {

@@ -1,0 +1,159 @@
+#!/usr/bin/python3
+"""bench/adapters: what the Python adapters cost.
+
+1. Hook cost from Python: diaspora.Plugin's hooks (ctypes over libdiaspora_plugin.so, a
+   real relay on 127.0.0.1 acking everything), ns per call, next to the floor of a ctypes
+   call into the library (diaspora_abi_version). Target: <= 2 us a hook.
+2. Dask throughput: N no-op tasks (default 10,000) through a LocalCluster with worker
+   processes (2 workers, 1 thread each), without and with the Diaspora scheduler and
+   worker plugins registered, alternated in the same run (a fresh cluster each round,
+   its start-up not timed). Printed: tasks/s of each round, the medians and their ratio.
+   Target: with >= 98 % of without.
+
+Usage: bench/adapters/bench_adapters.py [--build build] [--tasks 10000] [--rounds 3] [--calls 200000]
+       [--only hooks,dask]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "python"))
+sys.path.insert(0, str(REPO / "engine-adapters" / "python"))
+
+
+def relay_and_spec(tmp: Path, build: Path):
+    os.environ["DIASPORA_BIN_DIR"] = str((REPO / build / "bin").resolve())
+    import relay_harness as rh  # reads DIASPORA_BIN_DIR at import
+
+    creds = rh.Credentials(tmp / "creds")
+    relay = rh.RelayProcess(creds, tmp / "relay", fsync="never").start()
+    tok = tmp / "token"
+    tok.write_text(creds.token("publish:*", "subscribe:*") + "\n")
+    spec = rh.write_spec(tmp, creds, tok, relay.port, name="bench", queue_size=262144,
+                         sites=[{"name": "a", "engine": "dask"}, {"name": "b", "engine": "dask"}])
+    return relay, spec
+
+
+def bench_hooks(spec: Path, relay, calls: int) -> None:
+    """Each case twice: 'quiet' with the relay stopped (SIGSTOP) while a chunk is timed, so
+    that the plugin's publisher and the relay do not compete for the 2 cores (the queue
+    holds the chunk; it is drained between chunks), and 'live' with everything running."""
+    import signal
+
+    import diaspora
+
+    with diaspora.Plugin.open(spec) as p:
+        lib = p._lib
+        n = calls
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            lib.diaspora_abi_version()
+        floor = (time.perf_counter_ns() - t0) / n
+        m = {"step_time_s": 0.25}
+        cases = {
+            "heartbeat(id)": lambda i: p.heartbeat("task-1"),
+            "heartbeat(id, metrics={1})": lambda i: p.heartbeat("task-1", metrics=m),
+            "progress(id, f, step)": lambda i: p.progress("task-1", 0.5, step=i),
+            "started(id, site, worker)": lambda i: p.started("task-1", site="a", worker="w0"),
+            "metric(site, id, name, v)": lambda i: p.metric("site", "a", "queue_length", 3.0),
+        }
+        p.submitted("task-1", site="a")
+        print(f"{'call':34} {'quiet ns':>10} {'live ns':>10}  (target <= 2000 ns; a ctypes call: {floor:.0f} ns)")
+        chunk = 50_000
+        for name, fn in cases.items():
+            res = []
+            for quiet in (True, False):
+                done, spent = 0, 0
+                while done < n:
+                    k = min(chunk, n - done)
+                    if quiet:
+                        relay.proc.send_signal(signal.SIGSTOP)
+                        time.sleep(0.05)
+                    t0 = time.perf_counter_ns()
+                    for i in range(k):
+                        fn(i)
+                    spent += time.perf_counter_ns() - t0
+                    if quiet:
+                        relay.proc.send_signal(signal.SIGCONT)
+                    done += k
+                    assert p.wait_acked(120), p.stats()  # the queue drains between chunks
+                res.append(spent / n)
+            print(f"{name:34} {res[0]:>10.0f} {res[1]:>10.0f}")
+        s = p.stats()
+        print(f"(events accepted {s['events_accepted']}, acked {s['events_acked']}, spilled {s['events_spilled']}, "
+              f"lost {s['events_lost']})")
+
+
+def noop(i):
+    return i
+
+
+def dask_round(tasks: int, spec: Path | None, tmp: Path) -> float:
+    from distributed import Client, LocalCluster
+
+    import diaspora.dask as dd
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                      host="127.0.0.1") as c, Client(c) as client:
+        if spec is not None:
+            dd.register(client, spec)
+        client.submit(noop, -1, pure=False).result()  # warm
+        t0 = time.perf_counter()
+        futs = client.map(noop, range(tasks), pure=False)
+        client.gather(futs)
+        took = time.perf_counter() - t0
+        del futs
+        if spec is not None:
+            stats = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["diaspora"].plugin.stats())
+            assert stats["events_lost"] == 0, stats
+    return tasks / took
+
+
+def bench_dask(spec: Path, tasks: int, rounds: int, tmp: Path) -> None:
+    import logging
+
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    without, with_ = [], []
+    print(f"{'round':8} {'without (tasks/s)':>20} {'with plugins (tasks/s)':>24}")
+    for r in range(rounds):
+        without.append(dask_round(tasks, None, tmp))
+        with_.append(dask_round(tasks, spec, tmp))
+        print(f"{r + 1:<8} {without[-1]:>20.0f} {with_[-1]:>24.0f}")
+    mw, mp = statistics.median(without), statistics.median(with_)
+    print(f"{'median':8} {mw:>20.0f} {mp:>24.0f}   with/without = {mp / mw:.3f} (target >= 0.98)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--tasks", type=int, default=10_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--calls", type=int, default=200_000)
+    ap.add_argument("--only", default="hooks,dask")
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    with tempfile.TemporaryDirectory(prefix="bench-adapters-") as d:
+        tmp = Path(d)
+        relay, spec = relay_and_spec(tmp, Path(args.build))
+        try:
+            if "hooks" in only:
+                print("-- Python hook cost (diaspora.Plugin over ctypes)")
+                bench_hooks(spec, relay, args.calls)
+                print()
+            if "dask" in only:
+                print(f"-- Dask LocalCluster, {args.tasks} no-op tasks, 2 worker processes x 1 thread")
+                bench_dask(spec, args.tasks, args.rounds, tmp)
+        finally:
+            relay.stop()
+
+
+if __name__ == "__main__":
+    main()
