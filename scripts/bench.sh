@@ -22,6 +22,9 @@ echo
 echo "== diaspora run: policies vs the retry-after=120s baseline, and throughput vs Dask (bench/run)"
 /usr/bin/python3 bench/run/run_bench.py --build "$BUILD_DIR"
 echo
+echo "== engine adapters: Python hook cost, Dask with and without the plugins (bench/adapters)"
+/usr/bin/python3 bench/adapters/bench_adapters.py --build "$BUILD_DIR"
+echo
 if [ -x "$BUILD_DIR/bin/diaspora-train" ]; then
   echo "== continual learning: strategies x buffers x ranks (bench/rehearsal/run.sh; QUICK=1 for a short run)"
   bash bench/rehearsal/run.sh "$BUILD_DIR"
