@@ -17,6 +17,8 @@ DEB_PACKAGES=(
   python3 python3-pytest python3-jsonschema python3-yaml python3-websockets
   # bench/run: the Dask LocalCluster peer (and the Dask adapters)
   python3-distributed
+  # the Slurm SPANK adapter and its tests: a one-node Slurm the test starts itself
+  slurm-wlm munge libslurm-dev
   # relay tests and benchmarks: curl for HTTPS checks, NATS JetStream as the peer
   curl nats-server libnats-dev
   # rehearsal (DIASPORA_WITH_TORCH): LibTorch 1.13 CPU with c10d, Gloo headers for

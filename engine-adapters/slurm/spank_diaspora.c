@@ -36,7 +36,7 @@
 
 #include "diaspora/plugin.h"
 
-SPANK_PLUGIN(diaspora, 1);
+SPANK_PLUGIN(diaspora, 1)
 
 static char spec_path[4096];
 static char library_path[4096];
@@ -87,10 +87,11 @@ static void parse_args(int argc, char** argv) {
   }
 }
 
+/* Every context: read plugstack.conf's arguments. Slurm registers spank_options[] itself
+ * for srun and slurmstepd; sbatch and salloc (the allocator context) need the call. */
 int slurm_spank_init(spank_t sp, int argc, char** argv) {
   parse_args(argc, argv);
-  /* Options are registered in every context that shows them (srun, sbatch, slurmstepd). */
-  if (spank_context() == S_CTX_LOCAL || spank_context() == S_CTX_ALLOCATOR || spank_context() == S_CTX_REMOTE)
+  if (spank_context() == S_CTX_ALLOCATOR)
     return spank_option_register(sp, &spank_options[0]) == ESPANK_SUCCESS ? 0 : -1;
   return 0;
 }
@@ -107,7 +108,7 @@ int slurm_spank_init(spank_t sp, int argc, char** argv) {
 static int load_library(void) {
   char beside[4096] = "";
   Dl_info self;
-  if (dladdr((void*)&load_library, &self) && self.dli_fname) {
+  if (dladdr((void*)spec_path, &self) && self.dli_fname) {
     snprintf(beside, sizeof beside, "%s", self.dli_fname);
     char* slash = strrchr(beside, '/');
     if (slash) snprintf(slash + 1, sizeof beside - (size_t)(slash + 1 - beside), "libdiaspora_plugin.so.1");
@@ -152,16 +153,33 @@ static void on_action(const diaspora_action* a, void* user) {
   }
   char job[32];
   snprintf(job, sizeof job, "%u", job_id);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    execlp("scontrol", "scontrol", "requeue", job, (char*)NULL);
-    _exit(127);
+  /* slurmstepd reaps its children itself, so the exit status of `scontrol requeue` comes
+   * back through a pipe from an intermediate process that waits for it. */
+  int fds[2];
+  int status = -1;
+  if (pipe(fds) == 0) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[0]);
+      const pid_t c = fork();
+      if (c == 0) {
+        execlp("scontrol", "scontrol", "requeue", job, (char*)NULL);
+        _exit(127);
+      }
+      int st = 0;
+      const int code = (c > 0 && waitpid(c, &st, 0) == c && WIFEXITED(st)) ? WEXITSTATUS(st) : 255;
+      const unsigned char b = (unsigned char)code;
+      (void)!write(fds[1], &b, 1);
+      _exit(0);
+    }
+    close(fds[1]);
+    unsigned char b = 255;
+    if (pid > 0 && read(fds[0], &b, 1) == 1) status = b;
+    close(fds[0]);
   }
-  int status = 0;
-  if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    char msg[128];
-    snprintf(msg, sizeof msg, "scontrol requeue %s failed (%s status %d): only batch jobs can be requeued", job,
-             pid < 0 ? "fork" : "exit", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  if (status != 0) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "scontrol requeue %s failed (status %d): only batch jobs can be requeued", job, status);
     p_action_failed(handle, a->id, msg);
     return;
   }
@@ -178,9 +196,18 @@ int slurm_spank_user_init(spank_t sp, int argc, char** argv) {
   if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS) return 0;
   if (spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS) step_id = 0;
   uint32_t restarts = 0;
-  if (spank_get_item(sp, S_SLURM_RESTART_COUNT, &restarts) == ESPANK_SUCCESS) attempt = (int)restarts + 1;
+  char count[32] = "";
+  if (spank_get_item(sp, S_SLURM_RESTART_COUNT, &restarts) == ESPANK_SUCCESS && restarts > 0)
+    attempt = (int)restarts + 1;
+  else if (spank_getenv(sp, "SLURM_RESTART_COUNT", count, sizeof count) == ESPANK_SUCCESS)
+    attempt = atoi(count) + 1; /* the job's environment (a requeued batch job's steps) */
   gethostname(node, sizeof node - 1);
   if (load_library() != 0) return 0; /* never fail the job for reporting */
+  /* One engine per step: its own spool and control topic (<prefix>.control.slurm-JOB.STEP). */
+  char engine[64];
+  if (step_id == 0xfffffffbu) snprintf(engine, sizeof engine, "slurm-%u.batch", job_id);
+  else snprintf(engine, sizeof engine, "slurm-%u.%u", job_id, step_id);
+  setenv("DIASPORA_ENGINE_ID", engine, 1);
   char err[4096] = "";
   if (p_open_file(spec_path, &handle, err, sizeof err) != DIASPORA_OK) {
     slurm_error("diaspora: %s", err);

@@ -87,6 +87,16 @@ Config Config::from_spec(const WorkflowSpec& spec, const std::filesystem::path& 
   Config c;
   c.workflow = spec.name;
   c.engine_id = spec.plugin.engine_id;
+  if (auto id = env("DIASPORA_ENGINE_ID")) {
+    const bool valid = id->size() <= 64 && std::isalpha(static_cast<unsigned char>((*id)[0])) &&
+                       std::all_of(id->begin(), id->end(), [](char ch) {
+                         return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.' || ch == '-';
+                       });
+    if (!valid)
+      throw ConfigError("DIASPORA_ENGINE_ID '" + *id + "' is not a name (a letter, then up to 63 letters, digits, "
+                        "'_', '.', '-')");
+    c.engine_id = *id;
+  }
   c.url = env("DIASPORA_RELAY_URL").value_or(spec.relay.url);
   if (c.url == "embedded")
     throw ConfigError("relay.url is 'embedded': the plugin cannot start a relay itself (a runner that embeds one "

@@ -1,0 +1,131 @@
+"""spank_diaspora.so in a real one-node Slurm (slurm-wlm 22.05, munge) that the test starts
+and stops, with a real relay: `srun --diaspora=SPEC` reports each task's start and end
+with job and step ids; a job killed with scancel says so; a restart action requeues a
+batch job; a broken spec never fails the job."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from relay_harness import BIN, Credentials, RelayProcess, publish_action, relay_events, write_spec  # noqa: E402
+from slurm_harness import Slurm  # noqa: E402
+
+SPANK = BIN.parent / "lib" / "spank_diaspora.so"
+ENDS = ("org.diaspora.task.completed", "org.diaspora.task.failed")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    assert os.geteuid() == 0, "the Slurm test runs slurmd, which needs root"
+    assert SPANK.exists(), f"{SPANK} was not built (libslurm-dev missing? scripts/install-deps.sh installs it)"
+    tmp = tmp_path_factory.mktemp("slurm")
+    creds = Credentials(tmp / "creds")
+    relay = RelayProcess(creds, tmp / "relay").start()
+    tok = tmp / "token"
+    tok.write_text(creds.token("publish:*", "subscribe:*") + "\n")
+    spec = write_spec(tmp, creds, tok, relay.port, name="slm", sites=[{"name": "hpc", "engine": "slurm"}])
+    slurm = Slurm(tmp / "cluster", SPANK, "site=hpc close_timeout_ms=5000").start()
+    yield slurm, relay, creds, spec, tmp
+    slurm.stop()
+    relay.stop()
+
+
+def events_of(relay, creds, task: str) -> list[dict]:
+    evs = relay_events(relay, creds.token("subscribe:*"), 1, topic="slm.events",
+                       counted=lambda e: e["type"] in ENDS and e["data"]["task_id"] == task)
+    return [e for e in evs if e["type"].startswith("org.diaspora.task.") and e["data"]["task_id"] == task]
+
+
+def test_srun_reports_started_and_ended_with_job_and_step_ids(env):
+    slurm, relay, creds, spec, tmp = env
+    r = slurm.run("srun", f"--diaspora={spec}", "-n", "2", "hostname")
+    assert r.returncode == 0 and r.stdout.count("\n") == 2, r.stdout + r.stderr + slurm.logs()
+    jobs = slurm.run("sacct", "-n", "-X", "-o", "JobID").stdout.split()  # no accounting: fall back below
+    job = None
+    for rank in (0, 1):
+        evs = None
+        deadline = time.monotonic() + 60
+        while job is None and time.monotonic() < deadline:  # the job id: from the relay's events
+            got = relay_events(relay, creds.token("subscribe:*"), 2, topic="slm.events",
+                               counted=lambda e: e["type"] == "org.diaspora.task.completed")
+            ids = [e["data"]["task_id"] for e in got if e["type"] == "org.diaspora.task.completed"]
+            job = ids[0].split(".")[0] if ids else None
+        evs = events_of(relay, creds, f"{job}.0.{rank}")
+        kinds = [e["type"].rsplit(".", 1)[1] for e in evs]
+        assert kinds == ["submitted", "started", "completed"], kinds
+        started = evs[1]["data"]
+        assert started["site"] == "hpc" and started["worker"] == slurm.node and started["attempt"] == 1
+        assert evs[2]["data"]["exit_code"] == 0
+    assert job.startswith("slurm-") and job[6:].isdigit(), (job, jobs)
+
+
+def test_a_failing_step_and_a_job_killed_with_scancel(env):
+    slurm, relay, creds, spec, tmp = env
+    r = slurm.run("srun", f"--diaspora={spec}", "-J", "fails", "sh", "-c", "exit 7")
+    assert r.returncode != 0
+    r = slurm.run("sbatch", f"--diaspora={spec}", "-J", "victim", "--parsable", "--wrap", "srun sleep 120")
+    assert r.returncode == 0, r.stderr + slurm.logs()
+    job = r.stdout.strip().split(";")[0]
+    step_id = f"slurm-{job}.0.0"
+    deadline = time.monotonic() + 60
+    while True:  # the step is running (its started event is on the relay)
+        evs = relay_events(relay, creds.token("subscribe:*"), 0, topic="slm.events", counted=lambda e: False)
+        if any(e["type"] == "org.diaspora.task.started" and e["data"]["task_id"] == step_id for e in evs):
+            break
+        assert time.monotonic() < deadline, slurm.logs()
+        time.sleep(0.5)
+    assert slurm.run("scancel", job).returncode == 0
+    evs = events_of(relay, creds, step_id)
+    end = evs[-1]
+    assert end["type"] == "org.diaspora.task.failed", evs
+    assert "killed by signal" in end["data"]["reason"] and "scancel" in end["data"]["reason"], end["data"]
+    failed = [e for e in relay_events(relay, creds.token("subscribe:*"), 0, topic="slm.events", counted=lambda e: False)
+              if e["type"] == "org.diaspora.task.failed" and e["data"].get("exit_code") == 7]
+    assert failed and failed[0]["data"]["reason"] == "exit status 7"
+
+
+def test_a_restart_action_requeues_a_batch_job(env):
+    slurm, relay, creds, spec, tmp = env
+    r = slurm.run("sbatch", f"--diaspora={spec}", "-J", "requeued", "--parsable", "--requeue", "--wrap",
+                  'srun sh -c "sleep 3; exit 0"')
+    job = r.stdout.strip().split(";")[0]
+    step_id = f"slurm-{job}.0.0"
+    deadline = time.monotonic() + 60
+    while True:
+        evs = relay_events(relay, creds.token("subscribe:*"), 0, topic="slm.events", counted=lambda e: False)
+        if any(e["type"] == "org.diaspora.task.started" and e["data"]["task_id"] == step_id for e in evs):
+            break
+        assert time.monotonic() < deadline, slurm.logs()
+        time.sleep(0.3)
+    time.sleep(1.0)  # the step's control subscription is up
+    publish_action(relay, creds.token("publish:*", "subscribe:*"),
+                   {"action_id": "rq-1", "action": "restart", "task_id": step_id, "reason": "operator"},
+                   topic=f"slm.control.slurm-{job}.0")
+    deadline = time.monotonic() + 90
+    while True:  # requeued: the step runs again as attempt 2 and completes
+        evs = relay_events(relay, creds.token("subscribe:*"), 0, topic="slm.events", counted=lambda e: False)
+        mine = [e["data"] for e in evs if e["type"] == "org.diaspora.task.completed" and e["data"]["task_id"] == step_id]
+        if mine:
+            break
+        assert time.monotonic() < deadline, slurm.logs()
+        # A requeued job waits about two minutes before it is eligible again: start it now.
+        slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+        time.sleep(0.5)
+    done = [e["data"] for e in evs if e["type"] == "org.diaspora.action.done" and e["data"]["action_id"] == "rq-1"]
+    assert done and done[0]["status"] == "done" and "requeued" in done[0]["message"], done
+    starts = [e["data"]["attempt"] for e in evs if e["type"] == "org.diaspora.task.started" and e["data"]["task_id"] == step_id]
+    assert starts[-1] == 2, starts
+
+
+def test_a_broken_spec_never_fails_the_job(env):
+    slurm, relay, creds, spec, tmp = env
+    bad = tmp / "bad.yaml"
+    bad.write_text("version: 1\nname: slm\nsites: [{name: a, engine: lokal}]\n")
+    r = slurm.run("srun", f"--diaspora={bad}", "echo", "still-runs")
+    assert r.returncode == 0 and r.stdout == "still-runs\n", r.stdout + r.stderr
