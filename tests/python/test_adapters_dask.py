@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from relay_harness import REPO, Credentials, RelayProcess, free_port, relay_events, write_spec  # noqa: E402
+from relay_harness import REPO, free_port, relay_events, write_spec  # noqa: E402
 
 sys.path.insert(0, str(REPO / "engine-adapters" / "python"))
 import adapter_tasks as at  # noqa: E402
@@ -29,26 +29,6 @@ from distributed import Client, LocalCluster  # noqa: E402
 SITES = [{"name": "a", "engine": "dask", "endpoint": "local"}, {"name": "b", "engine": "dask", "endpoint": "local"}]
 MIGRATE = [{"name": "move-off", "signal": "task.step_time", "detector": "ewma", "threshold": 15, "for": 3,
             "action": "migrate"}]
-
-
-@pytest.fixture(scope="module")
-def creds(tmp_path_factory) -> Credentials:
-    return Credentials(tmp_path_factory.mktemp("dask-creds"))
-
-
-@pytest.fixture
-def relay(creds, tmp_path):
-    r = RelayProcess(creds, tmp_path / "relay").start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture
-def token(creds, tmp_path) -> tuple[str, Path]:
-    t = creds.token("publish:*", "subscribe:*")
-    f = tmp_path / "token"
-    f.write_text(t + "\n")
-    return t, f
 
 
 @pytest.fixture

@@ -10,33 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from relay_harness import (DIASPORA, Credentials, RelayProcess, publish_action, relay_events,  # noqa: E402
+from relay_harness import (DIASPORA, publish_action, relay_events,  # noqa: E402
                            write_spec)
 
 SITES = [{"name": "a", "engine": "local"}]
-
-
-@pytest.fixture(scope="module")
-def creds(tmp_path_factory) -> Credentials:
-    return Credentials(tmp_path_factory.mktemp("exec-creds"))
-
-
-@pytest.fixture
-def relay(creds, tmp_path):
-    r = RelayProcess(creds, tmp_path / "relay").start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture
-def token(creds, tmp_path) -> tuple[str, Path]:
-    t = creds.token("publish:*", "subscribe:*")
-    f = tmp_path / "token"
-    f.write_text(t + "\n")
-    return t, f
 
 
 def spec_of(relay, token, tmp_path, **extra) -> Path:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from relay_harness import REPO, Credentials, RelayProcess, relay_events, write_spec  # noqa: E402
+from relay_harness import REPO, relay_events, write_spec  # noqa: E402
 
 sys.path.insert(0, str(REPO / "engine-adapters" / "python"))
 import adapter_tasks as at  # noqa: E402
@@ -31,26 +31,6 @@ MIGRATE = [{"name": "move-off", "signal": "task.step_time", "detector": "ewma", 
 SPECULATE = [{"name": "copy-silent", "signal": "task.heartbeat_gap", "detector": "phi-accrual", "threshold": 8,
               "action": "speculate"}]
 SITES = [{"name": "a", "engine": "local", "workers": 2}, {"name": "b", "engine": "local", "workers": 2}]
-
-
-@pytest.fixture(scope="module")
-def creds(tmp_path_factory) -> Credentials:
-    return Credentials(tmp_path_factory.mktemp("futures-creds"))
-
-
-@pytest.fixture
-def relay(creds, tmp_path):
-    r = RelayProcess(creds, tmp_path / "relay").start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture
-def token(creds, tmp_path) -> tuple[str, Path]:
-    t = creds.token("publish:*", "subscribe:*")
-    f = tmp_path / "token"
-    f.write_text(t + "\n")
-    return t, f
 
 
 def pool(n: int = 2) -> ProcessPoolExecutor:

@@ -16,31 +16,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from relay_harness import (REPO, Credentials, RelayProcess, free_port, publish_action,  # noqa: E402
+from relay_harness import (REPO, free_port, publish_action,  # noqa: E402
                            relay_events, write_spec)
 
 sys.path.insert(0, str(REPO / "engine-adapters" / "python"))
 import diaspora  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def creds(tmp_path_factory) -> Credentials:
-    return Credentials(tmp_path_factory.mktemp("adapter-creds"))
-
-
-@pytest.fixture
-def relay(creds, tmp_path):
-    r = RelayProcess(creds, tmp_path / "relay").start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture
-def token(creds, tmp_path) -> tuple[str, Path]:
-    t = creds.token("publish:*", "subscribe:*")
-    f = tmp_path / "token"
-    f.write_text(t + "\n")
-    return t, f
 
 
 def test_every_hook_reaches_the_relay_once_in_order(relay, token, tmp_path):
