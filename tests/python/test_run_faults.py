@@ -56,16 +56,20 @@ def test_kill_worker_and_hang_task_are_restarted_by_the_policy(tmp_path):
     assert killed["id"] != hung["id"]
     assert "died (killed by signal 9 (SIGKILL))" in killed["attempts"][0]["reason"]
     assert hung["attempts"][0]["outcome"] == "stopped" and "stopped for restart" in hung["attempts"][0]["reason"]
+    # Under load (CI runs tests two at a time) a restarted attempt can start late enough for
+    # phi-accrual to ask once more: a third attempt is accepted, every extra one a restart.
     for inst in (killed, hung):
-        assert inst["state"] == "completed" and len(inst["attempts"]) == 2
-        assert inst["attempts"][1]["cause"].startswith("restart (action ")
+        assert inst["state"] == "completed" and 2 <= len(inst["attempts"]) <= 3, inst
+        assert all(a["cause"].startswith("restart (action ") for a in inst["attempts"][1:])
     # The hung attempt, stopped for its restart, counts as a failure too: restart-failed may
     # ask again, and is told its restart is not needed.
     restarts = [a for a in rn.actions(rep, "restart") if a["outcome"] == "done"]
-    assert len(restarts) == 2 and all(a["origin"] == "local" for a in restarts), rep["actions"]
+    assert 2 <= len(restarts) <= 4 and all(a["origin"] == "local" for a in restarts), rep["actions"]
     assert all(a["outcome"] == "done" or a["message"].startswith("not needed: a new attempt")
                for a in rn.actions(rep, "restart")), rep["actions"]
-    by_task = {a["task"]: a["reason"] for a in restarts}
+    by_task: dict[str, str] = {}
+    for a in restarts:  # the first restart of each instance: the one its fault caused
+        by_task.setdefault(a["task"], a["reason"])
     assert by_task[killed["id"]].startswith("restart-failed: task.failures"), by_task  # the failure, at once
     assert by_task[hung["id"]].startswith("restart-silent: task.heartbeat_gap") and "phi-accrual" in by_task[hung["id"]]
     for f in (kill, hang):
@@ -73,7 +77,7 @@ def test_kill_worker_and_hang_task_are_restarted_by_the_policy(tmp_path):
     # The acknowledgements reached the relay as action.done events.
     events = rn.stored_events(out, "faults.events", rep["plugin"]["stats"]["events_acked"])
     done = [e["data"] for e in events if e["type"] == "org.diaspora.action.done"]
-    assert [d["status"] for d in done].count("done") == 2, done
+    assert [d["status"] for d in done].count("done") == len(restarts), done
     injected = [e for e in events if e["type"] == "org.diaspora.resource.status" and e["data"]["state"] in ("down", "degraded")]
     assert len(injected) == 2  # each fault is an event
 
