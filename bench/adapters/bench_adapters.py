@@ -6,12 +6,13 @@
    call into the library (diaspora_abi_version). Target: <= 2 us a hook.
 2. Dask throughput: N no-op tasks (default 10,000) through a LocalCluster with worker
    processes (2 workers, 1 thread each), without and with the Diaspora scheduler and
-   worker plugins registered, alternated in the same run (a fresh cluster each round,
-   switched in and out of one cluster between blocks). Printed: tasks/s of each block and their ratio.
+   worker plugins registered, alternated in the same run (the scheduler plugin switched in
+   and out of one cluster between blocks). Printed: tasks/s of each block and the ratio.
    Target: with >= 98 % of without.
+3. The scheduler plugin's own cost per task (five transitions called directly, no Dask).
 
-Usage: bench/adapters/bench_adapters.py [--build build] [--tasks 10000] [--rounds 3] [--calls 200000]
-       [--only hooks,dask]
+Usage: bench/adapters/bench_adapters.py [--build build] [--tasks 10000] [--rounds 10] [--calls 200000]
+       [--only hooks,transitions,dask]
 """
 
 from __future__ import annotations
@@ -92,6 +93,36 @@ def bench_hooks(spec: Path, relay, calls: int) -> None:
               f"lost {s['events_lost']})")
 
 
+def bench_transitions(spec: Path, tasks: int) -> None:
+    """The scheduler plugin's own cost: `tasks` keys through the five transitions of a
+    no-op task (released->waiting->processing->memory->released->forgotten), called directly
+    on the plugin with a stand-in scheduler (no Dask at work), a live handle acking."""
+    import types
+
+    import diaspora
+    import diaspora.dask as dd
+
+    p = diaspora.Plugin.open(spec)
+    sp = dd.DiasporaSchedulerPlugin(plugin=p)
+    ws = types.SimpleNamespace(address="tcp://127.0.0.1:1234", name=0)
+    keys = [f"noop-{i:032x}" for i in range(tasks)]
+    sp.scheduler = types.SimpleNamespace(tasks={k: types.SimpleNamespace(processing_on=ws) for k in keys},
+                                         workers={ws.address: ws})
+    t0 = time.perf_counter()
+    for k in keys:
+        sp.transition(k, "released", "waiting")
+        sp.transition(k, "waiting", "processing")
+        sp.transition(k, "processing", "memory")
+        sp.transition(k, "memory", "released")
+        sp.transition(k, "released", "forgotten")
+    took = time.perf_counter() - t0
+    assert p.wait_acked(60)
+    s = p.stats()
+    p.close()
+    print(f"{tasks} tasks: {took / tasks * 1e6:.1f} us a task in the scheduler plugin (5 transitions, 3 events); "
+          f"events accepted {s['events_accepted']}, lost {s['events_lost']}")
+
+
 def noop(i):
     return i
 
@@ -148,7 +179,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=10_000)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--calls", type=int, default=200_000)
-    ap.add_argument("--only", default="hooks,dask")
+    ap.add_argument("--only", default="hooks,transitions,dask")
     args = ap.parse_args()
     only = set(args.only.split(","))
     with tempfile.TemporaryDirectory(prefix="bench-adapters-") as d:
@@ -158,6 +189,10 @@ def main() -> None:
             if "hooks" in only:
                 print("-- Python hook cost (diaspora.Plugin over ctypes)")
                 bench_hooks(spec, relay, args.calls)
+                print()
+            if "transitions" in only:
+                print("-- the Dask scheduler plugin's own cost per task")
+                bench_transitions(spec, args.tasks)
                 print()
             if "dask" in only:
                 print(f"-- Dask LocalCluster, {args.tasks} no-op tasks each way in {args.rounds} alternated blocks, "

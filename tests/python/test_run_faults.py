@@ -100,14 +100,16 @@ def test_slow_site_is_migrated_off(tmp_path):
 policies:
   - name: move-off
     signal: task.step_time
-    detector: ewma
-    threshold: 15
+    detector: threshold
+    threshold: 1.5
     for: 3
     action: migrate
     targets: [burn]
 """
-    # The detector watches the task's own step times and warms up on its first 10 steps: the
-    # slowdown comes late enough that a task started late (sanitizer build, loaded CI) has them.
+    # A fixed bound on the step time (a step is 0.25 s of CPU; slowed 8x it takes 2 s of wall
+    # time whatever the load): under the sanitizer with tests in parallel, contention made the
+    # ewma's scale too wide for z >= 15 three times running (CI, twice). The ewma detector is
+    # covered by the unit tests (test_policy); here the point is the migration.
     spec = rn.write_spec(tmp_path, burn_spec("  - {at: 8s, kind: slow-site, site: a, factor: 8, for: 30s}\n",
                                              policies=policies, seconds=14, count=1,
                                              sites="  - {name: b, engine: local, workers: 1}\n")
@@ -120,7 +122,7 @@ policies:
     assert [a["site"] for a in inst["attempts"]] == ["a", "b"], inst
     assert inst["attempts"][0]["outcome"] == "stopped" and "migration to b" in inst["attempts"][0]["reason"]
     (mig,) = rn.actions(rep, "migrate")
-    assert mig["outcome"] == "done" and mig["target_site"] == "b" and "ewma" in mig["reason"]
+    assert mig["outcome"] == "done" and mig["target_site"] == "b" and "threshold" in mig["reason"]
     assert rep["faults"][0]["hit"][0]["reaction_s"] < 30  # (bench/run measures it on a quiet machine)
 
 
