@@ -34,6 +34,7 @@ std::string try_load(const std::filesystem::path& path, PluginLibrary& lib) {
   resolve(dl, "diaspora_abi_check", l.abi_check, missing);
   resolve(dl, "diaspora_library_version", l.library_version, missing);
   resolve(dl, "diaspora_status_name", l.status_name, missing);
+  resolve(dl, "diaspora_open_file", l.open_file, missing);
   resolve(dl, "diaspora_open_yaml", l.open_yaml, missing);
   resolve(dl, "diaspora_close", l.close, missing);
   resolve(dl, "diaspora_last_error", l.last_error, missing);

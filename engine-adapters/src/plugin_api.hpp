@@ -24,6 +24,7 @@ struct PluginLibrary {
   decltype(&::diaspora_abi_check) abi_check = nullptr;
   decltype(&::diaspora_library_version) library_version = nullptr;
   decltype(&::diaspora_status_name) status_name = nullptr;
+  decltype(&::diaspora_open_file) open_file = nullptr;
   decltype(&::diaspora_open_yaml) open_yaml = nullptr;
   decltype(&::diaspora_close) close = nullptr;
   decltype(&::diaspora_last_error) last_error = nullptr;

@@ -1,11 +1,14 @@
 """Task functions for the adapter tests, importable by worker processes (spawned process
 pools, Dask workers). Each writes a marker file per attempt (its pid and the step it
-reached) so that a test can find the process to fault."""
+reached) so that a test can find the process to fault; and the fault the tests share
+(a SIGSTOP duty cycle)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -39,3 +42,36 @@ def markers(marker_dir: str | Path) -> dict[str, dict]:
         except (OSError, ValueError):
             pass
     return out
+
+
+def reached(marker_dir: str | Path, attempt: str, step: int = 0) -> dict | None:
+    """The marker of `attempt` ("<task id>.<attempt>") once it has reached `step`, else None."""
+    m = markers(marker_dir).get(attempt)
+    return m if m is not None and m.get("step", 0) >= step else None
+
+
+class DutyCycle(threading.Thread):
+    """SIGSTOP / SIGCONT of `pids` (stopped `off` s, running `on` s) until stop()."""
+
+    def __init__(self, pids, off: float = 0.45, on: float = 0.05):
+        super().__init__(daemon=True)
+        self.pids, self.off, self.on, self.done = list(pids), off, on, threading.Event()
+
+    def run(self):
+        while not self.done.is_set():
+            self._sig(signal.SIGSTOP)
+            time.sleep(self.off)
+            self._sig(signal.SIGCONT)
+            time.sleep(self.on)
+
+    def _sig(self, s):
+        for p in self.pids:
+            try:
+                os.kill(p, s)
+            except ProcessLookupError:
+                pass
+
+    def stop(self):
+        self.done.set()
+        self.join()
+        self._sig(signal.SIGCONT)

@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,6 +22,7 @@ BIN = Path(os.environ.get("DIASPORA_BIN_DIR", REPO / "build" / "bin"))
 LIB = BIN.parent / "lib" / "libdiaspora_plugin.so"
 
 sys.path.insert(0, str(REPO / "engine-adapters" / "python"))
+from relay_harness import wait_until as wait_for  # noqa: E402,F401 (used by the tests through this module)
 from diaspora._abi import (ACTION_CALLBACK as ACTION_CB, MAX_ID, MAX_TEXT, ActionStruct as Action,  # noqa: E402,F401
                            MetricValue, Stats, TaskInfo, _declare)
 
@@ -86,15 +86,6 @@ class Plugin:
         rc = self.lib.diaspora_close(self.h, timeout_ms)
         self.h = None
         return rc
-
-
-def wait_for(cond, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def report_tasks(p: Plugin, tasks: int, prefix: str = "task") -> int:

@@ -177,6 +177,18 @@ def run(coro):
     return asyncio.run(main())
 
 
+def wait_until(cond, timeout: float = 30.0, what: str = "condition", interval: float = 0.05):
+    """Polls cond() until it returns something truthy, and returns that; AssertionError
+    naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (for a relay that must come up
     later on a port the client already knows)."""

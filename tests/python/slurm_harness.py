@@ -13,8 +13,9 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
+
+from relay_harness import wait_until
 
 
 def free_port() -> int:
@@ -56,7 +57,7 @@ class Slurm:
                      f"--key-file={key}", f"--socket={self.munge_socket}", f"--pid-file={m / 'munged.pid'}",
                      f"--log-file={r / 'log' / 'munged.log'}", f"--seed-file={m / 'munged.seed'}"],
                     r / "log" / "munged.out")
-        self._wait(lambda: self.munge_socket.exists(), 20, "munged's socket")
+        wait_until(lambda: self.munge_socket.exists(), 20, "munged's socket", interval=0.2)
         cpus = os.cpu_count() or 1
         self.conf = r / "slurm.conf"
         (r / "plugstack.conf").write_text(f"required {self.spank} {self.spank_args}\n")
@@ -93,7 +94,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """)
         self._spawn(["/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)], r / "log" / "slurmctld.out")
         self._spawn(["/usr/sbin/slurmd", "-D", "-f", str(self.conf)], r / "log" / "slurmd.out")
-        self._wait(self._node_idle, 60, "the node to be idle")
+        wait_until(self._node_idle, 60, "the node to be idle", interval=0.2)
         return self
 
     def _spawn(self, argv: list[str], out: Path) -> None:
@@ -106,15 +107,6 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 raise AssertionError(f"{p.args[0]} exited with {p.returncode}:\n{self.logs()}")
         r = subprocess.run(["sinfo", "-h", "-o", "%t"], env=self.env, capture_output=True, text=True, timeout=20)
         return r.returncode == 0 and r.stdout.strip() in ("idle", "idle*") and not r.stdout.strip().endswith("*")
-
-    @staticmethod
-    def _wait(cond, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if cond():
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
     def run(self, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
         return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout)

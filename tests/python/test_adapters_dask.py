@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from relay_harness import REPO, free_port, relay_events, write_spec  # noqa: E402
+from relay_harness import REPO, free_port, relay_events, wait_until, write_spec  # noqa: E402
 
 sys.path.insert(0, str(REPO / "engine-adapters" / "python"))
 import adapter_tasks as at  # noqa: E402
@@ -36,16 +36,6 @@ def cluster():
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
                       host="127.0.0.1") as c, Client(c) as client:
         yield c, client
-
-
-def wait_until(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def by_task(events: list[dict]) -> dict[str, list[dict]]:
@@ -124,10 +114,8 @@ def test_a_slowed_site_is_migrated_off_by_the_policy(relay, token, tmp_path, clu
     addr_a = next(a for a, w in c.scheduler.workers.items() if str(w.name) == "0")
     t0 = time.monotonic()
     fut = client.submit(at.stepper, 160, 0.05, 6, str(marks), workers=[addr_a], allow_other_workers=True, pure=False)
-    m = wait_until(lambda: (at.markers(marks).get("plain.0") or {}).get("step", 0) >= 20 and at.markers(marks)["plain.0"],
-                   60, "20 steps on a")
-    from test_adapters_futures import DutyCycle
-    slow = DutyCycle([m["pid"]])
+    m = wait_until(lambda: at.reached(marks, "plain.0", 20), 60, "20 steps on a")
+    slow = at.DutyCycle([m["pid"]])
     slow.start()
     try:
         # Slowed 10x the task would need 20 + 140 × 0.5 = 90 s; migrated it ends far sooner.

@@ -10,15 +10,13 @@ import multiprocessing
 import os
 import signal
 import sys
-import threading
-import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from relay_harness import REPO, relay_events, write_spec  # noqa: E402
+from relay_harness import REPO, relay_events, wait_until, write_spec  # noqa: E402
 
 sys.path.insert(0, str(REPO / "engine-adapters" / "python"))
 import adapter_tasks as at  # noqa: E402
@@ -37,16 +35,6 @@ def pool(n: int = 2) -> ProcessPoolExecutor:
     return ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
 
 
-def wait_until(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def attempts_all_done(ex: ResilientExecutor, timeout: float = 20) -> None:
     """No attempt left running: every attempt's own future finished."""
     wait_until(lambda: all(a.inner is None or a.inner.done() for t in ex._tasks.values() for a in t.attempts),
@@ -61,33 +49,6 @@ def lifecycle(events: list[dict], task_id: str) -> list[tuple]:
             if kind != "heartbeat":
                 out.append((kind, e["data"].get("site"), e["data"].get("attempt")))
     return out
-
-
-class DutyCycle(threading.Thread):
-    """SIGSTOP / SIGCONT of `pids` (stopped `off` s, running `on` s) until stop()."""
-
-    def __init__(self, pids, off: float = 0.45, on: float = 0.05):
-        super().__init__(daemon=True)
-        self.pids, self.off, self.on, self.done = list(pids), off, on, threading.Event()
-
-    def run(self):
-        while not self.done.is_set():
-            self._sig(signal.SIGSTOP)
-            time.sleep(self.off)
-            self._sig(signal.SIGCONT)
-            time.sleep(self.on)
-
-    def _sig(self, s):
-        for p in self.pids:
-            try:
-                os.kill(p, s)
-            except ProcessLookupError:
-                pass
-
-    def stop(self):
-        self.done.set()
-        self.join()
-        self._sig(signal.SIGCONT)
 
 
 def test_a_killed_worker_process_is_restarted_on_the_other_site(relay, token, tmp_path):
@@ -135,9 +96,8 @@ def test_a_slowed_site_is_migrated_off_and_the_old_attempt_stops(relay, token, t
     try:
         with ResilientExecutor({"a": a, "b": b}, spec=spec, heartbeat_s=0.5) as ex:
             fut = ex.submit_task(at.stepper, (120, 0.05, 5, str(marks)), task_id="recon-2", site="a", deadline_s=60)
-            m = wait_until(lambda: (at.markers(marks).get("recon-2.1") or {}).get("step", 0) >= 20 and
-                           at.markers(marks)["recon-2.1"], 60, "20 steps on a")
-            slow = DutyCycle([m["pid"]])
+            m = wait_until(lambda: at.reached(marks, "recon-2.1", 20), 60, "20 steps on a")
+            slow = at.DutyCycle([m["pid"]])
             slow.start()
             try:
                 wait_until(lambda: "recon-2.2" in at.markers(marks), 60, "the attempt on b")
@@ -173,8 +133,7 @@ def test_a_hung_attempt_gets_a_copy_that_wins(relay, token, tmp_path):
     try:
         with ResilientExecutor({"a": a, "b": b}, spec=spec, heartbeat_s=0.2) as ex:
             fut = ex.submit_task(at.stepper, (60, 0.05, 7, str(marks)), task_id="recon-3", site="a")
-            m = wait_until(lambda: (at.markers(marks).get("recon-3.1") or {}).get("step", 0) >= 10 and
-                           at.markers(marks)["recon-3.1"], 60, "10 steps on a")
+            m = wait_until(lambda: at.reached(marks, "recon-3.1", 10), 60, "10 steps on a")
             os.kill(m["pid"], signal.SIGSTOP)
             try:
                 assert fut.result(timeout=90) == 14
@@ -230,8 +189,8 @@ def test_a_dask_executor_and_a_process_pool_as_two_sites(relay, token, tmp_path)
             with ResilientExecutor(sites, spec=spec, heartbeat_s=0.5) as ex:
                 # 1. A slowed Dask worker: migrated to the process pool.
                 slow_fut = ex.submit_task(at.stepper, (120, 0.05, 3, str(marks)), task_id="slow", site="dask")
-                wait_until(lambda: (at.markers(marks).get("slow.1") or {}).get("step", 0) >= 20, 90, "20 steps on dask")
-                duty = DutyCycle([dask_pid])
+                wait_until(lambda: at.reached(marks, "slow.1", 20), 90, "20 steps on dask")
+                duty = at.DutyCycle([dask_pid])
                 duty.start()
                 try:
                     wait_until(lambda: "slow.2" in at.markers(marks), 60, "the attempt on b")

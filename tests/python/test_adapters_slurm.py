@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from relay_harness import BIN, Credentials, RelayProcess, publish_action, relay_events, write_spec  # noqa: E402
+from relay_harness import (BIN, Credentials, RelayProcess, publish_action, relay_events,  # noqa: E402
+                           wait_until, write_spec)
 from slurm_harness import Slurm  # noqa: E402
 
 SPANK = BIN.parent / "lib" / "spank_diaspora.so"
@@ -42,27 +43,45 @@ def events_of(relay, creds, task: str) -> list[dict]:
     return [e for e in evs if e["type"].startswith("org.diaspora.task.") and e["data"]["task_id"] == task]
 
 
+def all_events(relay, creds) -> list[dict]:
+    """Everything on the events topic now."""
+    return relay_events(relay, creds.token("subscribe:*"), 0, topic="slm.events", counted=lambda e: False)
+
+
+def wait_event(slurm, relay, creds, type_: str, task: str, timeout: float, each=None) -> list[dict]:
+    """Waits until an event of `type_` for `task` is on the relay (calling each() between
+    looks); returns the topic's events then. On timeout, fails with Slurm's logs."""
+    def look():
+        evs = all_events(relay, creds)
+        if any(e["type"] == type_ and e["data"]["task_id"] == task for e in evs):
+            return evs
+        if each is not None:
+            each()
+        return None
+    try:
+        return wait_until(look, timeout, f"{type_} of {task}", interval=0.5)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{slurm.logs()}") from None
+
+
 def test_srun_reports_started_and_ended_with_job_and_step_ids(env):
     slurm, relay, creds, spec, tmp = env
     r = slurm.run("srun", f"--diaspora={spec}", "-n", "2", "hostname")
     assert r.returncode == 0 and r.stdout.count("\n") == 2, r.stdout + r.stderr + slurm.logs()
-    jobs = slurm.run("sacct", "-n", "-X", "-o", "JobID").stdout.split()  # no accounting: fall back below
-    job = None
+    def job_id():  # from the relay's events: the job of the first task completed
+        got = relay_events(relay, creds.token("subscribe:*"), 2, topic="slm.events",
+                           counted=lambda e: e["type"] == "org.diaspora.task.completed")
+        ids = [e["data"]["task_id"] for e in got if e["type"] == "org.diaspora.task.completed"]
+        return ids[0].split(".")[0] if ids else None
+    job = wait_until(job_id, 60, "the step's completed events")
+    assert job.startswith("slurm-") and job[6:].isdigit(), job
     for rank in (0, 1):
-        evs = None
-        deadline = time.monotonic() + 60
-        while job is None and time.monotonic() < deadline:  # the job id: from the relay's events
-            got = relay_events(relay, creds.token("subscribe:*"), 2, topic="slm.events",
-                               counted=lambda e: e["type"] == "org.diaspora.task.completed")
-            ids = [e["data"]["task_id"] for e in got if e["type"] == "org.diaspora.task.completed"]
-            job = ids[0].split(".")[0] if ids else None
         evs = events_of(relay, creds, f"{job}.0.{rank}")
         kinds = [e["type"].rsplit(".", 1)[1] for e in evs]
         assert kinds == ["submitted", "started", "completed"], kinds
         started = evs[1]["data"]
         assert started["site"] == "hpc" and started["worker"] == slurm.node and started["attempt"] == 1
         assert evs[2]["data"]["exit_code"] == 0
-    assert job.startswith("slurm-") and job[6:].isdigit(), (job, jobs)
 
 
 def test_a_failing_step_and_a_job_killed_with_scancel(env):
@@ -73,19 +92,13 @@ def test_a_failing_step_and_a_job_killed_with_scancel(env):
     assert r.returncode == 0, r.stderr + slurm.logs()
     job = r.stdout.strip().split(";")[0]
     step_id = f"slurm-{job}.0.0"
-    deadline = time.monotonic() + 60
-    while True:  # the step is running (its started event is on the relay)
-        evs = relay_events(relay, creds.token("subscribe:*"), 0, topic="slm.events", counted=lambda e: False)
-        if any(e["type"] == "org.diaspora.task.started" and e["data"]["task_id"] == step_id for e in evs):
-            break
-        assert time.monotonic() < deadline, slurm.logs()
-        time.sleep(0.5)
+    wait_event(slurm, relay, creds, "org.diaspora.task.started", step_id, 60)  # the step is running
     assert slurm.run("scancel", job).returncode == 0
     evs = events_of(relay, creds, step_id)
     end = evs[-1]
     assert end["type"] == "org.diaspora.task.failed", evs
     assert "killed by signal" in end["data"]["reason"] and "scancel" in end["data"]["reason"], end["data"]
-    failed = [e for e in relay_events(relay, creds.token("subscribe:*"), 0, topic="slm.events", counted=lambda e: False)
+    failed = [e for e in all_events(relay, creds)
               if e["type"] == "org.diaspora.task.failed" and e["data"].get("exit_code") == 7]
     assert failed and failed[0]["data"]["reason"] == "exit status 7"
 
@@ -96,27 +109,15 @@ def test_a_restart_action_requeues_a_batch_job(env):
                   'srun sh -c "sleep 3; exit 0"')
     job = r.stdout.strip().split(";")[0]
     step_id = f"slurm-{job}.0.0"
-    deadline = time.monotonic() + 60
-    while True:
-        evs = relay_events(relay, creds.token("subscribe:*"), 0, topic="slm.events", counted=lambda e: False)
-        if any(e["type"] == "org.diaspora.task.started" and e["data"]["task_id"] == step_id for e in evs):
-            break
-        assert time.monotonic() < deadline, slurm.logs()
-        time.sleep(0.3)
+    wait_event(slurm, relay, creds, "org.diaspora.task.started", step_id, 60)
     time.sleep(1.0)  # the step's control subscription is up
     publish_action(relay, creds.token("publish:*", "subscribe:*"),
                    {"action_id": "rq-1", "action": "restart", "task_id": step_id, "reason": "operator"},
                    topic=f"slm.control.slurm-{job}.0")
-    deadline = time.monotonic() + 90
-    while True:  # requeued: the step runs again as attempt 2 and completes
-        evs = relay_events(relay, creds.token("subscribe:*"), 0, topic="slm.events", counted=lambda e: False)
-        mine = [e["data"] for e in evs if e["type"] == "org.diaspora.task.completed" and e["data"]["task_id"] == step_id]
-        if mine:
-            break
-        assert time.monotonic() < deadline, slurm.logs()
-        # A requeued job waits about two minutes before it is eligible again: start it now.
-        slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
-        time.sleep(0.5)
+    # Requeued, the step runs again as attempt 2 and completes. A requeued job waits about two
+    # minutes before it is eligible again: start it now.
+    evs = wait_event(slurm, relay, creds, "org.diaspora.task.completed", step_id, 90,
+                     each=lambda: slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now"))
     done = [e["data"] for e in evs if e["type"] == "org.diaspora.action.done" and e["data"]["action_id"] == "rq-1"]
     assert done and done[0]["status"] == "done" and "requeued" in done[0]["message"], done
     starts = [e["data"]["attempt"] for e in evs if e["type"] == "org.diaspora.task.started" and e["data"]["task_id"] == step_id]

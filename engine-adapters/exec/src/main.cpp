@@ -19,7 +19,6 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <boost/json.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -43,7 +42,6 @@
 #include "process.hpp"
 
 namespace fs = std::filesystem;
-namespace json = boost::json;
 using diaspora::run::PluginLibrary;
 
 namespace {
@@ -73,8 +71,9 @@ struct Options {
   std::vector<std::string> cmd;
 };
 
-// The engine id of one `diaspora exec`: its own spool directory and control topic, so that
-// several run at once from one spec ("exec-" + the task id, made a valid name).
+// The engine id of one `diaspora exec` (DIASPORA_ENGINE_ID): its own spool directory and
+// control topic, so that several run at once from one spec ("exec-" + the task id, made a
+// valid name).
 std::string engine_id_for(const std::string& task) {
   std::string id = "exec-";
   for (char c : task) id += (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-') ? c : '-';
@@ -120,29 +119,16 @@ class Reporter {
       throw diaspora::Error(all + "the spec has errors");
     }
     required_ = r.spec->plugin.required;
-    const fs::path base = fs::absolute(o_.spec).parent_path();
-    json::value doc = diaspora::parse_yaml(diaspora::read_yaml_file(o_.spec, 4u << 20, "spec"), o_.spec).root;
-    json::object& root = doc.get_object();
-    if (!root["plugin"].is_object()) root["plugin"] = json::object{};
-    json::object& plugin = root["plugin"].get_object();
-    const std::string id = engine_id_for(o_.task);
-    plugin["engine_id"] = id;
-    auto absolutize = [&](json::object& obj, const char* key) {
-      if (auto* v = obj.if_contains(key); v && v->is_string()) {
-        fs::path p(std::string(v->get_string()));
-        if (p.is_relative()) *v = (base / p).string();
-      }
-    };
-    absolutize(plugin, "spool_dir");
-    absolutize(plugin, "library");
-    if (root["relay"].is_object()) {
-      absolutize(root["relay"].get_object(), "ca_file");
-      absolutize(root["relay"].get_object(), "token_file");
-    }
-    const fs::path library = plugin.contains("library") ? fs::path(std::string(plugin["library"].get_string())) : fs::path();
+    // The plugin reads the spec file itself (relative paths resolve against its folder);
+    // only the engine id is this process's own.
+    ::setenv("DIASPORA_ENGINE_ID", engine_id_for(o_.task).c_str(), 1);
+    fs::path library;
+    if (r.spec->plugin.library)
+      library = r.spec->plugin.library->is_absolute() ? *r.spec->plugin.library
+                                                     : fs::absolute(o_.spec).parent_path() / *r.spec->plugin.library;
     lib_ = &diaspora::run::load_plugin(library);
     char err[8192] = {0};
-    if (lib_->open_yaml(json::serialize(doc).c_str(), &h_, err, sizeof err) != DIASPORA_OK)
+    if (lib_->open_file(o_.spec.c_str(), &h_, err, sizeof err) != DIASPORA_OK)
       throw diaspora::Error(std::string("the plugin refused the spec: ") + err);
     lib_->set_action_callback(h_, &Reporter::on_action, this);
   }
@@ -211,10 +197,6 @@ class Reporter {
   std::mutex mu_;
   std::deque<diaspora_action> actions_;
 };
-
-std::string last_words(int status) {
-  return diaspora::run::describe_wait_status(status);
-}
 
 int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
@@ -474,7 +456,7 @@ int main(int argc, char** argv) {
       i.metric_count = 2;
       rep.call(&PluginLibrary::task_heartbeat, i, "heartbeat");
     }
-    const std::string words = last_words(status);
+    const std::string words = diaspora::run::describe_wait_status(status);
     auto end = info;
     end.exit_code = exit_code_of(status);
     end.has_exit_code = 1;
