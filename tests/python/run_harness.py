@@ -4,10 +4,7 @@ events its embedded relay stored (served again by a real diaspora-relay afterwar
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import relay_harness as rh
@@ -40,31 +37,61 @@ def actions(rep: dict, kind: str) -> list[dict]:
     return [a for a in rep["actions"] if a["kind"] == kind]
 
 
-def worker_processes(parent: int | None = None) -> set[int]:
-    """Pids of the `diaspora-run __worker` processes on this host (children of `parent` when given)."""
-    out = set()
+# Restart an attempt as soon as it fails (its worker died).
+RESTART_FAILED = """
+policies:
+  - name: restart-failed
+    signal: task.failures
+    detector: threshold
+    threshold: 1
+    action: restart
+"""
+
+# The migrate policy of the slow-site tests: a fixed bound on the step time (a 0.25 s step
+# slowed 8x takes 2 s of wall time whatever the load; an ewma's scale grew too wide under
+# the sanitizer with tests in parallel).
+MOVE_OFF = """
+policies:
+  - name: move-off
+    signal: task.step_time
+    detector: threshold
+    threshold: 1.5
+    for: 3
+    action: migrate
+    targets: [burn]
+"""
+
+
+def process_cmdlines():
+    """(pid, argv as bytes) of every process on this host that can be read."""
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            cmd = (d / "cmdline").read_bytes().split(b"\0")
+            yield int(d.name), (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
+
+
+def worker_processes(parent: int | None = None) -> set[int]:
+    """Pids of the `diaspora-run __worker` processes on this host (children of `parent` when given)."""
+    out = set()
+    for pid, cmd in process_cmdlines():
         if len(cmd) > 1 and cmd[0].endswith(b"diaspora-run") and cmd[1] == b"__worker":
             if parent is not None:
                 try:
-                    stat = (d / "stat").read_text()
+                    stat = Path(f"/proc/{pid}/stat").read_text()
                 except OSError:
                     continue
                 if int(stat[stat.rindex(")") + 2:].split()[1]) != parent:
                     continue
-            out.add(int(d.name))
+            out.add(pid)
     return out
 
 
-def stored_events(out: Path, topic: str, count: int) -> list[dict]:
-    """The first `count` events of `topic` in the run's relay log, read through a real
-    diaspora-relay started on that log with the run's own certificates and secret."""
+def stored_events(out: Path, topic: str, count: int | None) -> list[dict]:
+    """The first `count` events of `topic` in the run's relay log (None: all of them), read
+    through a real diaspora-relay started on that log with the run's own certificates and secret."""
     creds = rh.Credentials.__new__(rh.Credentials)
     creds.root = out / "relay"
     creds.certs = creds.root / "certs"
@@ -74,6 +101,8 @@ def stored_events(out: Path, topic: str, count: int) -> list[dict]:
     relay = rh.RelayProcess(creds, out / "relay" / "data").start()
     try:
         token = creds.token("subscribe:*")
+        if count is None:
+            return rh.relay_events(relay, token, 0, topic=topic, counted=lambda e: False)
         return [e for _, e in rh.run(rh.collect_all(relay, token, topic, count))]
     finally:
         relay.stop()

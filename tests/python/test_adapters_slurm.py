@@ -1,11 +1,13 @@
 """spank_diaspora.so in a real one-node Slurm (slurm-wlm 22.05, munge) that the test starts
 and stops, with a real relay: `srun --diaspora=SPEC` reports each task's start and end
 with job and step ids; a job killed with scancel says so; a restart action requeues a
-batch job; a broken spec never fails the job."""
+batch job; a broken spec never fails the job; `diaspora run` submits an `engine: slurm`
+site's attempts through it."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from relay_harness import (BIN, Credentials, RelayProcess, publish_action, relay_events,  # noqa: E402
                            wait_until, write_spec)
+import run_harness as rn  # noqa: E402
 from slurm_harness import Slurm  # noqa: E402
 
 SPANK = BIN.parent / "lib" / "spank_diaspora.so"
@@ -130,3 +133,52 @@ def test_a_broken_spec_never_fails_the_job(env):
     bad.write_text("version: 1\nname: slm\nsites: [{name: a, engine: lokal}]\n")
     r = slurm.run("srun", f"--diaspora={bad}", "echo", "still-runs")
     assert r.returncode == 0 and r.stdout == "still-runs\n", r.stdout + r.stderr
+
+
+def test_diaspora_run_submits_each_attempt_through_slurm(env, tmp_path):
+    """`diaspora run` with an `engine: slurm` site: each attempt a batch job (`sbatch
+    --diaspora=`), whose worker connects back to the runner; a worker killed mid-task is
+    restarted as a new job; the SPANK plugin reports every job on the run's own relay."""
+    slurm = env[0]
+    spec = rn.write_spec(tmp_path, """version: 1
+name: slurm-run
+sites:
+  - {name: hpc, engine: slurm, endpoint: debug, workers: 2}
+  - {name: loc, engine: local, workers: 1}
+tasks:
+  - name: nap
+    kind: sleep
+    args: {seconds: 6, step: 0.25}
+    count: 3
+    allowed_sites: [hpc]
+policies:
+  - {name: restart-failed, signal: task.failures, detector: threshold, threshold: 1, action: restart}
+faults:
+  - {at: 5s, kind: kill-worker, site: hpc}
+""")
+    out = tmp_path / "out"
+    p = subprocess.run([str(rn.DIASPORA), "run", str(spec), "--out", str(out)], env=slurm.env, capture_output=True,
+                       text=True, timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr + slurm.logs()
+    rep = rn.report(out)
+    insts = {i["id"]: i for i in rep["instances"]}
+    assert all(i["state"] == "completed" for i in insts.values()), insts
+    (fault,) = rep["faults"]
+    assert fault["hit"], (fault, p.stdout)  # a connected worker was running when it struck
+    killed = insts[fault["hit"][0]["instance"]]
+    assert "died" in killed["attempts"][0]["reason"], killed
+    assert killed["attempts"][1]["cause"].startswith("restart (action ") and killed["attempts"][-1]["site"] == "hpc"
+    attempts = sum(len(i["attempts"]) for i in insts.values())
+    # The jobs: one per attempt, named after it, run by slurmd with the Diaspora SPANK plugin,
+    # which published each job's start and end on the run's embedded relay.
+    outputs = sorted((out / "engines" / "hpc").glob("nap.*.out"))
+    assert len(outputs) == attempts, outputs
+    events = rn.stored_events(out, "slurm-run.events", None)
+    spank = [e for e in events if e["data"].get("task_id", "").startswith("slurm-")]
+    jobs = {e["data"]["task_id"].split(".")[0] for e in spank if e["type"] == "org.diaspora.task.started"}
+    assert len(jobs) == attempts, (jobs, spank)
+    ends = [e["data"] for e in spank if e["type"] in ENDS]
+    assert sum(1 for d in ends if "killed by signal 9" in d.get("reason", "")) == 1, ends
+    assert sum(1 for e in spank if e["type"] == "org.diaspora.task.completed") == attempts - 1, ends
+    runner = [e["data"] for e in events if e["type"] == "org.diaspora.task.started" and e["data"]["task_id"].startswith("nap")]
+    assert len(runner) == attempts and all(d["worker"].startswith("hpc/worker-") for d in runner), runner

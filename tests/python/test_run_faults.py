@@ -12,14 +12,7 @@ from pathlib import Path
 
 import run_harness as rn
 
-RESTART = """
-policies:
-  - name: restart-failed
-    signal: task.failures
-    detector: threshold
-    threshold: 1
-    action: restart
-  - name: restart-silent
+RESTART = rn.RESTART_FAILED + """  - name: restart-silent
     signal: task.heartbeat_gap
     detector: phi-accrual
     threshold: 8
@@ -96,16 +89,7 @@ def test_baseline_waits_for_heartbeat_silence(tmp_path):
 
 
 def test_slow_site_is_migrated_off(tmp_path):
-    policies = """
-policies:
-  - name: move-off
-    signal: task.step_time
-    detector: threshold
-    threshold: 1.5
-    for: 3
-    action: migrate
-    targets: [burn]
-"""
+    policies = rn.MOVE_OFF
     # A fixed bound on the step time (a step is 0.25 s of CPU; slowed 8x it takes 2 s of wall
     # time whatever the load): under the sanitizer with tests in parallel, contention made the
     # ewma's scale too wide for z >= 15 three times running (CI, twice). The ewma detector is

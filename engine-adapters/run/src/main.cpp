@@ -3,7 +3,8 @@
 // and spec errors (reported before anything starts).
 //
 // Internal mode: `diaspora-run __worker SITE N` is a local site's worker process, started
-// by the runner with its channel on fd 3 (worker.hpp).
+// by the runner with its channel on fd 3 (worker.hpp); `diaspora-run __worker --connect
+// HOST:PORT --key KEY` is a Dask or Slurm site's one-shot worker (remote.hpp).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -14,11 +15,14 @@
 #include "diaspora/error.hpp"
 #include "diaspora/spec.hpp"
 #include "diaspora/version.hpp"
+#include "remote.hpp"
 #include "runner.hpp"
 #include "spec_input.hpp"
 #include "worker.hpp"
 
 int main(int argc, char** argv) {
+  if (argc == 6 && std::string(argv[1]) == "__worker" && std::string(argv[2]) == "--connect" && std::string(argv[4]) == "--key")
+    return diaspora::run::remote_worker_main(argv[3], argv[5]);
   if (argc >= 2 && std::string(argv[1]) == "__worker") return diaspora::run::worker_main(3);
 
   CLI::App app{"Run a workflow spec: an embedded (or remote) relay, the engine plugin loaded from the spec, "

@@ -1,4 +1,5 @@
 #include "runner.hpp"
+#include "remote.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -132,12 +133,20 @@ struct Slot {
   int draining_inst = -1;          ///< a rehearsal job told to checkpoint and stop, not exited yet
   double next_checkpoint = 0;      ///< a rehearsal job's next checkpoint_every signal
   double drain_deadline = 0;       ///< ... killed if it has not exited by then
+  // A remote site's slot (remote.hpp): one launch per attempt, no process of its own.
+  std::string key;                 ///< the launch out for the attempt it runs ("" when none)
+  bool connected = false;          ///< its worker has said hello (ch is the connection)
+  json::object pending_run;        ///< the "run" message, sent when the worker is ready
+  pid_t remote_pid = -1;           ///< the remote worker's pid ...
+  pid_t engine_pid = -1;           ///< ... and its engine's process (a Dask worker) ...
+  bool same_host = false;          ///< ... on this host: faults can signal them
   bool idle() const { return ready && inst < 0 && draining_inst < 0; }
 };
 
 struct Site {
   const SiteSpec* spec = nullptr;
   std::vector<Slot> slots;
+  std::unique_ptr<Launcher> launcher;  ///< engine: dask or slurm (nullptr: a local pool)
   double slow_factor = 1, slow_until = 0, next_toggle = 0;
   bool stopped_phase = false;
   double penalty = 0, penalty_t = 0;  ///< decayed count of failures and moves off this site
@@ -215,6 +224,18 @@ class Runner {
   void start_sites();
   void spawn_worker(Site& s, Slot& slot);
   void make_instances();
+  fs::path write_spank_spec();
+
+  // ---- remote sites (engine: dask, slurm)
+  void on_hello(Hello h);
+  void release_remote(Site& s, Slot& slot);
+  void remote_lost(Site& s, Slot& slot, const std::string& why);
+  void launchers_tick();
+  void announce_start(int ii, int ai, Site& s, Slot& slot, bool log);
+  /// Sends `sig` to what runs a slot's attempt on this host (a remote worker process).
+  void signal_remote(const Slot& slot, int sig) const {
+    if (slot.same_host && slot.remote_pid > 0) ::kill(slot.remote_pid, sig);
+  }
 
   // ---- plugin hooks
   diaspora_task_info info(const Instance& inst, const Attempt& a) const;
@@ -292,6 +313,8 @@ class Runner {
   const PluginLibrary* lib_ = nullptr;
   diaspora_plugin* plugin_ = nullptr;
   std::unique_ptr<EmbeddedRelay> relay_;
+  std::unique_ptr<WorkerListener> listener_;  ///< remote workers connect here (remote sites only)
+  std::string host_ = host_name();
   std::string relay_url_;
   int wake_[2] = {-1, -1};
 
@@ -381,7 +404,27 @@ void Runner::spawn_worker(Site& s, Slot& slot) {
   if (s.stopped_phase) signal_group(slot.pid, SIGSTOP);
 }
 
+// The spec the Slurm SPANK plugin opens (`sbatch --diaspora=`): this run's, with the relay
+// named explicitly (slurmstepd sees neither the embedded relay nor the runner's environment).
+fs::path Runner::write_spank_spec() {
+  json::value doc = in_.document;
+  json::object& root = doc.get_object();
+  const auto [ca, token] = relay_credentials();
+  json::object& relay = root["relay"].is_object() ? root["relay"].get_object() : (root["relay"] = json::object{}).get_object();
+  relay["url"] = relay_url_;
+  if (!ca.empty()) relay["ca_file"] = fs::absolute(ca).string();
+  if (!token.empty()) relay["token_file"] = fs::absolute(token).string();
+  relay.erase("data_dir");
+  json::object& plugin = root["plugin"].is_object() ? root["plugin"].get_object() : (root["plugin"] = json::object{}).get_object();
+  plugin["spool_dir"] = (opt_.out_dir / "spool").string();
+  const fs::path file = fs::absolute(opt_.out_dir / "engines" / "slurm-spec.yaml");
+  fs::create_directories(file.parent_path());
+  write_file_atomic(file, json::serialize(doc) + "\n", 0600, Durability::file);
+  return file;
+}
+
 void Runner::start_sites() {
+  std::string bind = "127.0.0.1";
   for (const auto& ss : spec_.sites) {
     Site s;
     s.spec = &ss;
@@ -391,12 +434,31 @@ void Runner::start_sites() {
       s.slots.push_back(std::move(slot));
     }
     sites_.push_back(std::move(s));
+    if (ss.engine == Engine::dask && ss.endpoint && ss.endpoint->starts_with("tcp://")) {
+      const std::string hp = ss.endpoint->substr(6);
+      if (const std::string a = local_address_towards(hp.substr(0, hp.rfind(':'))); !a.starts_with("127.")) bind = a;
+    }
   }
-  for (auto& s : sites_)
-    for (auto& slot : s.slots) spawn_worker(s, slot);
+  for (auto& s : sites_) {
+    if (s.spec->engine == Engine::local) {
+      for (auto& slot : s.slots) spawn_worker(s, slot);
+      continue;
+    }
+    if (!listener_) listener_ = std::make_unique<WorkerListener>(bind);
+    LaunchContext ctx;
+    ctx.out_dir = opt_.out_dir;
+    auto spank = s.spec->attributes.find("spank");
+    if (s.spec->engine == Engine::slurm && !(spank != s.spec->attributes.end() && spank->second.is_bool() && !spank->second.get_bool()))
+      ctx.spank_spec = write_spank_spec();
+    say("site " + s.spec->name + ": starting its " + std::string(to_string(s.spec->engine)) + " launcher");
+    s.launcher = make_launcher(*s.spec, ctx);
+    for (auto& slot : s.slots) slot.ready = true;  // a launch per attempt: a slot is free until used
+  }
   std::string what;
-  for (auto& s : sites_) what += (what.empty() ? "" : ", ") + s.spec->name + " (" + std::to_string(s.slots.size()) + " workers)";
-  say("sites: " + what);
+  for (auto& s : sites_)
+    what += (what.empty() ? "" : ", ") + s.spec->name + " (" + std::to_string(s.slots.size()) + " workers" +
+            (s.launcher ? ", " + s.launcher->describe() : "") + ")";
+  say("sites: " + what + (listener_ ? "; remote workers connect to " + listener_->address() : ""));
 }
 
 void Runner::make_instances() {
@@ -755,6 +817,7 @@ long Runner::reserved(const Site& s) const {
 Slot* Runner::choose_slot(const Instance& inst, const Attempt& a, Site** site_out) {
   const TaskSpec& ts = spec_.tasks[inst.task];
   auto allowed = [&](const Site& s) {
+    if (s.launcher && !ts.kind) return false;  // commands and rehearsal jobs run on local sites
     if (!a.pin_site.empty()) return s.spec->name == a.pin_site;
     if (!a.avoid_site.empty() && s.spec->name == a.avoid_site) return false;
     return ts.allowed_sites.empty() ||
@@ -846,9 +909,6 @@ bool Runner::start_attempt(int ii, int ai, Site& s, Slot& slot) {
   if (!a.speculative || inst.state == InstState::awaiting || inst.state == InstState::pending) inst.state = InstState::running;
   awaiting_.erase(ii);
   const std::string worker = s.spec->name + "/worker-" + std::to_string(slot.index);
-  auto i = info(inst, a);
-  i.worker = worker.c_str();
-  lib_->task_started(plugin_, &i);
   const fs::path ckpt = ckpt_dir_ / (inst.id + ".json");
   long resume = 0;
   if (fs::exists(ckpt)) {
@@ -872,6 +932,24 @@ bool Runner::start_attempt(int ii, int ai, Site& s, Slot& slot) {
                      {"data_dir", (data_dir_ / ts.name).string()},
                      {"checkpoint", ckpt.string()},
                      {"resume_step", static_cast<std::int64_t>(resume)}};
+    if (s.launcher) {  // started when its worker connects and says ready (on_worker_message)
+      slot.key = make_uuid();
+      slot.connected = false;
+      slot.pending_run = std::move(msg);
+      const std::string name = a.hook_id + "." + std::to_string(a.number);
+      try {
+        s.launcher->launch(slot.key, name, {self_executable().string(), "__worker", "--connect", listener_->address(), "--key", slot.key},
+                           {"DIASPORA_SITE=" + s.spec->name, "DIASPORA_WORKER=" + std::to_string(slot.index)});
+      } catch (const std::exception& e) {
+        slot.inst = slot.att = -1;
+        slot.key.clear();
+        attempt_ended(ii, ai, false, "site " + s.spec->name + ": " + e.what());
+        return false;
+      }
+      say("launch " + name + " on " + worker + " through " + s.launcher->describe() + " (" + a.cause + ")");
+      return true;
+    }
+    announce_start(ii, ai, s, slot, false);
     if (!slot.ch.send(msg)) {
       attempt_ended(ii, ai, false, "worker " + worker + " did not take the task (its channel is closed)");
       return false;
@@ -894,6 +972,7 @@ bool Runner::start_attempt(int ii, int ai, Site& s, Slot& slot) {
     } else {
       sp.argv = {"/bin/sh", "-c", *ts.command};
     }
+    announce_start(ii, ai, s, slot, false);
     sp.fds = {{pfd[1], 3}};
     const std::string base = (tasks_dir_ / (a.hook_id + "." + std::to_string(a.number))).string();
     sp.stdout_file = base + ".out";
@@ -921,13 +1000,35 @@ bool Runner::start_attempt(int ii, int ai, Site& s, Slot& slot) {
     slot.next_checkpoint = 0;
     if (s.stopped_phase) signal_group(slot.cmd_pid, SIGSTOP);
   }
-  say("start " + a.hook_id + " attempt " + std::to_string(a.number) + " on " + worker + " (" + a.cause + ")");
-  if (!a.action_id.empty()) ack(a.action_id, true, "attempt " + std::to_string(a.number) + " of " + a.hook_id + " running on " + worker);
+  announce_start(ii, ai, s, slot, true);
   return true;
 }
 
+// An attempt starts running on `slot`: the started hook (`log` false), then (`log` true)
+// the log line and the acknowledgement of the action that asked for it.
+void Runner::announce_start(int ii, int ai, Site& s, Slot& slot, bool log) {
+  Instance& inst = insts_[static_cast<std::size_t>(ii)];
+  Attempt& a = inst.attempts[static_cast<std::size_t>(ai)];
+  const std::string worker = s.spec->name + "/worker-" + std::to_string(slot.index);
+  if (!log) {
+    a.start_t = a.last_beat = now();
+    auto i = info(inst, a);
+    i.worker = worker.c_str();
+    lib_->task_started(plugin_, &i);
+    return;
+  }
+  say("start " + a.hook_id + " attempt " + std::to_string(a.number) + " on " + worker + " (" + a.cause + ")");
+  if (!a.action_id.empty()) ack(a.action_id, true, "attempt " + std::to_string(a.number) + " of " + a.hook_id + " running on " + worker);
+}
+
 void Runner::kill_slot_process(Site& s, Slot& slot) {
-  (void)s;
+  if (s.launcher) {  // the worker is told, killed when on this host, and its launch withdrawn
+    if (slot.connected) slot.ch.send({{"op", "cancel"}});
+    signal_remote(slot, SIGKILL);
+    signal_remote(slot, SIGCONT);
+    release_remote(s, slot);
+    return;
+  }
   if (slot.cmd_pid > 0 && slot.inst >= 0 && is_job(insts_[static_cast<std::size_t>(slot.inst)].task)) {
     // A rehearsal job checkpoints on SIGTERM (its ranks finish the step, write the
     // checkpoint, exit 3); its next attempt waits for that (draining()).
@@ -960,7 +1061,7 @@ void Runner::stop_attempt(int ii, int ai, const std::string& outcome, const std:
     if (slot.inst == ii && slot.att == ai) {
       kill_slot_process(*s, slot);  // the worker is replaced when its exit is reaped
       slot.inst = slot.att = -1;
-      slot.ready = slot.cmd_pid > 0 && slot.pid > 0 && slot.ready;  // a command's worker stays usable
+      slot.ready = s->launcher || (slot.cmd_pid > 0 && slot.pid > 0 && slot.ready);  // a command's worker stays usable
     }
   }
   a.outcome = outcome;
@@ -1139,6 +1240,9 @@ void Runner::carry_out(const diaspora_action& a, ActionRecord& rec) {
         Site* t = find_site(target);
         const TaskSpec& ts = spec_.tasks[inst.task];
         if (!t) return ack(a.id, false, "no site '" + target + "' in this run");
+        if (t->launcher && !ts.kind)
+          return ack(a.id, false, "site '" + target + "' (engine: " + std::string(to_string(t->spec->engine)) +
+                                      ") runs built-in kinds only, not " + ts.name);
         if (!ts.allowed_sites.empty() && std::find(ts.allowed_sites.begin(), ts.allowed_sites.end(), target) == ts.allowed_sites.end())
           return ack(a.id, false, "site '" + target + "' is not in " + ts.name + "'s allowed_sites");
       }
@@ -1218,6 +1322,13 @@ void Runner::on_worker_message(Site& s, Slot& slot, const json::object& m) {
   const std::string op = opv && opv->is_string() ? std::string(opv->get_string()) : "";
   if (op == "ready") {
     slot.ready = true;
+    if (s.launcher && slot.connected && slot.inst >= 0 && !slot.pending_run.empty()) {  // a remote attempt begins
+      const json::object run = std::exchange(slot.pending_run, {});
+      announce_start(slot.inst, slot.att, s, slot, false);
+      if (!slot.ch.send(run)) return remote_lost(s, slot, "its connection closed before the task was sent");
+      if (s.stopped_phase) signal_remote(slot, SIGSTOP);
+      announce_start(slot.inst, slot.att, s, slot, true);
+    }
     return;
   }
   if (op == "checkpointed") {
@@ -1253,6 +1364,7 @@ void Runner::on_worker_message(Site& s, Slot& slot, const json::object& m) {
     i.metric_count = 1;
     lib_->task_progress(plugin_, &i);
   } else if (op == "done" || op == "failed") {
+    if (s.launcher) release_remote(s, slot);  // a one-shot worker: it exits when the channel closes
     slot.inst = slot.att = -1;
     if (op == "done") {
       if (const json::value* r = m.if_contains("result"); r && r->is_object() && inst.state != InstState::completed)
@@ -1295,6 +1407,11 @@ void Runner::poll_io(double timeout_s) {
   std::vector<std::tuple<Site*, Slot*, bool>> who;  // bool: command progress pipe
   fds.push_back({wake_[0], POLLIN, 0});
   who.emplace_back(nullptr, nullptr, false);
+  if (listener_)
+    for (int fd : listener_->fds()) {
+      fds.push_back({fd, POLLIN, 0});
+      who.emplace_back(nullptr, nullptr, false);
+    }
   for (auto& s : sites_)
     for (auto& slot : s.slots) {
       if (slot.ch.fd() >= 0) {
@@ -1316,6 +1433,7 @@ void Runner::poll_io(double timeout_s) {
   for (std::size_t k = 1; k < fds.size(); ++k) {
     if (!fds[k].revents) continue;
     auto [s, slot, cmd] = who[k];
+    if (!slot) continue;  // the listener's: served below
     if (cmd) {
       const bool open = slot->progress.fill();
       while (auto line = slot->progress.next_line()) on_command_line(*s, *slot, *line);
@@ -1323,8 +1441,73 @@ void Runner::poll_io(double timeout_s) {
       continue;
     }
     const bool open = slot->ch.fill();
-    while (auto m = slot->ch.next()) on_worker_message(*s, *slot, *m);
-    if (!open) slot->ch.close();  // the worker is gone: reap() handles its exit
+    while (slot->ch.fd() >= 0)
+      if (auto m = slot->ch.next()) on_worker_message(*s, *slot, *m);
+      else break;
+    if (!open && s->launcher) remote_lost(*s, *slot, "its connection closed");
+    else if (!open) slot->ch.close();  // the worker is gone: reap() handles its exit
+  }
+  if (listener_)
+    for (Hello& h : listener_->service()) on_hello(std::move(h));
+}
+
+// ---- remote sites -------------------------------------------------------------------------------
+
+// A remote worker connected: it belongs to the launch out for a slot's attempt, or it is
+// late (the attempt was stopped, or the engine ran the launch twice) and is sent away.
+void Runner::on_hello(Hello h) {
+  for (auto& s : sites_)
+    for (auto& slot : s.slots) {
+      if (!s.launcher || slot.key != h.key || slot.connected || slot.inst < 0) continue;
+      slot.ch = std::move(h.ch);
+      slot.connected = true;
+      slot.remote_pid = h.pid;
+      slot.engine_pid = h.engine_pid;
+      slot.same_host = h.host == host_;
+      s.launcher->connected(slot.key);
+      while (slot.ch.fd() >= 0)  // the lines that came with the hello ("ready")
+        if (auto m = slot.ch.next()) on_worker_message(s, slot, *m);
+        else break;
+      return;
+    }
+  h.ch.close();  // the worker exits: nothing for it
+}
+
+// The slot's launch is over (its attempt ended or was stopped): the connection closes (the
+// worker exits) and the engine lets go of it.
+void Runner::release_remote(Site& s, Slot& slot) {
+  slot.ch.close();
+  if (!slot.key.empty()) s.launcher->cancel(slot.key);
+  slot.key.clear();
+  slot.connected = false;
+  slot.pending_run = {};
+  slot.remote_pid = slot.engine_pid = -1;
+  slot.same_host = false;
+}
+
+// A remote attempt's worker is gone without finishing (its process or its engine worker
+// died, its job ended): the attempt is lost, as when a local worker dies.
+void Runner::remote_lost(Site& s, Slot& slot, const std::string& why) {
+  const int ii = slot.inst, ai = slot.att;
+  release_remote(s, slot);
+  if (ii < 0) return;
+  slot.inst = slot.att = -1;
+  if (slot.pending_checkpoint.size()) ack(std::exchange(slot.pending_checkpoint, ""), false, "the worker died: " + why);
+  attempt_ended(ii, ai, false, "worker " + s.spec->name + "/worker-" + std::to_string(slot.index) + " died (" + why + ")", true);
+}
+
+// What the engines say about launches: one that ended before its worker connected failed.
+void Runner::launchers_tick() {
+  for (auto& s : sites_) {
+    if (!s.launcher) continue;
+    for (const LaunchEnded& e : s.launcher->poll())
+      for (auto& slot : s.slots)
+        if (slot.key == e.key && !slot.connected && slot.inst >= 0) {
+          const int ii = slot.inst, ai = slot.att;
+          release_remote(s, slot);
+          slot.inst = slot.att = -1;
+          attempt_ended(ii, ai, false, "site " + s.spec->name + ": " + e.reason);
+        }
   }
 }
 
@@ -1424,6 +1607,7 @@ void Runner::duty_cycle_tick() {
         for (auto& slot : s.slots) {
           signal_group(slot.pid, SIGCONT);
           signal_group(slot.cmd_pid, SIGCONT);
+          signal_remote(slot, SIGCONT);
         }
       }
       continue;
@@ -1435,6 +1619,7 @@ void Runner::duty_cycle_tick() {
     for (auto& slot : s.slots) {
       signal_group(slot.pid, s.stopped_phase ? SIGSTOP : SIGCONT);
       signal_group(slot.cmd_pid, s.stopped_phase ? SIGSTOP : SIGCONT);
+      signal_remote(slot, s.stopped_phase ? SIGSTOP : SIGCONT);
     }
   }
 }
@@ -1456,6 +1641,8 @@ void Runner::faults_tick() {
           for (int ai = 0; ai < static_cast<int>(inst.attempts.size()); ++ai) {
             const Attempt& a = inst.attempts[static_cast<std::size_t>(ai)];
             if (!a.live() || a.lost || (!site_name.empty() && a.site != site_name)) continue;
+            if (const Site* s = find_site(a.site); s && s->launcher && !s->slots[static_cast<std::size_t>(a.slot)].connected)
+              continue;  // still in the engine's queue: nothing of it runs yet
             if (a.start_t < oldest) oldest = a.start_t, best = {ii, ai};
           }
         }
@@ -1494,7 +1681,14 @@ void Runner::faults_tick() {
           const std::string worker = s->spec->name + "/worker-" + std::to_string(slot.index);
           f.target = a.hook_id + " on " + worker;
           f.hit.emplace_back(ii, inst.attempts.size());
-          if (fs.kind == FaultKind::kill_worker) {
+          if (fs.kind == FaultKind::kill_worker && s->launcher) {
+            // The engine's worker process (a Dask worker; its nanny starts another) or the
+            // job's worker; a worker on another host, or one not connected yet, is out of reach.
+            const pid_t victim = slot.engine_pid > 0 ? slot.engine_pid : slot.remote_pid;
+            if (slot.same_host && victim > 0) ::kill(victim, SIGKILL);
+            else f.note = "the attempt's worker is not on this host (or not started yet): no effect";
+            resource(worker, "worker", "down", s->spec->name, "fault_kill_worker", 1);
+          } else if (fs.kind == FaultKind::kill_worker) {
             signal_group(slot.cmd_pid > 0 ? slot.cmd_pid : slot.pid, SIGKILL);
             resource(worker, "worker", "down", s->spec->name, "fault_kill_worker", 1);
           } else {
@@ -1699,6 +1893,7 @@ void Runner::loop() {
     for (auto& s : sites_)
       for (auto& slot : s.slots)
         if (slot.pid < 0 && slot.respawn_at >= 0 && now() >= slot.respawn_at) spawn_worker(s, slot);
+    launchers_tick();
     dispatch();
     command_heartbeats();
     baseline_checks();
@@ -1796,6 +1991,8 @@ int Runner::run() {
     ::usleep(20000);
     reap();
   }
+  for (auto& s : sites_)
+    if (s.launcher) s.launcher->shutdown(15);  // a LocalCluster stops, Slurm jobs still out are cancelled
   lib_->set_action_callback(plugin_, nullptr, nullptr);
   // Let the plugin deliver what it holds (a relay that was stopped has its spool to take)
   // before the counters go into the report; close() then has nothing left to wait for.

@@ -1,6 +1,6 @@
 // `diaspora run`: the reference executor. It starts the relay (embedded or remote), loads
 // the engine plugin with dlopen from the spec, starts each `engine: local` site's worker
-// pool, submits the spec's task instances (counts and rate streams), injects the spec's
+// pool and each Dask or Slurm site's launcher (remote.hpp), submits the spec's task instances (counts and rate streams), injects the spec's
 // faults, carries out the plugin's actions (restart, migrate, speculate, checkpoint,
 // throttle, cancel) and acknowledges each, and writes the run's report.
 //

@@ -121,12 +121,42 @@ void check_runnable(const WorkflowSpec& spec, const YamlDocument& doc, std::vect
   };
   for (std::size_t i = 0; i < spec.sites.size(); ++i) {
     const SiteSpec& s = spec.sites[i];
-    if (s.engine != Engine::local) {
+    if (s.engine != Engine::local && s.engine != Engine::dask && s.engine != Engine::slurm) {
       const std::string p = "sites[" + std::to_string(i) + "].engine";
       add(p, at(p, s.location),
-          "'" + std::string(to_string(s.engine)) + "' sites are driven by the engine adapters, not by `diaspora run` "
-          "yet; use engine: local (comment this site out to run the rest)");
+          "'" + std::string(to_string(s.engine)) + "' sites are driven by the engine adapters (docs/adapters.md), "
+          "not by `diaspora run`; use engine: local, dask or slurm (comment this site out to run the rest)");
     }
+    if (s.engine == Engine::dask && s.endpoint && *s.endpoint != "local" && !s.endpoint->starts_with("tcp://")) {
+      const std::string p = "sites[" + std::to_string(i) + "].endpoint";
+      add(p, at(p, s.location), "a Dask site's endpoint is `local` (a LocalCluster of `workers` processes) or a "
+                                "scheduler address tcp://HOST:PORT");
+    }
+  }
+  // Dask and Slurm sites run the built-in kinds; a command task or a rehearsal job needs a
+  // local site among those it may use.
+  auto is_local = [&](const std::string& name) {
+    for (const auto& s : spec.sites)
+      if (s.name == name) return s.engine == Engine::local;
+    return false;
+  };
+  auto check_local_site = [&](const std::string& path, Location l, const std::vector<std::string>& allowed, const char* what) {
+    bool ok = false;
+    for (const auto& s : spec.sites) ok |= s.engine == Engine::local && (allowed.empty() || std::count(allowed.begin(), allowed.end(), s.name));
+    if (!ok)
+      add(path, l, std::string(what) + " runs on engine: local sites only (Dask and Slurm sites run the built-in kinds) "
+                   "and none is allowed here; add a local site or use a built-in kind");
+  };
+  for (std::size_t i = 0; i < spec.tasks.size(); ++i)
+    if (!spec.tasks[i].kind) {
+      const std::string p = "tasks[" + std::to_string(i) + "].command";
+      check_local_site(p, at(p, spec.tasks[i].location), spec.tasks[i].allowed_sites, "a command task");
+    }
+  for (std::size_t i = 0; i < spec.rehearsal.size(); ++i) {
+    const auto& j = spec.rehearsal[i];
+    const std::string p = "rehearsal[" + std::to_string(i) + "].site";
+    if (j.site && !is_local(*j.site)) add(p, at(p, j.location), "a rehearsal job runs on an engine: local site; '" + *j.site + "' is not one");
+    else if (!j.site) check_local_site("rehearsal[" + std::to_string(i) + "]", j.location, {}, "a rehearsal job");
   }
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const std::uint64_t ram = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
