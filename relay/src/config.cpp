@@ -75,6 +75,7 @@ RelayConfig load_relay_config(const std::filesystem::path& file) {
   if (auto v = num(lim, "max_topics")) c.max_topics = *v;
   if (const auto* v = r.if_contains("validate_payloads")) c.validate_payloads = v->as_bool();
   if (const auto* v = r.if_contains("public_metrics")) c.public_metrics = v->as_bool();
+  if (const auto* v = r.if_contains("views")) c.views = v->as_bool();
   if (auto v = num(r, "threads")) c.threads = static_cast<int>(*v);
   return c;
 }

@@ -60,6 +60,36 @@ std::optional<HttpReply> refuse_unless_admin(const std::optional<std::string>& b
   return std::nullopt;
 }
 
+// GET /api/v1/views/<view>: any valid token; it sees the workflows whose events topic it may
+// subscribe to ("admin" sees everything).
+HttpReply handle_views(const std::string& view, const Target& target, const std::optional<std::string>& bearer,
+                       const ApiContext& ctx) {
+  auto error = [](unsigned status, const char* code, const std::string& message) {
+    HttpReply r = json_reply(status, json::object{{"error", code}, {"message", message}});
+    r.challenge = status == 401;
+    return r;
+  };
+  if (!bearer || bearer->empty()) {
+    ctx.metrics.refused_auth++;
+    return error(401, "unauthorized", "a bearer token is required (any token; it sees the workflows it may subscribe to)");
+  }
+  TokenClaims claims;
+  try {
+    claims = ctx.verifier.verify(*bearer);
+  } catch (const TokenError& e) {
+    ctx.metrics.refused_auth++;
+    return error(401, "unauthorized", e.what());
+  }
+  if (!ctx.views) return error(404, "views_off", "this relay runs without views (views: false in its configuration)");
+  auto may_read = [&](const std::string& wf) { return scopes_allow(claims.scopes, "subscribe", wf + ".events"); };
+  try {
+    return json_reply(200, ctx.views->query(view, target.query, may_read));
+  } catch (const ViewQueryError& e) {
+    const bool unknown_view = std::string_view(e.what()).starts_with("no view '");
+    return error(unknown_view ? 404 : 400, unknown_view ? "not_found" : "bad_request", e.what());
+  }
+}
+
 }  // namespace
 
 Target parse_target(std::string_view t) {
@@ -115,6 +145,7 @@ HttpReply handle_http(bool get_or_head, std::string_view raw_target, const std::
     o["groups"] = std::move(groups);
     return json_reply(200, o);
   }
+  if (path.starts_with("/api/v1/views/")) return handle_views(path.substr(std::string("/api/v1/views/").size()), target, bearer, ctx);
   return text(404, "not found: " + path + "\n");
 }
 

@@ -12,6 +12,7 @@
 #include "diaspora/token.hpp"
 #include "metrics.hpp"
 #include "topic_log.hpp"
+#include "views.hpp"
 
 namespace diaspora::relay {
 
@@ -41,6 +42,7 @@ struct ApiContext {
   Metrics& metrics;
   bool public_metrics = true;
   bool stopping = false;
+  const Views* views = nullptr;  ///< nullptr: the views are off (views: false)
 };
 
 /// Answers a request that is not a WebSocket upgrade. `get_or_head` is false for any other

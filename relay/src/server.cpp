@@ -41,6 +41,7 @@
 #include "http_api.hpp"
 #include "metrics.hpp"
 #include "topic_log.hpp"
+#include "views.hpp"
 
 namespace diaspora {
 
@@ -127,6 +128,7 @@ class WsSession;
 struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
   RelayConfig cfg;
   std::unique_ptr<relay::LogStore> store;
+  std::unique_ptr<relay::Views> views;  ///< reads `store`: made after it, reset before it
   std::optional<TokenVerifier> verifier;
   ssl::context tls{ssl::context::tls_server};
   std::optional<net::io_context> ioc{std::in_place};
@@ -956,7 +958,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   // The plain HTTPS endpoints (http_api.cpp).
   void handle(http::request<http::string_body> req) {
     const relay::ApiContext ctx{*relay_->store, *relay_->verifier, relay_->metrics, relay_->cfg.public_metrics,
-                                relay_->stopping.load()};
+                                relay_->stopping.load(), relay_->views.get()};
     relay::HttpReply r = relay::handle_http(req.method() == http::verb::get || req.method() == http::verb::head,
                                             req.target(), bearer_of(req), ctx);
     respond(req, static_cast<http::status>(r.status), r.content_type, std::move(r.body), r.challenge);
@@ -1039,9 +1041,13 @@ Relay::Relay(RelayConfig config) : self_(std::make_shared<Impl>()) {
   lo.max_groups = cfg.max_consumer_groups;
   lo.max_topics = cfg.max_topics;
   self_->store = std::make_unique<relay::LogStore>(lo);
+  if (cfg.views) self_->views = std::make_unique<relay::Views>(*self_->store, relay::Views::Options{cfg.data_dir / "views"});
   std::weak_ptr<Impl> weak = self_;
   self_->store->set_commit_listener([weak](const std::string& topic, std::uint64_t) {
-    if (auto s = weak.lock()) s->on_commit(topic);
+    if (auto s = weak.lock()) {
+      s->on_commit(topic);
+      if (s->views) s->views->notify(topic);
+    }
   });
 }
 
@@ -1072,6 +1078,7 @@ void Relay::start() {
     name_this_thread("relay-io");
     s.ioc->run();
   });
+  if (s.views) s.views->start();
   s.started = true;
   if (s.cfg.port_file) {
     auto tmp = *s.cfg.port_file;
@@ -1123,7 +1130,9 @@ void Relay::stop() {
   // The writer finishes and syncs what was appended; its completions are posted to the
   // (stopped) io_context and destroyed with it below, which also breaks the
   // session -> Impl -> io_context -> handler -> session ownership cycle.
+  if (s.views) s.views->stop();  // no more reads of the store; notify() stays harmless
   s.store.reset();
+  s.views.reset();  // writes the last snapshot
   s.acceptor.reset();
   s.commits.reset();  // the replies it posted died with the stopped io_context's queue, below
   s.ioc.reset();

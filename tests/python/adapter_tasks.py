@@ -22,7 +22,7 @@ def stepper(steps: int, step_s: float, value: int, marker_dir: str | None = None
     for i in range(steps):
         time.sleep(step_s)
         if marker is not None:
-            tmp = marker.with_suffix(".tmp")
+            tmp = marker.with_suffix(f".{os.getpid()}.tmp")  # two attempts may overlap (one being migrated off)
             tmp.write_text(json.dumps({"pid": os.getpid(), "step": i}))
             tmp.replace(marker)
         task.step()

@@ -16,6 +16,8 @@ import signal
 import ssl
 import subprocess
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -256,13 +258,35 @@ def relay_events(relay: RelayProcess, token: str, n: int, topic: str = "plug.eve
     return run(go())
 
 
-def publish_action(relay: RelayProcess, token: str, data: dict, topic: str = "plug.control.engine") -> None:
-    """Publishes an operator's org.diaspora.action.requested (`data`: action_id, action,
-    reason, ...) on an engine's control topic and waits for the relay's ack."""
+def publish_events(relay: RelayProcess, token: str, topic: str, events: list[dict]) -> None:
+    """Publishes `events` on `topic` in one batch and waits for the relay's ack."""
     async def go():
         ws = await session(relay, token)
-        ev = event(data["action_id"], source="/operator", type_="org.diaspora.action.requested", data=data)
-        await ws.send(json.dumps({"op": "publish", "topic": topic, "seq": 0, "events": [ev]}))
+        await ws.send(json.dumps({"op": "publish", "topic": topic, "seq": 0, "events": events}))
         ack = await recv(ws)
         assert ack["op"] == "ack", ack
     run(go())
+
+
+def publish_action(relay: RelayProcess, token: str, data: dict, topic: str = "plug.control.engine") -> None:
+    """Publishes an operator's org.diaspora.action.requested (`data`: action_id, action,
+    reason, ...) on an engine's control topic and waits for the relay's ack."""
+    publish_events(relay, token, topic,
+                   [event(data["action_id"], source="/operator", type_="org.diaspora.action.requested", data=data)])
+
+
+def https_get(relay: RelayProcess, path: str, token: str | None = None) -> str:
+    """The body of GET https://127.0.0.1:PORT/PATH (urllib's HTTPError on a status >= 400)."""
+    req = urllib.request.Request(f"https://127.0.0.1:{relay.port}{path}")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, context=relay.creds.client_ssl(), timeout=20) as r:
+        return r.read().decode()
+
+
+def https_status(relay: RelayProcess, path: str, token: str | None = None) -> int:
+    try:
+        https_get(relay, path, token)
+        return 200
+    except urllib.error.HTTPError as e:
+        return e.code

@@ -6,15 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-import subprocess
 import time
-import urllib.request
 
 import pytest
 import websockets
 
-from relay_harness import (DIASPORA, TIMEOUT, Credentials, RelayProcess, collect_all, connect, event, new_id, recv,
-                           request, run, session, sh)
+from relay_harness import (DIASPORA, TIMEOUT, Credentials, RelayProcess, collect_all, connect, event, https_get,
+                           https_status, recv, request, run, session, sh)
 
 
 @pytest.fixture(scope="module")
@@ -295,21 +293,6 @@ def test_cloudevents_binding_publish_and_listen(relay, creds):
 
 # ---- HTTPS ----------------------------------------------------------------------------------
 
-def https_get(relay, path, token=None):
-    req = urllib.request.Request(f"https://127.0.0.1:{relay.port}{path}")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    ctx = relay.creds.client_ssl()
-    with urllib.request.urlopen(req, context=ctx, timeout=20) as r:
-        return r.read().decode()
-
-
-def https_status(relay, path, token=None):
-    try:
-        https_get(relay, path, token)
-        return 200
-    except urllib.error.HTTPError as e:
-        return e.code
 
 
 def test_https_endpoints(relay, creds):

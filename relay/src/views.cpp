@@ -1,0 +1,715 @@
+#include "views.hpp"
+
+#include <boost/describe.hpp>
+#include <boost/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "diaspora/files.hpp"
+
+namespace diaspora::relay {
+
+namespace json = boost::json;
+namespace fs = std::filesystem;
+
+// ---- the state ------------------------------------------------------------------------------
+
+namespace view {
+
+struct Attempt {
+  std::int64_t attempt = 0;
+  std::string site, worker, outcome = "running", reason;
+  std::int64_t start_us = 0, end_us = 0;
+};
+BOOST_DESCRIBE_STRUCT(Attempt, (), (attempt, site, worker, outcome, reason, start_us, end_us))
+
+struct Task {
+  std::string workflow, task_id, name, state = "pending", site, worker, reason;
+  std::int64_t attempt = 0, submitted_us = 0, started_us = 0, ended_us = 0, last_heartbeat_us = 0, updated_us = 0;
+  double progress = 0;
+  double step_time_s = -1;       ///< the last step_time_s metric, -1 when none
+  double anomaly_score = -1;     ///< the last predicted anomaly score about it, -1 when none
+  std::int64_t anomaly_us = 0;
+  std::string anomaly_explanation;
+  std::vector<Attempt> attempts;  ///< the last 16
+};
+BOOST_DESCRIBE_STRUCT(Task, (),
+                      (workflow, task_id, name, state, site, worker, reason, attempt, submitted_us, started_us, ended_us,
+                       last_heartbeat_us, updated_us, progress, step_time_s, anomaly_score, anomaly_us,
+                       anomaly_explanation, attempts))
+
+struct ScorePoint {
+  std::int64_t t_us = 0;
+  double score = 0;
+  std::string series, detector;
+  double forecast_eta_s = -1, forecast_threshold = -1;
+};
+BOOST_DESCRIBE_STRUCT(ScorePoint, (), (t_us, score, series, detector, forecast_eta_s, forecast_threshold))
+
+struct Site {
+  std::string workflow, site, state = "up";
+  std::int64_t started = 0, completed = 0, failed = 0, running = 0, predicted = 0, updated_us = 0;
+  double rate = 0;          ///< completions per second, exponentially weighted (60 s)
+  std::int64_t rate_us = 0;
+  double failure_rate = 0;  ///< share of recent ends that were failures (EW, 0.1)
+  double health = 1;        ///< 1 healthy .. 0: (1 - failure rate) x (1 - a recent anomaly score) x state
+  std::string explanation;  ///< of the last prediction
+  std::vector<ScorePoint> scores;  ///< the last 256 predictions about it
+};
+BOOST_DESCRIBE_STRUCT(Site, (),
+                      (workflow, site, state, started, completed, failed, running, predicted, updated_us, rate, rate_us,
+                       failure_rate, health, explanation, scores))
+
+struct Resource {
+  std::string workflow, resource_id, kind, state, site;
+  std::map<std::string, double> metrics;
+  std::int64_t updated_us = 0;
+};
+BOOST_DESCRIBE_STRUCT(Resource, (), (workflow, resource_id, kind, state, site, metrics, updated_us))
+
+struct Action {
+  std::string workflow, action_id, action, task_id, site, target_site, reason, policy, origin, status = "pending", message;
+  std::int64_t requested_us = 0, done_us = 0, seq = 0;
+};
+BOOST_DESCRIBE_STRUCT(Action, (),
+                      (workflow, action_id, action, task_id, site, target_site, reason, policy, origin, status, message,
+                       requested_us, done_us, seq))
+
+struct Workflow {
+  std::string workflow;
+  std::int64_t first_us = 0, last_us = 0, events = 0, data_items = 0, data_bytes = 0, anomalies = 0;
+  std::map<std::string, std::int64_t> states;  ///< task instances per state
+  std::map<std::string, json::value> engines;  ///< the last plugin.stats of each engine
+};
+BOOST_DESCRIBE_STRUCT(Workflow, (), (workflow, first_us, last_us, events, data_items, data_bytes, anomalies, states, engines))
+
+}  // namespace view
+
+struct Views::State {
+  std::map<std::string, view::Task> tasks;  ///< keys: workflow \x1f id
+  std::map<std::string, view::Site> sites;
+  std::map<std::string, view::Resource> resources;
+  std::map<std::string, view::Action> actions;
+  std::map<std::string, view::Workflow> workflows;
+  std::map<std::string, std::uint64_t> offsets;  ///< topic -> next offset to read
+  std::uint64_t version = 0;
+  std::int64_t action_seq = 0;
+  std::deque<Change> changes;
+  std::string note;
+
+  void changed(const char* v, const std::string& wf, const std::string& id) {
+    ++version;
+    if (!changes.empty() && changes.back().id == id && changes.back().view == v && changes.back().workflow == wf) {
+      changes.back().version = version;  // the same item again: one change
+      return;
+    }
+    changes.push_back({version, v, wf, id});
+    if (changes.size() > 65536) changes.pop_front();
+  }
+};
+
+namespace {
+
+constexpr std::size_t kMaxAttempts = 16, kMaxScores = 256;
+constexpr int kSnapshotFormat = 1;
+
+std::string key(const std::string& wf, const std::string& id) { return wf + '\x1f' + id; }
+
+std::string str(const json::object& o, std::string_view k) {
+  const json::value* v = o.if_contains(k);
+  return v && v->is_string() ? std::string(v->get_string()) : std::string();
+}
+double num(const json::object& o, std::string_view k, double dflt) {
+  const json::value* v = o.if_contains(k);
+  return v && v->is_number() ? v->to_number<double>() : dflt;
+}
+
+// How a site's health follows from its counters (see view::Site::health).
+void update_health(view::Site& s, std::int64_t now_us) {
+  double anomaly = 0;
+  if (!s.scores.empty() && now_us - s.scores.back().t_us < 60'000'000) anomaly = std::clamp(s.scores.back().score, 0.0, 1.0);
+  const double state = s.state == "down" ? 0.0 : s.state == "degraded" ? 0.5 : 1.0;
+  s.health = (1 - s.failure_rate) * (1 - anomaly) * state;
+}
+
+void decay_rate(view::Site& s, std::int64_t t_us) {
+  if (s.rate_us > 0 && t_us > s.rate_us) s.rate *= std::exp(-static_cast<double>(t_us - s.rate_us) / 60e6);
+  s.rate_us = std::max(s.rate_us, t_us);
+}
+
+// Applies one stored event. Returns false when it is not an event the views understand
+// (not JSON, no type, missing ids): counted as skipped, nothing changed.
+bool apply_event(Views::State& st, const std::string& wf, bool control_topic, std::int64_t t, const json::object& ev) {
+  const std::string type = str(ev, "type");
+  if (!type.starts_with("org.diaspora.")) return false;
+  const json::value* dv = ev.if_contains("data");
+  if (!dv || !dv->is_object()) return false;
+  const json::object& d = dv->get_object();
+  view::Workflow& w = st.workflows[wf];
+  if (w.workflow.empty()) {
+    w.workflow = wf;
+    w.first_us = t;
+  }
+  w.last_us = std::max(w.last_us, t);
+  ++w.events;
+  st.changed("workflows", wf, wf);
+
+  auto site_of = [&](const std::string& name) -> view::Site& {
+    view::Site& s = st.sites[key(wf, name)];
+    if (s.site.empty()) s.workflow = wf, s.site = name;
+    s.updated_us = t;
+    st.changed("sites", wf, name);
+    return s;
+  };
+
+  if (type.starts_with("org.diaspora.task.")) {
+    const std::string id = str(d, "task_id");
+    if (id.empty()) return false;
+    view::Task& k = st.tasks[key(wf, id)];
+    const bool fresh = k.task_id.empty();
+    if (fresh) k.workflow = wf, k.task_id = id, k.submitted_us = t;
+    const std::string old_state = fresh ? "" : k.state;
+    k.updated_us = t;
+    if (const double a = num(d, "attempt", 0); a > 0) k.attempt = static_cast<std::int64_t>(a);
+    if (std::string s = str(d, "site"); !s.empty()) k.site = std::move(s);
+    if (std::string s = str(d, "worker"); !s.empty()) k.worker = std::move(s);
+    auto last_attempt = [&]() -> view::Attempt* {
+      return k.attempts.empty() || k.attempts.back().attempt != k.attempt ? nullptr : &k.attempts.back();
+    };
+    auto end_attempt = [&](const char* outcome, const std::string& reason) {
+      if (view::Attempt* a = last_attempt(); a && a->end_us == 0) {
+        a->outcome = outcome;
+        a->reason = reason;
+        a->end_us = t;
+        if (!a->site.empty()) {
+          view::Site& s = site_of(a->site);
+          s.running = std::max<std::int64_t>(0, s.running - 1);
+        }
+      }
+    };
+    const std::string ev_kind = type.substr(std::string_view("org.diaspora.task.").size());
+    if (ev_kind == "submitted") {
+      k.state = "pending";
+      if (std::string n = str(d, "name"); !n.empty()) k.name = std::move(n);
+    } else if (ev_kind == "started") {
+      k.state = "running";
+      k.started_us = t;
+      k.last_heartbeat_us = t;
+      k.ended_us = 0;
+      k.progress = 0;
+      view::Attempt a;
+      a.attempt = k.attempt;
+      a.site = k.site;
+      a.worker = k.worker;
+      a.start_us = t;
+      k.attempts.push_back(std::move(a));
+      if (k.attempts.size() > kMaxAttempts) k.attempts.erase(k.attempts.begin());
+      if (!k.site.empty()) {
+        view::Site& s = site_of(k.site);
+        ++s.started;
+        ++s.running;
+      }
+    } else if (ev_kind == "heartbeat" || ev_kind == "progress") {
+      k.last_heartbeat_us = t;
+      if (ev_kind == "progress") k.progress = std::clamp(num(d, "progress", k.progress), 0.0, 1.0);
+      if (const json::value* m = d.if_contains("metrics"); m && m->is_object())
+        k.step_time_s = num(m->get_object(), "step_time_s", k.step_time_s);
+    } else if (ev_kind == "completed" || ev_kind == "failed" || ev_kind == "cancelled") {
+      k.state = ev_kind;
+      k.ended_us = t;
+      k.reason = str(d, "reason");
+      if (ev_kind == "completed") k.progress = 1;
+      end_attempt(ev_kind.c_str(), k.reason);
+      if (ev_kind != "cancelled" && !k.site.empty()) {
+        view::Site& s = site_of(k.site);
+        const bool ok = ev_kind == "completed";
+        (ok ? s.completed : s.failed)++;
+        decay_rate(s, t);
+        if (ok) s.rate += 1.0 / 60.0;
+        s.failure_rate = 0.9 * s.failure_rate + (ok ? 0.0 : 0.1);
+        update_health(s, t);
+      }
+    } else if (ev_kind == "restarted" || ev_kind == "migrated") {
+      k.reason = str(d, "reason");
+      if (ev_kind == "migrated") k.site = str(d, "to_site");
+    } else {
+      return false;
+    }
+    if (old_state != k.state) {
+      if (!old_state.empty() && --w.states[old_state] <= 0) w.states.erase(old_state);
+      ++w.states[k.state];
+    }
+    st.changed("tasks", wf, id);
+    return true;
+  }
+
+  if (type == "org.diaspora.anomaly.predicted") {
+    ++w.anomalies;
+    view::ScorePoint p;
+    p.t_us = t;
+    p.score = num(d, "score", 0);
+    p.series = str(d, "series");
+    p.detector = str(d, "detector");
+    if (const json::value* f = d.if_contains("forecast"); f && f->is_object()) {
+      p.forecast_eta_s = num(f->get_object(), "eta_s", -1);
+      p.forecast_threshold = num(f->get_object(), "threshold", -1);
+    }
+    const std::string explanation = str(d, "explanation");
+    const std::string task = str(d, "task_id");
+    std::string site = str(d, "site");
+    if (!task.empty()) {
+      view::Task& k = st.tasks[key(wf, task)];
+      if (k.task_id.empty()) {
+        k.workflow = wf, k.task_id = task, k.submitted_us = t;
+        ++w.states[k.state];
+      }
+      k.anomaly_score = p.score;
+      k.anomaly_us = t;
+      k.anomaly_explanation = explanation;
+      if (site.empty()) site = k.site;
+      st.changed("tasks", wf, task);
+    }
+    if (!site.empty()) {
+      view::Site& s = site_of(site);
+      ++s.predicted;
+      s.explanation = explanation;
+      s.scores.push_back(std::move(p));
+      if (s.scores.size() > kMaxScores) s.scores.erase(s.scores.begin());
+      update_health(s, t);
+    }
+    return true;
+  }
+
+  if (type == "org.diaspora.action.requested") {
+    const std::string id = str(d, "action_id");
+    if (id.empty()) return false;
+    view::Action& a = st.actions[key(wf, id)];
+    if (a.action_id.empty()) a.workflow = wf, a.action_id = id, a.requested_us = t, a.seq = ++st.action_seq;
+    a.action = str(d, "action");
+    a.reason = str(d, "reason");
+    a.task_id = str(d, "task_id");
+    a.site = str(d, "site");
+    a.target_site = str(d, "target_site");
+    a.policy = str(d, "policy");
+    a.origin = control_topic ? "operator" : "policy";
+    st.changed("actions", wf, id);
+    return true;
+  }
+  if (type == "org.diaspora.action.done") {
+    const std::string id = str(d, "action_id");
+    if (id.empty()) return false;
+    view::Action& a = st.actions[key(wf, id)];
+    if (a.action_id.empty()) {  // its request is older than the log, or another engine's
+      a.workflow = wf, a.action_id = id, a.requested_us = t, a.seq = ++st.action_seq;
+      a.action = str(d, "action");
+      a.task_id = str(d, "task_id");
+    }
+    a.status = str(d, "status");
+    a.message = str(d, "message");
+    a.done_us = t;
+    st.changed("actions", wf, id);
+    return true;
+  }
+  if (type == "org.diaspora.resource.status") {
+    const std::string id = str(d, "resource_id");
+    if (id.empty()) return false;
+    view::Resource& r = st.resources[key(wf, id)];
+    r.workflow = wf;
+    r.resource_id = id;
+    r.kind = str(d, "kind");
+    r.state = str(d, "state");
+    r.site = str(d, "site");
+    r.updated_us = t;
+    if (const json::value* m = d.if_contains("metrics"); m && m->is_object())
+      for (const auto& [name, v] : m->get_object())
+        if (v.is_number()) r.metrics[std::string(name)] = v.to_number<double>();
+    st.changed("resources", wf, id);
+    if (r.kind == "site") {
+      view::Site& s = site_of(id);
+      s.state = r.state;
+      update_health(s, t);
+    }
+    return true;
+  }
+  if (type == "org.diaspora.data.arrived") {
+    ++w.data_items;
+    w.data_bytes += static_cast<std::int64_t>(num(d, "bytes", 0));
+    return true;
+  }
+  if (type == "org.diaspora.plugin.stats") {
+    const std::string engine = str(d, "engine");
+    if (!engine.empty()) w.engines[engine] = d;
+    return true;
+  }
+  return true;  // a known family with nothing to keep (metric, warnings): counted in the workflow
+}
+
+// Keeps the instances under the limit: the oldest finished ones go first.
+void evict(Views::State& st, std::size_t max_instances) {
+  if (st.tasks.size() <= max_instances + max_instances / 10) return;
+  std::vector<std::pair<std::int64_t, std::string>> finished;
+  for (const auto& [k, t] : st.tasks)
+    if (t.state == "completed" || t.state == "failed" || t.state == "cancelled") finished.emplace_back(t.ended_us, k);
+  std::sort(finished.begin(), finished.end());
+  const std::size_t excess = st.tasks.size() - max_instances;
+  for (std::size_t i = 0; i < std::min(excess, finished.size()); ++i) {
+    auto it = st.tasks.find(finished[i].second);
+    view::Workflow& w = st.workflows[it->second.workflow];
+    if (--w.states[it->second.state] <= 0) w.states.erase(it->second.state);
+    st.tasks.erase(it);
+  }
+}
+
+void evict_actions(Views::State& st, std::size_t max_actions) {
+  if (st.actions.size() <= max_actions + max_actions / 10) return;
+  std::vector<std::pair<std::int64_t, std::string>> order;
+  for (const auto& [k, a] : st.actions) order.emplace_back(a.seq, k);
+  std::sort(order.begin(), order.end());
+  for (std::size_t i = 0; i < st.actions.size() - max_actions && i < order.size(); ++i) st.actions.erase(order[i].second);
+}
+
+// ---- snapshot -------------------------------------------------------------------------------
+
+template <class T>
+json::array dump(const std::map<std::string, T>& m) {
+  json::array a;
+  a.reserve(m.size());
+  for (const auto& [k, v] : m) a.push_back(json::value_from(v));
+  return a;
+}
+
+template <class T>
+void load(const json::object& root, std::string_view name, std::map<std::string, T>& into,
+          std::string (*key_of)(const T&)) {
+  for (const auto& v : root.at(name).as_array()) {
+    T item = json::value_to<T>(v);
+    into[key_of(item)] = std::move(item);
+  }
+}
+
+std::string task_key(const view::Task& t) { return key(t.workflow, t.task_id); }
+std::string site_key(const view::Site& s) { return key(s.workflow, s.site); }
+std::string resource_key(const view::Resource& r) { return key(r.workflow, r.resource_id); }
+std::string action_key(const view::Action& a) { return key(a.workflow, a.action_id); }
+std::string workflow_key(const view::Workflow& w) { return w.workflow; }
+
+}  // namespace
+
+std::string view_workflow_of(std::string_view topic) {
+  if (topic.size() > 7 && topic.ends_with(".events")) return std::string(topic.substr(0, topic.size() - 7));
+  if (const auto c = topic.find(".control."); c != std::string_view::npos && c > 0 && c + 9 < topic.size())
+    return std::string(topic.substr(0, c));
+  return {};
+}
+
+// ---- Views ----------------------------------------------------------------------------------
+
+Views::Views(const LogStore& store, Options options) : store_(store), opt_(std::move(options)), st_(std::make_unique<State>()) {
+  fs::create_directories(opt_.dir);
+  const fs::path file = opt_.dir / "snapshot.json";
+  if (!fs::exists(file)) {
+    st_->note = "no snapshot: built from the log";
+    return;
+  }
+  auto set_aside = [&](const std::string& why) {
+    std::error_code ec;
+    fs::rename(file, opt_.dir / "snapshot.json.bad", ec);
+    *st_ = State{};
+    st_->note = "snapshot set aside (" + why + "): rebuilt from the log";
+  };
+  try {
+    std::ifstream f(file);
+    std::stringstream text;
+    text << f.rdbuf();
+    const json::object root = json::parse(text.str()).as_object();
+    if (root.at("format").to_number<int>() != kSnapshotFormat) {
+      set_aside("another format");
+      return;
+    }
+    State s;
+    for (const auto& [topic, off] : root.at("offsets").as_object()) {
+      const std::uint64_t o = off.to_number<std::uint64_t>();
+      if (o > store_.committed_offset(std::string(topic))) {
+        set_aside("it is ahead of the log on " + std::string(topic));
+        return;
+      }
+      s.offsets[std::string(topic)] = o;
+    }
+    load(root, "tasks", s.tasks, task_key);
+    load(root, "sites", s.sites, site_key);
+    load(root, "resources", s.resources, resource_key);
+    load(root, "actions", s.actions, action_key);
+    load(root, "workflows", s.workflows, workflow_key);
+    s.version = root.at("version").to_number<std::uint64_t>();
+    s.action_seq = root.at("action_seq").to_number<std::int64_t>();
+    s.note = "snapshot loaded (version " + std::to_string(s.version) + ")";
+    *st_ = std::move(s);
+    snapshot_version_ = st_->version;
+  } catch (const std::exception& e) {
+    set_aside(e.what());
+  }
+}
+
+void Views::stop() {
+  {
+    std::lock_guard lk(wake_mu_);
+    stop_ = true;
+  }
+  wake_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Views::~Views() {
+  stop();
+  try {
+    write_snapshot();
+  } catch (const std::exception&) {
+  }
+}
+
+void Views::start() {
+  thread_ = std::thread([this] { run(); });
+}
+
+void Views::notify(const std::string& topic) {
+  if (view_workflow_of(topic).empty()) return;
+  {
+    std::lock_guard lk(wake_mu_);
+    woken_ = true;
+  }
+  wake_cv_.notify_one();
+}
+
+std::size_t Views::read_topic(const std::string& topic, std::size_t max_records) {
+  const std::string wf = view_workflow_of(topic);
+  const bool control = topic.find(".control.") != std::string::npos;
+  std::uint64_t from;
+  {
+    std::shared_lock lk(mu_);
+    auto it = st_->offsets.find(topic);
+    from = it == st_->offsets.end() ? 0 : it->second;
+  }
+  from = std::max(from, store_.first_offset(topic));  // retention may have dropped what was not read
+  std::vector<StoredRecord> recs = store_.read(topic, from, max_records, 4u << 20);
+  if (recs.empty()) return 0;
+  std::unique_lock lk(mu_);
+  for (const auto& r : recs) {
+    json::monotonic_resource mr;
+    boost::system::error_code ec;
+    json::value v = json::parse(r.payload, ec, &mr);
+    if (!ec && v.is_object() && apply_event(*st_, wf, control, r.time_us, v.get_object())) ++applied_;
+    else ++skipped_;
+    st_->offsets[topic] = r.offset + 1;
+  }
+  evict(*st_, opt_.max_instances);
+  evict_actions(*st_, opt_.max_actions);
+  return recs.size();
+}
+
+std::size_t Views::catch_up() {
+  std::size_t n = 0;
+  for (const auto& topic : store_.topics()) {
+    if (view_workflow_of(topic).empty()) continue;
+    while (std::size_t k = read_topic(topic, 4096)) n += k;
+  }
+  return n;
+}
+
+bool Views::caught_up() const {
+  for (const auto& topic : store_.topics()) {
+    if (view_workflow_of(topic).empty()) continue;
+    std::shared_lock lk(mu_);
+    auto it = st_->offsets.find(topic);
+    const std::uint64_t at = it == st_->offsets.end() ? 0 : it->second;
+    if (std::max(at, store_.first_offset(topic)) < store_.committed_offset(topic)) return false;
+  }
+  return true;
+}
+
+void Views::run() {
+  for (;;) {
+    {
+      std::unique_lock lk(wake_mu_);
+      wake_cv_.wait_for(lk, std::chrono::milliseconds(500), [&] { return woken_ || stop_; });
+      if (stop_) return;
+      woken_ = false;
+    }
+    try {
+      catch_up();
+      if (std::chrono::steady_clock::now() - last_snapshot_ >= opt_.snapshot_interval) write_snapshot();
+    } catch (const std::exception&) {
+      // A read or a snapshot write failed (disk full?): the next wake-up tries again.
+    }
+  }
+}
+
+void Views::write_snapshot() {
+  std::lock_guard one(snapshot_mu_);
+  std::string text;
+  {
+    std::shared_lock lk(mu_);
+    if (st_->version == snapshot_version_ && fs::exists(opt_.dir / "snapshot.json")) return;
+    json::object offsets;
+    for (const auto& [t, o] : st_->offsets) offsets[t] = o;
+    json::object root{{"format", kSnapshotFormat},
+                      {"version", st_->version},
+                      {"action_seq", st_->action_seq},
+                      {"offsets", std::move(offsets)},
+                      {"tasks", dump(st_->tasks)},
+                      {"sites", dump(st_->sites)},
+                      {"resources", dump(st_->resources)},
+                      {"actions", dump(st_->actions)},
+                      {"workflows", dump(st_->workflows)}};
+    text = json::serialize(root);
+    snapshot_version_ = st_->version;
+  }
+  write_file_atomic(opt_.dir / "snapshot.json", text + "\n", 0600, Durability::file);
+  last_snapshot_ = std::chrono::steady_clock::now();
+}
+
+std::string Views::snapshot_note() const {
+  std::shared_lock lk(mu_);
+  return st_->note;
+}
+
+std::uint64_t Views::version() const {
+  std::shared_lock lk(mu_);
+  return st_->version;
+}
+
+std::vector<Views::Change> Views::changes_since(std::uint64_t version, std::size_t max, bool* lost) const {
+  std::shared_lock lk(mu_);
+  std::vector<Change> out;
+  if (lost) *lost = !st_->changes.empty() && version + 1 < st_->changes.front().version;
+  auto it = std::lower_bound(st_->changes.begin(), st_->changes.end(), version + 1,
+                             [](const Change& c, std::uint64_t v) { return c.version < v; });
+  for (; it != st_->changes.end() && out.size() < max; ++it) out.push_back(*it);
+  return out;
+}
+
+// ---- queries --------------------------------------------------------------------------------
+
+namespace {
+
+struct Page {
+  std::size_t limit = 100;
+  std::string after, workflow;
+};
+
+Page parse_page(const std::map<std::string, std::string>& params, const std::vector<std::string>& filters,
+                std::string_view view) {
+  Page p;
+  for (const auto& [k, v] : params) {
+    if (k == "limit") {
+      std::size_t n = 0;
+      std::size_t used = 0;
+      try {
+        n = std::stoul(v, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != v.size() || n < 1 || n > 1000) throw ViewQueryError("limit must be a whole number from 1 to 1000, not '" + v + "'");
+      p.limit = n;
+    } else if (k == "after") {
+      p.after = v;
+    } else if (k == "workflow") {
+      p.workflow = v;
+    } else if (std::find(filters.begin(), filters.end(), k) == filters.end()) {
+      std::string known = "workflow, limit, after";
+      for (const auto& f : filters) known += ", " + f;
+      throw ViewQueryError("unknown parameter '" + k + "' for the " + std::string(view) + " view (known: " + known + ")");
+    }
+  }
+  return p;
+}
+
+// Pages through a keyed map in key order: the items that pass `keep`, `limit` of them after
+// the cursor (the last key of the previous page), the total that pass, the next cursor.
+template <class T, class Keep>
+json::object page_of(std::string_view view, const std::map<std::string, T>& m, const Page& p, Keep keep,
+                     std::uint64_t version) {
+  json::array items;
+  std::size_t total = 0;
+  std::string last;
+  bool more = false;
+  auto from = p.workflow.empty() ? m.begin() : m.lower_bound(p.workflow);
+  for (auto it = from; it != m.end(); ++it) {
+    if (!p.workflow.empty() && !(it->first.starts_with(p.workflow) &&
+                                 (it->first.size() == p.workflow.size() || it->first[p.workflow.size()] == '\x1f')))
+      break;
+    if (!keep(it->second)) continue;
+    ++total;
+    if (!p.after.empty() && it->first <= p.after) continue;
+    if (items.size() < p.limit) {
+      items.push_back(json::value_from(it->second));
+      last = it->first;
+    } else {
+      more = true;
+    }
+  }
+  return json::object{{"view", view}, {"items", std::move(items)}, {"total", static_cast<std::int64_t>(total)},
+                      {"next", more ? json::value(last) : json::value(nullptr)}, {"version", version}};
+}
+
+bool match(const std::map<std::string, std::string>& params, const char* k, const std::string& value) {
+  auto it = params.find(k);
+  return it == params.end() || it->second == value;
+}
+
+}  // namespace
+
+json::object Views::query(std::string_view view, const std::map<std::string, std::string>& q,
+                          const std::function<bool(const std::string&)>& may_read) const {
+  std::shared_lock lk(mu_);
+  const State& s = *st_;
+  if (view == "workflows") {
+    const Page p = parse_page(q, {}, view);
+    return page_of(view, s.workflows, p, [&](const view::Workflow& w) { return may_read(w.workflow); }, s.version);
+  }
+  if (view == "tasks") {
+    const Page p = parse_page(q, {"state", "site", "name", "q"}, view);
+    const auto sub = q.find("q");
+    return page_of(view, s.tasks, p, [&](const view::Task& t) {
+      return may_read(t.workflow) && match(q, "state", t.state) && match(q, "site", t.site) && match(q, "name", t.name) &&
+             (sub == q.end() || t.task_id.find(sub->second) != std::string::npos);
+    }, s.version);
+  }
+  if (view == "sites") {
+    const Page p = parse_page(q, {"state"}, view);
+    return page_of(view, s.sites, p, [&](const view::Site& x) { return may_read(x.workflow) && match(q, "state", x.state); },
+                   s.version);
+  }
+  if (view == "resources") {
+    const Page p = parse_page(q, {"kind", "state", "site"}, view);
+    return page_of(view, s.resources, p, [&](const view::Resource& r) {
+      return may_read(r.workflow) && match(q, "kind", r.kind) && match(q, "state", r.state) && match(q, "site", r.site);
+    }, s.version);
+  }
+  if (view == "actions") {
+    const Page p = parse_page(q, {"status", "action", "task_id", "origin"}, view);
+    return page_of(view, s.actions, p, [&](const view::Action& a) {
+      return may_read(a.workflow) && match(q, "status", a.status) && match(q, "action", a.action) &&
+             match(q, "task_id", a.task_id) && match(q, "origin", a.origin);
+    }, s.version);
+  }
+  if (view == "consumers") {
+    const Page p = parse_page(q, {"topic"}, view);
+    std::map<std::string, json::object> groups;
+    for (const auto& [g, topic, off] : store_.group_offsets()) {
+      const std::string wf = view_workflow_of(topic);
+      if (!match(q, "topic", topic) || (!p.workflow.empty() && wf != p.workflow) || !may_read(wf.empty() ? topic : wf)) continue;
+      const std::uint64_t end = store_.committed_offset(topic);
+      groups[key(g, topic)] = json::object{{"group", g}, {"topic", topic}, {"offset", off}, {"end", end},
+                                           {"lag", end > off ? end - off : 0}};
+    }
+    Page all = p;
+    all.workflow.clear();
+    return page_of(view, groups, all, [](const json::object&) { return true; }, s.version);
+  }
+  throw ViewQueryError("no view '" + std::string(view) + "' (views: workflows, tasks, sites, resources, actions, consumers)");
+}
+
+}  // namespace diaspora::relay

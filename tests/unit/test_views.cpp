@@ -1,0 +1,305 @@
+// The relay's views (relay/src/views.hpp): materialised from events appended to a real
+// LogStore; filters and pages; who may see what; the snapshot, loaded by a new instance
+// with the same answers, set aside when it is corrupt or ahead of the log; bad records
+// skipped without losing the rest.
+#include <boost/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+
+#include "test_helpers.hpp"
+#include "topic_log.hpp"
+#include "views.hpp"
+
+namespace fs = std::filesystem;
+namespace json = boost::json;
+using diaspora::relay::AppendRecord;
+using diaspora::relay::FsyncPolicy;
+using diaspora::relay::LogOptions;
+using diaspora::relay::LogStore;
+using diaspora::relay::ViewQueryError;
+using diaspora::relay::Views;
+using diaspora::test::TempDir;
+
+namespace {
+
+struct Fixture {
+  TempDir dir;
+  std::unique_ptr<LogStore> store;
+  int seq = 0;
+
+  Fixture() { open(); }
+  void open() {
+    LogOptions o;
+    o.data_dir = dir.path() / "data";
+    o.fsync = FsyncPolicy::parse("never");
+    store = std::make_unique<LogStore>(o);
+  }
+  Views::Options options() const { return Views::Options{dir.path() / "data" / "views"}; }
+
+  void publish(const std::string& topic, const std::vector<std::string>& events) {
+    std::vector<AppendRecord> recs;
+    for (const auto& e : events) recs.push_back({"", e});
+    std::promise<void> p;
+    store->append(topic, "", 0, std::move(recs), [&](const auto&) { p.set_value(); });
+    p.get_future().get();
+  }
+  std::string ev(const std::string& type, const json::object& data) {
+    return json::serialize(json::object{{"specversion", "1.0"}, {"id", "e" + std::to_string(++seq)}, {"source", "/t"},
+                                        {"type", "org.diaspora." + type}, {"data", data}});
+  }
+};
+
+bool all(const std::string&) { return true; }
+
+json::object q(const Views& v, const char* view, std::map<std::string, std::string> params = {},
+               std::function<bool(const std::string&)> may = all) {
+  return v.query(view, params, may);
+}
+
+// A small workflow: two instances on two sites, one fails and restarts, an anomaly, an
+// action by a policy and one by an operator, a site resource going down.
+void workflow(Fixture& f, const std::string& wf) {
+  f.publish(wf + ".events", {
+      f.ev("task.submitted", {{"task_id", "t.0"}, {"name", "t"}, {"attempt", 1}}),
+      f.ev("task.submitted", {{"task_id", "t.1"}, {"name", "t"}, {"attempt", 1}}),
+      f.ev("task.started", {{"task_id", "t.0"}, {"site", "a"}, {"worker", "a/w0"}, {"attempt", 1}}),
+      f.ev("task.started", {{"task_id", "t.1"}, {"site", "b"}, {"worker", "b/w0"}, {"attempt", 1}}),
+      f.ev("task.progress", {{"task_id", "t.0"}, {"progress", 0.5}, {"metrics", {{"step_time_s", 0.25}}}}),
+      f.ev("task.failed", {{"task_id", "t.1"}, {"site", "b"}, {"attempt", 1}, {"reason", "worker died"}}),
+      f.ev("anomaly.predicted", {{"series", "task.step_time"}, {"score", 0.9}, {"detector", "ewma"},
+                                 {"explanation", "step time 8x"}, {"task_id", "t.1"}, {"site", "b"}}),
+      f.ev("action.requested", {{"action_id", "p1"}, {"action", "restart"}, {"reason", "failed"}, {"task_id", "t.1"},
+                                {"policy", "restart-failed"}}),
+      f.ev("task.submitted", {{"task_id", "t.1"}, {"name", "t"}, {"attempt", 2}}),
+      f.ev("task.started", {{"task_id", "t.1"}, {"site", "a"}, {"worker", "a/w1"}, {"attempt", 2}}),
+      f.ev("action.done", {{"action_id", "p1"}, {"status", "done"}, {"message", "attempt 2 running"}}),
+      f.ev("task.completed", {{"task_id", "t.0"}, {"site", "a"}, {"attempt", 1}}),
+      f.ev("resource.status", {{"resource_id", "b"}, {"kind", "site"}, {"state", "down"}, {"site", "b"}}),
+  });
+  f.publish(wf + ".control.engine", {
+      f.ev("action.requested", {{"action_id", "op1"}, {"action", "cancel"}, {"reason", "operator"}, {"task_id", "t.1"}}),
+  });
+}
+
+}  // namespace
+
+TEST(Views, MaterialiseTasksSitesActionsAndWorkflows) {
+  Fixture f;
+  workflow(f, "beam");
+  Views v(*f.store, f.options());
+  EXPECT_EQ(v.catch_up(), 14u);
+  EXPECT_TRUE(v.caught_up());
+
+  auto tasks = q(v, "tasks");
+  ASSERT_EQ(tasks["total"].as_int64(), 2);
+  const auto& t0 = tasks["items"].as_array()[0].as_object();
+  EXPECT_EQ(t0.at("task_id").as_string(), "t.0");
+  EXPECT_EQ(t0.at("state").as_string(), "completed");
+  EXPECT_EQ(t0.at("progress").as_double(), 1.0);
+  EXPECT_EQ(t0.at("step_time_s").as_double(), 0.25);
+  const auto& t1 = tasks["items"].as_array()[1].as_object();
+  EXPECT_EQ(t1.at("state").as_string(), "running");
+  EXPECT_EQ(t1.at("attempt").as_int64(), 2);
+  EXPECT_EQ(t1.at("site").as_string(), "a");
+  EXPECT_EQ(t1.at("anomaly_score").as_double(), 0.9);
+  const auto& attempts = t1.at("attempts").as_array();
+  ASSERT_EQ(attempts.size(), 2u);
+  EXPECT_EQ(attempts[0].at("site").as_string(), "b");
+  EXPECT_EQ(attempts[0].at("outcome").as_string(), "failed");
+  EXPECT_EQ(attempts[0].at("reason").as_string(), "worker died");
+  EXPECT_EQ(attempts[1].at("outcome").as_string(), "running");
+
+  auto sites = q(v, "sites");
+  ASSERT_EQ(sites["total"].as_int64(), 2);
+  const auto& a = sites["items"].as_array()[0].as_object();
+  const auto& b = sites["items"].as_array()[1].as_object();
+  EXPECT_EQ(a.at("completed").as_int64(), 1);
+  EXPECT_EQ(a.at("running").as_int64(), 1);
+  EXPECT_EQ(b.at("failed").as_int64(), 1);
+  EXPECT_EQ(b.at("state").as_string(), "down");
+  EXPECT_EQ(b.at("health").as_double(), 0.0);
+  EXPECT_GT(a.at("health").as_double(), 0.9);
+  EXPECT_EQ(b.at("scores").as_array().size(), 1u);
+  EXPECT_EQ(b.at("explanation").as_string(), "step time 8x");
+
+  auto actions = q(v, "actions");
+  ASSERT_EQ(actions["total"].as_int64(), 2);
+  std::map<std::string, json::object> by_id;
+  for (const auto& x : actions["items"].as_array()) by_id[std::string(x.at("action_id").as_string())] = x.as_object();
+  EXPECT_EQ(by_id["p1"].at("origin").as_string(), "policy");
+  EXPECT_EQ(by_id["p1"].at("status").as_string(), "done");
+  EXPECT_EQ(by_id["p1"].at("message").as_string(), "attempt 2 running");
+  EXPECT_EQ(by_id["op1"].at("origin").as_string(), "operator");
+  EXPECT_EQ(by_id["op1"].at("status").as_string(), "pending");
+
+  auto wfs = q(v, "workflows");
+  ASSERT_EQ(wfs["total"].as_int64(), 1);
+  const auto& w = wfs["items"].as_array()[0].as_object();
+  EXPECT_EQ(w.at("workflow").as_string(), "beam");
+  EXPECT_EQ(w.at("events").as_int64(), 14);
+  EXPECT_EQ(w.at("states").at("completed").as_int64(), 1);
+  EXPECT_EQ(w.at("states").at("running").as_int64(), 1);
+  EXPECT_FALSE(w.at("states").as_object().contains("pending"));
+
+  EXPECT_EQ(q(v, "resources", {{"kind", "site"}, {"state", "down"}})["total"].as_int64(), 1);
+}
+
+TEST(Views, FiltersPagesAndAccess) {
+  Fixture f;
+  workflow(f, "a1");
+  workflow(f, "b2");
+  std::vector<std::string> many;
+  for (int i = 0; i < 25; ++i) many.push_back(f.ev("task.submitted", {{"task_id", "m." + std::to_string(i)}, {"name", "m"}}));
+  f.publish("b2.events", many);
+  f.publish("other", {f.ev("task.submitted", {{"task_id", "x"}})});  // not a views topic
+  Views v(*f.store, f.options());
+  v.catch_up();
+  EXPECT_EQ(q(v, "tasks")["total"].as_int64(), 29);
+  EXPECT_EQ(q(v, "tasks", {{"workflow", "a1"}})["total"].as_int64(), 2);
+  EXPECT_EQ(q(v, "tasks", {{"state", "pending"}})["total"].as_int64(), 25);
+  EXPECT_EQ(q(v, "tasks", {{"site", "a"}, {"workflow", "b2"}})["total"].as_int64(), 2);  // t.1 restarted on a
+  EXPECT_EQ(q(v, "tasks", {{"q", "m.1"}})["total"].as_int64(), 11);  // m.1, m.10 .. m.19
+  // Pages: 10 + 10 + 9, no item twice, the cursor from `next`.
+  std::set<std::string> seen;
+  std::map<std::string, std::string> params{{"limit", "10"}};
+  int pages = 0;
+  for (;;) {
+    auto page = q(v, "tasks", params);
+    ++pages;
+    for (const auto& it : page["items"].as_array())
+      EXPECT_TRUE(seen.insert(std::string(it.at("workflow").as_string()) + "/" + std::string(it.at("task_id").as_string())).second);
+    if (page["next"].is_null()) break;
+    params["after"] = std::string(page["next"].as_string());
+  }
+  EXPECT_EQ(pages, 3);
+  EXPECT_EQ(seen.size(), 29u);
+  // A token that may subscribe to a1.events only sees a1.
+  auto only_a1 = [](const std::string& wf) { return wf == "a1"; };
+  EXPECT_EQ(q(v, "tasks", {}, only_a1)["total"].as_int64(), 2);
+  EXPECT_EQ(q(v, "workflows", {}, only_a1)["total"].as_int64(), 1);
+  // Bad queries say what is allowed.
+  EXPECT_THROW(q(v, "tasks", {{"limit", "0"}}), ViewQueryError);
+  EXPECT_THROW(q(v, "tasks", {{"limit", "12x"}}), ViewQueryError);
+  try {
+    q(v, "tasks", {{"colour", "red"}});
+    FAIL();
+  } catch (const ViewQueryError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown parameter 'colour' for the tasks view (known: workflow, limit, after, state"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(q(v, "nope"), ViewQueryError);
+}
+
+TEST(Views, SnapshotGivesTheSameAnswersAndTheRestIsReadOn) {
+  Fixture f;
+  workflow(f, "beam");
+  json::object before_tasks, before_sites, before_actions;
+  {
+    Views v(*f.store, f.options());
+    v.catch_up();
+    before_tasks = q(v, "tasks");
+    before_sites = q(v, "sites");
+    before_actions = q(v, "actions");
+  }  // the destructor writes the snapshot
+  ASSERT_TRUE(fs::exists(f.dir.path() / "data" / "views" / "snapshot.json"));
+  {
+    Views v(*f.store, f.options());
+    EXPECT_NE(v.snapshot_note().find("snapshot loaded"), std::string::npos) << v.snapshot_note();
+    EXPECT_TRUE(v.caught_up());
+    EXPECT_EQ(v.catch_up(), 0u);  // nothing read again
+    EXPECT_EQ(q(v, "tasks"), before_tasks);
+    EXPECT_EQ(q(v, "sites"), before_sites);
+    EXPECT_EQ(q(v, "actions"), before_actions);
+    f.publish("beam.events", {f.ev("task.completed", {{"task_id", "t.1"}, {"site", "a"}, {"attempt", 2}})});
+    EXPECT_EQ(v.catch_up(), 1u);
+    EXPECT_EQ(q(v, "tasks", {{"state", "completed"}})["total"].as_int64(), 2);
+  }
+  // Rebuilt from the log alone (no snapshot), the answers are the same as with it.
+  json::object with = [&] {
+    Views v(*f.store, f.options());
+    return q(v, "tasks");
+  }();
+  fs::remove(f.dir.path() / "data" / "views" / "snapshot.json");
+  Views v(*f.store, f.options());
+  EXPECT_NE(v.snapshot_note().find("no snapshot"), std::string::npos);
+  v.catch_up();
+  json::object without = q(v, "tasks");
+  without["version"] = with["version"];  // the change counter differs (it counts per run): the rest must not
+  EXPECT_EQ(without, with);
+}
+
+TEST(Views, CorruptOrAheadSnapshotIsSetAsideAndRebuilt) {
+  Fixture f;
+  workflow(f, "beam");
+  const fs::path snap = f.dir.path() / "data" / "views" / "snapshot.json";
+  fs::create_directories(snap.parent_path());
+  std::ofstream(snap) << "{\"format\": 1, \"offsets\": {tr";
+  {
+    Views v(*f.store, f.options());
+    EXPECT_NE(v.snapshot_note().find("snapshot set aside"), std::string::npos) << v.snapshot_note();
+    EXPECT_TRUE(fs::exists(snap.parent_path() / "snapshot.json.bad"));
+    v.catch_up();
+    EXPECT_EQ(q(v, "tasks")["total"].as_int64(), 2);
+  }
+  // A snapshot that claims more of a topic than the log holds (the log lost its tail).
+  std::string text;
+  {
+    std::ifstream in(snap);
+    std::stringstream s;
+    s << in.rdbuf();
+    text = s.str();
+  }
+  json::object root = json::parse(text).as_object();
+  root["offsets"].as_object()["beam.events"] = 1000;
+  std::ofstream(snap) << json::serialize(root);
+  Views v(*f.store, f.options());
+  EXPECT_NE(v.snapshot_note().find("ahead of the log on beam.events"), std::string::npos) << v.snapshot_note();
+  v.catch_up();
+  EXPECT_EQ(q(v, "tasks")["total"].as_int64(), 2);
+}
+
+TEST(Views, BadRecordsAreSkippedAndTheRestKept) {
+  Fixture f;
+  f.publish("w.events", {"not json", "[1,2]", f.ev("task.submitted", {{"name", "no id"}}),
+                         f.ev("task.submitted", {{"task_id", "ok"}}), "{\"type\": \"org.diaspora.task.started\"}"});
+  Views v(*f.store, f.options());
+  v.catch_up();
+  EXPECT_EQ(v.applied(), 1u);
+  EXPECT_EQ(v.skipped(), 4u);
+  EXPECT_EQ(q(v, "tasks")["total"].as_int64(), 1);
+}
+
+TEST(Views, ChangesSinceAVersion) {
+  Fixture f;
+  Views v(*f.store, f.options());
+  f.publish("w.events", {f.ev("task.submitted", {{"task_id", "x"}})});
+  v.catch_up();
+  const std::uint64_t at = v.version();
+  f.publish("w.events", {f.ev("task.started", {{"task_id", "x"}, {"site", "s"}})});
+  v.catch_up();
+  bool lost = true;
+  auto ch = v.changes_since(at, 100, &lost);
+  EXPECT_FALSE(lost);
+  std::set<std::string> views;
+  for (const auto& c : ch) {
+    EXPECT_GT(c.version, at);
+    views.insert(c.view);
+  }
+  EXPECT_EQ(views, (std::set<std::string>{"workflows", "tasks", "sites"}));
+  EXPECT_TRUE(v.changes_since(v.version(), 100, &lost).empty());
+}
+
+TEST(Views, ReaderThreadFollowsTheLog) {
+  Fixture f;
+  Views v(*f.store, f.options());
+  f.store->set_commit_listener([&](const std::string& topic, std::uint64_t) { v.notify(topic); });
+  v.start();
+  f.publish("w.events", {f.ev("task.submitted", {{"task_id", "x"}})});
+  for (int i = 0; i < 200 && !(v.caught_up() && v.applied() == 1); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(q(v, "tasks")["total"].as_int64(), 1);
+  v.stop();         // as the relay stops: the reader first,
+  f.store.reset();  // then the log (its writer may still notify),
+}                   // then the views (the last snapshot)
