@@ -42,6 +42,19 @@ inline std::string make_event(int producer, std::uint64_t i, std::size_t size, s
   return e;
 }
 
+/// The same, as what engines publish and the relay's views read: an
+/// org.diaspora.task.heartbeat of one of 1,000 task ids, the send time in data.seq, the
+/// padding in data.worker (at most 256 characters, so at most about 400 bytes in all).
+inline std::string make_task_event(int producer, std::uint64_t i, std::size_t size, std::int64_t t_ns) {
+  std::string e = R"({"specversion":"1.0","id":")" + std::to_string(i) + R"(","source":"/bench/p)" +
+                  std::to_string(producer) + R"(","type":"org.diaspora.task.heartbeat","data":{"task_id":"t.)" +
+                  std::to_string(i % 1000) + R"(","seq":)" + std::to_string(t_ns) + R"(,"worker":"w)";
+  const std::size_t used = e.size() + 3;
+  e.append(std::min<std::size_t>(255, size > used ? size - used : 0), 'x');
+  e += "\"}}";
+  return e;
+}
+
 /// The p-quantile (0..1) of v (reorders v); 0 for an empty vector.
 inline double percentile(std::vector<double>& v, double p) {
   if (v.empty()) return 0;

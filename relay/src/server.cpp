@@ -893,7 +893,83 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     if (ec) return shutdown();
     auto req = parser_->release();
     if (websocket::is_upgrade(req)) return upgrade(std::move(req));
+    if (req.method() == http::verb::get && relay::parse_target(req.target()).path == "/api/v1/views/stream")
+      return stream_views(std::move(req));
     handle(std::move(req));
+  }
+
+  // GET /api/v1/views/stream: the views' changes as server-sent events (docs/console.md,
+  // "Live changes"), for the workflows the token may subscribe to; until the client goes,
+  // the token expires or the relay stops.
+  void stream_views(http::request<http::string_body> req) {
+    relay::Target target = relay::parse_target(req.target());
+    std::optional<std::string> token = bearer_of(req);
+    if (!token && target.query.count("access_token")) token = target.query["access_token"];
+    if (!token || token->empty()) {
+      relay_->metrics.refused_auth++;
+      return respond(req, http::status::unauthorized, "text/plain", "a bearer token is required\n", true);
+    }
+    try {
+      stream_claims_ = relay_->verifier->verify(*token);
+    } catch (const TokenError& e) {
+      relay_->metrics.refused_auth++;
+      return respond(req, http::status::unauthorized, "text/plain", std::string(e.what()) + "\n", true);
+    }
+    if (!relay_->views)
+      return respond(req, http::status::not_found, "text/plain", "this relay runs without views (views: false)\n");
+    std::string since = target.query.count("since") ? target.query["since"] : std::string(req["Last-Event-ID"]);
+    if (since.empty()) {
+      stream_version_ = relay_->views->version();
+    } else if (auto v = parse_offset(since)) {
+      stream_version_ = *v;
+    } else {
+      return respond(req, http::status::bad_request, "text/plain", "?since= must be a version (decimal digits)\n");
+    }
+    beast::get_lowest_layer(stream_).expires_never();
+    stream_timer_.emplace(stream_.get_executor());
+    stream_out_ = "HTTP/1.1 200 OK\r\nServer: diaspora-relay/" + std::string(version_string) +
+                  "\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n"
+                  "retry: 1000\n\n";
+    stream_write();
+  }
+
+  void stream_write() {
+    net::async_write(stream_, net::buffer(stream_out_), [self = shared_from_this()](beast::error_code ec, std::size_t) {
+      if (ec) return;  // the client went: the session ends with its last handler
+      self->stream_out_.clear();
+      self->stream_timer_->expires_after(std::chrono::milliseconds(100));
+      self->stream_timer_->async_wait([self](beast::error_code e) {
+        if (!e) self->stream_tick();
+      });
+    });
+  }
+
+  void stream_tick() {
+    const auto now = std::chrono::time_point_cast<std::chrono::seconds>(std::chrono::system_clock::now());
+    if (relay_->stopping || !relay_->views) return;
+    if (now >= stream_claims_.expires_at) {
+      stream_out_ = "event: expired\ndata: {}\n\n";
+      return net::async_write(stream_, net::buffer(stream_out_), [self = shared_from_this()](beast::error_code, std::size_t) {});
+    }
+    bool lost = false;
+    for (const auto& c : relay_->views->changes_since(stream_version_, 2000, &lost)) {
+      stream_version_ = c.version;
+      if (!scopes_allow(stream_claims_.scopes, "subscribe", c.workflow + ".events")) continue;
+      stream_out_ += "id: " + std::to_string(c.version) + "\nevent: change\ndata: " +
+                     json::serialize(json::object{{"version", c.version}, {"view", c.view}, {"workflow", c.workflow},
+                                                  {"id", c.id}}) +
+                     "\n\n";
+    }
+    if (lost) stream_out_ = "event: reset\ndata: {\"version\":" + std::to_string(stream_version_) + "}\n\n" + stream_out_;
+    if (stream_out_.empty() && ++stream_idle_ticks_ >= 150) stream_out_ = ": keep-alive\n\n";  // every 15 s
+    if (!stream_out_.empty()) stream_idle_ticks_ = 0;
+    if (stream_out_.empty()) {
+      stream_timer_->expires_after(std::chrono::milliseconds(100));
+      return stream_timer_->async_wait([self = shared_from_this()](beast::error_code e) {
+        if (!e) self->stream_tick();
+      });
+    }
+    stream_write();
   }
 
   void upgrade(http::request<http::string_body> req) {
@@ -988,6 +1064,12 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   std::shared_ptr<Relay::Impl> relay_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
+  // GET /api/v1/views/stream
+  TokenClaims stream_claims_;
+  std::uint64_t stream_version_ = 0;
+  std::optional<net::steady_timer> stream_timer_;
+  std::string stream_out_;
+  int stream_idle_ticks_ = 0;
 };
 
 // ---- Relay ----------------------------------------------------------------------------------

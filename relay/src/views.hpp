@@ -2,7 +2,7 @@
 // instances, sites, resources and actions, materialised from the events the relay stores.
 // Their only input is the log: every topic `<prefix>.events` (what engines and their
 // policies publish) and `<prefix>.control.<engine>` (operators' actions). A snapshot under
-// DATA_DIR/views/ (written every few seconds and at stop, atomically) holds the state with
+// DATA_DIR/views/ (written every 5 s or more (at most a tenth of the time) and at stop, atomically) holds the state with
 // the offset each topic was read to, so a restarted relay (even after SIGKILL) loads it and
 // reads on from there: the same answers before and after. Times are the log's append
 // times, so answers depend on the log alone, never on when they are asked.
@@ -117,11 +117,13 @@ class Views {
   std::mutex wake_mu_;
   std::condition_variable wake_cv_;
   bool woken_ = false;
+  std::atomic<bool> pending_{false};  ///< a notify() since the reader last started a round
   bool stop_ = false;
   std::thread thread_;
   std::mutex snapshot_mu_;  ///< one snapshot writer at a time
   std::atomic<std::uint64_t> applied_{0}, skipped_{0};
   std::chrono::steady_clock::time_point last_snapshot_{};
+  std::chrono::steady_clock::duration snapshot_cost_{};  ///< how long the last one took
   std::uint64_t snapshot_version_ = 0;
 };
 

@@ -108,8 +108,10 @@ def test_a_failing_step_and_a_job_killed_with_scancel(env):
 
 def test_a_restart_action_requeues_a_batch_job(env):
     slurm, relay, creds, spec, tmp = env
+    # The first run would take 60 s (the action arrives long before, even under load); the
+    # requeued one ends at once.
     r = slurm.run("sbatch", f"--diaspora={spec}", "-J", "requeued", "--parsable", "--requeue", "--wrap",
-                  'srun sh -c "sleep 3; exit 0"')
+                  'srun sh -c "[ \"${SLURM_RESTART_COUNT:-0}\" -ge 1 ] || sleep 60; exit 0"')
     job = r.stdout.strip().split(";")[0]
     step_id = f"slurm-{job}.0.0"
     wait_event(slurm, relay, creds, "org.diaspora.task.started", step_id, 60)

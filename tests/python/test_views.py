@@ -4,6 +4,7 @@ to, and the same after a graceful restart and after SIGKILL (snapshot + the log)
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -140,5 +141,42 @@ def test_a_relay_without_views_says_so(tmp_path, creds):
             https_get(relay, "/api/v1/views/tasks", creds.token("admin"))
         assert off.value.code == 404 and "views: false" in off.value.read().decode()
         assert not (tmp_path / "data" / "views").exists()
+    finally:
+        relay.stop()
+
+
+def test_live_changes_stream_as_server_sent_events(tmp_path, creds):
+    relay = RelayProcess(creds, tmp_path / "data").start()
+    pub = creds.token("publish:*", "subscribe:*")
+    try:
+        assert https_status(relay, "/api/v1/views/stream") == 401
+        conn = http.client.HTTPSConnection("127.0.0.1", relay.port, context=creds.client_ssl(), timeout=10)
+        conn.request("GET", "/api/v1/views/stream", headers={"Authorization": f"Bearer {creds.token('subscribe:beam.*')}"})
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
+
+        def changes(until, deadline):
+            """The change events read until `until(data)` holds (or the deadline)."""
+            seen, event = [], None
+            while time.monotonic() < deadline:
+                line = resp.fp.readline().decode().rstrip("\n")
+                if line.startswith("event: "):
+                    event = line[7:]
+                elif line.startswith("data: ") and event == "change":
+                    seen.append(json.loads(line[6:]))
+                    if until(seen[-1]):
+                        return seen
+            raise AssertionError(f"no such change within the time; saw {seen}")
+
+        t0 = time.monotonic()
+        publish_events(relay, pub, "other.events", [ev(1, "task.submitted", task_id="hidden.0")])
+        publish_events(relay, pub, "beam.events", [ev(2, "task.submitted", task_id="live.0", name="live")])
+        seen = changes(lambda d: d["view"] == "tasks" and d["id"] == "live.0", t0 + 5)
+        assert time.monotonic() - t0 < 1.0, "a change reached the stream more than 1 s after its publish"
+        assert all(d["workflow"] == "beam" for d in seen), seen  # other's changes are not for this token
+        # The item changed is what the API answers for it.
+        page = get(relay, "tasks", creds.token("admin"), "?workflow=beam&q=live.0")
+        assert page["items"][0]["state"] == "pending" and page["version"] >= seen[-1]["version"]
+        conn.close()
     finally:
         relay.stop()

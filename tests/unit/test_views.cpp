@@ -303,3 +303,23 @@ TEST(Views, ReaderThreadFollowsTheLog) {
   v.stop();         // as the relay stops: the reader first,
   f.store.reset();  // then the log (its writer may still notify),
 }                   // then the views (the last snapshot)
+
+TEST(Views, HeartbeatsWithin250msOfTheLastReadInFullOnlyMoveTheTime) {
+  Fixture f;
+  std::vector<std::string> evs = {f.ev("task.submitted", {{"task_id", "x"}}), f.ev("task.started", {{"task_id", "x"}, {"site", "s"}})};
+  for (int i = 0; i < 10; ++i) evs.push_back(f.ev("task.heartbeat", {{"task_id", "x"}, {"metrics", {{"step_time_s", 1.0 + i}}}}));
+  f.publish("w.events", evs);  // one batch: one append time
+  Views v(*f.store, f.options());
+  v.catch_up();
+  auto x = q(v, "tasks")["items"].as_array()[0].as_object();
+  EXPECT_EQ(x.at("step_time_s").as_double(), 1.0);  // the first, read in full; the next 9 within 250 ms
+  EXPECT_EQ(x.at("last_heartbeat_us").as_int64(), x.at("beat_applied_us").as_int64());
+  EXPECT_EQ(q(v, "workflows")["items"].as_array()[0].at("events").as_int64(), 12);  // every one counted
+  EXPECT_EQ(v.applied(), 12u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  f.publish("w.events", {f.ev("task.heartbeat", {{"task_id", "x"}, {"metrics", {{"step_time_s", 42.0}}}})});
+  v.catch_up();
+  x = q(v, "tasks")["items"].as_array()[0].as_object();
+  EXPECT_EQ(x.at("step_time_s").as_double(), 42.0);  // 300 ms later: read in full
+  EXPECT_GT(x.at("last_heartbeat_us").as_int64(), x.at("started_us").as_int64() + 250'000);
+}
