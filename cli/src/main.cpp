@@ -185,8 +185,8 @@ int main(int argc, char** argv) {
       }
       if (!issuer.empty()) c.issuer = issuer;
       for (const auto& s : scopes)
-        if (s != "admin" && !s.starts_with("publish:") && !s.starts_with("subscribe:")) {
-          std::cerr << "error: --scope '" << s << "': use publish:<pattern>, subscribe:<pattern> or admin\n";
+        if (s != "admin" && !s.starts_with("publish:") && !s.starts_with("subscribe:") && !s.starts_with("control:")) {
+          std::cerr << "error: --scope '" << s << "': use publish:<pattern>, subscribe:<pattern>, control:<pattern> or admin\n";
           return kInvalid;
         }
       std::cout << diaspora::issue_token(secret, c) << "\n";

@@ -51,6 +51,7 @@ RelayConfig load_relay_config(const std::filesystem::path& file) {
   };
   if (auto v = str(r, "listen")) c.listen = *v;
   if (auto v = str(r, "data_dir")) c.data_dir = *v;
+  if (auto v = str(r, "console_dir")) c.console_dir = std::filesystem::path(*v);
   const auto& tls = sub(r, "tls");
   if (auto v = str(tls, "cert")) c.tls_cert = *v;
   if (auto v = str(tls, "key")) c.tls_key = *v;
@@ -86,6 +87,9 @@ void validate_relay_config(const RelayConfig& c) {
     if (!std::filesystem::is_regular_file(p)) throw RelayConfigError(std::string(what) + " '" + p.string() + "': no such file");
   };
   need_file(c.tls_cert, "--tls-cert");
+  if (c.console_dir && !std::filesystem::is_regular_file(*c.console_dir / "index.html"))
+    throw RelayConfigError("console_dir '" + c.console_dir->string() + "': no index.html in it (the console's built "
+                           "assets: build/console after make build)");
   need_file(c.tls_key, "--tls-key");
   need_file(c.auth_secret_file, "--auth-secret-file");
   if (c.client_ca) need_file(*c.client_ca, "--client-ca");

@@ -4,6 +4,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <fstream>
+#include <sstream>
+
+#include "diaspora/event.hpp"
 
 namespace diaspora::relay {
 
@@ -34,11 +38,11 @@ json::object topic_json(const TopicInfo& i) {
 }
 
 HttpReply text(unsigned status, std::string body, bool challenge = false) {
-  return HttpReply{status, "text/plain", std::move(body), challenge};
+  return HttpReply{status, "text/plain", std::move(body), challenge, {}};
 }
 
 HttpReply json_reply(unsigned status, const json::object& o) {
-  return HttpReply{status, "application/json", json::serialize(o) + "\n", false};
+  return HttpReply{status, "application/json", json::serialize(o) + "\n", false, {}};
 }
 
 // The refusal to give when the request lacks an admin token; nullopt when it has one.
@@ -60,26 +64,36 @@ std::optional<HttpReply> refuse_unless_admin(const std::optional<std::string>& b
   return std::nullopt;
 }
 
+// A JSON refusal {"error": code, "message": ...}; a 401 challenges for a bearer token.
+HttpReply json_error(unsigned status, const char* code, const std::string& message) {
+  HttpReply r = json_reply(status, json::object{{"error", code}, {"message", message}});
+  r.challenge = status == 401;
+  return r;
+}
+
+// The claims of a valid bearer token, or the 401 to answer (`missing` says what is needed).
+std::variant<TokenClaims, HttpReply> verify_bearer(const std::optional<std::string>& bearer, const ApiContext& ctx,
+                                                   const std::string& missing) {
+  if (!bearer || bearer->empty()) {
+    ctx.metrics.refused_auth++;
+    return json_error(401, "unauthorized", missing);
+  }
+  try {
+    return ctx.verifier.verify(*bearer);
+  } catch (const TokenError& e) {
+    ctx.metrics.refused_auth++;
+    return json_error(401, "unauthorized", e.what());
+  }
+}
+
 // GET /api/v1/views/<view>: any valid token; it sees the workflows whose events topic it may
 // subscribe to ("admin" sees everything).
 HttpReply handle_views(const std::string& view, const Target& target, const std::optional<std::string>& bearer,
                        const ApiContext& ctx) {
-  auto error = [](unsigned status, const char* code, const std::string& message) {
-    HttpReply r = json_reply(status, json::object{{"error", code}, {"message", message}});
-    r.challenge = status == 401;
-    return r;
-  };
-  if (!bearer || bearer->empty()) {
-    ctx.metrics.refused_auth++;
-    return error(401, "unauthorized", "a bearer token is required (any token; it sees the workflows it may subscribe to)");
-  }
-  TokenClaims claims;
-  try {
-    claims = ctx.verifier.verify(*bearer);
-  } catch (const TokenError& e) {
-    ctx.metrics.refused_auth++;
-    return error(401, "unauthorized", e.what());
-  }
+  auto verified = verify_bearer(bearer, ctx, "a bearer token is required (any token; it sees the workflows it may subscribe to)");
+  if (auto* refusal = std::get_if<HttpReply>(&verified)) return *refusal;
+  const TokenClaims& claims = std::get<TokenClaims>(verified);
+  auto error = json_error;
   if (!ctx.views) return error(404, "views_off", "this relay runs without views (views: false in its configuration)");
   auto may_read = [&](const std::string& wf) { return scopes_allow(claims.scopes, "subscribe", wf + ".events"); };
   try {
@@ -90,7 +104,115 @@ HttpReply handle_views(const std::string& view, const Target& target, const std:
   }
 }
 
+// A file of the console's built assets. Names are plain ([A-Za-z0-9._-] segments, none
+// starting with '.'), so nothing outside the folder can be named.
+HttpReply serve_console(std::string rel, const ApiContext& ctx) {
+  if (rel.empty()) rel = "index.html";
+  auto plain = [](std::string_view seg) {
+    return !seg.empty() && seg[0] != '.' &&
+           std::all_of(seg.begin(), seg.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'; });
+  };
+  std::string_view rest = rel;
+  while (!rest.empty()) {
+    const auto slash = rest.find('/');
+    if (!plain(rest.substr(0, slash))) return text(404, "not found\n");
+    rest = slash == std::string_view::npos ? std::string_view{} : rest.substr(slash + 1);
+  }
+  if (ctx.console_dir.empty() || !std::filesystem::exists(ctx.console_dir / "index.html"))
+    return text(404, "this relay has no console assets (build them: make build with Node installed, "
+                     "or set console_dir in the relay's configuration)\n");
+  std::ifstream f(ctx.console_dir / rel, std::ios::binary);
+  if (!f || std::filesystem::is_directory(ctx.console_dir / rel)) return text(404, "not found: /console/" + rel + "\n");
+  std::stringstream body;
+  body << f.rdbuf();
+  static const std::map<std::string, std::string> types = {
+      {".html", "text/html; charset=utf-8"}, {".js", "text/javascript; charset=utf-8"}, {".css", "text/css; charset=utf-8"},
+      {".svg", "image/svg+xml"}, {".png", "image/png"}, {".json", "application/json"}, {".map", "application/json"},
+      {".woff2", "font/woff2"}, {".txt", "text/plain; charset=utf-8"}};
+  const std::string ext = std::filesystem::path(rel).extension().string();
+  auto t = types.find(ext);
+  HttpReply r{200, t == types.end() ? "application/octet-stream" : t->second, body.str(), false, {}};
+  r.headers = console_headers();
+  r.headers.emplace_back("Cache-Control", "no-cache");
+  return r;
+}
+
 }  // namespace
+
+const std::vector<std::pair<std::string, std::string>>& console_headers() {
+  static const std::vector<std::pair<std::string, std::string>> h = {
+      {"Content-Security-Policy",
+       "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; "
+       "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"},
+      {"X-Content-Type-Options", "nosniff"},
+      {"Referrer-Policy", "no-referrer"},
+      {"X-Frame-Options", "DENY"},
+      {"Cross-Origin-Opener-Policy", "same-origin"}};
+  return h;
+}
+
+std::variant<HttpReply, OperatorAction> prepare_operator_action(std::string_view body,
+                                                                const std::optional<std::string>& bearer,
+                                                                const ApiContext& ctx) {
+  auto verified = verify_bearer(bearer, ctx, "a bearer token with the admin or control:<workflow> scope is required");
+  if (auto* refusal = std::get_if<HttpReply>(&verified)) return *refusal;
+  const TokenClaims& claims = std::get<TokenClaims>(verified);
+  auto fail = json_error;
+  boost::system::error_code ec;
+  json::value v = json::parse(body, ec);
+  if (ec || !v.is_object()) return fail(400, "bad_request", "the body must be a JSON object (" + (ec ? ec.message() : std::string("not an object")) + ")");
+  const json::object& o = v.get_object();
+  static const std::vector<std::string> keys = {"workflow", "action", "task_id", "site", "target_site", "reason", "engine"};
+  for (const auto& [k, _] : o)
+    if (std::find(keys.begin(), keys.end(), std::string(k)) == keys.end())
+      return fail(400, "bad_request", "unknown field '" + std::string(k) + "' (fields: workflow, action, task_id, site, target_site, reason, engine)");
+  std::map<std::string, std::string> f;
+  for (const auto& k : keys) {
+    const json::value* x = o.if_contains(k);
+    if (!x) continue;
+    if (!x->is_string() || x->get_string().empty() || x->get_string().size() > (k == "reason" ? 500u : 200u))
+      return fail(400, "bad_request", "'" + k + "' must be a string of 1 to " + (k == "reason" ? "500" : "200") + " characters");
+    f[k] = std::string(x->get_string());
+  }
+  for (const char* k : {"workflow", "action", "reason"})
+    if (!f.count(k)) return fail(400, "bad_request", std::string("'") + k + "' is required");
+  const std::string& wf = f["workflow"];
+  if (!valid_topic_name(wf + ".events")) return fail(400, "bad_request", "'workflow' must be a topic prefix ([A-Za-z0-9._-])");
+  static const std::vector<std::string> actions = {"restart", "migrate", "speculate", "checkpoint", "throttle", "cancel", "alert"};
+  if (std::find(actions.begin(), actions.end(), f["action"]) == actions.end())
+    return fail(400, "bad_request", "'action' must be one of restart, migrate, speculate, checkpoint, throttle, cancel, alert");
+  if (f["action"] == "migrate" && !f.count("target_site")) return fail(400, "bad_request", "a migrate needs 'target_site'");
+  bool allowed = false;
+  for (const auto& s : claims.scopes)
+    allowed |= s == "admin" || (s.starts_with("control:") && topic_matches(std::string_view(s).substr(8), wf));
+  if (!allowed) {
+    ctx.metrics.refused_auth++;
+    return fail(403, "forbidden", "token of '" + claims.subject + "' may not act on workflow '" + wf +
+                                      "' (it needs the admin or control:" + wf + " scope)");
+  }
+  std::string engine = f.count("engine") ? f["engine"] : std::string();
+  if (engine.empty() && f.count("task_id") && ctx.views) engine = ctx.views->engine_of(wf, f["task_id"]);
+  if (engine.empty())
+    return fail(404, "not_found", f.count("task_id") ? "no engine is known for task '" + f["task_id"] + "' of '" + wf + "' (name it: 'engine')"
+                                                     : std::string("name the engine ('engine') the action is for"));
+  if (!valid_topic_name(wf + ".control." + engine)) return fail(400, "bad_request", "'engine' must be an engine id ([A-Za-z0-9._-])");
+  std::string who = claims.subject;
+  for (char& c : who)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '_';
+  OperatorAction a;
+  a.action_id = "op-" + make_uuid();
+  a.topic = wf + ".control." + engine;
+  json::object data{{"action_id", a.action_id}, {"action", f["action"]}, {"reason", f["reason"]}};
+  for (const char* k : {"task_id", "site", "target_site"})
+    if (f.count(k)) data[k] = f[k];
+  const std::string id = make_uuid(), source = "/diaspora/console/" + who;
+  json::object ev{{"specversion", "1.0"}, {"id", id}, {"source", source}, {"type", "org.diaspora.action.requested"},
+                  {"time", format_rfc3339(std::chrono::system_clock::now())}, {"data", std::move(data)}};
+  if (f.count("task_id")) ev["subject"] = f["task_id"];
+  a.payload = json::serialize(ev);
+  a.dedupe_key = source + '\x1f' + id;
+  return a;
+}
 
 Target parse_target(std::string_view t) {
   Target out;
@@ -124,7 +246,7 @@ HttpReply handle_http(bool get_or_head, std::string_view raw_target, const std::
   if (path == "/metrics") {
     if (!ctx.public_metrics)
       if (auto refusal = refuse_unless_admin(bearer, ctx)) return *refusal;
-    return HttpReply{200, "text/plain; version=0.0.4", render_metrics(ctx.metrics, ctx.store), false};
+    return HttpReply{200, "text/plain; version=0.0.4", render_metrics(ctx.metrics, ctx.store), false, {}};
   }
   if (path == "/api/v1/topics" || path.starts_with("/api/v1/topics/")) {
     if (auto refusal = refuse_unless_admin(bearer, ctx)) return *refusal;
@@ -146,6 +268,12 @@ HttpReply handle_http(bool get_or_head, std::string_view raw_target, const std::
     return json_reply(200, o);
   }
   if (path.starts_with("/api/v1/views/")) return handle_views(path.substr(std::string("/api/v1/views/").size()), target, bearer, ctx);
+  if (path == "/console") {
+    HttpReply r = text(301, "the console is at /console/\n");
+    r.headers = {{"Location", "/console/"}};
+    return r;
+  }
+  if (path.starts_with("/console/")) return serve_console(path.substr(std::string("/console/").size()), ctx);
   return text(404, "not found: " + path + "\n");
 }
 

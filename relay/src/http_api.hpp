@@ -4,10 +4,14 @@
 // reads the store and updates the metrics, both safe from any thread.
 #pragma once
 
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
 
 #include "diaspora/token.hpp"
 #include "metrics.hpp"
@@ -33,6 +37,7 @@ struct HttpReply {
   std::string content_type = "text/plain";
   std::string body;
   bool challenge = false;  ///< add WWW-Authenticate: Bearer
+  std::vector<std::pair<std::string, std::string>> headers;  ///< more response headers
 };
 
 /// What the endpoints read.
@@ -43,11 +48,33 @@ struct ApiContext {
   bool public_metrics = true;
   bool stopping = false;
   const Views* views = nullptr;  ///< nullptr: the views are off (views: false)
+  std::filesystem::path console_dir;  ///< the console's built assets; empty: none
 };
 
 /// Answers a request that is not a WebSocket upgrade. `get_or_head` is false for any other
 /// method (405). Refusals count in metrics.refused_auth.
 HttpReply handle_http(bool get_or_head, std::string_view target, const std::optional<std::string>& bearer,
                       const ApiContext& ctx);
+
+/// An operator's action, checked and ready to append: the event for the engine's control
+/// topic (docs/console.md, "Operator actions").
+struct OperatorAction {
+  std::string topic;       ///< <workflow>.control.<engine>
+  std::string payload;     ///< the org.diaspora.action.requested CloudEvent (JSON)
+  std::string dedupe_key;  ///< source \x1f id
+  std::string action_id;
+};
+
+/// POST /api/v1/actions: checks the token (admin or control:<workflow>; 401/403) and the
+/// JSON body (400 naming the field), finds the engine of the task in the views when the
+/// body does not name it (404 when unknown), and returns the event to append, or the
+/// refusal. Any thread.
+std::variant<HttpReply, OperatorAction> prepare_operator_action(std::string_view body,
+                                                                const std::optional<std::string>& bearer,
+                                                                const ApiContext& ctx);
+
+/// The security headers every console response carries (Content-Security-Policy that
+/// allows only this origin and no inline script, nosniff, no referrer, no framing).
+const std::vector<std::pair<std::string, std::string>>& console_headers();
 
 }  // namespace diaspora::relay

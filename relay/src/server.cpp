@@ -113,6 +113,18 @@ bool valid_pattern(std::string_view p) {
   return std::all_of(p.begin(), p.end(), [](char c) { return c == '*' || relay::valid_topic_char(c); });
 }
 
+// The admin console's built assets: the configured folder, else the build tree's (the
+// relay was built beside them), else the installed share/diaspora/console; empty: none.
+std::filesystem::path find_console_dir(const std::optional<std::filesystem::path>& configured) {
+  if (configured) return *configured;
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  for (const std::filesystem::path& p :
+       {std::filesystem::path(DIASPORA_CONSOLE_BUILD_DIR), exe.parent_path().parent_path() / "share" / "diaspora" / "console"})
+    if (!p.empty() && std::filesystem::exists(p / "index.html", ec)) return p;
+  return {};
+}
+
 std::optional<std::string> bearer_of(const http::request<http::string_body>& req) {
   auto it = req.find(http::field::authorization);
   return relay::bearer_token(it == req.end() ? std::nullopt : std::optional<std::string_view>(it->value()));
@@ -129,6 +141,7 @@ struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
   RelayConfig cfg;
   std::unique_ptr<relay::LogStore> store;
   std::unique_ptr<relay::Views> views;  ///< reads `store`: made after it, reset before it
+  std::filesystem::path console_dir;    ///< the console's assets (cfg.console_dir or found), or empty
   std::optional<TokenVerifier> verifier;
   ssl::context tls{ssl::context::tls_server};
   std::optional<net::io_context> ioc{std::in_place};
@@ -895,6 +908,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     if (websocket::is_upgrade(req)) return upgrade(std::move(req));
     if (req.method() == http::verb::get && relay::parse_target(req.target()).path == "/api/v1/views/stream")
       return stream_views(std::move(req));
+    if (req.method() == http::verb::post && relay::parse_target(req.target()).path == "/api/v1/actions")
+      return post_action(std::move(req));
     handle(std::move(req));
   }
 
@@ -1032,19 +1047,45 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   }
 
   // The plain HTTPS endpoints (http_api.cpp).
+  relay::ApiContext api_context() const {
+    return relay::ApiContext{*relay_->store, *relay_->verifier, relay_->metrics, relay_->cfg.public_metrics,
+                             relay_->stopping.load(), relay_->views.get(), relay_->console_dir};
+  }
+
   void handle(http::request<http::string_body> req) {
-    const relay::ApiContext ctx{*relay_->store, *relay_->verifier, relay_->metrics, relay_->cfg.public_metrics,
-                                relay_->stopping.load(), relay_->views.get()};
     relay::HttpReply r = relay::handle_http(req.method() == http::verb::get || req.method() == http::verb::head,
-                                            req.target(), bearer_of(req), ctx);
-    respond(req, static_cast<http::status>(r.status), r.content_type, std::move(r.body), r.challenge);
+                                            req.target(), bearer_of(req), api_context());
+    respond(req, static_cast<http::status>(r.status), r.content_type, std::move(r.body), r.challenge, r.headers);
+  }
+
+  // POST /api/v1/actions: an operator's action, appended to the engine's control topic (the
+  // durable record of who asked what); answered 202 once it is durable.
+  void post_action(http::request<http::string_body> req) {
+    auto prepared = relay::prepare_operator_action(req.body(), bearer_of(req), api_context());
+    if (auto* refusal = std::get_if<relay::HttpReply>(&prepared))
+      return respond(req, static_cast<http::status>(refusal->status), refusal->content_type, std::move(refusal->body),
+                     refusal->challenge);
+    auto a = std::make_shared<relay::OperatorAction>(std::get<relay::OperatorAction>(std::move(prepared)));
+    auto keep = std::make_shared<http::request<http::string_body>>(std::move(req));
+    std::vector<relay::AppendRecord> recs{{a->dedupe_key, a->payload}};
+    relay_->store->append(a->topic, "", 0, std::move(recs), [self = shared_from_this(), a, keep](const relay::AppendResult& r) {
+      net::post(self->stream_.get_executor(), [self, a, keep, r] {
+        if (!r.ok)
+          return self->respond(*keep, http::status::service_unavailable, "application/json",
+                               json::serialize(json::object{{"error", r.code}, {"message", r.error}}) + "\n");
+        self->respond(*keep, http::status::accepted, "application/json",
+                      json::serialize(json::object{{"action_id", a->action_id}, {"topic", a->topic},
+                                                   {"offset", r.first_offset}}) + "\n");
+      });
+    });
   }
 
   void respond(const http::request<http::string_body>& req, http::status status, std::string_view type, std::string body,
-               bool challenge = false) {
+               bool challenge = false, const std::vector<std::pair<std::string, std::string>>& headers = {}) {
     auto res = std::make_shared<http::response<http::string_body>>(status, req.version());
     res->set(http::field::server, std::string("diaspora-relay/") + version_string);
     res->set(http::field::content_type, type);
+    for (const auto& [k, v] : headers) res->set(k, v);
     if (challenge) res->set(http::field::www_authenticate, "Bearer");
     res->keep_alive(req.keep_alive() && !websocket::is_upgrade(req));
     if (req.method() != http::verb::head) res->body() = std::move(body);
@@ -1124,6 +1165,7 @@ Relay::Relay(RelayConfig config) : self_(std::make_shared<Impl>()) {
   lo.max_topics = cfg.max_topics;
   self_->store = std::make_unique<relay::LogStore>(lo);
   if (cfg.views) self_->views = std::make_unique<relay::Views>(*self_->store, relay::Views::Options{cfg.data_dir / "views"});
+  self_->console_dir = find_console_dir(cfg.console_dir);
   std::weak_ptr<Impl> weak = self_;
   self_->store->set_commit_listener([weak](const std::string& topic, std::uint64_t) {
     if (auto s = weak.lock()) {

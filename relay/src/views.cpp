@@ -33,6 +33,7 @@ BOOST_DESCRIBE_STRUCT(Attempt, (), (attempt, site, worker, outcome, reason, star
 
 struct Task {
   std::string workflow, task_id, name, state = "pending", site, worker, reason;
+  std::string engine;  ///< the engine id of its events' source /diaspora/<workflow>/<engine>
   std::int64_t attempt = 0, submitted_us = 0, started_us = 0, ended_us = 0, last_heartbeat_us = 0, updated_us = 0;
   double progress = 0;
   double step_time_s = -1;       ///< the last step_time_s metric, -1 when none
@@ -43,7 +44,7 @@ struct Task {
   std::int64_t beat_applied_us = 0;  ///< the last heartbeat read in full (see fast_heartbeat)
 };
 BOOST_DESCRIBE_STRUCT(Task, (),
-                      (workflow, task_id, name, state, site, worker, reason, attempt, submitted_us, started_us, ended_us,
+                      (workflow, task_id, name, state, site, worker, reason, engine, attempt, submitted_us, started_us, ended_us,
                        last_heartbeat_us, updated_us, progress, step_time_s, anomaly_score, anomaly_us,
                        anomaly_explanation, attempts, beat_applied_us))
 
@@ -183,6 +184,8 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
     if (fresh) k.workflow = wf, k.task_id = id, k.submitted_us = t;
     const std::string old_state = fresh ? "" : k.state;
     k.updated_us = t;
+    if (const std::string src = str(ev, "source"); src.starts_with("/diaspora/") && src.rfind('/') > 10)
+      k.engine = src.substr(src.rfind('/') + 1);
     if (const double a = num(d, "attempt", 0); a > 0) k.attempt = static_cast<std::int64_t>(a);
     if (std::string s = str(d, "site"); !s.empty()) k.site = std::move(s);
     if (std::string s = str(d, "worker"); !s.empty()) k.worker = std::move(s);
@@ -756,6 +759,12 @@ class Access {
 };
 
 }  // namespace
+
+std::string Views::engine_of(const std::string& workflow, const std::string& task_id) const {
+  std::shared_lock lk(mu_);
+  auto it = st_->tasks.find(key(workflow, task_id));
+  return it == st_->tasks.end() ? std::string() : it->second.engine;
+}
 
 json::object Views::query(std::string_view view, const std::map<std::string, std::string>& q,
                           const std::function<bool(const std::string&)>& may_read) const {

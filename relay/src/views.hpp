@@ -85,6 +85,10 @@ class Views {
   boost::json::object query(std::string_view view, const std::map<std::string, std::string>& params,
                             const std::function<bool(const std::string&)>& may_read) const;
 
+  /// The engine id the instance's events came from ("" when unknown): where an operator's
+  /// action for it goes (<workflow>.control.<engine>). Any thread.
+  std::string engine_of(const std::string& workflow, const std::string& task_id) const;
+
   /// A change for the live stream: the view and the item's id that changed, with the
   /// version it reached.
   struct Change {

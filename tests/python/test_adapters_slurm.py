@@ -51,12 +51,14 @@ def all_events(relay, creds) -> list[dict]:
     return relay_events(relay, creds.token("subscribe:*"), 0, topic="slm.events", counted=lambda e: False)
 
 
-def wait_event(slurm, relay, creds, type_: str, task: str, timeout: float, each=None) -> list[dict]:
-    """Waits until an event of `type_` for `task` is on the relay (calling each() between
-    looks); returns the topic's events then. On timeout, fails with Slurm's logs."""
+def wait_event(slurm, relay, creds, type_: str, task: str, timeout: float, each=None, attempt: int | None = None) -> list[dict]:
+    """Waits until an event of `type_` for `task` (and `attempt`, when given) is on the relay
+    (calling each() between looks); returns the topic's events then. On timeout, fails with
+    Slurm's logs."""
     def look():
         evs = all_events(relay, creds)
-        if any(e["type"] == type_ and e["data"]["task_id"] == task for e in evs):
+        if any(e["type"] == type_ and e["data"]["task_id"] == task and attempt in (None, e["data"].get("attempt"))
+               for e in evs):
             return evs
         if each is not None:
             each()
@@ -91,7 +93,8 @@ def test_a_failing_step_and_a_job_killed_with_scancel(env):
     slurm, relay, creds, spec, tmp = env
     r = slurm.run("srun", f"--diaspora={spec}", "-J", "fails", "sh", "-c", "exit 7")
     assert r.returncode != 0
-    r = slurm.run("sbatch", f"--diaspora={spec}", "-J", "victim", "--parsable", "--wrap", "srun sleep 120")
+    r = slurm.run("sbatch", f"--diaspora={spec}", "-J", "victim", "--parsable", f"--output={tmp}/slurm-%j.out", "--wrap",
+                  "srun sleep 120")
     assert r.returncode == 0, r.stderr + slurm.logs()
     job = r.stdout.strip().split(";")[0]
     step_id = f"slurm-{job}.0.0"
@@ -110,7 +113,7 @@ def test_a_restart_action_requeues_a_batch_job(env):
     slurm, relay, creds, spec, tmp = env
     # The first run would take 60 s (the action arrives long before, even under load); the
     # requeued one ends at once.
-    r = slurm.run("sbatch", f"--diaspora={spec}", "-J", "requeued", "--parsable", "--requeue", "--wrap",
+    r = slurm.run("sbatch", f"--diaspora={spec}", "-J", "requeued", "--parsable", "--requeue", f"--output={tmp}/slurm-%j.out", "--wrap",
                   'srun sh -c "[ \"${SLURM_RESTART_COUNT:-0}\" -ge 1 ] || sleep 60; exit 0"')
     job = r.stdout.strip().split(";")[0]
     step_id = f"slurm-{job}.0.0"
@@ -120,9 +123,10 @@ def test_a_restart_action_requeues_a_batch_job(env):
                    {"action_id": "rq-1", "action": "restart", "task_id": step_id, "reason": "operator"},
                    topic=f"slm.control.slurm-{job}.0")
     # Requeued, the step runs again as attempt 2 and completes. A requeued job waits about two
-    # minutes before it is eligible again: start it now.
+    # minutes before it is eligible again: start it now. (The first run may end "completed"
+    # too: the requeue's SIGTERM can reach `sleep` before the shell, which then exits 0.)
     evs = wait_event(slurm, relay, creds, "org.diaspora.task.completed", step_id, 90,
-                     each=lambda: slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now"))
+                     each=lambda: slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now"), attempt=2)
     done = [e["data"] for e in evs if e["type"] == "org.diaspora.action.done" and e["data"]["action_id"] == "rq-1"]
     assert done and done[0]["status"] == "done" and "requeued" in done[0]["message"], done
     starts = [e["data"]["attempt"] for e in evs if e["type"] == "org.diaspora.task.started" and e["data"]["task_id"] == step_id]

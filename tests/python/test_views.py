@@ -9,13 +9,14 @@ import json
 import time
 import urllib.error
 import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import jsonschema
 import pytest
 
-from relay_harness import (Credentials, RelayProcess, event, https_get, https_status, publish_events, request, run,
-                           session, wait_until)
+from relay_harness import (Credentials, RelayProcess, event, https_get, https_status, publish_events, relay_events,
+                           request, run, session, wait_until)
 
 VIEWS = ("workflows", "tasks", "sites", "resources", "actions", "consumers")
 SCHEMA = jsonschema.Draft202012Validator(json.loads((Path(__file__).parents[2] / "schemas" / "views.schema.json").read_text()))
@@ -180,3 +181,84 @@ def test_live_changes_stream_as_server_sent_events(tmp_path, creds):
         conn.close()
     finally:
         relay.stop()
+
+
+def post(relay, path: str, body, token: str | None) -> tuple[int, dict]:
+    req = urllib.request.Request(f"https://127.0.0.1:{relay.port}{path}", method="POST",
+                                 data=(body if isinstance(body, bytes) else json.dumps(body).encode()),
+                                 headers={"Content-Type": "application/json"})
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, context=relay.creds.client_ssl(), timeout=20) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def test_operator_actions_go_to_the_engines_control_topic_with_scopes_checked(tmp_path, creds):
+    relay = RelayProcess(creds, tmp_path / "data").start()
+    pub = creds.token("publish:*", "subscribe:*")
+    admin = creds.token("admin")
+    try:
+        # The task's engine is known from its events' source.
+        publish_events(relay, pub, "beam.events", [
+            {**ev(1, "task.submitted", task_id="r.0", name="r"), "source": "/diaspora/beam/edge"},
+            {**ev(2, "task.started", task_id="r.0", site="a"), "source": "/diaspora/beam/edge"}])
+        wait_until(lambda: get(relay, "tasks", admin)["total"] == 1, 20, "the views")
+        assert get(relay, "tasks", admin)["items"][0]["engine"] == "edge"
+        act = {"workflow": "beam", "action": "restart", "task_id": "r.0", "reason": "operator: <b>stuck</b>"}
+        # Refused by the relay, not only hidden by a page: no token, an expired one, one
+        # without admin or control:beam (403 names the scope), bad bodies (400 names the field).
+        assert post(relay, "/api/v1/actions", act, None)[0] == 401
+        expired = creds.forge({"sub": "x", "scope": ["admin"], "exp": int(time.time()) - 3600})
+        assert post(relay, "/api/v1/actions", act, expired)[0] == 401
+        status, body = post(relay, "/api/v1/actions", act, creds.token("subscribe:*", "publish:beam.*", subject="viewer"))
+        assert status == 403 and "control:beam" in body["message"] and "viewer" in body["message"], body
+        assert post(relay, "/api/v1/actions", act, creds.token("control:other*"))[0] == 403
+        for bad, field in (({**act, "action": "explode"}, "'action'"), ({**act, "reason": ""}, "'reason'"),
+                           ({k: v for k, v in act.items() if k != "reason"}, "'reason' is required"),
+                           ({**act, "colour": "red"}, "unknown field 'colour'"),
+                           ({**act, "action": "migrate"}, "target_site"), (b"{not json", "JSON object")):
+            status, body = post(relay, "/api/v1/actions", bad, admin)
+            assert status == 400 and field in body["message"], (bad, body)
+        status, body = post(relay, "/api/v1/actions", {**act, "task_id": "ghost"}, admin)
+        assert status == 404 and "no engine is known for task 'ghost'" in body["message"]
+        # Accepted with control:beam: durable on beam.control.edge, naming who asked.
+        status, body = post(relay, "/api/v1/actions", act, creds.token("control:beam", subject="alice@site"))
+        assert status == 202 and body["topic"] == "beam.control.edge" and body["action_id"].startswith("op-"), body
+        (stored,) = relay_events(relay, pub, 1, topic="beam.control.edge", counted=lambda e: True)
+        assert stored["type"] == "org.diaspora.action.requested" and stored["source"] == "/diaspora/console/alice_site"
+        assert stored["data"] == {"action_id": body["action_id"], "action": "restart", "reason": "operator: <b>stuck</b>",
+                                  "task_id": "r.0"}
+        wait_until(lambda: get(relay, "actions", admin)["total"] == 1, 20, "the action in the views")
+        (a,) = get(relay, "actions", admin)["items"]
+        assert (a["origin"], a["status"], a["task_id"]) == ("operator", "pending", "r.0")
+    finally:
+        relay.stop()
+
+
+def test_console_assets_are_served_with_a_strict_policy(tmp_path, creds):
+    assets = tmp_path / "console"
+    (assets / "assets").mkdir(parents=True)
+    (assets / "index.html").write_text("<!doctype html><title>Diaspora</title><script src=assets/app.js></script>")
+    (assets / "assets" / "app.js").write_text("console.log('hi')")
+    (tmp_path / "secret.txt").write_text("not for you")
+    relay = RelayProcess(creds, tmp_path / "data", config={"console_dir": str(assets)}).start()
+    try:
+        req = urllib.request.Request(f"https://127.0.0.1:{relay.port}/console/")
+        with urllib.request.urlopen(req, context=creds.client_ssl(), timeout=20) as r:
+            assert r.status == 200 and r.headers["Content-Type"].startswith("text/html")
+            csp = r.headers["Content-Security-Policy"]
+            assert "script-src 'self'" in csp and "default-src 'none'" in csp and "unsafe-inline" not in csp
+            assert r.headers["X-Content-Type-Options"] == "nosniff" and "Diaspora" in r.read().decode()
+        assert https_get(relay, "/console/assets/app.js") == "console.log('hi')"
+        for path in ("/console/../secret.txt", "/console/%2e%2e/secret.txt", "/console/assets/../../secret.txt",
+                     "/console/.hidden", "/console/nope.js"):
+            assert https_status(relay, path) == 404, path
+    finally:
+        relay.stop()
+    # A console_dir without the built assets is a configuration error, said at start.
+    bad = RelayProcess(creds, tmp_path / "data2", config={"console_dir": str(tmp_path / "empty")})
+    with pytest.raises(AssertionError, match="no index.html"):
+        bad.start()

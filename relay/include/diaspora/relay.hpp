@@ -40,6 +40,7 @@ struct RelayConfig {
   std::size_t max_topics = 10000;             ///< topics in the log; a publish creating one more is nacked (too_many_topics)
   bool validate_payloads = true;              ///< check org.diaspora.* data against its schema
   bool public_metrics = true;                 ///< /metrics without a token (false: admin scope needed)
+  std::optional<std::filesystem::path> console_dir;  ///< the console's built assets (default: found beside the build or install)
   bool views = true;                          ///< materialise the views (/api/v1/views/, the console) from the events topics
   int threads = 2;                            ///< I/O threads
 };
