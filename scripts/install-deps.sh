@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs every Debian (and, later, npm) package Diaspora needs to build, test and run.
+# Installs every Debian and npm package Diaspora needs to build, test and run.
 # Idempotent and non-interactive: when everything is present it only checks and exits
 # in a second or two. Run as root (CI and the dev machines are root) or with sudo.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 # One package a line, grouped by what needs it. Keep in sync with docs/building.md.
 DEB_PACKAGES=(
@@ -25,7 +26,25 @@ DEB_PACKAGES=(
   # ProcessGroupGloo, and the Fashion-MNIST data set (gzipped IDX under /usr/share/datasets,
   # read in place with zlib)
   libtorch-dev libgloo-dev dataset-fashion-mnist zlib1g-dev
+  # the admin console's browser tests: Debian's Chromium (driven by npm playwright-core;
+  # never a downloaded browser) and a font
+  chromium fonts-dejavu-core
 )
+
+# The admin console (console/): the locked npm packages, installed with `npm ci` when
+# console/package-lock.json changed since the last install (a checksum in node_modules).
+console_deps() {
+  local lock=console/package-lock.json stamp=console/node_modules/.diaspora-lock.sha256 want
+  [ -f "$lock" ] || return 0
+  want=$(sha256sum "$lock" | cut -d' ' -f1)
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    echo "install-deps: console npm packages present"
+    return 0
+  fi
+  echo "install-deps: npm ci in console/"
+  (cd console && npm ci --no-audit --no-fund --loglevel=error)
+  echo "$want" > "$stamp"
+}
 
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
@@ -34,9 +53,13 @@ for p in "${DEB_PACKAGES[@]}"; do
     missing+=("$p")
   fi
 done
+# Node and npm for the console's build: Debian's, unless a node (with its npm) is on PATH.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#DEB_PACKAGES[@]} Debian packages present"
+  console_deps
   exit 0
 fi
 
@@ -59,4 +82,5 @@ if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"; then
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+console_deps
 echo "install-deps: done"

@@ -204,6 +204,16 @@ class Runner {
 
   int run();
 
+  /// A run that threw (a site that could not start, ...) still closes the plugin before its
+  /// relay and the callback's targets go away; run() leaves nothing open otherwise.
+  ~Runner() {
+    if (plugin_ && lib_) {
+      lib_->set_action_callback(plugin_, nullptr, nullptr);
+      lib_->close(plugin_, 2000);
+      plugin_ = nullptr;
+    }
+  }
+
  private:
   // ---- time & log
   double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }

@@ -1,0 +1,467 @@
+// The Diaspora admin console: sign-in, then pages over the relay's views, topics, metrics
+// and operator actions (docs/console.md). Preact + htm render every value as text (no
+// innerHTML anywhere), uPlot draws the charts.
+import { h, render } from "preact";
+import { useEffect, useMemo, useRef, useState } from "preact/hooks";
+import htm from "htm";
+import uPlot from "uplot";
+import "uplot/dist/uPlot.min.css";
+import "./app.css";
+import { api, ApiError, followChanges, parseMetrics, subscribe, token, view } from "./api.js";
+
+const html = htm.bind(h);
+
+const PAGES = [
+  ["overview", "Overview"],
+  ["topics", "Topics"],
+  ["tasks", "Workflows & tasks"],
+  ["sites", "Sites"],
+  ["actions", "Actions"],
+  ["consumers", "Consumers"],
+  ["training", "Training"],
+];
+
+const fmtTime = (us) => (us > 0 ? new Date(us / 1000).toLocaleTimeString() : "—");
+const fmtNum = (x, d = 0) => (x == null || Number.isNaN(x) ? "—" : Number(x).toLocaleString(undefined, { maximumFractionDigits: d }));
+
+// ---- shared state: the live change feed, a counter pages watch to reload --------------
+
+let changeListeners = new Set();
+function useChanges(filter) {
+  const [tick, setTick] = useState(0);
+  useEffect(() => {
+    let pending = null;
+    const f = (c) => {
+      if (!c.reset && filter && !filter(c)) return;
+      if (pending) return;
+      pending = setTimeout(() => {
+        pending = null;
+        setTick((t) => t + 1);
+      }, 150);  // a burst of changes: one reload
+    };
+    changeListeners.add(f);
+    return () => {
+      changeListeners.delete(f);
+      clearTimeout(pending);
+    };
+  }, []);
+  return tick;
+}
+
+function useLoad(fn, deps) {
+  const [state, setState] = useState({ data: null, error: null });
+  useEffect(() => {
+    let live = true;
+    fn().then(
+      (data) => live && setState({ data, error: null }),
+      (error) => live && setState((s) => ({ data: s.data, error })),
+    );
+    return () => (live = false);
+  }, deps);
+  return state;
+}
+
+function ErrorLine({ error }) {
+  if (!error) return null;
+  const need = error.status === 403 ? " (this page needs more than your token's scopes)" : "";
+  return html`<p class="error" role="alert">${error.message}${need}</p>`;
+}
+
+// ---- sign-in -----------------------------------------------------------------------------
+
+function SignIn({ onDone, message }) {
+  const [value, setValue] = useState("");
+  const [error, setError] = useState(message || "");
+  async function submit(e) {
+    e.preventDefault();
+    token.set(value);
+    try {
+      await view("workflows", { limit: 1 });
+      onDone();
+    } catch (err) {
+      token.clear();
+      setError(err instanceof ApiError && err.status === 401 ? `The relay refused this token: ${err.message}` : err.message);
+    }
+  }
+  return html`<main class="signin">
+    <h1>Diaspora console</h1>
+    <form onSubmit=${submit}>
+      <label for="token">Bearer token</label>
+      <textarea id="token" rows="4" autocomplete="off" spellcheck="false" value=${value}
+        onInput=${(e) => setValue(e.target.value)} placeholder="diaspora token issue --scope admin ..."></textarea>
+      <button type="submit" disabled=${!value.trim()}>Sign in</button>
+      ${error && html`<p class="error" role="alert" id="signin-error">${error}</p>`}
+      <p class="hint">Kept in this tab's session storage only. Pages show what the token's scopes allow.</p>
+    </form>
+  </main>`;
+}
+
+// ---- overview ------------------------------------------------------------------------------
+
+function Overview() {
+  const [rates, setRates] = useState(null);
+  const [err, setErr] = useState(null);
+  const last = useRef(null);
+  useEffect(() => {
+    let live = true;
+    async function poll() {
+      try {
+        const m = parseMetrics(await api("/metrics"));
+        const now = performance.now();
+        if (last.current) {
+          const dt = (now - last.current.t) / 1000;
+          const fs = m.diaspora_relay_fsync_seconds_count - (last.current.m.diaspora_relay_fsync_seconds_count || 0);
+          const fsum = m.diaspora_relay_fsync_seconds_sum - (last.current.m.diaspora_relay_fsync_seconds_sum || 0);
+          live && setRates({
+            in: (m.diaspora_relay_events_in_total - last.current.m.diaspora_relay_events_in_total) / dt,
+            out: (m.diaspora_relay_events_out_total - last.current.m.diaspora_relay_events_out_total) / dt,
+            fsync_ms: fs > 0 ? (fsum / fs) * 1000 : 0,
+            connections: m.diaspora_relay_connections,
+            websockets: m.diaspora_relay_websockets,
+            refusals: m.diaspora_relay_auth_refusals_total,
+            slow: m.diaspora_relay_slow_consumer_disconnects_total,
+          });
+        }
+        last.current = { t: now, m };
+        setErr(null);
+      } catch (e) {
+        live && setErr(e);
+      }
+    }
+    poll();
+    const id = setInterval(poll, 2000);
+    return () => {
+      live = false;
+      clearInterval(id);
+    };
+  }, []);
+  const tick = useChanges((c) => c.view === "workflows");
+  const wfs = useLoad(() => view("workflows", { limit: 100 }), [tick]);
+  const topics = useLoad(() => api("/api/v1/topics"), [tick]);
+  const disk = topics.data ? topics.data.topics.reduce((a, t) => a + t.bytes, 0) : null;
+  const alarms = [];
+  if (rates?.slow) alarms.push(`${rates.slow} slow subscribers disconnected`);
+  for (const w of wfs.data?.items || []) if ((w.states.failed || 0) > 0) alarms.push(`${w.workflow}: ${w.states.failed} failed task instances`);
+  return html`<section>
+    <h2>Overview</h2>
+    <${ErrorLine} error=${err} />
+    <div class="cards">
+      <div class="card"><span>Events in /s</span><strong data-k="in">${fmtNum(rates?.in, 1)}</strong></div>
+      <div class="card"><span>Events out /s</span><strong data-k="out">${fmtNum(rates?.out, 1)}</strong></div>
+      <div class="card"><span>fsync mean</span><strong>${rates ? fmtNum(rates.fsync_ms, 2) + " ms" : "—"}</strong></div>
+      <div class="card"><span>Connections</span><strong>${fmtNum(rates?.connections)} (${fmtNum(rates?.websockets)} WebSocket)</strong></div>
+      <div class="card"><span>Log on disk</span><strong>${disk == null ? "admin only" : fmtNum(disk / 1e6, 1) + " MB"}</strong></div>
+      <div class="card"><span>Token refusals</span><strong>${fmtNum(rates?.refusals)}</strong></div>
+    </div>
+    <h3>Alarms</h3>
+    ${alarms.length ? html`<ul class="alarms">${alarms.map((a) => html`<li>${a}</li>`)}</ul>` : html`<p>None.</p>`}
+    <h3>Workflows</h3>
+    <${ErrorLine} error=${wfs.error} />
+    <div class="scroll"><table>
+      <thead><tr><th>Workflow</th><th>Events</th><th>Pending</th><th>Running</th><th>Completed</th><th>Failed</th><th>Anomalies</th><th>Last event</th></tr></thead>
+      <tbody>${(wfs.data?.items || []).map((w) => html`<tr>
+        <td><a href="#/tasks?workflow=${encodeURIComponent(w.workflow)}">${w.workflow}</a></td><td>${fmtNum(w.events)}</td>
+        <td>${w.states.pending || 0}</td><td>${w.states.running || 0}</td><td>${w.states.completed || 0}</td>
+        <td>${w.states.failed || 0}</td><td>${w.anomalies}</td><td>${fmtTime(w.last_us)}</td></tr>`)}</tbody>
+    </table></div>
+  </section>`;
+}
+
+// ---- topics: list, browse, live tail ----------------------------------------------------
+
+function Topics() {
+  const list = useLoad(() => api("/api/v1/topics"), []);
+  const [topic, setTopic] = useState("");
+  const [from, setFrom] = useState("latest");
+  const [events, setEvents] = useState([]);
+  const [state, setState] = useState("");
+  const [filters, setFilters] = useState({ type: "", source: "", subject: "" });
+  const [detail, setDetail] = useState(null);
+  useEffect(() => {
+    if (!topic) return;
+    setEvents([]);
+    const close = subscribe(topic, from, (evs) => setEvents((old) => [...evs.reverse(), ...old].slice(0, 500)), setState);
+    return close;
+  }, [topic, from]);
+  const shown = events.filter((e) =>
+    ["type", "source", "subject"].every((k) => !filters[k] || String(e.event[k] || "").includes(filters[k])));
+  return html`<section>
+    <h2>Topics</h2>
+    <${ErrorLine} error=${list.error} />
+    <div class="scroll"><table>
+      <thead><tr><th>Topic</th><th>Offsets</th><th>Size</th><th>Segments</th><th></th></tr></thead>
+      <tbody>${(list.data?.topics || []).map((t) => html`<tr>
+        <td>${t.name}</td><td>${fmtNum(t.first_offset)} – ${fmtNum(t.next_offset)}</td><td>${fmtNum(t.bytes / 1024, 1)} KiB</td>
+        <td>${t.segments}</td>
+        <td><button onClick=${() => { setFrom("latest"); setTopic(t.name); }}>Live tail</button>
+            <button onClick=${() => { setFrom(String(Math.max(t.first_offset, t.next_offset - 100))); setTopic(t.name); }}>Last 100</button></td>
+      </tr>`)}</tbody>
+    </table></div>
+    ${topic && html`<div class="tail">
+      <h3>${topic} <small>(${from === "latest" ? "live tail" : "from offset " + from}; ${state})</small></h3>
+      <div class="filters">
+        ${["type", "source", "subject"].map((k) => html`<label>${k}
+          <input name=${"filter-" + k} value=${filters[k]} onInput=${(e) => setFilters({ ...filters, [k]: e.target.value })} /></label>`)}
+        <label>Offset <input name="offset" inputmode="numeric" onChange=${(e) => e.target.value && setFrom(e.target.value)} /></label>
+      </div>
+      <div class="scroll"><table class="events">
+        <thead><tr><th>Offset</th><th>Type</th><th>Source</th><th>Subject</th><th>Time</th></tr></thead>
+        <tbody>${shown.map((e) => html`<tr tabindex="0" class="event-row" onClick=${() => setDetail(e)}
+            onKeyDown=${(k) => k.key === "Enter" && setDetail(e)}>
+          <td>${e.offset}</td><td>${e.event.type}</td><td>${e.event.source}</td><td>${e.event.subject || ""}</td><td>${e.event.time || ""}</td></tr>`)}</tbody>
+      </table></div>
+      ${detail && html`<div class="detail"><h4>Event ${detail.offset}</h4>
+        <button onClick=${() => setDetail(null)}>Close</button><pre id="event-detail">${JSON.stringify(detail.event, null, 2)}</pre></div>`}
+    </div>`}
+  </section>`;
+}
+
+// ---- workflows and tasks: table, per-site timeline, operator actions ----------------------
+
+function query() {
+  return new URLSearchParams(location.hash.split("?")[1] || "");
+}
+
+function ActionDialog({ task, sites, onClose }) {
+  const [kind, setKind] = useState("restart");
+  const [target, setTarget] = useState("");
+  const [reason, setReason] = useState("");
+  const [result, setResult] = useState(null);
+  const ref = useRef();
+  useEffect(() => ref.current?.showModal?.(), []);
+  async function confirm(e) {
+    e.preventDefault();
+    try {
+      const body = { workflow: task.workflow, action: kind, task_id: task.task_id, reason: reason || `operator ${kind}` };
+      if (kind === "migrate") body.target_site = target;
+      const r = await api("/api/v1/actions", { method: "POST", body });
+      setResult({ ok: true, text: `Sent: ${r.action_id} on ${r.topic}` });
+    } catch (err) {
+      setResult({ ok: false, text: err.status === 403 ? `Refused by the relay (403): ${err.message}` : err.message });
+    }
+  }
+  return html`<dialog ref=${ref} class="action-dialog" onClose=${onClose}>
+    <form onSubmit=${confirm}>
+      <h3>Act on ${task.task_id}</h3>
+      <label>Action <select name="action" value=${kind} onChange=${(e) => setKind(e.target.value)}>
+        ${["restart", "migrate", "cancel", "checkpoint", "speculate"].map((k) => html`<option value=${k}>${k}</option>`)}
+      </select></label>
+      ${kind === "migrate" && html`<label>To site <select name="target" value=${target} onChange=${(e) => setTarget(e.target.value)}>
+        <option value="">choose…</option>${sites.filter((s) => s !== task.site).map((s) => html`<option value=${s}>${s}</option>`)}</select></label>`}
+      <label>Reason <input name="reason" value=${reason} onInput=${(e) => setReason(e.target.value)} /></label>
+      <p>This ${kind} goes to the engine of ${task.workflow} (${task.engine || "unknown engine"}) and is recorded with your token's name.</p>
+      <div class="buttons">
+        <button type="submit" class="danger" disabled=${kind === "migrate" && !target}>Confirm ${kind}</button>
+        <button type="button" onClick=${() => ref.current.close()}>Close</button>
+      </div>
+      ${result && html`<p class=${result.ok ? "ok" : "error"} role="status" id="action-result">${result.text}</p>`}
+    </form>
+  </dialog>`;
+}
+
+function Timeline({ tasks, actions }) {
+  const rows = useMemo(() => {
+    const by = new Map();
+    let t0 = Infinity, t1 = 0;
+    for (const t of tasks)
+      for (const a of t.attempts) {
+        if (!a.site) continue;
+        const end = a.end_us || t.last_heartbeat_us || a.start_us;
+        t0 = Math.min(t0, a.start_us);
+        t1 = Math.max(t1, end, t.anomaly_us || 0);
+        if (!by.has(a.site)) by.set(a.site, []);
+        by.get(a.site).push({ task: t, a, end });
+      }
+    for (const x of actions) t1 = Math.max(t1, x.requested_us);
+    return { by: [...by.entries()].sort(), t0, t1: Math.max(t1, t0 + 1) };
+  }, [tasks, actions]);
+  if (!rows.by.length) return html`<p>No attempts yet.</p>`;
+  const pos = (us) => `${(100 * (us - rows.t0)) / (rows.t1 - rows.t0)}%`;
+  return html`<div class="timeline" aria-label="Attempts per site over time">
+    ${rows.by.map(([site, bars]) => html`<div class="lane"><span class="lane-name">${site}</span><div class="lane-track">
+      ${bars.map(({ task, a, end }) => html`<span class=${"bar " + a.outcome} style=${{ left: pos(a.start_us), width: `max(3px, ${(100 * (end - a.start_us)) / (rows.t1 - rows.t0)}%)` }}
+        title=${`${task.task_id} attempt ${a.attempt}: ${a.outcome}${a.reason ? " — " + a.reason : ""}`}></span>`)}
+      ${tasks.filter((t) => t.anomaly_us && t.site === site).map((t) => html`<span class="mark anomaly" style=${{ left: pos(t.anomaly_us) }}
+        title=${`anomaly ${t.anomaly_score.toFixed(2)} on ${t.task_id}: ${t.anomaly_explanation}`}>◆</span>`)}
+      ${actions.filter((x) => x.site === site || x.target_site === site).map((x) => html`<span class="mark action" style=${{ left: pos(x.requested_us) }}
+        title=${`${x.action} ${x.task_id} (${x.origin}): ${x.reason}`}>▲</span>`)}
+    </div></div>`)}
+    <p class="legend"><span class="bar completed"></span> completed <span class="bar failed"></span> failed
+      <span class="bar running"></span> running <span class="bar cancelled"></span> stopped ◆ anomaly ▲ action</p>
+  </div>`;
+}
+
+function Tasks() {
+  const q = query();
+  const [workflow, setWorkflow] = useState(q.get("workflow") || "");
+  const [state, setState] = useState("");
+  const [site, setSite] = useState("");
+  const [acting, setActing] = useState(null);
+  const tick = useChanges((c) => !workflow || c.workflow === workflow);
+  const wfs = useLoad(() => view("workflows", { limit: 1000 }), [tick]);
+  const wf = workflow || wfs.data?.items?.[0]?.workflow || "";
+  const tasks = useLoad(() => (wf ? view("tasks", { workflow: wf, state, site, limit: 1000 }) : Promise.resolve(null)), [wf, state, site, tick]);
+  const sites = useLoad(() => (wf ? view("sites", { workflow: wf, limit: 1000 }) : Promise.resolve(null)), [wf, tick]);
+  const acts = useLoad(() => (wf ? view("actions", { workflow: wf, limit: 1000 }) : Promise.resolve(null)), [wf, tick]);
+  const siteNames = (sites.data?.items || []).map((s) => s.site);
+  const items = tasks.data?.items || [];
+  return html`<section>
+    <h2>Workflows and tasks</h2>
+    <div class="filters">
+      <label>Workflow <select name="workflow" value=${wf} onChange=${(e) => setWorkflow(e.target.value)}>
+        ${(wfs.data?.items || []).map((w) => html`<option value=${w.workflow}>${w.workflow}</option>`)}</select></label>
+      <label>State <select name="state" value=${state} onChange=${(e) => setState(e.target.value)}>
+        ${["", "pending", "running", "completed", "failed", "cancelled"].map((s) => html`<option value=${s}>${s || "any"}</option>`)}</select></label>
+      <label>Site <select name="site" value=${site} onChange=${(e) => setSite(e.target.value)}>
+        <option value="">any</option>${siteNames.map((s) => html`<option value=${s}>${s}</option>`)}</select></label>
+    </div>
+    <${ErrorLine} error=${tasks.error} />
+    <h3>Timeline</h3>
+    <${Timeline} tasks=${items} actions=${acts.data?.items || []} />
+    <h3>Task instances <small>(${tasks.data ? tasks.data.total : "…"})</small></h3>
+    <div class="scroll"><table class="tasks">
+      <thead><tr><th>Task</th><th>State</th><th>Attempt</th><th>Site</th><th>Progress</th><th>Anomaly</th><th>Last heartbeat</th><th></th></tr></thead>
+      <tbody>${items.map((t) => html`<tr data-task=${t.task_id}>
+        <td>${t.task_id}</td><td><span class=${"state " + t.state}>${t.state}</span></td><td>${t.attempt}</td><td>${t.site}</td>
+        <td>${Math.round(t.progress * 100)}%</td><td>${t.anomaly_score >= 0 ? t.anomaly_score.toFixed(2) : ""}</td>
+        <td>${fmtTime(t.last_heartbeat_us)}</td>
+        <td><button onClick=${() => setActing(t)} aria-label=${"Act on " + t.task_id}>Act…</button></td></tr>`)}</tbody>
+    </table></div>
+    ${acting && html`<${ActionDialog} task=${acting} sites=${siteNames} onClose=${() => setActing(null)} />`}
+  </section>`;
+}
+
+// ---- sites: health and anomaly score over time ----------------------------------------------
+
+function ScoreChart({ site }) {
+  const ref = useRef();
+  useEffect(() => {
+    const pts = site.scores;
+    const xs = pts.map((p) => p.t_us / 1e6);
+    const thr = pts.map((p) => (p.forecast_threshold >= 0 && p.forecast_threshold <= 1 ? p.forecast_threshold : null));
+    const dark = document.documentElement.dataset.theme === "dark";
+    const plot = new uPlot({
+      width: Math.min(ref.current.clientWidth || 600, 900), height: 180,
+      scales: { x: { time: true, range: (u, min, max) => (min === max ? [min - 30, max + 30] : [min, max]) }, y: { range: [0, 1] } },
+      axes: [{ stroke: dark ? "#ccc" : "#333" }, { stroke: dark ? "#ccc" : "#333" }],
+      series: [{}, { label: "anomaly score", stroke: "#d9480f", width: 2 }, { label: "forecast threshold", stroke: "#1971c2", dash: [6, 4] }],
+    }, [xs, pts.map((p) => p.score), thr], ref.current);
+    return () => plot.destroy();
+  }, [site]);
+  return html`<div class="chart" ref=${ref}></div>`;
+}
+
+function Sites() {
+  const tick = useChanges((c) => c.view === "sites");
+  const sites = useLoad(() => view("sites", { limit: 1000 }), [tick]);
+  return html`<section>
+    <h2>Sites</h2>
+    <${ErrorLine} error=${sites.error} />
+    ${(sites.data?.items || []).map((s) => html`<article class="site">
+      <h3>${s.workflow} / ${s.site} <span class=${"state " + s.state}>${s.state}</span></h3>
+      <p>Health ${fmtNum(s.health, 2)} · ${fmtNum(s.rate * 60, 1)} completions/min · failure rate ${fmtNum(s.failure_rate, 2)} ·
+        ${s.running} running, ${s.completed} completed, ${s.failed} failed · ${s.predicted} predictions</p>
+      ${s.explanation && html`<p class="explain">Last prediction: ${s.explanation}</p>`}
+      ${s.scores.length ? html`<${ScoreChart} site=${s} />` : html`<p>No predictions yet.</p>`}
+    </article>`)}
+  </section>`;
+}
+
+// ---- actions, consumers, training ---------------------------------------------------------
+
+function Actions() {
+  const tick = useChanges((c) => c.view === "actions");
+  const acts = useLoad(() => view("actions", { limit: 1000 }), [tick]);
+  const items = [...(acts.data?.items || [])].sort((a, b) => b.requested_us - a.requested_us);
+  return html`<section>
+    <h2>Actions</h2>
+    <${ErrorLine} error=${acts.error} />
+    <div class="scroll"><table class="actions">
+      <thead><tr><th>Time</th><th>Workflow</th><th>Action</th><th>Task</th><th>Site</th><th>Origin</th><th>Reason</th><th>Outcome</th></tr></thead>
+      <tbody>${items.map((a) => html`<tr data-action=${a.action_id}>
+        <td>${fmtTime(a.requested_us)}</td><td>${a.workflow}</td><td>${a.action}${a.target_site ? " → " + a.target_site : ""}</td>
+        <td>${a.task_id}</td><td>${a.site}</td><td>${a.origin}${a.policy ? " (" + a.policy + ")" : ""}</td><td>${a.reason}</td>
+        <td><span class=${"state " + a.status}>${a.status}</span> ${a.message}</td></tr>`)}</tbody>
+    </table></div>
+  </section>`;
+}
+
+function Consumers() {
+  const tick = useChanges(() => true);
+  const groups = useLoad(() => view("consumers", { limit: 1000 }), [tick]);
+  return html`<section>
+    <h2>Consumer groups</h2>
+    <${ErrorLine} error=${groups.error} />
+    <div class="scroll"><table>
+      <thead><tr><th>Group</th><th>Topic</th><th>Committed</th><th>End</th><th>Lag</th></tr></thead>
+      <tbody>${(groups.data?.items || []).map((g) => html`<tr><td>${g.group}</td><td>${g.topic}</td>
+        <td>${fmtNum(g.offset)}</td><td>${fmtNum(g.end)}</td><td>${fmtNum(g.lag)}</td></tr>`)}</tbody>
+    </table></div>
+  </section>`;
+}
+
+function Training() {
+  const tick = useChanges((c) => c.view === "tasks");
+  const tasks = useLoad(() => view("tasks", { limit: 1000 }), [tick]);
+  const jobs = (tasks.data?.items || []).filter((t) => t.name && t.step_time_s >= 0 && /rehearsal|train/.test(t.name));
+  return html`<section>
+    <h2>Training</h2>
+    <${ErrorLine} error=${tasks.error} />
+    <p>Rehearsal jobs (tasks named *rehearsal* or *train*) and their progress; per-task accuracy and the buffer come with the
+      training metrics view (not built yet).</p>
+    <div class="scroll"><table>
+      <thead><tr><th>Job</th><th>State</th><th>Site</th><th>Progress</th><th>Step time</th></tr></thead>
+      <tbody>${jobs.map((t) => html`<tr><td>${t.task_id}</td><td>${t.state}</td><td>${t.site}</td>
+        <td>${Math.round(t.progress * 100)}%</td><td>${fmtNum(t.step_time_s, 3)} s</td></tr>`)}</tbody>
+    </table></div>
+  </section>`;
+}
+
+// ---- shell ---------------------------------------------------------------------------------
+
+function App() {
+  const [signedIn, setSignedIn] = useState(!!token.get());
+  const [page, setPage] = useState(location.hash.slice(2).split("?")[0] || "overview");
+  const [live, setLive] = useState("");
+  const [theme, setTheme] = useState(localStorage.getItem("diaspora.console.theme") ||
+    (matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light"));
+  const [refusal, setRefusal] = useState("");
+  useEffect(() => {
+    document.documentElement.dataset.theme = theme;
+    localStorage.setItem("diaspora.console.theme", theme);
+  }, [theme]);
+  useEffect(() => {
+    const f = () => setPage(location.hash.slice(2).split("?")[0] || "overview");
+    addEventListener("hashchange", f);
+    return () => removeEventListener("hashchange", f);
+  }, []);
+  useEffect(() => {
+    if (!signedIn) return;
+    return followChanges((c) => changeListeners.forEach((f) => f(c)), (s) => {
+      setLive(s);
+      if (s.startsWith("refused")) {
+        token.clear();
+        setRefusal(s.slice(9));
+        setSignedIn(false);
+      }
+    });
+  }, [signedIn]);
+  if (!signedIn) return html`<${SignIn} message=${refusal} onDone=${() => setSignedIn(true)} />`;
+  const Page = { overview: Overview, topics: Topics, tasks: Tasks, sites: Sites, actions: Actions, consumers: Consumers, training: Training }[page] || Overview;
+  const who = token.claims();
+  return html`<div class="shell">
+    <header>
+      <strong class="brand">Diaspora</strong>
+      <nav aria-label="Pages">${PAGES.map(([k, label]) => html`<a href=${"#/" + k} aria-current=${page === k ? "page" : null}>${label}</a>`)}</nav>
+      <span class=${"live " + (live === "live" ? "on" : "off")} title="Live updates">${live || "connecting"}</span>
+      <span class="who">${who?.sub || ""}</span>
+      <button onClick=${() => setTheme(theme === "dark" ? "light" : "dark")} aria-label="Switch dark or light">${theme === "dark" ? "Light" : "Dark"}</button>
+      <button onClick=${() => { token.clear(); setSignedIn(false); }}>Sign out</button>
+    </header>
+    <main><${Page} key=${page} /></main>
+  </div>`;
+}
+
+const root = document.getElementById("app");
+root.textContent = "";  // the "Loading…" line of index.html
+render(html`<${App} />`, root);

@@ -1,0 +1,158 @@
+// Drives Debian's Chromium (npm playwright-core, never a downloaded browser) through one
+// scenario of the admin console and prints one JSON line with what it saw; the Python
+// test (tests/python/test_console.py) owns the relay, the data and the assertions.
+//
+//   node tests/console/drive.mjs SCENARIO '{"base": "https://127.0.0.1:PORT", "token": ..., ...}'
+//
+// Scenarios: signin (a token; returns the error shown or the page reached), tail (opens the
+// live tail of a topic, runs `publish` (a command line) and times the row's appearance),
+// detail (opens an event's detail: its text, and whether any injected markup ran), act
+// (opens a task's action dialog, confirms, returns the result line), reconnect (waits for
+// the live indicator to go off and come back while the test restarts the relay, then
+// reads the task table), shots (screenshots of every page at 1280x800 and 390x844, light
+// and dark, into `dir`). The browser trusts the test's CA through --ignore-certificate-errors
+// on 127.0.0.1 only (a test relay's development certificate).
+import { createRequire } from "node:module";
+import { spawnSync } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, dirname } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const require = createRequire(join(dirname(fileURLToPath(import.meta.url)), "..", "..", "console", "package.json"));
+const { chromium } = require("playwright-core");
+
+const [scenario, argText] = process.argv.slice(2);
+const args = JSON.parse(argText || "{}");
+const profile = mkdtempSync(join(tmpdir(), "diaspora-chromium-"));
+const watchdog = setTimeout(() => {
+  console.log(JSON.stringify({ error: "watchdog: the scenario took over 90 s" }));
+  process.exit(3);
+}, 90_000);
+
+const browser = await chromium.launchPersistentContext(profile, {
+  executablePath: process.env.DIASPORA_CHROMIUM || "/usr/bin/chromium",
+  headless: true,
+  ignoreHTTPSErrors: true,
+  viewport: { width: args.width || 1280, height: args.height || 800 },
+  args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
+         "--disable-component-update", "--disable-sync", "--disable-quic"],
+});
+const out = { requests_elsewhere: [], console_errors: [] };
+try {
+  const page = browser.pages()[0] || (await browser.newPage());
+  page.on("request", (r) => {
+    if (!r.url().startsWith(args.base) && !r.url().startsWith("data:")) out.requests_elsewhere.push(r.url());
+  });
+  page.on("console", (m) => m.type() === "error" && out.console_errors.push(m.text()));
+  page.on("pageerror", (e) => out.console_errors.push(String(e)));
+
+  async function signIn(tok = args.token) {
+    await page.goto(`${args.base}/console/`);
+    await page.fill("#token", tok);
+    await page.click("button[type=submit]");
+  }
+  const go = async (hash) => {
+    await page.evaluate((h) => (location.hash = h), hash);
+    await page.waitForTimeout(300);
+  };
+
+  if (scenario === "signin") {
+    await signIn();
+    const shown = await Promise.race([
+      page.waitForSelector("#signin-error", { timeout: 10_000 }).then(async (e) => ({ refused: await e.textContent() })),
+      page.waitForSelector("header nav", { timeout: 10_000 }).then(() => ({ page: "signed-in" })),
+    ]);
+    Object.assign(out, shown);
+  } else if (scenario === "tail") {
+    await signIn();
+    await go("#/topics");
+    await page.click(`tr:has(td:text-is("${args.topic}")) button:text("Live tail")`);
+    await page.waitForSelector(".tail small:has-text('live')");
+    const t0 = Date.now();
+    const r = spawnSync(args.publish[0], args.publish.slice(1), { encoding: "utf8" });
+    const published = Date.now();
+    out.publish_status = r.status;
+    out.publish_stderr = r.stderr;
+    await page.waitForSelector(`tr.event-row:has-text("${args.expect}")`, { timeout: 10_000 });
+    out.seen_after_publish_ms = Date.now() - published;
+    out.publish_ms = published - t0;
+  } else if (scenario === "detail") {
+    await signIn();
+    await go("#/topics");
+    await page.click(`tr:has(td:text-is("${args.topic}")) button:text("Last 100")`);
+    const row = await page.waitForSelector(`tr.event-row:has-text("${args.expect}")`);
+    await row.click();
+    out.detail = await (await page.waitForSelector("#event-detail")).textContent();
+    out.cells = await row.evaluate((r) => r.textContent);
+    out.injected_ran = await page.evaluate(() => window.__xss === 1);
+    out.img_elements = await page.evaluate(() => document.querySelectorAll("img").length);
+  } else if (scenario === "act") {
+    await signIn();
+    await go(`#/tasks?workflow=${args.workflow}`);
+    await page.click(`tr[data-task="${args.task}"] button`);
+    await page.selectOption("dialog select[name=action]", args.action || "restart");
+    if (args.target) await page.selectOption("dialog select[name=target]", args.target);
+    await page.fill("dialog input[name=reason]", "console test");
+    await page.click("dialog button[type=submit]");
+    out.result = await (await page.waitForSelector("#action-result")).textContent();
+    if (args.wait_outcome) {
+      await page.click("dialog button[type=button]");
+      await go("#/actions");
+      const cell = await page.waitForSelector(`tr:has-text("console test") .state:text-is("${args.wait_outcome}")`, { timeout: 20_000 });
+      out.outcome = await cell.textContent();
+      out.outcome_row = await page.evaluate(() => document.querySelector("table.actions tbody tr")?.textContent);
+    }
+  } else if (scenario === "timeline") {
+    await signIn();
+    await go(`#/tasks?workflow=${args.workflow}`);
+    await page.waitForSelector(".timeline .lane");
+    out.lanes = await page.$$eval(".timeline .lane-name", (e) => e.map((x) => x.textContent));
+    out.bars = await page.$$eval(".timeline .bar[title]", (e) => e.map((x) => x.getAttribute("title")));
+    out.anomalies = await page.$$eval(".timeline .mark.anomaly", (e) => e.map((x) => x.getAttribute("title")));
+    out.actions = await page.$$eval(".timeline .mark.action", (e) => e.map((x) => x.getAttribute("title")));
+  } else if (scenario === "reconnect") {
+    await signIn();
+    await go(`#/tasks?workflow=${args.workflow}`);
+    await page.waitForSelector(".live.on");
+    out.before = await page.$$eval("table.tasks tbody tr", (r) => r.map((x) => x.dataset.task));
+    console.log(JSON.stringify({ ready: true }));  // the test restarts the relay now
+    await page.waitForSelector(".live.off", { timeout: 20_000 });
+    await page.waitForSelector(".live.on", { timeout: 30_000 });
+    await page.waitForSelector(`tr[data-task="${args.expect}"]`, { timeout: 20_000 });
+    out.after = await page.$$eval("table.tasks tbody tr", (r) => r.map((x) => x.dataset.task));
+  } else if (scenario === "shots") {
+    await signIn();
+    await page.waitForSelector("header nav");
+    for (const [w, h] of [[1280, 800], [390, 844]]) {
+      await page.setViewportSize({ width: w, height: h });
+      for (const theme of ["light", "dark"]) {
+        await page.evaluate((t) => localStorage.setItem("diaspora.console.theme", t), theme);
+        await page.reload();
+        await page.waitForSelector("header nav");
+        for (const p of ["overview", "topics", "tasks", "sites", "actions", "consumers", "training"]) {
+          await go(`#/${p}${p === "tasks" && args.workflow ? "?workflow=" + args.workflow : ""}`);
+          await page.waitForTimeout(700);
+          await page.screenshot({ path: join(args.dir, `${p}-${w}-${theme}.png`), fullPage: false });
+        }
+      }
+    }
+    out.shots = true;
+    // Keyboard: every link and button is reachable with Tab.
+    const stops = [];
+    for (let i = 0; i < 20; i++) {
+      await page.keyboard.press("Tab");
+      stops.push(await page.evaluate(() => document.activeElement?.textContent?.trim() || document.activeElement?.tagName));
+    }
+    out.tab_stops = stops;
+  } else {
+    out.error = `unknown scenario ${scenario}`;
+  }
+} catch (e) {
+  out.error = String(e.stack || e);
+} finally {
+  await browser.close();
+  rmSync(profile, { recursive: true, force: true });
+  clearTimeout(watchdog);
+}
+console.log(JSON.stringify(out));

@@ -1,0 +1,212 @@
+"""The admin console in a real browser: Debian's Chromium driven by npm playwright-core
+(tests/console/drive.mjs) against a real relay serving the built console. Sign-in refused
+with a bad or an expired token; an event published after the page opened in the live tail
+within 1 s; event fields with markup rendered as text; an operator action refused (403) to
+a token without control scope and, with one, carried to a real engine (the plugin through
+the Python binding) whose acknowledgement appears; a `diaspora run` workflow with a fault
+showing its tasks, the anomaly and the migration on the timeline; the page surviving a
+relay restart; screenshots of every page at 1280x800 and 390 px, light and dark; nothing
+requested from another origin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import run_harness as rn
+from relay_harness import (BIN, Credentials, RelayProcess, event, free_port, https_get, publish_events,
+                           wait_until, write_spec)
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVE = ROOT / "tests" / "console" / "drive.mjs"
+CHROMIUM = os.environ.get("DIASPORA_CHROMIUM", "/usr/bin/chromium")
+CONSOLE = BIN.parent / "console"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: scripts/install-deps.sh installs Debian's chromium"
+    assert shutil.which("node"), "node is missing: scripts/install-deps.sh installs it"
+    assert (CONSOLE / "index.html").exists(), f"{CONSOLE} was not built (console/node_modules: scripts/install-deps.sh)"
+    tmp = tmp_path_factory.mktemp("console")
+    creds = Credentials(tmp / "creds")
+    relay = RelayProcess(creds, tmp / "data", port=free_port(), config={"console_dir": str(CONSOLE)}).start()
+    yield creds, relay, tmp
+    relay.stop()
+
+
+def drive(scenario: str, relay, token: str, on_line=None, **args) -> dict:
+    """Runs one drive.mjs scenario; its last JSON line. on_line(dict) sees the others."""
+    p = subprocess.Popen(["node", str(DRIVE), scenario, json.dumps({"base": f"https://127.0.0.1:{relay.port}",
+                                                                    "token": token, **args})],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    last = None
+    for line in p.stdout:
+        if not line.startswith("{"):
+            continue
+        msg = json.loads(line)
+        if on_line and "ready" in msg:
+            on_line(msg)
+        last = msg
+    p.wait(timeout=120)
+    assert last is not None, p.stderr.read()
+    assert "error" not in last, last["error"]
+    assert last["requests_elsewhere"] == [], last["requests_elsewhere"]  # nothing leaves the relay's origin
+    return last
+
+
+def task_events(wf: str, engine: str = "edge") -> list[dict]:
+    src = f"/diaspora/{wf}/{engine}"
+    evs = [
+        event("s0", source=src, type_="org.diaspora.task.submitted", data={"task_id": "r.0", "name": "r"}),
+        event("s1", source=src, type_="org.diaspora.task.started", data={"task_id": "r.0", "site": "a", "attempt": 1}),
+    ]
+    return evs
+
+
+def test_sign_in_is_refused_with_a_bad_or_expired_token(env):
+    creds, relay, _ = env
+    bad = drive("signin", relay, "not.a.token")
+    assert "refused this token" in bad["refused"], bad
+    expired = drive("signin", relay, creds.forge({"sub": "x", "scope": ["admin"], "exp": int(time.time()) - 3600}))
+    assert "refused this token" in expired["refused"] and "expired" in expired["refused"], expired
+    good = drive("signin", relay, creds.token("admin"))
+    assert good.get("page") == "signed-in" and good["console_errors"] == [], good
+
+
+def test_an_event_published_after_the_page_opened_is_in_the_live_tail_within_1s(env):
+    creds, relay, _ = env
+    pub = creds.token("publish:*", "subscribe:*")
+    publish_events(relay, pub, "tail.events", [event("first", type_="org.example.first")])
+    marker = f"org.example.late{int(time.time())}"
+    cmd = [sys.executable, str(ROOT / "tests" / "console" / "publish.py"), relay.url, str(creds.ca), pub, "tail.events",
+           json.dumps([event("late", type_=marker)])]
+    r = drive("tail", relay, creds.token("admin"), topic="tail.events", publish=cmd, expect=marker)
+    assert r["publish_status"] == 0, r["publish_stderr"]
+    assert r["seen_after_publish_ms"] < 1000, r
+
+
+def test_event_fields_with_markup_render_as_text(env):
+    creds, relay, _ = env
+    pub = creds.token("publish:*", "subscribe:*")
+    nasty = '<script>window.__xss=1</script><img src=x onerror="window.__xss=1">'
+    publish_events(relay, pub, "xss.events", [event("x1", source="/evil" + nasty.replace(" ", ""), type_="org.example.markup",
+                                                    data={"note": nasty})])
+    r = drive("detail", relay, creds.token("admin"), topic="xss.events", expect="org.example.markup")
+    assert json.loads(r["detail"])["data"]["note"] == nasty and "<script>" in r["cells"], r  # shown as text
+    assert r["injected_ran"] is False and r["img_elements"] == 0, r
+
+
+class Engine:
+    """A real engine: the plugin (through the Python binding) reporting a running task and
+    acknowledging the actions it receives, as an executor would."""
+
+    def __init__(self, spec: Path):
+        sys.path.insert(0, str(ROOT / "engine-adapters" / "python"))
+        from diaspora import Plugin
+        self.plugin = Plugin.open(spec)
+        self.plugin.submitted("r.0", name="r")
+        self.plugin.started("r.0", site="a", worker="a/w0", attempt=1)
+        self.received = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self):
+        while not self.stop.is_set():
+            a = self.plugin.poll_action()
+            if a is None:
+                time.sleep(0.05)
+                continue
+            self.received.append(a)
+            a.done(f"restarted {a.task_id} (console test)")
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        self.plugin.close()
+
+
+def test_operator_actions_need_control_scope_and_reach_the_engine(env):
+    creds, relay, tmp = env
+    tok = tmp / "engine-token"
+    tok.write_text(creds.token("publish:ops.*", "subscribe:ops.*") + "\n")
+    spec = write_spec(tmp, creds, tok, relay.port, name="ops", engine_id="edge")
+    engine = Engine(spec)
+    try:
+        admin = creds.token("admin")
+        wait_until(lambda: json.loads(https_get(relay, "/api/v1/views/tasks?workflow=ops", admin))["total"] >= 1, 20,
+                   "the engine's task in the views")
+        refused = drive("act", relay, creds.token("subscribe:*", subject="viewer"), workflow="ops", task="r.0")
+        assert "403" in refused["result"] and "control:ops" in refused["result"], refused
+        assert engine.received == []
+        done = drive("act", relay, creds.token("subscribe:*", "control:ops", subject="operator"), workflow="ops",
+                     task="r.0", wait_outcome="done")
+        assert done["result"].startswith("Sent: op-"), done
+        assert done["outcome"] == "done" and "restarted r.0 (console test)" in done["outcome_row"], done
+        assert [a.kind for a in engine.received] == ["restart"]
+    finally:
+        engine.close()
+
+
+def test_a_run_with_a_fault_shows_its_tasks_anomaly_and_migration_on_the_timeline(env):
+    creds, relay, tmp = env
+    tok = tmp / "run-token"
+    tok.write_text(creds.token("publish:mig.*", "subscribe:mig.*") + "\n")
+    spec = rn.write_spec(tmp, f"""version: 1
+name: mig
+relay: {{url: "wss://127.0.0.1:{relay.port}", ca_file: "{creds.ca}", token_file: "{tok}"}}
+sites:
+  - {{name: a, engine: local, workers: 1}}
+  - {{name: b, engine: local, workers: 1}}
+tasks:
+  - {{name: burn, kind: cpu-burn, args: {{seconds: 10, step: 0.25}}, count: 1, preferred_sites: [a]}}
+{rn.MOVE_OFF}
+faults:
+  - {{at: 4s, kind: slow-site, site: a, factor: 8, for: 30s}}
+""", name="mig.yaml")
+    p = rn.run(spec, tmp / "mig-out", timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = drive("timeline", relay, creds.token("admin"), workflow="mig")
+    assert r["lanes"] == ["a", "b"], r
+    assert any("burn.0 attempt 1: cancelled" in b or "burn.0 attempt 1: failed" in b for b in r["bars"]), r["bars"]
+    assert any("burn.0 attempt 2: completed" in b for b in r["bars"]), r["bars"]
+    assert r["anomalies"], r  # the step-time prediction that moved it
+    assert any(t.startswith("migrate burn.0 (policy)") for t in r["actions"]), r["actions"]
+
+
+def test_the_page_survives_a_relay_restart(env):
+    creds, relay, tmp = env
+    pub = creds.token("publish:*", "subscribe:*")
+    publish_events(relay, pub, "rs.events", task_events("rs"))
+
+    def restart(_):
+        relay.stop()
+        time.sleep(1.0)
+        relay.start()
+        publish_events(relay, pub, "rs.events", [event("s9", source="/diaspora/rs/edge", type_="org.diaspora.task.submitted",
+                                                       data={"task_id": "r.9", "name": "r"})])
+
+    r = drive("reconnect", relay, creds.token("admin"), on_line=restart, workflow="rs", expect="r.9")
+    assert r["before"] == ["r.0"] and r["after"] == ["r.0", "r.9"], r
+
+
+def test_screenshots_of_every_page_at_both_sizes_and_keyboard_reach(env):
+    creds, relay, tmp = env
+    shots = Path(os.environ.get("DIASPORA_CONSOLE_SHOTS", tmp / "shots"))
+    shots.mkdir(parents=True, exist_ok=True)
+    r = drive("shots", relay, creds.token("admin", subject="operator"), dir=str(shots), workflow="mig")
+    names = sorted(p.name for p in shots.glob("*.png"))
+    assert len(names) == 7 * 2 * 2, names
+    assert all((shots / n).stat().st_size > 5000 for n in names)
+    assert r["console_errors"] == [], r["console_errors"]
+    assert {"Overview", "Topics", "Workflows & tasks", "Sites", "Actions"} <= set(r["tab_stops"]), r["tab_stops"]
