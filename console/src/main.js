@@ -400,20 +400,40 @@ function Consumers() {
   </section>`;
 }
 
+function SeriesChart({ task }) {
+  const ref = useRef();
+  useEffect(() => {
+    const pts = task.series;
+    const names = [...new Set(pts.flatMap((p) => Object.keys(p.values)))].sort();
+    const colors = ["#d9480f", "#1971c2", "#2b8a3e", "#9c36b5", "#e67700", "#0b7285"];
+    const dark = document.documentElement.dataset.theme === "dark";
+    const plot = new uPlot({
+      width: Math.min(ref.current.clientWidth || 600, 900), height: 200,
+      scales: { x: { time: false } },
+      axes: [{ stroke: dark ? "#ccc" : "#333", label: "step" }, { stroke: dark ? "#ccc" : "#333" }],
+      series: [{ label: "step" }, ...names.map((n, i) => ({ label: n, stroke: colors[i % colors.length], width: 2 }))],
+    }, [pts.map((p, i) => (p.step >= 0 ? p.step : i)), ...names.map((n) => pts.map((p) => p.values[n] ?? null))], ref.current);
+    return () => plot.destroy();
+  }, [task]);
+  return html`<div class="chart" ref=${ref}></div>`;
+}
+
 function Training() {
   const tick = useChanges((c) => c.view === "tasks");
   const tasks = useLoad(() => view("tasks", { limit: 1000 }), [tick]);
-  const jobs = (tasks.data?.items || []).filter((t) => t.name && t.step_time_s >= 0 && /rehearsal|train/.test(t.name));
+  const jobs = (tasks.data?.items || []).filter((t) => t.series.length > 0);
   return html`<section>
     <h2>Training</h2>
     <${ErrorLine} error=${tasks.error} />
-    <p>Rehearsal jobs (tasks named *rehearsal* or *train*) and their progress; per-task accuracy and the buffer come with the
-      training metrics view (not built yet).</p>
-    <div class="scroll"><table>
-      <thead><tr><th>Job</th><th>State</th><th>Site</th><th>Progress</th><th>Step time</th></tr></thead>
-      <tbody>${jobs.map((t) => html`<tr><td>${t.task_id}</td><td>${t.state}</td><td>${t.site}</td>
-        <td>${Math.round(t.progress * 100)}%</td><td>${fmtNum(t.step_time_s, 3)} s</td></tr>`)}</tbody>
-    </table></div>
+    <p>Tasks that report metrics of their own with their progress (a rehearsal job: its loss, buffer fill, samples per
+      second, waiting time), their last values and their course over the last 64 reports.</p>
+    ${jobs.length === 0 && html`<p>No such task yet.</p>`}
+    ${jobs.map((t) => html`<article class="site">
+      <h3>${t.workflow} / ${t.task_id} <span class=${"state " + t.state}>${t.state}</span></h3>
+      <p>${t.site} · ${Math.round(t.progress * 100)}% · ${Object.entries(t.metrics).filter(([k]) => k !== "step_time_s")
+        .map(([k, v]) => `${k} ${fmtNum(v, 4)}`).join(" · ")}</p>
+      <${SeriesChart} task=${t} />
+    </article>`)}
   </section>`;
 }
 

@@ -31,6 +31,15 @@ struct Attempt {
 };
 BOOST_DESCRIBE_STRUCT(Attempt, (), (attempt, site, worker, outcome, reason, start_us, end_us))
 
+// One progress report of a task that reports metrics of its own (a training job's loss,
+// buffer fill, ...): the Training page's series.
+struct MetricPoint {
+  std::int64_t t_us = 0, step = -1;
+  double progress = 0;
+  std::map<std::string, double> values;
+};
+BOOST_DESCRIBE_STRUCT(MetricPoint, (), (t_us, step, progress, values))
+
 struct Task {
   std::string workflow, task_id, name, state = "pending", site, worker, reason;
   std::string engine;  ///< the engine id of its events' source /diaspora/<workflow>/<engine>
@@ -42,11 +51,13 @@ struct Task {
   std::string anomaly_explanation;
   std::vector<Attempt> attempts;  ///< the last 16
   std::int64_t beat_applied_us = 0;  ///< the last heartbeat read in full (see fast_heartbeat)
+  std::map<std::string, double> metrics;  ///< the last value of each metric it reported (32 names at most)
+  std::vector<MetricPoint> series;        ///< its last 64 progress reports with metrics other than step_time_s
 };
 BOOST_DESCRIBE_STRUCT(Task, (),
                       (workflow, task_id, name, state, site, worker, reason, engine, attempt, submitted_us, started_us, ended_us,
                        last_heartbeat_us, updated_us, progress, step_time_s, anomaly_score, anomaly_us,
-                       anomaly_explanation, attempts, beat_applied_us))
+                       anomaly_explanation, attempts, beat_applied_us, metrics, series))
 
 struct ScorePoint {
   std::int64_t t_us = 0;
@@ -229,8 +240,23 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
       k.last_heartbeat_us = t;
       if (ev_kind == "heartbeat") k.beat_applied_us = t;
       if (ev_kind == "progress") k.progress = std::clamp(num(d, "progress", k.progress), 0.0, 1.0);
-      if (const json::value* m = d.if_contains("metrics"); m && m->is_object())
+      if (const json::value* m = d.if_contains("metrics"); m && m->is_object()) {
         k.step_time_s = num(m->get_object(), "step_time_s", k.step_time_s);
+        view::MetricPoint p;
+        for (const auto& [name, v] : m->get_object()) {
+          if (!v.is_number()) continue;
+          const std::string n(name);
+          if (k.metrics.size() < 32 || k.metrics.count(n)) k.metrics[n] = v.to_number<double>();
+          if (n != "step_time_s") p.values[n] = v.to_number<double>();
+        }
+        if (ev_kind == "progress" && !p.values.empty()) {
+          p.t_us = t;
+          p.step = static_cast<std::int64_t>(num(d, "step", -1));
+          p.progress = k.progress;
+          k.series.push_back(std::move(p));
+          if (k.series.size() > 64) k.series.erase(k.series.begin());
+        }
+      }
     } else if (ev_kind == "completed" || ev_kind == "failed" || ev_kind == "cancelled") {
       k.state = ev_kind;
       k.ended_us = t;

@@ -29,7 +29,7 @@ from relay_harness import (BIN, Credentials, RelayProcess, event, free_port, htt
 ROOT = Path(__file__).resolve().parents[2]
 DRIVE = ROOT / "tests" / "console" / "drive.mjs"
 CHROMIUM = os.environ.get("DIASPORA_CHROMIUM", "/usr/bin/chromium")
-CONSOLE = BIN.parent / "console"
+CONSOLE = BIN.parent / "console" / "dist"
 
 
 @pytest.fixture(scope="module")

@@ -323,3 +323,26 @@ TEST(Views, HeartbeatsWithin250msOfTheLastReadInFullOnlyMoveTheTime) {
   EXPECT_EQ(x.at("step_time_s").as_double(), 42.0);  // 300 ms later: read in full
   EXPECT_GT(x.at("last_heartbeat_us").as_int64(), x.at("started_us").as_int64() + 250'000);
 }
+
+TEST(Views, ProgressMetricsOfATrainingJobMakeItsSeries) {
+  Fixture f;
+  std::vector<std::string> evs = {f.ev("task.submitted", {{"task_id", "job"}, {"name", "rehearsal"}})};
+  for (int i = 0; i < 70; ++i)
+    evs.push_back(f.ev("task.progress", {{"task_id", "job"}, {"progress", i / 70.0}, {"step", i},
+                                         {"metrics", {{"loss", 1.0 / (i + 1)}, {"buffer_fill", 10.0 * i}, {"step_time_s", 0.1}}}}));
+  evs.push_back(f.ev("task.progress", {{"task_id", "plain"}, {"progress", 0.5}, {"metrics", {{"step_time_s", 0.2}}}}));
+  f.publish("w.events", evs);
+  Views v(*f.store, f.options());
+  v.catch_up();
+  auto items = q(v, "tasks")["items"].as_array();
+  const auto& job = items[0].as_object();
+  ASSERT_EQ(job.at("task_id").as_string(), "job");
+  const auto& series = job.at("series").as_array();
+  ASSERT_EQ(series.size(), 64u);  // the last 64 of 70
+  EXPECT_EQ(series.front().at("step").as_int64(), 6);
+  EXPECT_EQ(series.back().at("values").at("buffer_fill").as_double(), 690.0);
+  EXPECT_FALSE(series.back().at("values").as_object().contains("step_time_s"));
+  EXPECT_DOUBLE_EQ(job.at("metrics").at("loss").as_double(), 1.0 / 70);
+  EXPECT_EQ(items[1].at("series").as_array().size(), 0u);  // step time only: no series
+  EXPECT_EQ(items[1].at("step_time_s").as_double(), 0.2);
+}
