@@ -93,14 +93,13 @@ HttpReply handle_views(const std::string& view, const Target& target, const std:
   auto verified = verify_bearer(bearer, ctx, "a bearer token is required (any token; it sees the workflows it may subscribe to)");
   if (auto* refusal = std::get_if<HttpReply>(&verified)) return *refusal;
   const TokenClaims& claims = std::get<TokenClaims>(verified);
-  auto error = json_error;
-  if (!ctx.views) return error(404, "views_off", "this relay runs without views (views: false in its configuration)");
+  if (!ctx.views) return json_error(404, "views_off", "this relay runs without views (views: false in its configuration)");
   auto may_read = [&](const std::string& wf) { return scopes_allow(claims.scopes, "subscribe", wf + ".events"); };
   try {
     return json_reply(200, ctx.views->query(view, target.query, may_read));
   } catch (const ViewQueryError& e) {
     const bool unknown_view = std::string_view(e.what()).starts_with("no view '");
-    return error(unknown_view ? 404 : 400, unknown_view ? "not_found" : "bad_request", e.what());
+    return json_error(unknown_view ? 404 : 400, unknown_view ? "not_found" : "bad_request", e.what());
   }
 }
 
@@ -157,45 +156,44 @@ std::variant<HttpReply, OperatorAction> prepare_operator_action(std::string_view
   auto verified = verify_bearer(bearer, ctx, "a bearer token with the admin or control:<workflow> scope is required");
   if (auto* refusal = std::get_if<HttpReply>(&verified)) return *refusal;
   const TokenClaims& claims = std::get<TokenClaims>(verified);
-  auto fail = json_error;
   boost::system::error_code ec;
   json::value v = json::parse(body, ec);
-  if (ec || !v.is_object()) return fail(400, "bad_request", "the body must be a JSON object (" + (ec ? ec.message() : std::string("not an object")) + ")");
+  if (ec || !v.is_object()) return json_error(400, "bad_request", "the body must be a JSON object (" + (ec ? ec.message() : std::string("not an object")) + ")");
   const json::object& o = v.get_object();
   static const std::vector<std::string> keys = {"workflow", "action", "task_id", "site", "target_site", "reason", "engine"};
   for (const auto& [k, _] : o)
     if (std::find(keys.begin(), keys.end(), std::string(k)) == keys.end())
-      return fail(400, "bad_request", "unknown field '" + std::string(k) + "' (fields: workflow, action, task_id, site, target_site, reason, engine)");
+      return json_error(400, "bad_request", "unknown field '" + std::string(k) + "' (fields: workflow, action, task_id, site, target_site, reason, engine)");
   std::map<std::string, std::string> f;
   for (const auto& k : keys) {
     const json::value* x = o.if_contains(k);
     if (!x) continue;
     if (!x->is_string() || x->get_string().empty() || x->get_string().size() > (k == "reason" ? 500u : 200u))
-      return fail(400, "bad_request", "'" + k + "' must be a string of 1 to " + (k == "reason" ? "500" : "200") + " characters");
+      return json_error(400, "bad_request", "'" + k + "' must be a string of 1 to " + (k == "reason" ? "500" : "200") + " characters");
     f[k] = std::string(x->get_string());
   }
   for (const char* k : {"workflow", "action", "reason"})
-    if (!f.count(k)) return fail(400, "bad_request", std::string("'") + k + "' is required");
+    if (!f.count(k)) return json_error(400, "bad_request", std::string("'") + k + "' is required");
   const std::string& wf = f["workflow"];
-  if (!valid_topic_name(wf + ".events")) return fail(400, "bad_request", "'workflow' must be a topic prefix ([A-Za-z0-9._-])");
+  if (!valid_topic_name(wf + ".events")) return json_error(400, "bad_request", "'workflow' must be a topic prefix ([A-Za-z0-9._-])");
   static const std::vector<std::string> actions = {"restart", "migrate", "speculate", "checkpoint", "throttle", "cancel", "alert"};
   if (std::find(actions.begin(), actions.end(), f["action"]) == actions.end())
-    return fail(400, "bad_request", "'action' must be one of restart, migrate, speculate, checkpoint, throttle, cancel, alert");
-  if (f["action"] == "migrate" && !f.count("target_site")) return fail(400, "bad_request", "a migrate needs 'target_site'");
+    return json_error(400, "bad_request", "'action' must be one of restart, migrate, speculate, checkpoint, throttle, cancel, alert");
+  if (f["action"] == "migrate" && !f.count("target_site")) return json_error(400, "bad_request", "a migrate needs 'target_site'");
   bool allowed = false;
   for (const auto& s : claims.scopes)
     allowed |= s == "admin" || (s.starts_with("control:") && topic_matches(std::string_view(s).substr(8), wf));
   if (!allowed) {
     ctx.metrics.refused_auth++;
-    return fail(403, "forbidden", "token of '" + claims.subject + "' may not act on workflow '" + wf +
+    return json_error(403, "forbidden", "token of '" + claims.subject + "' may not act on workflow '" + wf +
                                       "' (it needs the admin or control:" + wf + " scope)");
   }
   std::string engine = f.count("engine") ? f["engine"] : std::string();
   if (engine.empty() && f.count("task_id") && ctx.views) engine = ctx.views->engine_of(wf, f["task_id"]);
   if (engine.empty())
-    return fail(404, "not_found", f.count("task_id") ? "no engine is known for task '" + f["task_id"] + "' of '" + wf + "' (name it: 'engine')"
+    return json_error(404, "not_found", f.count("task_id") ? "no engine is known for task '" + f["task_id"] + "' of '" + wf + "' (name it: 'engine')"
                                                      : std::string("name the engine ('engine') the action is for"));
-  if (!valid_topic_name(wf + ".control." + engine)) return fail(400, "bad_request", "'engine' must be an engine id ([A-Za-z0-9._-])");
+  if (!valid_topic_name(wf + ".control." + engine)) return json_error(400, "bad_request", "'engine' must be an engine id ([A-Za-z0-9._-])");
   std::string who = claims.subject;
   for (char& c : who)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '_';

@@ -176,8 +176,7 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
     w.first_us = t;
   }
   w.last_us = std::max(w.last_us, t);
-  ++w.events;
-  st.changed("workflows", wf, wf);
+  ++w.events;  // the workflow's change is recorded once per batch read (read_topic)
 
   auto site_of = [&](const std::string& name) -> view::Site& {
     view::Site& s = st.sites[key(wf, name)];
@@ -594,6 +593,7 @@ std::size_t Views::read_topic(const std::string& topic, std::size_t max_records)
     }
   });
   if (n == 0) return 0;
+  if (w) st_->changed("workflows", wf, wf);  // its counters moved: one change for the batch
   st_->offsets[topic] = next;
   evict(*st_, opt_.max_instances);
   evict_actions(*st_, opt_.max_actions);
