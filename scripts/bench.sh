@@ -16,6 +16,9 @@ echo
 echo "== relay views: cost at the full publish rate (on vs off), build rate and query latency (bench/relay/views.sh)"
 bash bench/relay/views.sh "$BUILD_DIR"
 echo
+echo "== admin console: first load, raw and compressed (bench/console/size.sh)"
+bash bench/console/size.sh "$BUILD_DIR"
+echo
 echo "== engine plugin: hook cost and end to end (bench/plugin)"
 "$BUILD_DIR/bin/bench_plugin" --benchmark_min_time=0.5
 echo

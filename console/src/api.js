@@ -113,8 +113,8 @@ export function followChanges(onChange, onState) {
 }
 
 /**
- * A diaspora.v1 session subscribed to `topic` from `from` ("latest", "earliest" or an
- * offset): onEvents([{offset, event}]) for each delivery, onState(text) as it goes.
+ * A diaspora.v1 session subscribed to `topic` from `from` ("latest", "earliest", an
+ * offset or {time: RFC 3339}): onEvents([{offset, event}]) for each delivery, onState(text) as it goes.
  * Reconnects after a second, from the offset after the last one seen. Returns close().
  */
 export function subscribe(topic, from, onEvents, onState) {
@@ -125,7 +125,7 @@ export function subscribe(topic, from, onEvents, onState) {
     ws.onmessage = (m) => {
       const msg = JSON.parse(m.data);
       if (msg.op === "welcome") {
-        const at = /^\d+$/.test(String(next)) ? Number(next) : String(next);  // an offset is a JSON integer
+        const at = typeof next === "object" ? next : /^\d+$/.test(String(next)) ? Number(next) : String(next);  // an offset is a JSON integer
         ws.send(JSON.stringify({ op: "subscribe", id: "s", topic, from: at }));
         onState("live");
       } else if (msg.op === "events") {

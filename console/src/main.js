@@ -169,6 +169,13 @@ function Overview() {
 
 // ---- topics: list, browse, live tail ----------------------------------------------------
 
+function retention(t) {
+  const parts = [];
+  if (t.retention_age_s > 0) parts.push(t.retention_age_s % 86400 === 0 ? `${t.retention_age_s / 86400} d` : `${fmtNum(t.retention_age_s / 3600, 1)} h`);
+  if (t.retention_bytes > 0) parts.push(`${fmtNum(t.retention_bytes / 2 ** 20, 0)} MiB`);
+  return parts.length ? parts.join(" or ") : "unlimited";
+}
+
 function Topics() {
   const list = useLoad(() => api("/api/v1/topics"), []);
   const [topic, setTopic] = useState("");
@@ -189,20 +196,22 @@ function Topics() {
     <h2>Topics</h2>
     <${ErrorLine} error=${list.error} />
     <div class="scroll"><table>
-      <thead><tr><th>Topic</th><th>Offsets</th><th>Size</th><th>Segments</th><th></th></tr></thead>
+      <thead><tr><th>Topic</th><th>Offsets</th><th>Size</th><th>Segments</th><th>Retention</th><th></th></tr></thead>
       <tbody>${(list.data?.topics || []).map((t) => html`<tr>
         <td>${t.name}</td><td>${fmtNum(t.first_offset)} – ${fmtNum(t.next_offset)}</td><td>${fmtNum(t.bytes / 1024, 1)} KiB</td>
-        <td>${t.segments}</td>
+        <td>${t.segments}</td><td>${retention(t)}</td>
         <td><button onClick=${() => { setFrom("latest"); setTopic(t.name); }}>Live tail</button>
             <button onClick=${() => { setFrom(String(Math.max(t.first_offset, t.next_offset - 100))); setTopic(t.name); }}>Last 100</button></td>
       </tr>`)}</tbody>
     </table></div>
     ${topic && html`<div class="tail">
-      <h3>${topic} <small>(${from === "latest" ? "live tail" : "from offset " + from}; ${state})</small></h3>
+      <h3>${topic} <small>(${from === "latest" ? "live tail" : from.time ? "from " + new Date(from.time).toLocaleString() : "from offset " + from}; ${state})</small></h3>
       <div class="filters">
         ${["type", "source", "subject"].map((k) => html`<label>${k}
           <input name=${"filter-" + k} value=${filters[k]} onInput=${(e) => setFilters({ ...filters, [k]: e.target.value })} /></label>`)}
         <label>Offset <input name="offset" inputmode="numeric" onChange=${(e) => e.target.value && setFrom(e.target.value)} /></label>
+        <label>From time <input name="from-time" type="datetime-local" step="1"
+          onChange=${(e) => e.target.value && setFrom({ time: new Date(e.target.value).toISOString() })} /></label>
       </div>
       <div class="scroll"><table class="events">
         <thead><tr><th>Offset</th><th>Type</th><th>Source</th><th>Subject</th><th>Time</th></tr></thead>
@@ -222,6 +231,16 @@ function query() {
   return new URLSearchParams(location.hash.split("?")[1] || "");
 }
 
+// Sends an operator's action; what the dialog shows: the action id, or the relay's refusal.
+async function sendAction(body) {
+  try {
+    const r = await api("/api/v1/actions", { method: "POST", body });
+    return { ok: true, text: `Sent: ${r.action_id} on ${r.topic}` };
+  } catch (err) {
+    return { ok: false, text: err.status === 403 ? `Refused by the relay (403): ${err.message}` : err.message };
+  }
+}
+
 function ActionDialog({ task, sites, onClose }) {
   const [kind, setKind] = useState("restart");
   const [target, setTarget] = useState("");
@@ -231,14 +250,9 @@ function ActionDialog({ task, sites, onClose }) {
   useEffect(() => ref.current?.showModal?.(), []);
   async function confirm(e) {
     e.preventDefault();
-    try {
-      const body = { workflow: task.workflow, action: kind, task_id: task.task_id, reason: reason || `operator ${kind}` };
-      if (kind === "migrate") body.target_site = target;
-      const r = await api("/api/v1/actions", { method: "POST", body });
-      setResult({ ok: true, text: `Sent: ${r.action_id} on ${r.topic}` });
-    } catch (err) {
-      setResult({ ok: false, text: err.status === 403 ? `Refused by the relay (403): ${err.message}` : err.message });
-    }
+    const body = { workflow: task.workflow, action: kind, task_id: task.task_id, reason: reason || `operator ${kind}` };
+    if (kind === "migrate") body.target_site = target;
+    setResult(await sendAction(body));
   }
   return html`<dialog ref=${ref} class="action-dialog" onClose=${onClose}>
     <form onSubmit=${confirm}>
@@ -333,37 +347,95 @@ function Tasks() {
 
 // ---- sites: health and anomaly score over time ----------------------------------------------
 
+// [lo, hi] around the values, never empty (uPlot spreads a single point over years).
+function span(xs, pad) {
+  const lo = Math.min(...xs), hi = Math.max(...xs);
+  return hi - lo < pad ? [lo - pad, hi + pad] : [lo, hi];
+}
+
+// Health (line, over time), each prediction's anomaly score (points), the deciding policy's
+// threshold on the score's scale (dashed steps) and forecast crossings (points at t + eta).
 function ScoreChart({ site }) {
   const ref = useRef();
   useEffect(() => {
-    const pts = site.scores;
-    const xs = pts.map((p) => p.t_us / 1e6);
-    const thr = pts.map((p) => (p.forecast_threshold >= 0 && p.forecast_threshold <= 1 ? p.forecast_threshold : null));
+    const rows = [];
+    for (const p of site.history) rows.push({ t: p.t_us / 1e6, health: p.health });
+    const last = site.history[site.history.length - 1];
+    if (last && site.updated_us > last.t_us) rows.push({ t: site.updated_us / 1e6, health: site.health });  // to its last event
+    for (const p of site.scores) {
+      rows.push({ t: p.t_us / 1e6, score: p.score, thr: p.threshold >= 0 ? p.threshold : null });
+      if (p.forecast_eta_s >= 0) rows.push({ t: p.t_us / 1e6 + p.forecast_eta_s, forecast: 1 });
+    }
+    rows.sort((a, b) => a.t - b.t);
+    const col = (k) => rows.map((r) => (r[k] === undefined ? null : r[k]));
     const dark = document.documentElement.dataset.theme === "dark";
+    const axis = { stroke: dark ? "#ccc" : "#333", grid: { stroke: dark ? "#333" : "#eee" } };
     const plot = new uPlot({
-      width: Math.min(ref.current.clientWidth || 600, 900), height: 180,
-      scales: { x: { time: true, range: (u, min, max) => (min === max ? [min - 30, max + 30] : [min, max]) }, y: { range: [0, 1] } },
-      axes: [{ stroke: dark ? "#ccc" : "#333" }, { stroke: dark ? "#ccc" : "#333" }],
-      series: [{}, { label: "anomaly score", stroke: "#d9480f", width: 2 }, { label: "forecast threshold", stroke: "#1971c2", dash: [6, 4] }],
-    }, [xs, pts.map((p) => p.score), thr], ref.current);
+      width: Math.min(ref.current.clientWidth || 600, 900), height: 200,
+      scales: { x: { time: true, range: span(rows.map((r) => r.t), 30) }, y: { range: [0, 1.02] } },
+      axes: [axis, axis],
+      series: [{},
+        { label: "health", stroke: "#2b8a3e", width: 2, spanGaps: true },
+        { label: "anomaly score", stroke: "#d9480f", width: 0, points: { show: true, size: 7, fill: "#d9480f" } },
+        { label: "policy threshold", stroke: "#868e96", dash: [6, 4], width: 1.5, spanGaps: true, paths: uPlot.paths.stepped({ align: 1 }) },
+        { label: "forecast crossing", stroke: "#1971c2", width: 0, points: { show: true, size: 9, fill: "#1971c2" } }],
+    }, [col("t"), col("health"), col("score"), col("thr"), col("forecast")], ref.current);
     return () => plot.destroy();
   }, [site]);
   return html`<div class="chart" ref=${ref}></div>`;
 }
 
+function SiteDialog({ site, drain, onClose }) {
+  const [reason, setReason] = useState("");
+  const [result, setResult] = useState(null);
+  const ref = useRef();
+  const kind = drain ? "drain" : "undrain";
+  useEffect(() => ref.current?.showModal?.(), []);
+  async function confirm(e) {
+    e.preventDefault();
+    const body = { workflow: site.workflow, action: kind, site: site.site, reason: reason || `operator ${kind}` };
+    if (site.engine) body.engine = site.engine;
+    setResult(await sendAction(body));
+  }
+  return html`<dialog ref=${ref} class="action-dialog" onClose=${onClose}>
+    <form onSubmit=${confirm}>
+      <h3>${drain ? "Drain" : "Undrain"} ${site.site}</h3>
+      <p>${drain ? "Nothing new will start on this site; attempts running there finish." : "The site takes new work again."}
+        The action goes to the engine of ${site.workflow} (${site.engine || "unknown engine"}) and is recorded with your token's name.</p>
+      <label>Reason <input name="reason" value=${reason} onInput=${(e) => setReason(e.target.value)} /></label>
+      <div class="buttons">
+        <button type="submit" class="danger">Confirm ${kind}</button>
+        <button type="button" onClick=${() => ref.current.close()}>Close</button>
+      </div>
+      ${result && html`<p class=${result.ok ? "ok" : "error"} role="status" id="action-result">${result.text}</p>`}
+    </form>
+  </dialog>`;
+}
+
 function Sites() {
   const tick = useChanges((c) => c.view === "sites");
-  const sites = useLoad(() => view("sites", { limit: 1000 }), [tick]);
+  const wf = query().get("workflow");
+  const sites = useLoad(() => view("sites", wf ? { limit: 1000, workflow: wf } : { limit: 1000 }), [tick]);
+  const [acting, setActing] = useState(null);
   return html`<section>
     <h2>Sites</h2>
     <${ErrorLine} error=${sites.error} />
-    ${(sites.data?.items || []).map((s) => html`<article class="site">
-      <h3>${s.workflow} / ${s.site} <span class=${"state " + s.state}>${s.state}</span></h3>
-      <p>Health ${fmtNum(s.health, 2)} · ${fmtNum(s.rate * 60, 1)} completions/min · failure rate ${fmtNum(s.failure_rate, 2)} ·
-        ${s.running} running, ${s.completed} completed, ${s.failed} failed · ${s.predicted} predictions</p>
+    ${(sites.data?.items || []).map((s) => html`<article class="site" data-site=${s.site}>
+      <h3>${s.workflow} / ${s.site} <span class=${"state " + s.state}>${s.state}</span>
+        ${s.drained && html` <span class="state drained">drained</span>`}
+        <button class="act" onClick=${() => setActing({ site: s, drain: !s.drained })}>${s.drained ? "Undrain…" : "Drain…"}</button></h3>
+      <p>${`Health ${fmtNum(s.health, 2)} · ${fmtNum(s.rate * 60, 1)} completions/min · failure rate ${fmtNum(s.failure_rate, 2)} · ` +
+        `${s.running} running, ${s.completed} completed, ${s.failed} failed · ${s.predicted} predictions`}</p>
       ${s.explanation && html`<p class="explain">Last prediction: ${s.explanation}</p>`}
-      ${s.scores.length ? html`<${ScoreChart} site=${s} />` : html`<p>No predictions yet.</p>`}
+      ${s.history.length + s.scores.length ? html`<${ScoreChart} site=${s} />` : html`<p>No health changes or predictions yet.</p>`}
+      ${s.scores.length > 0 && html`<details><summary>Last predictions</summary><div class="scroll"><table>
+        <thead><tr><th>Time</th><th>Policy</th><th>Series</th><th>Detector</th><th>Score</th><th>Threshold</th><th>Forecast</th></tr></thead>
+        <tbody>${s.scores.slice(-10).reverse().map((p) => html`<tr><td>${fmtTime(p.t_us)}</td><td>${p.policy}</td><td>${p.series}</td>
+          <td>${p.detector}</td><td>${fmtNum(p.score, 3)}</td><td>${p.threshold >= 0 ? fmtNum(p.threshold, 3) : "—"}</td>
+          <td>${p.forecast_eta_s >= 0 ? "crossing in " + fmtNum(p.forecast_eta_s, 0) + " s" : "—"}</td></tr>`)}</tbody>
+      </table></div></details>`}
     </article>`)}
+    ${acting && html`<${SiteDialog} site=${acting.site} drain=${acting.drain} onClose=${() => setActing(null)} />`}
   </section>`;
 }
 
@@ -409,19 +481,37 @@ function SeriesChart({ task }) {
     const dark = document.documentElement.dataset.theme === "dark";
     const plot = new uPlot({
       width: Math.min(ref.current.clientWidth || 600, 900), height: 200,
-      scales: { x: { time: false } },
-      axes: [{ stroke: dark ? "#ccc" : "#333", label: "step" }, { stroke: dark ? "#ccc" : "#333" }],
-      series: [{ label: "step" }, ...names.map((n, i) => ({ label: n, stroke: colors[i % colors.length], width: 2 }))],
+      scales: { x: { time: false, range: span(pts.map((p, i) => (p.step >= 0 ? p.step : i)), 1) } },
+      // One scale per metric (a loss near 0 and a buffer fill in thousands): the first two
+      // get an axis each, left and right, in their colour.
+      axes: [{ stroke: dark ? "#ccc" : "#333", label: "step" },
+        ...names.slice(0, 2).map((n, i) => ({ scale: n, side: i ? 1 : 3, stroke: colors[i], label: n }))],
+      series: [{ label: "step" }, ...names.map((n, i) => ({ label: n, scale: n, stroke: colors[i % colors.length], width: 2 }))],
     }, [pts.map((p, i) => (p.step >= 0 ? p.step : i)), ...names.map((n) => pts.map((p) => p.values[n] ?? null))], ref.current);
     return () => plot.destroy();
   }, [task]);
   return html`<div class="chart" ref=${ref}></div>`;
 }
 
+// A rehearsal job's evaluations: after each task trained, its accuracy (or error) on every
+// task seen so far, the forgetting matrix read row by row.
+function EvalTable({ task }) {
+  if (!task.evals.length) return html`<p>No evaluation yet (one at the end of each training task).</p>`;
+  const names = [...new Set(task.evals.flatMap((e) => Object.keys(e.values)))]
+    .sort((a, b) => (a.startsWith("average") - b.startsWith("average")) || a.localeCompare(b, undefined, { numeric: true }));
+  const steps = task.evals.some((e) => e.step >= 0);
+  return html`<div class="scroll"><table class="evals">
+    <caption>Evaluation after each task</caption>
+    <thead><tr><th>After task</th>${steps && html`<th>Step</th>`}${names.map((n) => html`<th>${n}</th>`)}</tr></thead>
+    <tbody>${task.evals.map((e) => html`<tr><td>${e.after_task}</td>${steps && html`<td>${e.step >= 0 ? e.step : "—"}</td>`}
+      ${names.map((n) => html`<td>${e.values[n] == null ? "" : fmtNum(e.values[n], 4)}</td>`)}</tr>`)}</tbody>
+  </table></div>`;
+}
+
 function Training() {
   const tick = useChanges((c) => c.view === "tasks");
   const tasks = useLoad(() => view("tasks", { limit: 1000 }), [tick]);
-  const jobs = (tasks.data?.items || []).filter((t) => t.series.length > 0);
+  const jobs = (tasks.data?.items || []).filter((t) => t.series.length > 0 || t.evals.length > 0);
   return html`<section>
     <h2>Training</h2>
     <${ErrorLine} error=${tasks.error} />
@@ -433,6 +523,7 @@ function Training() {
       <p>${t.site} · ${Math.round(t.progress * 100)}% · ${Object.entries(t.metrics).filter(([k]) => k !== "step_time_s")
         .map(([k, v]) => `${k} ${fmtNum(v, 4)}`).join(" · ")}</p>
       <${SeriesChart} task=${t} />
+      <${EvalTable} task=${t} />
     </article>`)}
   </section>`;
 }

@@ -112,8 +112,7 @@ ProgressLine parse_progress_line(const std::string& line) {
   in >> word;
   if (word == "progress") {
     double p = -1;
-    in >> p;
-    if (!(p >= 0 && p <= 1)) return out;
+    if (!(in >> p) || !(p >= 0 && p <= 1)) return out;  // a failed read leaves 0: not a progress
     long step = -1;
     if (!(in >> step) || step < 0) step = -1;
     out.kind = ProgressLine::Kind::progress;
@@ -121,11 +120,15 @@ ProgressLine parse_progress_line(const std::string& line) {
     out.step = step;
   } else if (word == "metric") {
     std::string name;
-    double v = 0;
-    if (!(in >> name >> v) || name.empty() || name.size() > 63 || !std::isfinite(v)) return out;
+    while (in >> name) {
+      double v = 0;
+      if (!(in >> v) || name.size() > 63 || !std::isfinite(v) || out.metrics.size() == 32) return {};
+      for (const auto& m : out.metrics)
+        if (m.first == name) return {};
+      out.metrics.emplace_back(std::move(name), v);
+    }
+    if (out.metrics.empty()) return {};
     out.kind = ProgressLine::Kind::metric;
-    out.name = std::move(name);
-    out.value = v;
   } else if (word == "heartbeat") {
     out.kind = ProgressLine::Kind::heartbeat;
   }

@@ -13,7 +13,10 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "diaspora/plugin.h"
 
 namespace diaspora::run {
 
@@ -49,14 +52,21 @@ void signal_group(pid_t pgid, int sig) noexcept;
 bool process_stopped(pid_t pid) noexcept;
 
 /// One line of a command's progress channel (DIASPORA_PROGRESS_FD, docs/run.md):
-/// "progress FRACTION [STEP]", "metric NAME VALUE", "heartbeat". Anything else, or a value
-/// out of range (a fraction outside [0, 1], a name longer than 63 bytes, a non-finite
-/// number), is kind none: ignored by its readers. Pure: any thread.
+/// "progress FRACTION [STEP]", "metric NAME VALUE [NAME VALUE]..." (up to 32 pairs, one
+/// report), "heartbeat". Anything else, or a value out of range (a fraction outside [0, 1],
+/// a name longer than 63 bytes or repeated, a non-finite number, a pair cut short), is kind
+/// none: ignored by its readers. Pure: any thread.
 struct ProgressLine {
   enum class Kind { none, progress, metric, heartbeat } kind = Kind::none;
-  double value = 0;   ///< progress: the fraction; metric: the value
+  double value = 0;   ///< progress: the fraction
   long step = -1;     ///< progress: the step number, -1 when not given
-  std::string name;   ///< metric: its name
+  std::vector<std::pair<std::string, double>> metrics;  ///< metric: the names and values, in order
+  /// The metrics as the plugin ABI takes them (views into `metrics`: valid while it lives).
+  std::vector<diaspora_metric_value> metric_values() const {
+    std::vector<diaspora_metric_value> out;
+    for (const auto& [n, v] : metrics) out.push_back({n.c_str(), v});
+    return out;
+  }
 };
 ProgressLine parse_progress_line(const std::string& line);
 

@@ -12,7 +12,8 @@ namespace {
 constexpr std::pair<std::string_view, int> kActionKinds[] = {
     {"restart", DIASPORA_ACTION_RESTART},     {"migrate", DIASPORA_ACTION_MIGRATE},
     {"speculate", DIASPORA_ACTION_SPECULATE}, {"checkpoint", DIASPORA_ACTION_CHECKPOINT},
-    {"throttle", DIASPORA_ACTION_THROTTLE},   {"cancel", DIASPORA_ACTION_CANCEL}};
+    {"throttle", DIASPORA_ACTION_THROTTLE},   {"cancel", DIASPORA_ACTION_CANCEL},
+    {"drain", DIASPORA_ACTION_DRAIN},         {"undrain", DIASPORA_ACTION_UNDRAIN}};
 
 template <std::size_t N>
 void copy_str(char (&dst)[N], std::string_view s) {

@@ -90,6 +90,8 @@ events::AnomalyPredicted PolicyBridge::anomaly_of(const resilience::Decision& d)
   }
   if (!d.task_id.empty()) p.task_id = d.task_id;
   if (!d.site.empty()) p.site = d.site;
+  if (!d.policy.empty()) p.policy = d.policy;
+  if (std::isfinite(d.score_threshold)) p.score_threshold = std::clamp(d.score_threshold, 0.0, 1.0);
   return p;
 }
 

@@ -227,6 +227,7 @@ class Job {
   void load_checkpoint(const fs::path& from);
   // output
   void log_step(double loss, double step_s, double wait_s, std::int64_t reps);
+  void report_evaluation(const std::vector<double>& row, double average);
   void write_summary();
   void barrier();
 

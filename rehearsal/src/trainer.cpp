@@ -445,9 +445,12 @@ void Job::log_step(double loss, double step_s, double wait_s, std::int64_t reps)
                    std::string(static_cast<std::size_t>(width - filled), ' ').c_str(), frac * 100, pos_.step, loss, sps);
     }
     if (progress_fd_ >= 0) {  // diaspora run's progress channel (docs/run.md): one write, ignored if it fails
-      char msg[160];
-      const int len = std::snprintf(msg, sizeof msg, "progress %.6f %" PRId64 "\nmetric step_time %.6f\n",
-                                    (pos_.task + frac) / cfg_.dataset.tasks, pos_.step, step_s);
+      char msg[320];
+      const int len = std::snprintf(msg, sizeof msg,
+                                    "progress %.6f %" PRId64 "\nmetric step_time %.6f loss %.9g buffer_fill %" PRId64
+                                    " samples_per_s %.1f wait_ms %.4f\n",
+                                    (pos_.task + frac) / cfg_.dataset.tasks, pos_.step, step_s, loss,
+                                    buffer_ ? buffer_->size() : 0, sps, wait_s * 1e3);
       if (::write(progress_fd_, msg, static_cast<std::size_t>(len)) < 0 && errno == EPIPE) progress_fd_ = -1;  // reader gone
     }
     if (plugin_) {
@@ -456,6 +459,32 @@ void Job::log_step(double loss, double step_s, double wait_s, std::int64_t reps)
                         {{"loss", loss}, {"samples_per_s", sps}, {"step_ms", step_s * 1e3}, {"wait_ms", wait_s * 1e3},
                          {"buffer_fill", static_cast<double>(buffer_ ? buffer_->size() : 0)}});
     }
+  }
+}
+
+// After a task's evaluation: its row of the accuracy (error) matrix as one report, on
+// diaspora run's progress channel and to the plugin (the console's Training page). At most
+// 30 tasks are named (a report carries 32 metrics); the average covers every task seen.
+void Job::report_evaluation(const std::vector<double>& row, double average) {
+  const char* what = data_.classification ? "accuracy" : "error";
+  const std::size_t seen = std::min<std::size_t>(static_cast<std::size_t>(pos_.task) + 1, 30);
+  std::vector<std::pair<std::string, double>> m{{"eval_after_task", static_cast<double>(pos_.task)}};
+  for (std::size_t j = 0; j < seen && j < row.size(); ++j) m.emplace_back(std::string(what) + ".t" + std::to_string(j), row[j]);
+  m.emplace_back(std::string("average_") + what, average);
+  if (progress_fd_ >= 0) {
+    std::string msg = "metric";
+    char v[64];
+    for (const auto& [n, x] : m) {
+      std::snprintf(v, sizeof v, " %.9g", x);
+      msg += " " + n + v;
+    }
+    msg += "\n";
+    if (::write(progress_fd_, msg.data(), msg.size()) < 0 && errno == EPIPE) progress_fd_ = -1;
+  }
+  if (plugin_) {
+    std::vector<diaspora_metric_value> mv;
+    for (const auto& [n, x] : m) mv.push_back({n.c_str(), x});
+    plugin_->progress(pos_.step, static_cast<double>(pos_.task + 1) / cfg_.dataset.tasks, mv);
   }
 }
 
@@ -646,6 +675,7 @@ int Job::train() {
         e["average_seen"] = avg;
         metrics_ << json::serialize(e) << "\n";
         metrics_.flush();
+        report_evaluation(row, avg);
         if (opt_.progress_bar) std::fprintf(stderr, "\n");
         std::cerr << "diaspora-train: after task " << pos_.task << ": " << (data_.classification ? "accuracy" : "error")
                   << " on tasks seen " << avg << "\n";

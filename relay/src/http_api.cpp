@@ -34,7 +34,9 @@ json::object topic_json(const TopicInfo& i) {
                       {"first_offset", i.first_offset},
                       {"next_offset", i.next_offset},
                       {"bytes", i.bytes},
-                      {"segments", i.segments}};
+                      {"segments", i.segments},
+                      {"retention_bytes", i.retention_bytes},
+                      {"retention_age_s", i.retention_age_s}};
 }
 
 HttpReply text(unsigned status, std::string body, bool challenge = false) {
@@ -176,10 +178,13 @@ std::variant<HttpReply, OperatorAction> prepare_operator_action(std::string_view
     if (!f.count(k)) return json_error(400, "bad_request", std::string("'") + k + "' is required");
   const std::string& wf = f["workflow"];
   if (!valid_topic_name(wf + ".events")) return json_error(400, "bad_request", "'workflow' must be a topic prefix ([A-Za-z0-9._-])");
-  static const std::vector<std::string> actions = {"restart", "migrate", "speculate", "checkpoint", "throttle", "cancel", "alert"};
+  static const std::vector<std::string> actions = {"restart", "migrate", "speculate", "checkpoint", "throttle", "cancel",
+                                                    "drain", "undrain", "alert"};
   if (std::find(actions.begin(), actions.end(), f["action"]) == actions.end())
-    return json_error(400, "bad_request", "'action' must be one of restart, migrate, speculate, checkpoint, throttle, cancel, alert");
+    return json_error(400, "bad_request", "'action' must be one of restart, migrate, speculate, checkpoint, throttle, cancel, drain, undrain, alert");
   if (f["action"] == "migrate" && !f.count("target_site")) return json_error(400, "bad_request", "a migrate needs 'target_site'");
+  const bool site_action = f["action"] == "drain" || f["action"] == "undrain";
+  if (site_action && !f.count("site")) return json_error(400, "bad_request", "a " + f["action"] + " needs 'site'");
   bool allowed = false;
   for (const auto& s : claims.scopes)
     allowed |= s == "admin" || (s.starts_with("control:") && topic_matches(std::string_view(s).substr(8), wf));
@@ -190,9 +195,11 @@ std::variant<HttpReply, OperatorAction> prepare_operator_action(std::string_view
   }
   std::string engine = f.count("engine") ? f["engine"] : std::string();
   if (engine.empty() && f.count("task_id") && ctx.views) engine = ctx.views->engine_of(wf, f["task_id"]);
+  if (engine.empty() && site_action && ctx.views) engine = ctx.views->engine_of_site(wf, f["site"]);
   if (engine.empty())
     return json_error(404, "not_found", f.count("task_id") ? "no engine is known for task '" + f["task_id"] + "' of '" + wf + "' (name it: 'engine')"
-                                                     : std::string("name the engine ('engine') the action is for"));
+                                        : site_action ? "no engine is known for site '" + f["site"] + "' of '" + wf + "' (name it: 'engine')"
+                                                      : std::string("name the engine ('engine') the action is for"));
   if (!valid_topic_name(wf + ".control." + engine)) return json_error(400, "bad_request", "'engine' must be an engine id ([A-Za-z0-9._-])");
   std::string who = claims.subject;
   for (char& c : who)

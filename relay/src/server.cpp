@@ -534,23 +534,32 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
         return send_error("bad_request", "'group' must be 1-200 characters of A-Z a-z 0-9 . _ -", idv);
       sub.group = std::string(g->get_string());
     }
-    // from: "earliest" | "latest" (default) | offset
+    // from: "earliest" | "latest" (default) | offset | {"time": RFC 3339}
     std::string from = "latest";
     std::uint64_t from_offset = 0;
+    std::int64_t from_time_us = 0;
     if (const json::value* f = o.if_contains("from")) {
+      const json::value* ftime = f->is_object() ? f->get_object().if_contains("time") : nullptr;
       if (f->is_string() && (f->get_string() == "earliest" || f->get_string() == "latest")) from = f->get_string();
       else if (f->is_uint64() || (f->is_int64() && f->get_int64() >= 0)) {
         from = "offset";
         from_offset = f->to_number<std::uint64_t>();
+      } else if (ftime && f->get_object().size() == 1) {
+        const auto at = ftime->is_string() ? parse_rfc3339(ftime->get_string()) : std::nullopt;
+        if (!at) return send_error("bad_request", "'from.time' must be an RFC 3339 timestamp (e.g. 2026-12-02T17:00:00Z)", idv);
+        from = "time";
+        from_time_us = std::chrono::duration_cast<std::chrono::microseconds>(at->time_since_epoch()).count();
       } else {
-        return send_error("bad_request", "'from' must be \"earliest\", \"latest\" or a non-negative offset", idv);
+        return send_error("bad_request",
+                          "'from' must be \"earliest\", \"latest\", a non-negative offset or {\"time\": RFC 3339}", idv);
       }
     }
     json::array topics;
     for (const auto& t : relay_->store->topics()) {
       if (!(is_pattern ? topic_matches(pattern, t) : t == pattern)) continue;
       if (!scopes_allow(claims_->scopes, "subscribe", t)) continue;
-      sub.cursors[t] = Cursor{start_offset(t, sub.group, from, from_offset)};
+      sub.cursors[t] = Cursor{start_offset(t, sub.group, from, from == "time" ? relay_->store->offset_at_time(t, from_time_us)
+                                                                               : from_offset)};
       topics.emplace_back(t);
     }
     if (!is_pattern && !sub.cursors.count(pattern)) {
@@ -572,7 +581,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     if (group)
       if (auto committed = relay_->store->group_offset(*group, topic)) return *committed;
     if (from == "earliest") return relay_->store->first_offset(topic);
-    if (from == "offset") return from_offset;
+    if (from == "offset" || from == "time") return from_offset;
     return relay_->store->committed_offset(topic);
   }
 

@@ -1187,6 +1187,20 @@ std::size_t LogStore::visit(const std::string& topic, std::uint64_t from, std::s
   return out;
 }
 
+std::uint64_t LogStore::offset_at_time(const std::string& topic, std::int64_t time_us) const {
+  std::uint64_t lo = first_offset(topic), hi = committed_offset(topic);  // the answer is in [lo, hi]
+  while (lo < hi) {
+    const std::uint64_t mid = lo + (hi - lo) / 2;
+    bool seen = false;
+    std::uint64_t at = 0;
+    std::int64_t t = 0;
+    visit(topic, mid, 1, 1, [&](const RecordRef& r) { seen = true, at = r.offset, t = r.time_us; });
+    if (!seen || t >= time_us) hi = mid;  // nothing readable from mid on, or mid's record is late enough
+    else lo = at + 1;
+  }
+  return lo;
+}
+
 std::uint64_t LogStore::committed_offset(const std::string& topic) const {
   Topic* t = self_->find_topic(topic);
   if (!t) return 0;
@@ -1219,6 +1233,8 @@ std::optional<TopicInfo> LogStore::info(const std::string& topic) const {
   i.next_offset = t->committed_next;
   i.bytes = t->bytes;
   i.segments = t->segments.size();
+  i.retention_bytes = self_->opt_.retention_bytes;
+  i.retention_age_s = self_->opt_.retention_age.count();
   return i;
 }
 

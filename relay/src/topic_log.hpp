@@ -93,6 +93,8 @@ struct TopicInfo {
   std::uint64_t next_offset = 0;   ///< offset the next record will get (= committed end)
   std::uint64_t bytes = 0;         ///< on disk
   std::size_t segments = 0;
+  std::uint64_t retention_bytes = 0;  ///< the retention applied to it (0: unlimited)
+  std::int64_t retention_age_s = 0;   ///< 0: unlimited
 };
 
 /// Names of topics: 1-200 characters of [A-Za-z0-9._-], not starting with '.'.
@@ -149,6 +151,11 @@ class LogStore {
   std::uint64_t committed_offset(const std::string& topic) const;
   /// Oldest retained offset of a topic.
   std::uint64_t first_offset(const std::string& topic) const;
+  /// The first retained offset whose record was appended at or after `time_us`
+  /// (microseconds since the epoch); committed_offset() when none was. A binary search on
+  /// append times (a few reads of one record each), which assumes they do not go back (a
+  /// clock stepped back gives an offset near the asked time, not the first one). Any thread.
+  std::uint64_t offset_at_time(const std::string& topic, std::int64_t time_us) const;
 
   /// Existing topics, sorted.
   std::vector<std::string> topics() const;

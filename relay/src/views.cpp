@@ -40,6 +40,14 @@ struct MetricPoint {
 };
 BOOST_DESCRIBE_STRUCT(MetricPoint, (), (t_us, step, progress, values))
 
+// An evaluation a task reported (metrics with eval_after_task: a rehearsal job's accuracy
+// or error on each task seen, after training on task `after_task`).
+struct EvalRow {
+  std::int64_t t_us = 0, step = -1, after_task = 0;
+  std::map<std::string, double> values;
+};
+BOOST_DESCRIBE_STRUCT(EvalRow, (), (t_us, step, after_task, values))
+
 struct Task {
   std::string workflow, task_id, name, state = "pending", site, worker, reason;
   std::string engine;  ///< the engine id of its events' source /diaspora/<workflow>/<engine>
@@ -52,23 +60,34 @@ struct Task {
   std::vector<Attempt> attempts;  ///< the last 16
   std::int64_t beat_applied_us = 0;  ///< the last heartbeat read in full (see fast_heartbeat)
   std::map<std::string, double> metrics;  ///< the last value of each metric it reported (32 names at most)
-  std::vector<MetricPoint> series;        ///< its last 64 progress reports with metrics other than step_time_s
+  std::vector<MetricPoint> series;        ///< its last 64 reports with metrics other than step_time_s
+  std::vector<EvalRow> evals;             ///< its last 64 evaluations
 };
 BOOST_DESCRIBE_STRUCT(Task, (),
                       (workflow, task_id, name, state, site, worker, reason, engine, attempt, submitted_us, started_us, ended_us,
                        last_heartbeat_us, updated_us, progress, step_time_s, anomaly_score, anomaly_us,
-                       anomaly_explanation, attempts, beat_applied_us, metrics, series))
+                       anomaly_explanation, attempts, beat_applied_us, metrics, series, evals))
 
 struct ScorePoint {
   std::int64_t t_us = 0;
   double score = 0;
   std::string series, detector;
   double forecast_eta_s = -1, forecast_threshold = -1;
+  double threshold = -1;  ///< the policy's threshold on the score's scale, -1 when it has none there
+  std::string policy;
 };
-BOOST_DESCRIBE_STRUCT(ScorePoint, (), (t_us, score, series, detector, forecast_eta_s, forecast_threshold))
+BOOST_DESCRIBE_STRUCT(ScorePoint, (), (t_us, score, series, detector, forecast_eta_s, forecast_threshold, threshold, policy))
+
+struct HealthPoint {
+  std::int64_t t_us = 0;
+  double health = 1;
+};
+BOOST_DESCRIBE_STRUCT(HealthPoint, (), (t_us, health))
 
 struct Site {
   std::string workflow, site, state = "up";
+  std::string engine;  ///< the engine of the last attempt started there (where a drain goes)
+  bool drained = false;  ///< an operator's drain was carried out (and no undrain since)
   std::int64_t started = 0, completed = 0, failed = 0, running = 0, predicted = 0, updated_us = 0;
   double rate = 0;          ///< completions per second, exponentially weighted (60 s)
   std::int64_t rate_us = 0;
@@ -76,10 +95,11 @@ struct Site {
   double health = 1;        ///< 1 healthy .. 0: (1 - failure rate) x (1 - a recent anomaly score) x state
   std::string explanation;  ///< of the last prediction
   std::vector<ScorePoint> scores;  ///< the last 256 predictions about it
+  std::vector<HealthPoint> history;  ///< health over time: its last 256 changes (one a second at most)
 };
 BOOST_DESCRIBE_STRUCT(Site, (),
-                      (workflow, site, state, started, completed, failed, running, predicted, updated_us, rate, rate_us,
-                       failure_rate, health, explanation, scores))
+                      (workflow, site, state, engine, drained, started, completed, failed, running, predicted, updated_us,
+                       rate, rate_us, failure_rate, health, explanation, scores, history))
 
 struct Resource {
   std::string workflow, resource_id, kind, state, site;
@@ -136,7 +156,7 @@ struct Views::State {
 namespace {
 
 constexpr std::size_t kMaxAttempts = 16, kMaxScores = 256;
-constexpr int kSnapshotFormat = 1;
+constexpr int kSnapshotFormat = 2;
 
 std::string key(const std::string& wf, const std::string& id) { return wf + '\x1f' + id; }
 
@@ -155,6 +175,13 @@ void update_health(view::Site& s, std::int64_t now_us) {
   if (!s.scores.empty() && now_us - s.scores.back().t_us < 60'000'000) anomaly = std::clamp(s.scores.back().score, 0.0, 1.0);
   const double state = s.state == "down" ? 0.0 : s.state == "degraded" ? 0.5 : 1.0;
   s.health = (1 - s.failure_rate) * (1 - anomaly) * state;
+  if (!s.history.empty() && std::abs(s.history.back().health - s.health) < 0.01) return;
+  if (s.history.size() > 1 && now_us - s.history[s.history.size() - 2].t_us < 1'000'000) {
+    s.history.back() = {now_us, s.health};  // one point a second at most: the last one stands
+    return;
+  }
+  s.history.push_back({now_us, s.health});
+  if (s.history.size() > kMaxScores) s.history.erase(s.history.begin());
 }
 
 void decay_rate(view::Site& s, std::int64_t t_us) {
@@ -234,6 +261,7 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
         view::Site& s = site_of(k.site);
         ++s.started;
         ++s.running;
+        if (!k.engine.empty()) s.engine = k.engine;  // where a drain of the site goes
       }
     } else if (ev_kind == "heartbeat" || ev_kind == "progress") {
       k.last_heartbeat_us = t;
@@ -242,13 +270,19 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
       if (const json::value* m = d.if_contains("metrics"); m && m->is_object()) {
         k.step_time_s = num(m->get_object(), "step_time_s", k.step_time_s);
         view::MetricPoint p;
+        const bool eval = m->get_object().contains("eval_after_task");
         for (const auto& [name, v] : m->get_object()) {
           if (!v.is_number()) continue;
           const std::string n(name);
-          if (k.metrics.size() < 32 || k.metrics.count(n)) k.metrics[n] = v.to_number<double>();
-          if (n != "step_time_s") p.values[n] = v.to_number<double>();
+          if (!eval && (k.metrics.size() < 32 || k.metrics.count(n))) k.metrics[n] = v.to_number<double>();
+          if (n != "step_time_s" && n != "eval_after_task") p.values[n] = v.to_number<double>();
         }
-        if (ev_kind == "progress" && !p.values.empty()) {
+        if (eval) {
+          view::EvalRow e{t, static_cast<std::int64_t>(num(d, "step", -1)),
+                          static_cast<std::int64_t>(num(m->get_object(), "eval_after_task", 0)), std::move(p.values)};
+          k.evals.push_back(std::move(e));
+          if (k.evals.size() > 64) k.evals.erase(k.evals.begin());
+        } else if (!p.values.empty()) {
           p.t_us = t;
           p.step = static_cast<std::int64_t>(num(d, "step", -1));
           p.progress = k.progress;
@@ -292,6 +326,8 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
     p.score = num(d, "score", 0);
     p.series = str(d, "series");
     p.detector = str(d, "detector");
+    p.threshold = num(d, "score_threshold", -1);
+    p.policy = str(d, "policy");
     if (const json::value* f = d.if_contains("forecast"); f && f->is_object()) {
       p.forecast_eta_s = num(f->get_object(), "eta_s", -1);
       p.forecast_threshold = num(f->get_object(), "threshold", -1);
@@ -349,6 +385,8 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
     a.status = str(d, "status");
     a.message = str(d, "message");
     a.done_us = t;
+    if (a.status == "done" && (a.action == "drain" || a.action == "undrain") && !a.site.empty())
+      site_of(a.site).drained = a.action == "drain";
     st.changed("actions", wf, id);
     return true;
   }
@@ -408,7 +446,7 @@ void evict(Views::State& st, std::size_t max_instances) {
 // same instance only moves its last_heartbeat_us (and counts in its workflow): it is found
 // in the text, without parsing it. Deterministic (log times), so a replay agrees. Returns
 // false to have the record read in full: another type, an escaped id, an unknown instance,
-// or the first heartbeat in 250 ms.
+// the first heartbeat in 250 ms, or one carrying an evaluation (eval_after_task).
 bool fast_heartbeat(Views::State& st, view::Workflow* w, const std::string& wf, std::int64_t t, std::string_view text) {
   auto find = [&](std::string_view needle) -> std::size_t {  // glibc's memmem: much faster than a naive search
     const void* p = ::memmem(text.data(), text.size(), needle.data(), needle.size());
@@ -429,7 +467,7 @@ bool fast_heartbeat(Views::State& st, view::Workflow* w, const std::string& wf, 
     it = st.task_index.emplace(st.key_buf, &t_it->second).first;
   }
   view::Task& k = *it->second;
-  if (t - k.beat_applied_us < 250'000 && t >= k.beat_applied_us) {
+  if (t - k.beat_applied_us < 250'000 && t >= k.beat_applied_us && find(R"("eval_after_task")") == std::string_view::npos) {
     k.last_heartbeat_us = t;
     ++w->events;
     w->last_us = std::max(w->last_us, t);
@@ -790,6 +828,12 @@ std::string Views::engine_of(const std::string& workflow, const std::string& tas
   std::shared_lock lk(mu_);
   auto it = st_->tasks.find(key(workflow, task_id));
   return it == st_->tasks.end() ? std::string() : it->second.engine;
+}
+
+std::string Views::engine_of_site(const std::string& workflow, const std::string& site) const {
+  std::shared_lock lk(mu_);
+  auto it = st_->sites.find(key(workflow, site));
+  return it == st_->sites.end() ? std::string() : it->second.engine;
 }
 
 json::object Views::query(std::string_view view, const std::map<std::string, std::string>& q,

@@ -88,6 +88,9 @@ class Views {
   /// The engine id the instance's events came from ("" when unknown): where an operator's
   /// action for it goes (<workflow>.control.<engine>). Any thread.
   std::string engine_of(const std::string& workflow, const std::string& task_id) const;
+  /// The engine id of the last attempt started on a site ("" when unknown): where a drain
+  /// or undrain of it goes. Any thread.
+  std::string engine_of_site(const std::string& workflow, const std::string& site) const;
 
   /// A change for the live stream: the view and the item's id that changed, with the
   /// version it reached.

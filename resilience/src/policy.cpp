@@ -125,6 +125,7 @@ struct Eval {
   double value = 0;      // shown and compared (oriented where the detector is one-sided)
   double shown_threshold = 0;
   double score = 0;      // [0, 1] for Decision::score
+  double score_threshold = std::numeric_limits<double>::quiet_NaN();  // the threshold on the score's scale
   double badness = 0;    // [0, 1] for the site's anomaly level
   double x = 0;          // the observation
   std::optional<double> eta;
@@ -428,6 +429,7 @@ struct PolicyEngine::Impl {
       ev.shown_threshold = pol.dir * pol.threshold;
       ev.over = warm && pol.dir * z >= pol.threshold;
       ev.score = z_score(pol.dir * z);
+      ev.score_threshold = z_score(pol.threshold);
       ev.badness = ev.over ? 1 : 0;
     };
     switch (p.det) {
@@ -440,6 +442,7 @@ struct PolicyEngine::Impl {
         e.shown_threshold = p.threshold;
         e.over = e.value >= p.threshold;
         e.score = e.ens.score;
+        e.score_threshold = p.threshold;
         e.badness = e.value;
         break;
       }
@@ -473,6 +476,7 @@ struct PolicyEngine::Impl {
         e.shown_threshold = p.threshold;
         e.over = warm && e.value >= p.threshold;
         e.score = std::clamp(e.value / 23.0, 0.0, 1.0);  // surprise 2kS nats, k = 0.5
+        e.score_threshold = std::clamp(p.threshold / 23.0, 0.0, 1.0);
         e.badness = e.over ? 1 : 0;
         break;
       }
@@ -519,6 +523,7 @@ struct PolicyEngine::Impl {
     e.shown_threshold = p.threshold;
     e.over = phi >= p.threshold;
     e.score = 1 - std::pow(10.0, -phi);
+    e.score_threshold = 1 - std::pow(10.0, -p.threshold);
     e.badness = e.over ? 1 : 0;
     return e;
   }
@@ -659,6 +664,7 @@ struct PolicyEngine::Impl {
     d.explanation = explanation(p, e, t);
     d.value = std::isfinite(e.value) ? e.value : 0;
     d.threshold = e.shown_threshold;
+    d.score_threshold = e.score_threshold;
     d.time_s = now;
     d.eta_s = e.eta;
 

@@ -103,6 +103,38 @@ try {
       out.outcome = await cell.textContent();
       out.outcome_row = await page.evaluate(() => document.querySelector("table.actions tbody tr")?.textContent);
     }
+  } else if (scenario === "drain") {
+    await signIn();
+    await go("#/sites");
+    const card = `article.site[data-site="${args.site}"]`;
+    await page.click(`${card} button.act:text("${args.undrain ? "Undrain…" : "Drain…"}")`);
+    await page.fill("dialog input[name=reason]", "console test drain");
+    await page.click("dialog button[type=submit]");
+    out.result = await (await page.waitForSelector("#action-result")).textContent();
+    await page.click("dialog button[type=button]");
+    // The engine's acknowledgement reaches the views: the site is marked (or unmarked).
+    await page.waitForSelector(`${card} .state.drained`, { state: args.undrain ? "detached" : "attached", timeout: 20_000 });
+    out.drained = (await page.$(`${card} .state.drained`)) !== null;
+  } else if (scenario === "evals") {
+    await signIn();
+    await go("#/training");
+    await page.waitForSelector("table.evals tbody tr");
+    out.headers = await page.$$eval("table.evals thead th", (e) => e.map((x) => x.textContent));
+    out.rows = await page.$$eval("table.evals tbody tr", (r) => r.map((x) => [...x.cells].map((c) => c.textContent)));
+  } else if (scenario === "from_time") {
+    await signIn();
+    await go("#/topics");
+    await page.click(`tr:has(td:text-is("${args.topic}")) button:text("Last 100")`);
+    await page.waitForSelector("tr.event-row");
+    const d = new Date(args.time_ms);  // datetime-local takes the browser's local time
+    const pad = (n) => String(n).padStart(2, "0");
+    const local = `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+    await page.fill("input[name=from-time]", local);
+    await page.dispatchEvent("input[name=from-time]", "change");
+    await page.waitForFunction(() => !document.querySelector(".tail small").textContent.includes("offset"));
+    await page.waitForSelector(`tr.event-row:has-text("${args.expect}")`);
+    await page.waitForTimeout(500);
+    out.offsets = await page.$$eval("tr.event-row td:first-child", (e) => e.map((x) => Number(x.textContent)));
   } else if (scenario === "timeline") {
     await signIn();
     await go(`#/tasks?workflow=${args.workflow}`);
@@ -131,7 +163,7 @@ try {
         await page.reload();
         await page.waitForSelector("header nav");
         for (const p of ["overview", "topics", "tasks", "sites", "actions", "consumers", "training"]) {
-          await go(`#/${p}${p === "tasks" && args.workflow ? "?workflow=" + args.workflow : ""}`);
+          await go(`#/${p}${(p === "tasks" || p === "sites") && args.workflow ? "?workflow=" + args.workflow : ""}`);
           await page.waitForTimeout(700);
           await page.screenshot({ path: join(args.dir, `${p}-${w}-${theme}.png`), fullPage: false });
         }

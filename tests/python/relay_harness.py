@@ -284,6 +284,20 @@ def https_get(relay: RelayProcess, path: str, token: str | None = None) -> str:
         return r.read().decode()
 
 
+def https_post(relay: RelayProcess, path: str, body, token: str | None) -> tuple[int, dict]:
+    """POST https://127.0.0.1:PORT/PATH with a JSON body (or raw bytes): (status, the JSON answer)."""
+    req = urllib.request.Request(f"https://127.0.0.1:{relay.port}{path}", method="POST",
+                                 data=(body if isinstance(body, bytes) else json.dumps(body).encode()),
+                                 headers={"Content-Type": "application/json"})
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, context=relay.creds.client_ssl(), timeout=20) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
 def https_status(relay: RelayProcess, path: str, token: str | None = None) -> int:
     try:
         https_get(relay, path, token)

@@ -1,7 +1,7 @@
 """diaspora.dask against a real Dask LocalCluster (python3-distributed 2022.12, worker
 processes) and a real relay: transitions reported once and in order, worker changes,
 heartbeats from the worker plugin, a SIGKILLed worker, a slowed site migrated off by the
-policy, a relay that cannot be reached, a bad spec."""
+policy, an operator's drain of a site, a relay that cannot be reached, a bad spec."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from relay_harness import REPO, free_port, relay_events, wait_until, write_spec  # noqa: E402
+from relay_harness import REPO, free_port, publish_action, relay_events, wait_until, write_spec  # noqa: E402
 
 sys.path.insert(0, str(REPO / "engine-adapters" / "python"))
 import adapter_tasks as at  # noqa: E402
@@ -132,6 +132,25 @@ def test_a_slowed_site_is_migrated_off_by_the_policy(relay, token, tmp_path, clu
     (mig,) = [e["data"] for e in events if e["type"] == "org.diaspora.action.done" and e["data"]["action"] == "migrate"]
     assert mig["status"] == "done" and "restricted to b" in mig["message"], mig
     assert took < 80, took
+
+
+def test_an_operator_drain_retires_the_sites_workers(relay, token, tmp_path, cluster):
+    c, client = cluster
+    spec = write_spec(tmp_path, relay.creds, token[1], relay.port, name="dsk", sites=SITES)
+    dd.register(client, spec, sites={"a": [0], "b": [1]}, heartbeat_s=0.5)
+    assert client.submit(at.stepper, 2, 0.01, 1, pure=False).result(timeout=60) == 2
+    for aid, what in (("op-d", "drain"), ("op-u", "undrain")):
+        publish_action(relay, token[0], {"action_id": aid, "action": what, "site": "a", "reason": "maintenance"},
+                       topic="dsk.control.engine")
+        events = relay_events(relay, token[0], 1, topic="dsk.events",
+                              counted=lambda e, aid=aid: e["type"] == "org.diaspora.action.done" and e["data"]["action_id"] == aid)
+        (done,) = [e["data"] for e in events if e["type"] == "org.diaspora.action.done" and e["data"]["action_id"] == aid]
+        if what == "drain":
+            assert done["status"] == "done" and "site a: 1 worker(s) retired" in done["message"], done
+            wait_until(lambda: sorted(str(w.name) for w in c.scheduler.workers.values()) == ["1"], 30, "site a's worker retired")
+        else:  # retired workers do not come back: said, not pretended
+            assert done["status"] == "failed" and "do not come back" in done["message"], done
+    assert client.submit(at.stepper, 2, 0.01, 2, pure=False).result(timeout=60) == 4  # site b still works
 
 
 def test_an_unreachable_relay_never_slows_or_fails_the_graph(token, tmp_path, cluster, creds):

@@ -5,8 +5,10 @@ within 1 s; event fields with markup rendered as text; an operator action refuse
 a token without control scope and, with one, carried to a real engine (the plugin through
 the Python binding) whose acknowledgement appears; a `diaspora run` workflow with a fault
 showing its tasks, the anomaly and the migration on the timeline; the page surviving a
-relay restart; screenshots of every page at 1280x800 and 390 px, light and dark; nothing
-requested from another origin.
+relay restart; a site drained and undrained from the Sites page (nothing new starts on it in
+between); a training job's evaluations on the Training page; a topic browsed from a time;
+screenshots of every page at 1280x800 and 390 px, light and dark; nothing requested from
+another origin.
 """
 
 from __future__ import annotations
@@ -158,14 +160,20 @@ def test_operator_actions_need_control_scope_and_reach_the_engine(env):
         engine.close()
 
 
+def run_spec(env, name: str, body: str) -> Path:
+    """A `diaspora run` spec for workflow `name` on the test's relay (its own token file)."""
+    creds, relay, tmp = env
+    tok = tmp / f"{name}-token"
+    tok.write_text(creds.token(f"publish:{name}.*", f"subscribe:{name}.*") + "\n")
+    return rn.write_spec(tmp, f"""version: 1
+name: {name}
+relay: {{url: "wss://127.0.0.1:{relay.port}", ca_file: "{creds.ca}", token_file: "{tok}"}}
+""" + body, name=f"{name}.yaml")
+
+
 def test_a_run_with_a_fault_shows_its_tasks_anomaly_and_migration_on_the_timeline(env):
     creds, relay, tmp = env
-    tok = tmp / "run-token"
-    tok.write_text(creds.token("publish:mig.*", "subscribe:mig.*") + "\n")
-    spec = rn.write_spec(tmp, f"""version: 1
-name: mig
-relay: {{url: "wss://127.0.0.1:{relay.port}", ca_file: "{creds.ca}", token_file: "{tok}"}}
-sites:
+    spec = run_spec(env, "mig", f"""sites:
   - {{name: a, engine: local, workers: 1}}
   - {{name: b, engine: local, workers: 1}}
 tasks:
@@ -173,7 +181,7 @@ tasks:
 {rn.MOVE_OFF}
 faults:
   - {{at: 4s, kind: slow-site, site: a, factor: 8, for: 30s}}
-""", name="mig.yaml")
+""")
     p = rn.run(spec, tmp / "mig-out", timeout=180)
     assert p.returncode == 0, p.stdout + p.stderr
     r = drive("timeline", relay, creds.token("admin"), workflow="mig")
@@ -198,6 +206,72 @@ def test_the_page_survives_a_relay_restart(env):
 
     r = drive("reconnect", relay, creds.token("admin"), on_line=restart, workflow="rs", expect="r.9")
     assert r["before"] == ["r.0"] and r["after"] == ["r.0", "r.9"], r
+
+
+def test_a_site_drained_in_the_page_starts_nothing_new_until_undrained(env):
+    creds, relay, tmp = env
+    spec = run_spec(env, "dr", """sites:
+  - {name: a, engine: local, workers: 1}
+  - {name: b, engine: local, workers: 1}
+tasks:
+  - {name: nap, kind: sleep, args: {seconds: 0.5}, rate: 4, duration: 16s}
+""")
+    out = tmp / "dr-out"
+    p = subprocess.Popen([str(rn.DIASPORA), "run", str(spec), "--out", str(out)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        admin = creds.token("admin")
+        sites = lambda: json.loads(https_get(relay, "/api/v1/views/sites?workflow=dr", admin))["items"]  # noqa: E731
+        wait_until(lambda: any(s["site"] == "a" and s["started"] > 0 for s in sites()), 60, "an attempt on site a")
+        op = creds.token("subscribe:dr.*", "control:dr", subject="operator")
+        r = drive("drain", relay, op, site="a")
+        assert r["result"].startswith("Sent: op-") and r["drained"], r
+        time.sleep(3)
+        r = drive("drain", relay, op, site="a", undrain=True)
+        assert r["result"].startswith("Sent: op-") and not r["drained"], r
+        p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0
+    rep = rn.report(out)
+    (drain,), (undrain,) = rn.actions(rep, "drain"), rn.actions(rep, "undrain")
+    assert drain["outcome"] == "done" and "drained: nothing new starts there" in drain["message"], drain
+    starts = [(a["start_s"], a["site"]) for i in rep["instances"] for a in i["attempts"] if a.get("start_s", -1) >= 0]
+    during = [s for t, s in starts if drain["received_s"] < t < undrain["received_s"]]
+    assert during and set(during) == {"b"}, starts  # four a second wanted, site a idle all the same
+    assert "a" in [s for t, s in starts if t > undrain["received_s"] + 0.5], starts
+
+
+def test_training_page_shows_a_jobs_evaluations(env):
+    creds, relay, _ = env
+    pub = creds.token("publish:*", "subscribe:*")
+    src = "/diaspora/tr/edge"
+    evs = [event("t0", source=src, type_="org.diaspora.task.submitted", data={"task_id": "learn.0", "name": "learn"}),
+           event("t1", source=src, type_="org.diaspora.task.started", data={"task_id": "learn.0", "site": "edge"})]
+    for k in range(3):
+        evs.append(event(f"h{k}", source=src, type_="org.diaspora.task.progress",
+                         data={"task_id": "learn.0", "progress": (k + 1) / 3, "step": 10 * k,
+                               "metrics": {"loss": 1.0 / (k + 1), "buffer_fill": 20.0 * k}}))
+        m = {"eval_after_task": k, "average_accuracy": 0.9}
+        m.update({f"accuracy.t{j}": 0.9 - 0.01 * (k - j) for j in range(k + 1)})
+        evs.append(event(f"v{k}", source=src, type_="org.diaspora.task.heartbeat", data={"task_id": "learn.0", "metrics": m}))
+    publish_events(relay, pub, "tr.events", evs)
+    r = drive("evals", relay, creds.token("admin"))
+    assert r["headers"] == ["After task", "accuracy.t0", "accuracy.t1", "accuracy.t2", "average_accuracy"], r
+    assert [row[0] for row in r["rows"]] == ["0", "1", "2"] and r["rows"][2][1] == "0.88" and r["rows"][0][2] == "", r
+
+
+def test_topics_are_browsed_from_a_time(env):
+    creds, relay, _ = env
+    pub = creds.token("publish:*", "subscribe:*")
+    publish_events(relay, pub, "bt.events", [event(f"early{i}", type_="org.example.early") for i in range(3)])
+    cut = int(time.time()) + 1  # the page's time field has whole seconds
+    time.sleep(cut - time.time() + 0.3)
+    publish_events(relay, pub, "bt.events", [event(f"late{i}", type_="org.example.late") for i in range(2)])
+    r = drive("from_time", relay, creds.token("admin"), topic="bt.events", time_ms=cut * 1000, expect="org.example.late")
+    assert sorted(r["offsets"]) == [3, 4], r
 
 
 def test_screenshots_of_every_page_at_both_sizes_and_keyboard_reach(env):

@@ -4,6 +4,7 @@ written from docs/protocol.md with Python's websockets."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import ssl
 import time
@@ -79,6 +80,33 @@ def test_publish_ack_and_replay_from_each_start(relay, creds):
         await publish(ws, "jobs", 2, [event("late")])
         got = await collect(sub, 1, "c")
         assert got[0][1] == 8 and got[0][2]["id"] == "late"
+        await ws.close()
+        await sub.close()
+    run(go())
+
+
+def test_subscribe_from_a_time_starts_at_the_first_event_appended_then(relay, creds):
+    async def go():
+        ws = await session(relay, admin(creds), producer_id="pt")
+        await publish(ws, "timed.a", 0, [event(f"early{i}") for i in range(4)])
+        await publish(ws, "timed.b", 1, [event("b-early")])
+        await asyncio.sleep(1.1)
+        cut = datetime.datetime.now(datetime.timezone.utc)
+        await asyncio.sleep(0.2)
+        await publish(ws, "timed.a", 2, [event("late0"), event("late1")])
+        sub = await session(relay, admin(creds))
+        # Per topic of a pattern: timed.a from its first event after the cut, timed.b at its end.
+        r = await request(sub, {"op": "subscribe", "id": "t", "topic": "timed.*",
+                                "from": {"time": cut.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}})
+        assert r["op"] == "subscribed" and r["offsets"] == {"timed.a": 4, "timed.b": 1}, r
+        got = await collect(sub, 2, "t")
+        assert [(t, o, e["id"]) for t, o, e in got] == [("timed.a", 4, "late0"), ("timed.a", 5, "late1")]
+        r = await request(sub, {"op": "subscribe", "id": "u", "topic": "timed.a", "from": {"time": "2000-01-01T00:00:00Z"}})
+        assert r["offsets"] == {"timed.a": 0}
+        assert [o for _, o, _ in await collect(sub, 6, "u")] == list(range(6))
+        for bad in ({"time": "yesterday"}, {"time": 5}, {"time": "2026-01-01T00:00:00Z", "x": 1}, {"offset": 3}):
+            r = await request(sub, {"op": "subscribe", "id": "v", "topic": "timed.a", "from": bad})
+            assert r["op"] == "error" and r["code"] == "bad_request" and "from" in r["message"], (bad, r)
         await ws.close()
         await sub.close()
     run(go())
@@ -312,6 +340,20 @@ def test_https_endpoints(relay, creds):
     assert {"name": "m.a", "first_offset": 0, "next_offset": 4} == {k: topics[0][k] for k in ("name", "first_offset", "next_offset")}
     assert https_status(relay, "/api/v1/topics/nope", admin(creds)) == 404
     assert https_status(relay, "/nothing") == 404
+    assert (topics[0]["retention_bytes"], topics[0]["retention_age_s"]) == (0, 0)  # unlimited unless configured
+
+
+def test_topics_list_their_retention(creds, tmp_path):
+    relay = RelayProcess(creds, tmp_path / "data", config={"log": {"retention_bytes": 8388608, "retention_age": "7d"}}).start()
+    try:
+        async def go():
+            ws = await session(relay, admin(creds))
+            await publish(ws, "kept", 0, [event(1)])
+        run(go())
+        (t,) = json.loads(https_get(relay, "/api/v1/topics", admin(creds)))["topics"]
+        assert (t["name"], t["retention_bytes"], t["retention_age_s"]) == ("kept", 8388608, 7 * 86400), t
+    finally:
+        relay.stop()
 
 
 # ---- the CLI against a real relay ---------------------------------------------------------

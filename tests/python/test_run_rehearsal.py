@@ -82,6 +82,14 @@ def undisturbed(tmp_path_factory) -> dict:
     # Row i holds the scans seen after scan i only (the others had not been trained on).
     assert all(v is None for i, row in enumerate(s["error_matrix"]) for v in row[i + 1:])
     assert all(v is not None and 0 < v < 0.1 for row in s["error_matrix"] for v in row[:1])
+    # Each evaluation went out as one report on the progress channel (the console's
+    # Training page): its row of the error matrix, the same numbers.
+    evals = [e["data"]["metrics"] for e in rn.stored_events(out, "learn-stream.events", None)
+             if e["type"] == "org.diaspora.task.heartbeat" and "eval_after_task" in e["data"].get("metrics", {})]
+    assert [m["eval_after_task"] for m in evals] == list(range(6)), evals
+    for i, m in enumerate(evals):
+        assert [m[f"error.t{j}"] for j in range(i + 1)] == pytest.approx(s["error_matrix"][i][:i + 1], rel=1e-6)
+        assert m["average_error"] == pytest.approx(sum(s["error_matrix"][i][:i + 1]) / (i + 1), rel=1e-6)
     return s
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from relay_harness import (Credentials, RelayProcess, event, https_get, https_status, publish_events, relay_events,
-                           request, run, session, wait_until)
+from relay_harness import (Credentials, RelayProcess, event, https_get, https_post, https_status, publish_events,
+                           relay_events, request, run, session, wait_until)
 
 VIEWS = ("workflows", "tasks", "sites", "resources", "actions", "consumers")
 SCHEMA = jsonschema.Draft202012Validator(json.loads((Path(__file__).parents[2] / "schemas" / "views.schema.json").read_text()))
@@ -183,19 +183,6 @@ def test_live_changes_stream_as_server_sent_events(tmp_path, creds):
         relay.stop()
 
 
-def post(relay, path: str, body, token: str | None) -> tuple[int, dict]:
-    req = urllib.request.Request(f"https://127.0.0.1:{relay.port}{path}", method="POST",
-                                 data=(body if isinstance(body, bytes) else json.dumps(body).encode()),
-                                 headers={"Content-Type": "application/json"})
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, context=relay.creds.client_ssl(), timeout=20) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
-
-
 def test_operator_actions_go_to_the_engines_control_topic_with_scopes_checked(tmp_path, creds):
     relay = RelayProcess(creds, tmp_path / "data").start()
     pub = creds.token("publish:*", "subscribe:*")
@@ -210,22 +197,22 @@ def test_operator_actions_go_to_the_engines_control_topic_with_scopes_checked(tm
         act = {"workflow": "beam", "action": "restart", "task_id": "r.0", "reason": "operator: <b>stuck</b>"}
         # Refused by the relay, not only hidden by a page: no token, an expired one, one
         # without admin or control:beam (403 names the scope), bad bodies (400 names the field).
-        assert post(relay, "/api/v1/actions", act, None)[0] == 401
+        assert https_post(relay, "/api/v1/actions", act, None)[0] == 401
         expired = creds.forge({"sub": "x", "scope": ["admin"], "exp": int(time.time()) - 3600})
-        assert post(relay, "/api/v1/actions", act, expired)[0] == 401
-        status, body = post(relay, "/api/v1/actions", act, creds.token("subscribe:*", "publish:beam.*", subject="viewer"))
+        assert https_post(relay, "/api/v1/actions", act, expired)[0] == 401
+        status, body = https_post(relay, "/api/v1/actions", act, creds.token("subscribe:*", "publish:beam.*", subject="viewer"))
         assert status == 403 and "control:beam" in body["message"] and "viewer" in body["message"], body
-        assert post(relay, "/api/v1/actions", act, creds.token("control:other*"))[0] == 403
+        assert https_post(relay, "/api/v1/actions", act, creds.token("control:other*"))[0] == 403
         for bad, field in (({**act, "action": "explode"}, "'action'"), ({**act, "reason": ""}, "'reason'"),
                            ({k: v for k, v in act.items() if k != "reason"}, "'reason' is required"),
                            ({**act, "colour": "red"}, "unknown field 'colour'"),
                            ({**act, "action": "migrate"}, "target_site"), (b"{not json", "JSON object")):
-            status, body = post(relay, "/api/v1/actions", bad, admin)
+            status, body = https_post(relay, "/api/v1/actions", bad, admin)
             assert status == 400 and field in body["message"], (bad, body)
-        status, body = post(relay, "/api/v1/actions", {**act, "task_id": "ghost"}, admin)
+        status, body = https_post(relay, "/api/v1/actions", {**act, "task_id": "ghost"}, admin)
         assert status == 404 and "no engine is known for task 'ghost'" in body["message"]
         # Accepted with control:beam: durable on beam.control.edge, naming who asked.
-        status, body = post(relay, "/api/v1/actions", act, creds.token("control:beam", subject="alice@site"))
+        status, body = https_post(relay, "/api/v1/actions", act, creds.token("control:beam", subject="alice@site"))
         assert status == 202 and body["topic"] == "beam.control.edge" and body["action_id"].startswith("op-"), body
         (stored,) = relay_events(relay, pub, 1, topic="beam.control.edge", counted=lambda e: True)
         assert stored["type"] == "org.diaspora.action.requested" and stored["source"] == "/diaspora/console/alice_site"
@@ -234,6 +221,20 @@ def test_operator_actions_go_to_the_engines_control_topic_with_scopes_checked(tm
         wait_until(lambda: get(relay, "actions", admin)["total"] == 1, 20, "the action in the views")
         (a,) = get(relay, "actions", admin)["items"]
         assert (a["origin"], a["status"], a["task_id"]) == ("operator", "pending", "r.0")
+        # A site's drain goes to the engine that reports tasks on it; its done marks the site.
+        drain = {"workflow": "beam", "action": "drain", "reason": "maintenance"}
+        status, body = https_post(relay, "/api/v1/actions", drain, admin)
+        assert status == 400 and "a drain needs 'site'" in body["message"], body
+        status, body = https_post(relay, "/api/v1/actions", {**drain, "site": "nowhere"}, admin)
+        assert status == 404 and "no engine is known for site 'nowhere'" in body["message"], body
+        status, body = https_post(relay, "/api/v1/actions", {**drain, "site": "a"}, admin)
+        assert status == 202 and body["topic"] == "beam.control.edge", body
+        publish_events(relay, pub, "beam.events", [{**ev(3, "action.done", action_id=body["action_id"], status="done",
+                                                         action="drain", message="site 'a' drained"),
+                                                    "source": "/diaspora/beam/edge"}])
+        wait_until(lambda: get(relay, "sites", admin)["items"][0]["drained"], 20, "the drained site in the views")
+        (site,) = get(relay, "sites", admin)["items"]
+        assert site["engine"] == "edge" and SCHEMA.is_valid(get(relay, "sites", admin)), site
     finally:
         relay.stop()
 

@@ -221,6 +221,8 @@ TEST(Policy, SilentWorkerIsSuspectedWithinAFewHeartbeatsAndRestarted) {
   EXPECT_EQ(first.target_site, "a");
   EXPECT_EQ(first.detector, "phi-accrual");
   EXPECT_GE(first.value, 8.0);
+  EXPECT_DOUBLE_EQ(first.score_threshold, 1 - 1e-8);  // phi 8 on the score's scale: 1 - 10^-8
+  EXPECT_GE(first.score, first.score_threshold);
   EXPECT_GT(first.time_s, last_hb + 1.0) << "suspected before a heartbeat was even late";
   EXPECT_LE(first.time_s, last_hb + 3.0) << "suspected later than 3 heartbeat intervals";
   EXPECT_NE(first.reason.find("restart-lost: task.heartbeat_gap of task worker-1 on site a: phi-accrual phi "),
@@ -415,6 +417,7 @@ TEST(Policy, FlappingSignalIsBoundedByCooldownAndBudget) {
   }
   std::map<std::string, std::vector<const res::Decision*>> by_key;
   for (const auto& d : all) by_key[d.policy + "/" + d.task_id + "/" + d.site].push_back(&d);
+  for (const auto& d : all) EXPECT_TRUE(std::isnan(d.score_threshold)) << d.policy;  // a threshold rule's score is always 1
   int flappy = 0, unbudgeted = 0, site = 0;
   for (const auto& [key, ds] : by_key) {
     for (std::size_t i = 1; i < ds.size(); ++i)

@@ -980,3 +980,32 @@ TEST(TopicLog, DestructorDrainsQueuedAppends) {
   LogStore s(options(dir.path()));
   EXPECT_EQ(s.committed_offset("t"), 50u);
 }
+
+TEST(TopicLog, OffsetAtTimeOverSegments) {
+  TempDir dir;
+  LogOptions o = options(dir.path());
+  o.segment_bytes = 600;  // a few records a segment: the search crosses segments
+  LogStore s(o);
+  EXPECT_EQ(s.offset_at_time("t", 0), 0u);  // no topic: its (empty) end
+  for (int b = 0; b < 8; ++b) {
+    std::vector<std::string> texts;
+    for (int i = 0; i < 5; ++i) texts.push_back("{\"batch\":" + std::to_string(b) + ",\"i\":" + std::to_string(i) + "}");
+    ASSERT_TRUE(append_sync(s, "t", "p", static_cast<std::uint64_t>(b + 1), payloads(texts)).ok);
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  }
+  ASSERT_GT(s.info("t")->segments, 2u);
+  const auto recs = s.read("t", 0, 100, 1 << 20);
+  ASSERT_EQ(recs.size(), 40u);
+  for (const auto& r : recs) {
+    std::uint64_t first = 0;  // the first offset appended at or after r's time
+    while (recs[first].time_us < r.time_us) ++first;
+    EXPECT_EQ(s.offset_at_time("t", r.time_us), first) << "offset " << r.offset;
+    EXPECT_EQ(s.offset_at_time("t", r.time_us + 1), [&] {
+      std::uint64_t k = first;
+      while (k < recs.size() && recs[k].time_us <= r.time_us) ++k;
+      return k;
+    }());
+  }
+  EXPECT_EQ(s.offset_at_time("t", 0), 0u);
+  EXPECT_EQ(s.offset_at_time("t", recs.back().time_us + 1), 40u);  // after everything: the end
+}

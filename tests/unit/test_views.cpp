@@ -346,3 +346,64 @@ TEST(Views, ProgressMetricsOfATrainingJobMakeItsSeries) {
   EXPECT_EQ(items[1].at("series").as_array().size(), 0u);  // step time only: no series
   EXPECT_EQ(items[1].at("step_time_s").as_double(), 0.2);
 }
+
+TEST(Views, EvaluationsAreKeptApartFromTheSeries) {
+  Fixture f;
+  std::vector<std::string> evs = {f.ev("task.submitted", {{"task_id", "job"}, {"name", "rehearsal"}}),
+                                  f.ev("task.started", {{"task_id", "job"}, {"site", "s"}})};
+  for (int task = 0; task < 3; ++task) {
+    for (int i = 0; i < 30; ++i)  // heartbeats with a training job's metrics also make its series
+      evs.push_back(f.ev("task.heartbeat", {{"task_id", "job"}, {"metrics", {{"loss", 1.0}, {"step_time", 0.1}}}}));
+    json::object m{{"eval_after_task", task}, {"average_accuracy", 0.9 - 0.05 * task}};
+    for (int j = 0; j <= task; ++j) m["accuracy.t" + std::to_string(j)] = 0.9 - 0.05 * (task - j);
+    evs.push_back(f.ev("task.heartbeat", {{"task_id", "job"}, {"metrics", m}}));  // within 250 ms: read in full all the same
+  }
+  f.publish("w.events", evs);
+  Views v(*f.store, f.options());
+  v.catch_up();
+  const auto job = q(v, "tasks")["items"].as_array()[0].as_object();
+  const auto& evals = job.at("evals").as_array();
+  ASSERT_EQ(evals.size(), 3u);
+  EXPECT_EQ(evals[2].at("after_task").as_int64(), 2);
+  EXPECT_DOUBLE_EQ(evals[2].at("values").at("accuracy.t0").as_double(), 0.8);
+  EXPECT_FALSE(evals[2].at("values").as_object().contains("eval_after_task"));
+  EXPECT_FALSE(job.at("metrics").as_object().contains("accuracy.t0"));  // not a running metric
+  EXPECT_GE(job.at("series").as_array().size(), 1u);
+  for (const auto& p : job.at("series").as_array()) EXPECT_FALSE(p.at("values").as_object().contains("accuracy.t0"));
+}
+
+TEST(Views, SiteHealthOverTimeThresholdsAndDrain) {
+  Fixture f;
+  f.publish("w.events", {f.ev("task.submitted", {{"task_id", "t.0"}}),
+                         json::serialize(json::object{{"specversion", "1.0"}, {"id", "s1"}, {"source", "/diaspora/w/edge"},
+                                                      {"type", "org.diaspora.task.started"},
+                                                      {"data", {{"task_id", "t.0"}, {"site", "a"}}}}),
+                         f.ev("anomaly.predicted", {{"series", "task.heartbeat_gap:t.0"}, {"score", 0.99999}, {"detector", "phi-accrual"},
+                                                    {"site", "a"}, {"policy", "lost"}, {"score_threshold", 0.9999}})});
+  f.publish("w.events", {f.ev("task.failed", {{"task_id", "t.0"}, {"site", "a"}, {"reason", "lost"}})});
+  Views v(*f.store, f.options());
+  v.catch_up();
+  auto site = q(v, "sites")["items"].as_array()[0].as_object();
+  EXPECT_EQ(site.at("engine").as_string(), "edge");
+  EXPECT_FALSE(site.at("drained").as_bool());
+  const auto& score = site.at("scores").as_array()[0];
+  EXPECT_DOUBLE_EQ(score.at("threshold").as_double(), 0.9999);
+  EXPECT_EQ(score.at("policy").as_string(), "lost");
+  const auto& hist = site.at("history").as_array();
+  ASSERT_GE(hist.size(), 1u);  // the prediction lowered it; the failure within a second replaced that point
+  EXPECT_NEAR(hist.back().at("health").as_double(), site.at("health").as_double(), 0.01);  // changes under 0.01 wait
+  EXPECT_LT(site.at("health").as_double(), 0.01);
+  EXPECT_EQ(v.engine_of_site("w", "a"), "edge");
+  EXPECT_EQ(v.engine_of_site("w", "b"), "");
+  // A drain is the site's once the engine says it is done; an undrain's done clears it.
+  f.publish("w.control.edge", {f.ev("action.requested", {{"action_id", "op1"}, {"action", "drain"}, {"site", "a"}, {"reason", "r"}})});
+  v.catch_up();
+  EXPECT_FALSE(q(v, "sites")["items"].as_array()[0].at("drained").as_bool());  // asked, not done
+  f.publish("w.events", {f.ev("action.done", {{"action_id", "op1"}, {"status", "done"}, {"action", "drain"}})});
+  v.catch_up();
+  EXPECT_TRUE(q(v, "sites")["items"].as_array()[0].at("drained").as_bool());
+  f.publish("w.control.edge", {f.ev("action.requested", {{"action_id", "op2"}, {"action", "undrain"}, {"site", "a"}, {"reason", "r"}})});
+  f.publish("w.events", {f.ev("action.done", {{"action_id", "op2"}, {"status", "failed"}, {"message", "no"}})});
+  v.catch_up();
+  EXPECT_TRUE(q(v, "sites")["items"].as_array()[0].at("drained").as_bool());  // a failed undrain changes nothing
+}

@@ -147,9 +147,11 @@ struct AnomalyPredicted {
   std::optional<Forecast> forecast;
   std::optional<std::string> task_id;
   std::optional<std::string> site;
+  std::optional<std::string> policy;        ///< the policy that decided
+  std::optional<double> score_threshold;    ///< the policy's threshold on the score's scale
 };
 BOOST_DESCRIBE_STRUCT(AnomalyPredicted, (),
-                      (series, score, detector, explanation, value, forecast, task_id, site))
+                      (series, score, detector, explanation, value, forecast, task_id, site, policy, score_threshold))
 
 struct ActionRequested {
   static constexpr std::string_view type = "org.diaspora.action.requested";

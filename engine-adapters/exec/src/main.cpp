@@ -341,11 +341,46 @@ int main(int argc, char** argv) {
     double kill_at = -1;  // SIGKILL the group then (after SIGTERM for cancel / restart)
     bool hung = false, cancelled = false, restarting = false;
     std::string stop_action, stop_reason;
+    // What the command wrote on its progress channel: read without blocking, one report
+    // per line. Also called once after it exited (lines written just before the exit).
+    auto read_progress = [&] {
+      char buf[4096];
+      ssize_t n;
+      while ((n = ::read(pfd[0], buf, sizeof buf)) > 0) pbuf.append(buf, static_cast<std::size_t>(n));
+      if (n == 0) {
+        ::close(pfd[0]);
+        pfd[0] = -1;
+      }
+      std::size_t nl;
+      while ((nl = pbuf.find('\n')) != std::string::npos) {
+        const auto pl = diaspora::run::parse_progress_line(pbuf.substr(0, nl));
+        pbuf.erase(0, nl + 1);
+        if (pl.kind == diaspora::run::ProgressLine::Kind::none) continue;
+        last_activity = mono();
+        auto i = info;
+        const std::vector<diaspora_metric_value> mv = pl.metric_values();
+        if (pl.kind == diaspora::run::ProgressLine::Kind::progress) {
+          i.progress = pl.value;
+          i.step = pl.step;
+          rep.call(&PluginLibrary::task_progress, i, "progress");
+        } else {
+          if (pl.kind == diaspora::run::ProgressLine::Kind::metric) {
+            i.metrics = mv.data();
+            i.metric_count = mv.size();
+          }
+          if (!hung) rep.call(&PluginLibrary::task_heartbeat, i, "heartbeat");
+        }
+      }
+      if (pbuf.size() > 65536) pbuf.clear();  // a line that never ends
+    };
     int status = 0;
     rusage ru{};
     while (true) {
       const pid_t w = ::wait4(child, &status, WNOHANG, &ru);
-      if (w == child) break;
+      if (w == child) {
+        if (pfd[0] >= 0) read_progress();
+        break;
+      }
       const double now = mono();
       if (kill_at > 0 && now >= kill_at) {
         diaspora::run::signal_group(child, SIGKILL);
@@ -360,35 +395,7 @@ int main(int argc, char** argv) {
       while ((n = ::read(g_sig_pipe[0], sigs, sizeof sigs)) > 0)
         for (ssize_t k = 0; k < n; ++k)
           if (sigs[k] != 0 && sigs[k] != SIGCHLD) diaspora::run::signal_group(child, sigs[k]);
-      if (pfd[0] >= 0 && (fds[1].revents & (POLLIN | POLLHUP))) {
-        char buf[4096];
-        while ((n = ::read(pfd[0], buf, sizeof buf)) > 0) pbuf.append(buf, static_cast<std::size_t>(n));
-        if (n == 0) {
-          ::close(pfd[0]);
-          pfd[0] = -1;
-        }
-        std::size_t nl;
-        while ((nl = pbuf.find('\n')) != std::string::npos) {
-          const auto pl = diaspora::run::parse_progress_line(pbuf.substr(0, nl));
-          pbuf.erase(0, nl + 1);
-          if (pl.kind == diaspora::run::ProgressLine::Kind::none) continue;
-          last_activity = mono();
-          auto i = info;
-          diaspora_metric_value mv{pl.name.c_str(), pl.value};
-          if (pl.kind == diaspora::run::ProgressLine::Kind::progress) {
-            i.progress = pl.value;
-            i.step = pl.step;
-            rep.call(&PluginLibrary::task_progress, i, "progress");
-          } else {
-            if (pl.kind == diaspora::run::ProgressLine::Kind::metric) {
-              i.metrics = &mv;
-              i.metric_count = 1;
-            }
-            if (!hung) rep.call(&PluginLibrary::task_heartbeat, i, "heartbeat");
-          }
-        }
-        if (pbuf.size() > 65536) pbuf.clear();  // a line that never ends
-      }
+      if (pfd[0] >= 0 && (fds[1].revents & (POLLIN | POLLHUP))) read_progress();
       for (const auto& a : rep.take_actions()) {
         const std::string id = a.id;
         if (std::string(a.task_id) != o.task) {

@@ -38,7 +38,7 @@ STATUS_NAMES = ["DIASPORA_OK", "DIASPORA_ERR_NULL", "DIASPORA_ERR_INVALID", "DIA
 SCOPE_TASK, SCOPE_SITE, SCOPE_RESOURCE = 1, 2, 3
 
 # diaspora_action_kind
-ACTION_KINDS = {1: "restart", 2: "migrate", 3: "speculate", 4: "checkpoint", 5: "throttle", 6: "cancel"}
+ACTION_KINDS = {1: "restart", 2: "migrate", 3: "speculate", 4: "checkpoint", 5: "throttle", 6: "cancel", 7: "drain", 8: "undrain"}
 
 TASK_HOOKS = ("submitted", "started", "heartbeat", "progress", "completed", "failed", "cancelled")
 

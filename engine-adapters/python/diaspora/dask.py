@@ -255,6 +255,16 @@ class DiasporaSchedulerPlugin(SchedulerPlugin):
         if a.kind in ("speculate", "checkpoint", "throttle"):
             return (f"refused: the Dask scheduler plugin cannot {a.kind} a key; run the tasks through "
                     "diaspora.futures.ResilientExecutor over client.get_executor(workers=...) sites for that")
+        if a.kind == "drain":
+            if not a.site:
+                return "refused: a drain names the site"
+            retired = await self.drain_site(a.site)
+            if not retired:
+                return f"refused: site {a.site!r} has no workers"
+            return f"site {a.site}: {len(retired)} worker(s) retired (their results moved to other workers first)"
+        if a.kind == "undrain":
+            return ("refused: retired Dask workers do not come back; start new workers for the site "
+                    "(dask worker ... --resources/--name as the site's)")
         rec = self._tasks.get(a.task_id)
         key = rec.key if rec is not None else None
         ts = s.tasks.get(key) if key is not None else None

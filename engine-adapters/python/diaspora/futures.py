@@ -361,6 +361,8 @@ class ResilientExecutor(cf.Executor):
         task = self._tasks.get(base)
         if a.kind == "throttle":
             return a.failed("ResilientExecutor does not throttle: it submits what its caller submits")
+        if a.kind in ("drain", "undrain"):
+            return a.failed(f"ResilientExecutor does not {a.kind} sites: its sites are the executors it wraps")
         if task is None:
             return a.failed(f"unknown task {a.task_id!r}")
         if task.resolved:

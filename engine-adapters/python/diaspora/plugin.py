@@ -52,7 +52,7 @@ class Action:
     asks the engine to carry out. Acknowledge it once with done() or failed()."""
 
     id: str
-    kind: str  # restart | migrate | speculate | checkpoint | throttle | cancel
+    kind: str  # restart | migrate | speculate | checkpoint | throttle | cancel | drain | undrain
     task_id: str
     site: str
     target_site: str

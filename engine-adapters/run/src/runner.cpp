@@ -151,6 +151,7 @@ struct Site {
   bool stopped_phase = false;
   double penalty = 0, penalty_t = 0;  ///< decayed count of failures and moves off this site
   long completed = 0, failed = 0;
+  bool drained = false;  ///< an operator's drain: nothing new starts here until an undrain
   /// Per task name: the step times seen on this site lately (fast EW mean), over a longer
   /// time (slow EW mean), and when last updated.
   struct StepTimes {
@@ -228,6 +229,7 @@ class Runner {
   void erase_view();
   void draw_view();
   double site_health(const Site& s, double t) const;
+  void drain_site(const diaspora_action& a);
 
   // ---- setup
   void start_relay_and_plugin();
@@ -828,6 +830,7 @@ Slot* Runner::choose_slot(const Instance& inst, const Attempt& a, Site** site_ou
   const TaskSpec& ts = spec_.tasks[inst.task];
   auto allowed = [&](const Site& s) {
     if (s.launcher && !ts.kind) return false;  // commands and rehearsal jobs run on local sites
+    if (s.drained) return false;
     if (!a.pin_site.empty()) return s.spec->name == a.pin_site;
     if (!a.avoid_site.empty() && s.spec->name == a.avoid_site) return false;
     return ts.allowed_sites.empty() ||
@@ -1228,6 +1231,7 @@ void Runner::handle_actions() {
 void Runner::carry_out(const diaspora_action& a, ActionRecord& rec) {
   const std::string kind = a.kind_name;
   if (stopping_) return ack(a.id, false, "the run is stopping");
+  if (a.kind == DIASPORA_ACTION_DRAIN || a.kind == DIASPORA_ACTION_UNDRAIN) return drain_site(a);
   if (a.kind == DIASPORA_ACTION_THROTTLE) {
     throttle_ = std::max(1.0 / 16, throttle_ * 0.5);
     throttle_until_ = now() + 60;
@@ -1250,6 +1254,7 @@ void Runner::carry_out(const diaspora_action& a, ActionRecord& rec) {
         Site* t = find_site(target);
         const TaskSpec& ts = spec_.tasks[inst.task];
         if (!t) return ack(a.id, false, "no site '" + target + "' in this run");
+        if (t->drained) return ack(a.id, false, "site '" + target + "' is drained (an operator's drain; undrain it first)");
         if (t->launcher && !ts.kind)
           return ack(a.id, false, "site '" + target + "' (engine: " + std::string(to_string(t->spec->engine)) +
                                       ") runs built-in kinds only, not " + ts.name);
@@ -1323,6 +1328,34 @@ void Runner::carry_out(const diaspora_action& a, ActionRecord& rec) {
     default:
       return ack(a.id, false, "unknown action kind " + kind);
   }
+}
+
+// drain: nothing new starts on the site (attempts running there finish; waiting attempts
+// pinned to it are placed elsewhere); undrain: it takes new work again.
+void Runner::drain_site(const diaspora_action& a) {
+  const bool drain = a.kind == DIASPORA_ACTION_DRAIN;
+  const std::string name = a.site[0] != '\0' ? a.site : a.target_site;
+  if (name.empty()) return ack(a.id, false, std::string("a ") + a.kind_name + " names the site ('site')");
+  Site* s = find_site(name);
+  if (!s) return ack(a.id, false, "no site '" + name + "' in this run");
+  if (s->drained == drain) return ack(a.id, true, "site '" + name + "' was already " + (drain ? "drained" : "taking work"));
+  s->drained = drain;
+  long running = 0, moved = 0;
+  for (const auto& sl : s->slots) running += sl.inst >= 0;
+  if (drain)
+    for (auto [ii, ai] : queue_) {
+      Attempt& q = insts_[static_cast<std::size_t>(ii)].attempts[static_cast<std::size_t>(ai)];
+      if (q.outcome == "queued" && q.pin_site == name) {
+        q.pin_site.clear();
+        q.avoid_site = name;
+        ++moved;
+      }
+    }
+  dispatch();
+  return ack(a.id, true, drain ? "site '" + name + "' drained: nothing new starts there; " + std::to_string(running) +
+                                     " running attempt(s) finish there" +
+                                     (moved ? ", " + std::to_string(moved) + " waiting one(s) placed elsewhere" : "")
+                               : "site '" + name + "' takes new work again");
 }
 
 // ---- I/O ----------------------------------------------------------------------------------------
@@ -1403,9 +1436,9 @@ void Runner::on_command_line(Site& s, Slot& slot, const std::string& line) {
     i.step = pl.step;
     lib_->task_progress(plugin_, &i);
   } else if (pl.kind == ProgressLine::Kind::metric) {
-    diaspora_metric_value mv{pl.name.c_str(), pl.value};
-    i.metrics = &mv;
-    i.metric_count = 1;
+    const std::vector<diaspora_metric_value> mv = pl.metric_values();
+    i.metrics = mv.data();
+    i.metric_count = mv.size();
     lib_->task_heartbeat(plugin_, &i);
   } else {
     lib_->task_heartbeat(plugin_, &i);
@@ -1850,8 +1883,8 @@ void Runner::draw_view() {
   for (const auto& s : sites_) {
     long busy = 0;
     for (const auto& sl : s.slots) busy += sl.inst >= 0;
-    std::snprintf(b, sizeof b, "  %-16s running %ld/%zu  done %ld  failed %ld  health %.2f\n", s.spec->name.c_str(), busy,
-                  s.slots.size(), s.completed, s.failed, site_health(s, t));
+    std::snprintf(b, sizeof b, "  %-16s running %ld/%zu  done %ld  failed %ld  health %.2f%s\n", s.spec->name.c_str(), busy,
+                  s.slots.size(), s.completed, s.failed, site_health(s, t), s.drained ? "  (drained)" : "");
     v << b;
     ++lines;
   }

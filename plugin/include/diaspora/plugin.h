@@ -253,7 +253,9 @@ typedef enum diaspora_action_kind {
   DIASPORA_ACTION_SPECULATE = 3,  /* run a copy of task_id on target_site (or anywhere) */
   DIASPORA_ACTION_CHECKPOINT = 4, /* ask task_id to checkpoint */
   DIASPORA_ACTION_THROTTLE = 5,   /* slow down submissions (to site, or everywhere) */
-  DIASPORA_ACTION_CANCEL = 6      /* cancel task_id */
+  DIASPORA_ACTION_CANCEL = 6,     /* cancel task_id */
+  DIASPORA_ACTION_DRAIN = 7,      /* start nothing new on site (running tasks finish there) */
+  DIASPORA_ACTION_UNDRAIN = 8     /* site takes new work again after a drain */
 } diaspora_action_kind;
 
 /* An action for the engine. Strings are NUL-terminated and owned by the struct. */
@@ -262,8 +264,8 @@ typedef struct diaspora_action {
   char id[DIASPORA_MAX_ID + 1];     /* acknowledge with diaspora_action_done/failed */
   int32_t kind;                     /* a diaspora_action_kind */
   char kind_name[16];               /* "restart", "migrate", ... */
-  char task_id[DIASPORA_MAX_ID + 1];     /* empty for throttle without a task */
-  char site[DIASPORA_MAX_ID + 1];        /* where the task is, when known */
+  char task_id[DIASPORA_MAX_ID + 1];     /* empty for throttle without a task, drain, undrain */
+  char site[DIASPORA_MAX_ID + 1];        /* where the task is, when known; drain/undrain: the site */
   char target_site[DIASPORA_MAX_ID + 1]; /* migrate (always set), speculate (optional) */
   char reason[DIASPORA_MAX_TEXT + 1];    /* readable: what was seen and why this action */
   char origin[16];                  /* "control" (operator via the relay) or "local" */

@@ -76,6 +76,9 @@ struct Decision {
   std::string explanation;  ///< the detector's own account (explain(Score) for ensemble)
   double value = 0;         ///< the value compared with the threshold (score, z, phi, ...)
   double threshold = 0;     ///< the threshold it was compared with
+  /// The same threshold on the score's scale (where `score` would reach it); NaN for
+  /// threshold and forecast rules, whose score is always 1.
+  double score_threshold = std::numeric_limits<double>::quiet_NaN();
   double time_s = 0;        ///< when it was decided
   std::optional<double> eta_s;  ///< forecast detectors: predicted completion / crossing time
 };

@@ -1,0 +1,52 @@
+// The progress channel's lines (docs/run.md, "Commands"): what a command may write on
+// DIASPORA_PROGRESS_FD and what is ignored.
+#include <gtest/gtest.h>
+
+#include "process.hpp"
+
+using diaspora::run::parse_progress_line;
+using Kind = diaspora::run::ProgressLine::Kind;
+
+TEST(ProgressLine, ProgressWithAndWithoutStep) {
+  auto p = parse_progress_line("progress 0.25 12");
+  EXPECT_EQ(p.kind, Kind::progress);
+  EXPECT_DOUBLE_EQ(p.value, 0.25);
+  EXPECT_EQ(p.step, 12);
+  p = parse_progress_line("progress 1");
+  EXPECT_EQ(p.kind, Kind::progress);
+  EXPECT_EQ(p.step, -1);
+  EXPECT_EQ(parse_progress_line("progress 1.5").kind, Kind::none);
+  EXPECT_EQ(parse_progress_line("progress nan").kind, Kind::none);
+  EXPECT_EQ(parse_progress_line("progress half").kind, Kind::none);
+  EXPECT_EQ(parse_progress_line("progress").kind, Kind::none);
+}
+
+TEST(ProgressLine, OneMetricOrSeveralInOneReport) {
+  auto p = parse_progress_line("metric rows 5000");
+  ASSERT_EQ(p.kind, Kind::metric);
+  ASSERT_EQ(p.metrics.size(), 1u);
+  EXPECT_EQ(p.metrics[0].first, "rows");
+  EXPECT_DOUBLE_EQ(p.metrics[0].second, 5000);
+  p = parse_progress_line("metric eval_after_task 2 accuracy.t0 0.91 accuracy.t1 0.875");
+  ASSERT_EQ(p.kind, Kind::metric);
+  ASSERT_EQ(p.metrics.size(), 3u);
+  EXPECT_EQ(p.metrics[2].first, "accuracy.t1");
+  const auto values = p.metric_values();
+  ASSERT_EQ(values.size(), 3u);
+  EXPECT_STREQ(values[1].name, "accuracy.t0");
+  EXPECT_DOUBLE_EQ(values[1].value, 0.91);
+}
+
+TEST(ProgressLine, BadMetricLinesAreIgnoredWhole) {
+  EXPECT_EQ(parse_progress_line("metric").kind, Kind::none);
+  EXPECT_EQ(parse_progress_line("metric rows").kind, Kind::none);             // no value
+  EXPECT_EQ(parse_progress_line("metric a 1 b").kind, Kind::none);            // a pair cut short
+  EXPECT_EQ(parse_progress_line("metric a 1 a 2").kind, Kind::none);          // a name twice
+  EXPECT_EQ(parse_progress_line("metric a inf").kind, Kind::none);
+  EXPECT_EQ(parse_progress_line("metric " + std::string(64, 'x') + " 1").kind, Kind::none);
+  std::string many = "metric";
+  for (int i = 0; i < 33; ++i) many += " m" + std::to_string(i) + " 1";
+  EXPECT_EQ(parse_progress_line(many).kind, Kind::none);  // more than 32 in one report
+  EXPECT_EQ(parse_progress_line("heartbeat").kind, Kind::heartbeat);
+  EXPECT_EQ(parse_progress_line("hello").kind, Kind::none);
+}
