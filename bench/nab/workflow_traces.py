@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""Workflow-shaped anomaly traces, scored like NAB, with lead times (issue 24;
+docs/anomaly.md, "Workflow traces").
+
+A generator of the signals Diaspora's policies watch: a task's step time, a task's
+heartbeat gap, a site's throughput and a queue's length, with labelled faults (a slowdown
+that ramps, a sudden slowdown, a stall, workers dying, capacity lost) over structure that
+is not a fault (noise, periodic load, slow drift, late heartbeats). Every parameter and
+seed is in bench/nab/workflow_configs.json; configurations marked `heldout` are never
+used to choose a setting or a threshold.
+
+Each series is written in NAB's layout with NAB-style windows (centred on each fault's
+onset, 10 % of the series in all), scored with NAB's scorer (standard profile; the
+threshold swept over the tuning configurations only, and applied as is to the held-out
+ones), and each fault gets a lead time: its harm time (when the task or site has lost
+`slack` seconds of work against its schedule, or, for a stall, when Parsl's 120 s
+heartbeat threshold would notice) minus the first detection at or after the fault's
+window opened. Positive: the detector fired before the harm.
+
+Usage (from the repository root, after `make build`):
+    /usr/bin/python3 bench/nab/workflow_traces.py [--build build] [--scorer ../shared/tools/nab]
+        [--configs bench/nab/workflow_configs.json] [--work /tmp/diaspora-traces]
+        [--nab-config FILE] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+START = dt.datetime(2026, 1, 5)
+SLACK_TASK_S = 60.0     # a task that lost a minute against its schedule
+SLACK_SITE_S = 300.0    # a site that lost five minutes of its capacity
+STALL_HARM_S = 120.0    # Parsl's heartbeat threshold
+QUEUE_HARM_S = 300.0    # a queue holding five minutes of work
+
+
+def poisson(rng: random.Random, lam: float) -> int:
+    if lam <= 0:
+        return 0
+    if lam > 30:
+        return max(0, round(rng.gauss(lam, math.sqrt(lam))))
+    limit, k, p = math.exp(-lam), 0, 1.0
+    while True:
+        p *= rng.random()
+        if p <= limit:
+            return k
+        k += 1
+
+
+def periodic(c: dict, t: float) -> float:
+    p = c.get("period_s", 0)
+    return 1.0 + (c.get("amplitude", 0.0) * math.sin(2 * math.pi * t / p) if p else 0.0)
+
+
+def drift(c: dict, t: float) -> float:
+    return 1.0 + c.get("drift_per_h", 0.0) * t / 3600.0
+
+
+def place_faults(rng: random.Random, c: dict, n: int, k: int) -> list[dict]:
+    """k faults at rows after the probation (15 %), apart from each other and the end."""
+    faults, lo = [], int(0.15 * n) + 50
+    span = (n - lo) // max(k, 1)
+    for j in range(k):
+        row = lo + j * span + rng.randrange(0, max(1, span // 3))
+        faults.append({"row": row, "kind": rng.choice(c["kinds"])})
+    return faults
+
+
+def trace(c: dict, i: int, clean: bool) -> tuple[list[float], list[dict]]:
+    """One series (values every dt_s) and its faults with onset and harm times."""
+    rng = random.Random(c["seed"] * 1000 + i)
+    n, step = c["points"], c["dt_s"]
+    faults = [] if clean else place_faults(rng, c, n, c["faults_per_trace"])
+    for f in faults:
+        f["t"] = f["row"] * step
+        f["duration_s"] = rng.uniform(0.15, 0.25) * (n - f["row"]) * step
+    sig = c["signal"]
+    values: list[float] = []
+
+    def factor(t: float) -> float:  # capacity left (1: all), from the faults active at t
+        out = 1.0
+        for f in faults:
+            if not (f["t"] <= t < f["t"] + f["duration_s"]):
+                continue
+            if f["kind"] == "ramp":
+                out *= 1.0 / (1.0 + 2.0 * min(1.0, (t - f["t"]) / 600.0))  # to a third over 10 min
+            elif f["kind"] == "jump":
+                out *= 0.4
+            elif f["kind"] == "death":
+                out *= 0.75  # a node with a quarter of the site's workers
+            elif f["kind"] == "capacity":
+                out *= 0.5
+        return out
+
+    if sig == "step_time":
+        for r in range(n):
+            t = r * step
+            values.append(periodic(c, t) * drift(c, t) * math.exp(rng.gauss(0, c["noise"])) / factor(t))
+    elif sig == "throughput":
+        for r in range(n):
+            t = r * step
+            lam = c["workers"] * c["rate_per_worker"] * periodic(c, t) * drift(c, t) * factor(t) * step / 60.0
+            values.append(float(poisson(rng, lam)))
+    elif sig == "queue_length":
+        q = 0.0
+        for r in range(n):
+            t = r * step
+            q = max(0.0, q + poisson(rng, c["load"] * c["capacity"] * periodic(c, t) * step) - c["capacity"] * factor(t) * step)
+            values.append(q)
+    elif sig == "heartbeat_gap":
+        stalls = [(f["t"], f["t"] + max(f["duration_s"], STALL_HARM_S + 60)) for f in faults]
+        last, nxt = 0.0, 1.0
+        for r in range(n):
+            t = r * step
+            while nxt <= t:
+                if not any(a <= nxt < b for a, b in stalls):
+                    last = nxt
+                late = rng.uniform(2, 4) if rng.random() < c.get("pause_prob", 0) else 0.0
+                nxt += max(0.2, 1.0 + c["noise"] * rng.gauss(0, 1)) + late
+            values.append(round(t - last, 3))
+        for f, (a, b) in zip(faults, stalls):
+            f["duration_s"] = b - a
+    else:
+        sys.exit(f"unknown signal {sig!r}")
+
+    for f in faults:  # harm: when the lost work reaches the slack (a stall: Parsl notices)
+        if sig == "heartbeat_gap":
+            f["harm_t"] = f["t"] + STALL_HARM_S
+            continue
+        if sig == "queue_length":
+            rows = [r for r in range(f["row"], n) if values[r] >= QUEUE_HARM_S * c["capacity"]]
+            f["harm_t"] = rows[0] * step if rows else None
+            continue
+        slack = SLACK_TASK_S if sig == "step_time" else SLACK_SITE_S
+        lost, t, f["harm_t"] = 0.0, f["t"], None
+        while t < f["t"] + f["duration_s"]:
+            lost += (1.0 - factor(t)) * 1.0
+            t += 1.0
+            if lost >= slack:
+                f["harm_t"] = t
+                break
+    return values, faults
+
+
+def stamp(t: float) -> str:
+    return (START + dt.timedelta(seconds=t)).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def generate(configs: list[dict], root: Path) -> dict:
+    """Writes root/<config>/<config>-<i>.csv and root/labels/combined_windows.json; returns
+    the truth: per series, its faults with onset, harm and window."""
+    windows, truth = {}, {}
+    for c in configs:
+        (root / c["name"]).mkdir(parents=True, exist_ok=True)
+        for i in range(c["traces"]):
+            values, faults = trace(c, i, clean=i >= c["traces"] - c["clean_traces"])
+            rel = f"{c['name']}/{c['name']}-{i}.csv"
+            n, step = len(values), c["dt_s"]
+            with open(root / rel, "w") as out:
+                out.write("timestamp,value\n")
+                for r, v in enumerate(values):
+                    out.write(f"{stamp(r * step)},{v:.6g}\n")
+            width = int(0.1 * n / len(faults)) if faults else 0
+            wins = []
+            for f in faults:
+                a, b = max(0, f["row"] - width // 2), min(n - 1, f["row"] + width // 2)
+                wins.append([stamp(a * step), stamp(b * step)])
+                f["window_start_t"] = a * step
+            windows[rel] = wins
+            truth[rel] = {"config": c["name"], "dt_s": step, "faults": faults}
+    (root / "labels").mkdir(exist_ok=True)
+    (root / "labels" / "combined_windows.json").write_text(json.dumps(windows, indent=1))
+    return truth
+
+
+def scores_of(path: Path) -> list[float]:
+    with open(path) as f:
+        next(f)
+        return [float(line.rsplit(",", 1)[1]) for line in f]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default=str(REPO / "build"))
+    ap.add_argument("--scorer", default=str(REPO.parent / "shared" / "tools" / "nab"))
+    ap.add_argument("--configs", default=str(REPO / "bench" / "nab" / "workflow_configs.json"))
+    ap.add_argument("--work", default="/tmp/diaspora-traces")
+    ap.add_argument("--nab-config", help="diaspora-nab --config file (default: the shipped defaults)")
+    ap.add_argument("--json", help="write every figure here")
+    a = ap.parse_args(argv)
+    sys.path.insert(0, a.scorer)
+    try:
+        import nab_score as ns
+    except ImportError:
+        sys.exit(f"no nab_score.py in {a.scorer} (--scorer)")
+    configs = json.loads(Path(a.configs).read_text())["configs"]
+    work = Path(a.work)
+    data, out = work / "data", work / "scores"
+    truth = generate(configs, data)
+    cmd = [str(Path(a.build) / "bin" / "diaspora-nab"), "--data", str(data), "--out", str(out)]
+    if a.nab_config:
+        cmd += ["--config", a.nab_config]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"diaspora-nab failed: {p.stderr.strip()}")
+    windows = ns.load_labels([str(data / "labels" / "combined_windows.json")])
+    rels = sorted(truth)
+    series = {s.rel: s for s in ns.load_detector(str(out), "x", rels, windows, str(data))}
+    cm = ns.PROFILES["standard"]
+    held = {c["name"] for c in configs if c.get("heldout")}
+    tuning = [series[r] for r in rels if truth[r]["config"] not in held]
+    thr, _, _ = ns.Corpus(tuning).sweep(cm)
+
+    rows, all_leads = [], {"tuning": [], "held-out": []}
+    for c in configs:
+        mine = [r for r in rels if truth[r]["config"] == c["name"]]
+        ss = [series[r] for r in mine]
+        raw = sum(ns.score_at(s, thr, cm)["raw"] for s in ss)
+        n_win = sum(s.n_windows for s in ss)
+        score = ns.normalise(raw, ns.null_baseline(ss, cm), cm["tpWeight"] * n_win)
+        leads, missed, late, fps, hours = [], 0, 0, 0, 0.0
+        for r in mine:
+            sc, step = scores_of(out / r), truth[r]["dt_s"]
+            faults = truth[r]["faults"]
+            if not faults:
+                start = int(0.15 * len(sc))
+                fps += sum(1 for x in sc[start:] if x >= thr)
+                hours += (len(sc) - start) * step / 3600
+            for f in faults:
+                lo, hi = int(f["window_start_t"] / step), int((f["t"] + f["duration_s"]) / step)
+                hit = next((k for k in range(lo, min(hi, len(sc))) if sc[k] >= thr), None)
+                if hit is None:
+                    missed += 1
+                elif f["harm_t"] is not None:
+                    lead = f["harm_t"] - hit * step
+                    leads.append(lead)
+                    late += lead < 0
+        kind = "held-out" if c["name"] in held else "tuning"
+        all_leads[kind] += leads
+        rows.append({"config": c["name"], "set": kind, "signal": c["signal"], "series": len(mine), "windows": n_win,
+                     "score": score, "faults": sum(len(truth[r]["faults"]) for r in mine), "missed": missed,
+                     "median_lead_s": statistics.median(leads) if leads else None, "after_harm": late,
+                     "false_alarms_per_clean_hour": fps / hours if hours else None})
+
+    print(f"{sum(len(truth[r]['faults']) for r in rels)} faults in {len(rels)} series, {len(configs)} configurations "
+          f"({len(held)} held out); threshold {thr:.4f} (swept on the tuning configurations only)\n")
+    print("| configuration | set | signal | NAB score | faults | missed | median lead before harm | detected after harm "
+          "| false alarms / clean hour |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for x in rows:
+        sc = "n/a" if x["score"] is None else f"{x['score']:.1f}"
+        lead = "—" if x["median_lead_s"] is None else f"{x['median_lead_s']:.0f} s"
+        fpr = "—" if x["false_alarms_per_clean_hour"] is None else f"{x['false_alarms_per_clean_hour']:.2f}"
+        print(f"| {x['config']} | {x['set']} | {x['signal']} | {sc} | {x['faults']} | {x['missed']} | {lead} | "
+              f"{x['after_harm']} | {fpr} |")
+    for kind in ("tuning", "held-out"):
+        ss = [series[r] for r in rels if (truth[r]["config"] in held) == (kind == "held-out")]
+        raw = sum(ns.score_at(s, thr, cm)["raw"] for s in ss)
+        score = ns.normalise(raw, ns.null_baseline(ss, cm), cm["tpWeight"] * sum(s.n_windows for s in ss))
+        lead = statistics.median(all_leads[kind]) if all_leads[kind] else float("nan")
+        print(f"\n{kind}: NAB score {score:.1f}, median lead {lead:.0f} s over {len(all_leads[kind])} detected faults",
+              end="")
+    print()
+    if a.json:
+        Path(a.json).write_text(json.dumps({"threshold": thr, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
