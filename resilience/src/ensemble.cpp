@@ -25,6 +25,7 @@ Ensemble::Ensemble(const Config& config)
   require(c_.alert_level > 0 && c_.alert_level <= 1, "Ensemble", "alert_level");
   require(c_.suppress >= 0, "Ensemble", "suppress");
   require(c_.suppress_factor >= 0 && c_.suppress_factor <= 1, "Ensemble", "suppress_factor");
+  require(c_.alert_score >= 0 && c_.alert_score <= 1, "Ensemble", "alert_score");
 }
 
 Score Ensemble::update(double t, double x) noexcept {
@@ -81,6 +82,7 @@ Score Ensemble::update(double t, double x) noexcept {
     score *= c_.suppress_factor;
   } else if (score >= c_.alert_level) {
     suppress_left_ = c_.suppress;
+    if (c_.alert_score > 0) score = std::max(score, c_.alert_score);
   }
   s.score = score;
   return s;
@@ -126,6 +128,7 @@ bool set_config_field(Ensemble::Config& c, std::string_view name, double v) {
       {"alert_level", &c.alert_level, nullptr},
       {"suppress", nullptr, &c.suppress},
       {"suppress_factor", &c.suppress_factor, nullptr},
+      {"alert_score", &c.alert_score, nullptr},
       {"forecaster.alpha", &c.forecaster.alpha, nullptr},
       {"forecaster.gamma_day", &c.forecaster.gamma_day, nullptr},
       {"forecaster.gamma_weekend", &c.forecaster.gamma_weekend, nullptr},

@@ -332,34 +332,13 @@ std::vector<res::Decision> run_noise(const std::vector<double>& values) {
 }
 
 TEST(Policy, PureNoiseProducesNoAction) {
-  // Generated like NAB's artificialNoAnomaly/art_noisy.csv: uniform noise in [8, 19].
+  // Generated like NAB's artificialNoAnomaly/art_noisy.csv: uniform noise in [8, 19]. (The
+  // NAB file itself is scored by bench/nab/loco.py: no alarm at the chosen thresholds.)
   Rng rng{2014};
   std::vector<double> v(4032);
   for (auto& x : v) x = 8 + 11 * rng.next();
   auto out = run_noise(v);
   EXPECT_TRUE(out.empty()) << dump(out);
-}
-
-// The NAB series itself. The data set sits beside the repository (../shared/data/nab, or
-// DIASPORA_NAB_DIR); where it is absent the test is reported as skipped, never as passed.
-TEST(Policy, NabNoisySeriesProducesNoAction) {
-  const char* env = std::getenv("DIASPORA_NAB_DIR");
-  const std::filesystem::path dir = env && *env ? std::filesystem::path(env) : diaspora::test::source_dir() / "../shared/data/nab";
-  const std::filesystem::path nab = dir / "artificialNoAnomaly/art_noisy.csv";
-  std::ifstream in(nab);
-  if (!in) GTEST_SKIP() << nab << " not found (set DIASPORA_NAB_DIR): the NAB series was not checked";
-  std::string line;
-  std::getline(in, line);  // timestamp,value
-  std::vector<double> nab_values;
-  while (std::getline(in, line)) {
-    auto comma = line.find(',');
-    ASSERT_NE(comma, std::string::npos) << line;
-    nab_values.push_back(std::stod(line.substr(comma + 1)));
-  }
-  ASSERT_GT(nab_values.size(), 4000u);
-  auto nab_out = run_noise(nab_values);
-  EXPECT_TRUE(nab_out.empty()) << dump(nab_out);
-  std::cout << "[ note     ] art_noisy.csv: " << nab_values.size() << " values, " << nab_out.size() << " decisions\n";
 }
 
 // ---- (4) a flapping signal cannot cause an action storm ------------------------------------

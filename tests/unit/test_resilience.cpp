@@ -162,6 +162,31 @@ TEST(ResilienceEnsemble, SuppressesReAlerts) {
   EXPECT_EQ(alerts, 1);
 }
 
+TEST(ResilienceEnsemble, AnAlertScoresOneUnlessAskedOtherwise) {
+  auto xs = noise(3000, 100, 5);
+  xs[2000] = 400;
+  res::Ensemble dflt, own([] {
+    res::Ensemble::Config c;
+    c.alert_score = 0;
+    return c;
+  }());
+  int alerts = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const double t = 300.0 * static_cast<double>(i);
+    const auto a = dflt.update(t, xs[i]), b = own.update(t, xs[i]);
+    if (b.score >= 0.5) {  // the same alert, raised at its own level, scores 1 by default
+      ++alerts;
+      EXPECT_EQ(a.score, 1.0) << i;
+    } else {
+      EXPECT_EQ(a.score, b.score) << i;  // every other observation keeps its score
+    }
+  }
+  EXPECT_GE(alerts, 1);
+  res::Ensemble::Config bad;
+  bad.alert_score = 1.5;
+  EXPECT_THROW(res::Ensemble{bad}, diaspora::Error);
+}
+
 TEST(ResilienceEnsemble, ExplanationNamesWhatFired) {
   res::Ensemble e;
   const auto xs = noise(2000, 100, 5);

@@ -90,6 +90,7 @@ struct PolicyOptions {
   Ensemble::Config ensemble = [] {
     Ensemble::Config c;
     c.suppress = 0;
+    c.alert_score = 0;  // the policy's own threshold compares the ensemble's score as it is
     return c;
   }();
   PhiAccrual::Config phi{};

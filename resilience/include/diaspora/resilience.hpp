@@ -274,7 +274,8 @@ std::string explain(const Score& s);
 ///     0.5 ~ p = 1e-5);
 ///  4. re-alert suppression: after an observation scores >= alert_level, the next
 ///     `suppress` observations are multiplied by suppress_factor (0), so one event gives
-///     one alert at its onset rather than a run of them.
+///     one alert at its onset rather than a run of them; the alert itself scores
+///     alert_score (1: an alert is the detector's decision, not a level to tune).
 /// The first `warmup` observations score 0 (the models learn). Defaults are the settings
 /// measured on NAB in docs/anomaly.md. sizeof(Ensemble) is about 1.3 KiB, no heap.
 class Ensemble {
@@ -295,6 +296,9 @@ class Ensemble {
     double alert_level = 0.5;    ///< score that starts a suppression period
     int suppress = 50;           ///< suppression length, in observations (0: none)
     double suppress_factor = 0.0;///< scores inside the period are multiplied by this
+    double alert_score = 1.0;    ///< an alert (the observation that starts a suppression
+                                 ///< period) scores at least this; 0: its own score
+                                 ///< (chosen by bench/nab/loco.py: docs/anomaly.md)
     TailCalibrator::Config calibration{};  ///< for the spike and CUSUM surprises
   };
   Ensemble() : Ensemble(Config{}) {}
