@@ -129,7 +129,7 @@ def main(argv=None) -> int:
             norm = ns.normalise(raw, ns.null_baseline(held, cm), cm["tpWeight"] * n_win)
             folds.append({"held_out": cat, "chosen": label(runs[i]), "threshold": thr, "train_score": train_score,
                           "held_out_score": norm, "held_out_raw": raw, "windows": n_win})
-        allser = [s for i in [0] for s in of(i)]
+        allser = of(0)  # every series (the same windows whichever candidate scored them)
         null = ns.null_baseline(allser, cm)
         perfect = cm["tpWeight"] * sum(s.n_windows for s in allser)
         defined = [f["held_out_score"] for f in folds if f["held_out_score"] is not None]

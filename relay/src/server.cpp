@@ -558,8 +558,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     for (const auto& t : relay_->store->topics()) {
       if (!(is_pattern ? topic_matches(pattern, t) : t == pattern)) continue;
       if (!scopes_allow(claims_->scopes, "subscribe", t)) continue;
-      sub.cursors[t] = Cursor{start_offset(t, sub.group, from, from == "time" ? relay_->store->offset_at_time(t, from_time_us)
-                                                                               : from_offset)};
+      sub.cursors[t] = Cursor{start_offset(t, sub.group, from, from_offset, from_time_us)};
       topics.emplace_back(t);
     }
     if (!is_pattern && !sub.cursors.count(pattern)) {
@@ -577,11 +576,12 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   }
 
   std::uint64_t start_offset(const std::string& topic, const std::optional<std::string>& group, const std::string& from,
-                             std::uint64_t from_offset) {
+                             std::uint64_t from_offset, std::int64_t from_time_us = 0) {
     if (group)
       if (auto committed = relay_->store->group_offset(*group, topic)) return *committed;
     if (from == "earliest") return relay_->store->first_offset(topic);
-    if (from == "offset" || from == "time") return from_offset;
+    if (from == "offset") return from_offset;
+    if (from == "time") return relay_->store->offset_at_time(topic, from_time_us);
     return relay_->store->committed_offset(topic);
   }
 
