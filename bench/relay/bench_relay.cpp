@@ -200,6 +200,17 @@ int run_bench(BenchArgs a) {
   double publish_s = std::chrono::duration<double>(Clock::now() - t_start).count();
   for (auto& t : subs) t.join();
   double total_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+  // The views keep up when they have read (nearly) everything by the end of the run: the
+  // backlog then, and how long they took to read it.
+  std::int64_t views_backlog = -1;
+  double views_catch_up_s = 0;
+  if (embedded && a.views && a.task_events) {
+    views_backlog = static_cast<std::int64_t>(acked.load()) - static_cast<std::int64_t>(embedded->views_read());
+    const auto t_end = Clock::now();
+    while (embedded->views_read() < acked.load() && Clock::now() - t_end < std::chrono::seconds(60))
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    views_catch_up_s = std::chrono::duration<double>(Clock::now() - t_end).count();
+  }
   if (embedded) embedded->stop();
   std::vector<double> disk_us;
   if (a.disk_probe > 0 && !failed) {
@@ -239,7 +250,9 @@ int run_bench(BenchArgs a) {
                                               {"p999_us", p999},
                                               {"disk_fdatasync_samples", disk_us.size()},
                                               {"disk_fdatasync_p50_us", disk_p50},
-                                              {"disk_fdatasync_p99_us", disk_p99}})
+                                              {"disk_fdatasync_p99_us", disk_p99},
+                                              {"views_backlog", views_backlog},
+                                              {"views_catch_up_s", views_catch_up_s}})
               << "\n";
   } else {
     std::printf("diaspora-relay: %d producers x %d subscribers, %llu events of %zu B, batch %zu, fsync %s%s\n",

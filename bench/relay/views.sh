@@ -2,7 +2,7 @@
 # The relay's views: (1) what they cost the relay at its full acked publish rate: the same
 # workload (task heartbeats on <x>.events, 4 producers, 1 subscriber, fsync always) with the
 # views on and off, alternated ROUNDS times in this run, medians and their ratio (target:
-# on >= 0.90 x off); (2) bench_views: building them from a log of 100,000 task instances
+# on >= 0.90 x off) and whether the views kept up (their backlog when the run ended); (2) bench_views: building them from a log of 100,000 task instances
 # and the query latency (target: <= 50 ms).
 #   bench/relay/views.sh [BUILD_DIR]        QUICK=1 for a short run
 set -euo pipefail
@@ -32,6 +32,9 @@ for v, label in ((True, "views on"), (False, "views off")):
     print(f"| {label} ({sum(r['views'] == v for r in rows)} runs, alternated) | {med(v, 'events_per_s'):.0f} | "
           f"{med(v, 'p50_us'):.0f} | {med(v, 'p99_us'):.0f} |")
 print(f"| **ratio on / off** | **{on / off:.3f}×** (target ≥ 0.90) | | |")
+ons = [r["run"] for r in rows if r["views"]]
+print(f"views on: records not yet read when the last event was delivered: max {max(r['views_backlog'] for r in ons)} "
+      f"(of {ons[0]['events']}); read {max(r['views_catch_up_s'] for r in ons) * 1e3:.1f} ms later at most")
 PYEOF
 echo
 "$BIN/bench_views" --instances "${INSTANCES:-100000}"

@@ -24,25 +24,27 @@ void FileWindow::reset(int fd, std::uint64_t limit, std::size_t window) {
   limit_ = limit;
   window_ = window;
   buf_off_ = 0;
-  if (buf_.capacity() > kShrinkAbove) std::string().swap(buf_);
-  buf_.clear();
+  size_ = 0;
+  if (cap_ > kShrinkAbove) buf_.reset(), cap_ = 0;
 }
 
 int FileWindow::view(std::uint64_t off, std::size_t n, const char*& p) {
   if (off > limit_ || limit_ - off < n) return -1;
-  if (off >= buf_off_ && off - buf_off_ + n <= buf_.size()) {
-    p = buf_.data() + (off - buf_off_);
+  if (off >= buf_off_ && off - buf_off_ + n <= size_) {
+    p = buf_.get() + (off - buf_off_);
     return 0;
   }
   const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(std::max(n, window_), limit_ - off));
-  if (buf_.capacity() > kShrinkAbove && want <= window_) std::string().swap(buf_);
-  buf_.resize(want);
-  if (int err = pread_all(fd_, buf_.data(), want, off)) {
-    buf_.clear();
-    return err;
+  if (want > cap_ || (cap_ > kShrinkAbove && want <= window_)) {
+    buf_.reset();  // the old buffer goes first: never both at once
+    buf_.reset(new char[want]);  // default-initialised: no zero fill of a window read over at once
+    cap_ = want;
   }
+  size_ = 0;
+  if (int err = pread_all(fd_, buf_.get(), want, off)) return err;
+  size_ = want;
   buf_off_ = off;
-  p = buf_.data();
+  p = buf_.get();
   return 0;
 }
 

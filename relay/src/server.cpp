@@ -1227,6 +1227,11 @@ void Relay::start() {
 
 std::uint16_t Relay::port() const noexcept { return self_->bound_port; }
 
+std::uint64_t Relay::views_read() const noexcept {
+  const auto& v = self_->views;
+  return v ? v->applied() + v->skipped() : 0;
+}
+
 void Relay::stop() {
   auto& s = *self_;
   {

@@ -372,6 +372,27 @@ TEST(Views, EvaluationsAreKeptApartFromTheSeries) {
   for (const auto& p : job.at("series").as_array()) EXPECT_FALSE(p.at("values").as_object().contains("accuracy.t0"));
 }
 
+// The fast path finds its keys wherever they sit: every alignment against the 16-byte
+// blocks the search compares at once, and the tail it checks byte by byte.
+TEST(Views, EvaluationsAreFoundAtEveryPositionInTheText) {
+  Fixture f;
+  std::vector<std::string> evs = {f.ev("task.submitted", {{"task_id", "job"}}), f.ev("task.started", {{"task_id", "job"}, {"site", "s"}})};
+  constexpr int kEvals = 48;
+  for (int i = 0; i < kEvals; ++i) {
+    evs.push_back(f.ev("task.heartbeat", {{"task_id", "job"}, {"metrics", {{"loss", 1.0}}}}));  // within 250 ms of the last full read
+    evs.push_back(f.ev("task.heartbeat", {{"task_id", "job"},
+                                          {"metrics", {{"pad", std::string(static_cast<std::size_t>(i), 'y')}, {"eval_after_task", i}}}}));
+  }
+  f.publish("w.events", evs);
+  Views v(*f.store, f.options());
+  v.catch_up();
+  const auto job = q(v, "tasks")["items"].as_array()[0].as_object();
+  const auto& evals = job.at("evals").as_array();
+  ASSERT_EQ(evals.size(), static_cast<std::size_t>(kEvals));
+  for (int i = 0; i < kEvals; ++i) EXPECT_EQ(evals[static_cast<std::size_t>(i)].at("after_task").as_int64(), i);
+  EXPECT_EQ(q(v, "workflows")["items"].as_array()[0].at("events").as_int64(), 2 + 2 * kEvals);
+}
+
 TEST(Views, SiteHealthOverTimeThresholdsAndDrain) {
   Fixture f;
   f.publish("w.events", {f.ev("task.submitted", {{"task_id", "t.0"}}),

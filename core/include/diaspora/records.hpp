@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -69,7 +70,9 @@ class FileWindow {
   std::uint64_t limit_ = 0;
   std::size_t window_ = 64u << 10;
   std::uint64_t buf_off_ = 0;
-  std::string buf_;
+  std::unique_ptr<char[]> buf_;  // not zero-filled: every byte used was read into it first
+  std::size_t cap_ = 0;
+  std::size_t size_ = 0;
 };
 
 /// One frame as read_frame() found it.

@@ -81,6 +81,10 @@ class Relay {
   void start();
   /// The bound port (after start()).
   std::uint16_t port() const noexcept;
+  /// Records of the events and control topics the views have read so far (applied or
+  /// skipped as bad); 0 when the views are off. Any thread; for benchmarks and tests that
+  /// measure whether the views keep up with the log.
+  std::uint64_t views_read() const noexcept;
   /// Graceful shutdown: stop accepting, close WebSockets with "going away" after
   /// pending acks are sent, flush and sync the log, join the threads. Idempotent.
   void stop();
