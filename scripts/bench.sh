@@ -34,4 +34,7 @@ echo
 if [ -x "$BUILD_DIR/bin/diaspora-train" ]; then
   echo "== continual learning: strategies x buffers x ranks (bench/rehearsal/run.sh; QUICK=1 for a short run)"
   bash bench/rehearsal/run.sh "$BUILD_DIR"
+  echo
+  echo "== continual learning on the longer ptycho-sim stream: rehearsal vs scratch, 5 seeds (bench/rehearsal/stream.sh)"
+  bash bench/rehearsal/stream.sh "$BUILD_DIR"
 fi

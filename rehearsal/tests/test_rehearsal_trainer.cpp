@@ -60,6 +60,16 @@ TEST(TrainerConfig, ExampleConfigsLoad) {
   auto pt = dr::load_trainer_config_file(dir / "ptycho-sim.yaml");
   EXPECT_EQ(pt.dataset.name, "ptycho-sim");
   EXPECT_EQ(pt.train.optimizer, "adam");
+  // The settings that keep the first scan's error within 10 % of scratch's (docs/rehearsal.md).
+  EXPECT_EQ(pt.strategy, "er");
+  EXPECT_EQ(pt.buffer_size, 2000);
+  EXPECT_EQ(pt.rehearsal.sampling.representatives, 24);
+  auto pt10 = dr::load_trainer_config_file(dir / "ptycho-sim-10.yaml");  // the longer stream: as ptycho-sim, 10 scans
+  EXPECT_EQ(pt10.dataset.tasks, 10);
+  EXPECT_EQ(pt10.buffer_size, 4000);
+  EXPECT_EQ(pt10.strategy, pt.strategy);
+  EXPECT_EQ(pt10.rehearsal.sampling.representatives, pt.rehearsal.sampling.representatives);
+  EXPECT_EQ(pt10.train.epochs, pt.train.epochs);
 }
 
 TEST(TrainerConfig, RelativePathsAreRelativeToTheFile) {

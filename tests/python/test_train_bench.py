@@ -58,7 +58,7 @@ def test_frontier_runs_each_cell_once_and_links_the_baselines(tmp_path):
     assert {f: f.stat().st_mtime_ns for f in stamps} == stamps  # nothing measured before ran again
     assert json.loads((r3 / "pt-er-b2000-w1" / "summary.json").read_text())["representatives"] == 3
     assert "| er | 2000 | 1 | 2 |" in p.stdout and "| er | 2000 | 1 | 3 |" in p.stdout
-    assert "R meeting both ptycho targets" in p.stdout
+    assert "R meeting the ptycho targets" in p.stdout
 
 
 def test_a_failing_cell_shows_why(tmp_path):

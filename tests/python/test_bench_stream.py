@@ -1,0 +1,75 @@
+"""Tests of bench/rehearsal/stream.py (the longer ptycho-sim stream's summary) on summary.json
+and metrics.jsonl files written here with known values, so every figure it prints can be
+computed by hand, and of stream.sh's argument check."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+STREAM_PY = REPO / "bench" / "rehearsal" / "stream.py"
+
+
+def job(out: Path, name: str, runtime: float, first: float, step_ms: list) -> None:
+    """A job whose scan t took len(step_ms[t]) steps of the given milliseconds."""
+    d = out / name
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({
+        "strategy": name.split("-")[0] if not name.startswith("rehearsal") else "er", "buffer_size": 4000,
+        "batch_size": 16, "representatives": 24, "epochs": 8, "tasks": len(step_ms), "runtime_s": runtime,
+        "first_task_final": first}))
+    lines = [json.dumps({"step": i, "task": t, "step_ms": ms}) for t, steps in enumerate(step_ms) for i, ms in enumerate(steps)]
+    lines.append(json.dumps({"eval_after_task": 0, "step": 3, "error": [first]}))  # no step_ms: not counted
+    (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def tree(out: Path, rehearsal_runtime: float = 40.0, rehearsal_first: float = 0.00105) -> None:
+    for seed in (0, 1):
+        job(out, f"scratch-seed{seed}", 100.0, 0.001, [[1000.0], [1000.0, 1000.0]])
+        job(out, f"rehearsal-seed{seed}", rehearsal_runtime, rehearsal_first, [[2500.0], [2500.0]])
+        job(out, f"incremental-seed{seed}", 20.0, 0.002, [[1000.0], [1000.0]])
+
+
+def run(out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(STREAM_PY), str(out)], capture_output=True, text=True, timeout=60)
+
+
+def test_ratios_verdicts_and_plot(tmp_path):
+    tree(tmp_path)
+    p = run(tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "| 0 | 100.0 | 40.0 | 20.0 | 0.40 | 0.001 | 0.00105 (1.05) | 0.002 (2.00) |" in p.stdout
+    assert "rehearsal runtime <= 0.40 x scratch's on every seed (target <= 0.5): met" in p.stdout
+    assert "first-scan error <= 1.05 x scratch's on every seed (target <= 1.1): met" in p.stdout
+    # seconds per scan from the steps: scratch 1 then 2, rehearsal 2.5 and 2.5
+    assert "scratch 1.0 2.0; rehearsal 2.5 2.5; incremental 1.0 1.0" in p.stdout
+    svg = (tmp_path / "stream-runtime.svg").read_text()
+    assert svg.startswith("<svg") and svg.count("<polyline") == 6  # three kinds, two panels
+
+
+def test_misses_are_named(tmp_path):
+    tree(tmp_path, rehearsal_runtime=60.0, rehearsal_first=0.0012)
+    p = run(tmp_path)
+    assert "(target <= 0.5): NOT met" in p.stdout and "(target <= 1.1): NOT met" in p.stdout
+
+
+def test_a_seed_without_all_three_jobs_is_left_out(tmp_path):
+    tree(tmp_path)
+    (tmp_path / "incremental-seed1" / "summary.json").unlink()
+    p = run(tmp_path)
+    assert "| 0 |" in p.stdout and "| 1 |" not in p.stdout
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    p = run(empty)
+    assert p.returncode == 1 and "no seed with scratch, rehearsal and incremental" in p.stdout
+
+
+def test_stream_sh_rejects_bad_seeds(tmp_path):
+    p = subprocess.run(["bash", str(REPO / "bench" / "rehearsal" / "stream.sh")],
+                       env={**os.environ, "OUT": str(tmp_path / "o"), "SEEDS": "0 x"}, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and "SEEDS takes non-negative integers, not 'x'" in p.stdout, (p.stdout, p.stderr)
