@@ -128,7 +128,10 @@ try {
     await page.waitForSelector("tr.event-row");
     const d = new Date(args.time_ms);  // datetime-local takes the browser's local time
     const pad = (n) => String(n).padStart(2, "0");
-    const local = `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+    // Chromium writes a whole minute without its seconds ("05:37", not "05:37:00"), and
+    // fill() refuses a value the input does not keep as given.
+    const secs = d.getSeconds() ? `:${pad(d.getSeconds())}` : "";
+    const local = `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}${secs}`;
     await page.fill("input[name=from-time]", local);
     await page.dispatchEvent("input[name=from-time]", "change");
     await page.waitForFunction(() => !document.querySelector(".tail small").textContent.includes("offset"));
