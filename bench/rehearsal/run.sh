@@ -87,6 +87,25 @@ pair_and_cell() {  # PREFIX NAME RANKS CONFIG ARGS...
     run "$prefix$name" "$config" "$@"
   fi
 }
+singles() {  # PREFIX RANKS CONFIG: the scratch and incremental jobs; on 1 rank with concurrent
+  # pairs both at the same time, each pinned to a core of its own (one intra-op thread a job)
+  local prefix=$1 w=$2 config=$3 s name i=0 jobs=()
+  if [ "$w" != 1 ] || [ "$PAIRS" != concurrent ]; then
+    for s in scratch incremental; do run "$prefix-$s-w$w" "$config" --world-size "$w" --set strategy=$s; done
+    return
+  fi
+  RUNNING=""
+  for s in scratch incremental; do
+    name="$prefix-$s-w$w"
+    [ -f "$OUT/$name/summary.json" ] && continue
+    launch "${CPUS[$i]}" "$name" "$config" --world-size 1 --set strategy=$s
+    i=$((i + 1))
+    jobs+=("$LAUNCHED:$name")
+    RUNNING="$RUNNING $LAUNCHED"
+  done
+  for j in "${jobs[@]}"; do finish "${j%%:*}" "${j#*:}"; done
+  RUNNING=""
+}
 cell() {  # NAME RANKS CONFIG ARGS...
   local k
   pair_and_cell "" "$@"
@@ -134,13 +153,13 @@ FM_RANKS=$RANKS PT_RANKS=$RANKS
 [ "$ONLY" = ptycho ] && FM_RANKS=""
 [ "$ONLY" = fashion-mnist ] && PT_RANKS=""
 for w in $FM_RANKS; do
-  for s in scratch incremental; do run "fm-$s-w$w" "$FM" --world-size "$w" --set strategy=$s; done
+  singles fm "$w" "$FM"
   for b in $BUFFERS; do
     for s in $STRATEGIES; do cell "fm-$s-b$b-w$w" "$w" "$FM" --world-size "$w" --set strategy=$s --set buffer_size="$b"; done
   done
 done
 for w in $PT_RANKS; do  # the same grid on ptycho-sim
-  for s in scratch incremental; do run "pt-$s-w$w" "$PT" --world-size "$w" --set strategy=$s; done
+  singles pt "$w" "$PT"
   for b in $BUFFERS; do
     for s in $STRATEGIES; do cell "pt-$s-b$b-w$w" "$w" "$PT" --world-size "$w" --set strategy=$s --set buffer_size="$b"; done
   done

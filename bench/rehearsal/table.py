@@ -14,6 +14,9 @@ MACHINERY_TARGET = 1.05   # (rehearsal runtime / incremental's) / ((b + R) / b)
 WAIT_TARGET = 0.05        # time waiting for representatives / step time
 ERROR_TARGET = 1.1        # ptycho-sim: first-scan error / scratch's (it governs the settings)
 STREAM_COST_TARGET = 0.5  # the 10-scan ptycho-sim stream: rehearsal runtime / scratch's
+SCRATCH_TARGET = 0.90     # Fashion-MNIST: scratch's final average accuracy (a strong baseline)
+DERPP_TARGET = 0.85       # Fashion-MNIST: DER++ at 2,000's final average accuracy
+DERPP_GAP = 5.0           # ... and at most this many points below scratch's
 
 
 def load(out: Path) -> dict:
@@ -59,13 +62,18 @@ def shape(s: dict) -> str:
     return f"{s['batch_size']}{reps}, {s['epochs']}{ema}"
 
 
-def main() -> int:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/diaspora-bench-rehearsal")
+def report(out: Path, verdicts: dict) -> bool:
+    """Prints OUT's table and its targets; each target's verdict (True: met) is appended to
+    verdicts[its name]. False when OUT has no summary."""
     runs = load(out)
     pairs = load_pairs(out)
     if not runs:
         print(f"no summary.json under {out}")
-        return 1
+        return False
+
+    def judged(name: str, ok: bool) -> str:
+        verdicts.setdefault(name, []).append(ok)
+        return "met" if ok else "NOT met"
     order = {"scratch": 0, "incremental": 1, "er": 2, "der": 3, "derpp": 4}
     rows = sorted(runs.items(), key=lambda kv: (kv[1]["dataset"], kv[1]["world_size"], order[kv[1]["strategy"]],
                                                  kv[1]["buffer_size"]))
@@ -103,6 +111,7 @@ def main() -> int:
     def runtime_and_wait(ds, w):
         """The machinery and waiting targets over the rehearsal cells of (dataset, ranks); None
         without any. Needs that block's incremental job (the fallback of ratio_of)."""
+        where = f"{ds}, {w} rank(s)"
         reh = [(n, s) for n, s in rows if s["dataset"] == ds and s["world_size"] == w and s["buffer_size"]]
         if not reh:
             return None
@@ -110,26 +119,30 @@ def main() -> int:
                         for n, s in reh)
         wait = max(s["wait_fraction"] for _, s in reh)
         return (f"machinery overhead (runtime x incremental over (b + R) / b) <= {machinery:.2f} "
-                f"(target {MACHINERY_TARGET}: {'met' if machinery <= MACHINERY_TARGET else 'NOT met'}); "
+                f"(target {MACHINERY_TARGET}: {judged(where + ': machinery', machinery <= MACHINERY_TARGET)}); "
                 f"waiting <= {100 * wait:.2f} % of step time "
-                f"(target {100 * WAIT_TARGET:.0f} %: {'met' if wait <= WAIT_TARGET else 'NOT met'})")
+                f"(target {100 * WAIT_TARGET:.0f} %: {judged(where + ': waiting', wait <= WAIT_TARGET)})")
 
     for w in (1, 2):
         sc, ic = get("fashion-mnist", w, "scratch"), get("fashion-mnist", w, "incremental")
         if not sc or not ic:
             continue
         print(f"- {w} rank(s): incremental {100 * ic['average_accuracy']:.1f} % vs scratch "
-              f"{100 * sc['average_accuracy']:.1f} % (forgetting: first task {100 * ic['first_task_final']:.1f} % at the end)")
+              f"{100 * sc['average_accuracy']:.1f} % (forgetting: first task {100 * ic['first_task_final']:.1f} % at the end); "
+              f"scratch >= {100 * SCRATCH_TARGET:.0f} %: "
+              f"{judged(f'fashion-mnist, {w} rank(s): scratch', sc['average_accuracy'] >= SCRATCH_TARGET)}")
         dpp = get("fashion-mnist", w, "derpp", 2000)
         if dpp:
             gap = 100 * (sc["average_accuracy"] - dpp["average_accuracy"])
+            ok = gap <= DERPP_GAP and dpp["average_accuracy"] >= DERPP_TARGET
             print(f"  DER++ at 2000: {100 * dpp['average_accuracy']:.1f} %, {gap:.1f} points below scratch "
-                  f"(target <= 5): {'met' if gap <= 5 else 'NOT met'}")
+                  f"(target >= {100 * DERPP_TARGET:.0f} % and <= {DERPP_GAP:.0f} points): "
+                  f"{judged(f'fashion-mnist, {w} rank(s): DER++ at 2000', ok)}")
         dpp2, er2 = get("fashion-mnist", w, "derpp", 200), get("fashion-mnist", w, "er", 200)
         if dpp2 and er2:
             ok = dpp2["average_accuracy"] > er2["average_accuracy"]
             print(f"  at 200: DER++ {100 * dpp2['average_accuracy']:.1f} % vs ER {100 * er2['average_accuracy']:.1f} %: "
-                  f"{'met' if ok else 'NOT met'}")
+                  f"{judged(f'fashion-mnist, {w} rank(s): DER++ above ER at 200', ok)}")
         line = runtime_and_wait("fashion-mnist", w)
         if line:
             print(f"  {line}")
@@ -140,13 +153,34 @@ def main() -> int:
             for _, s in rows:
                 if s["dataset"] == "ptycho-sim" and s["world_size"] == w and s["strategy"] != "scratch":
                     r = s["first_task_final"] / e0
-                    met = "met" if r <= ERROR_TARGET else "NOT met"
-                    target = f" (target <= {ERROR_TARGET:.2f}: {met})" if s["buffer_size"] else ""
+                    target = ""
+                    if s["buffer_size"]:
+                        met = judged(f"ptycho-sim, {w} rank(s): {s['strategy']} at {s['buffer_size']} first-scan error",
+                                     r <= ERROR_TARGET)
+                        target = f" (target <= {ERROR_TARGET:.2f}: {met})"
                     print(f"- ptycho, {w} rank(s), {s['strategy']} at {s['buffer_size'] or '-'}: first-scan error "
                           f"{s['first_task_final']:.3g} = {r:.2f} x scratch's {e0:.3g}{target}")
         line = runtime_and_wait("ptycho-sim", w) if ic else None
         if line:
             print(f"- ptycho, {w} rank(s): {line}")
+    return True
+
+
+def main() -> int:
+    """table.py [OUT ...]: one table and its targets per OUT (run.sh's, one seed each), then,
+    with several, how many of them meet each target."""
+    outs = [Path(a) for a in sys.argv[1:]] or [Path("/tmp/diaspora-bench-rehearsal")]
+    verdicts: dict = {}
+    for i, out in enumerate(outs):
+        if len(outs) > 1:
+            print(f"{'' if i == 0 else chr(10)}## {out}")
+        if not report(out, verdicts):
+            return 1
+    if len(outs) > 1:
+        print()
+        print(f"targets over the {len(outs)} runs:")
+        for name, oks in verdicts.items():
+            print(f"- {name}: met in {sum(oks)} of {len(oks)}{'' if all(oks) else ' (NOT met on every run)'}")
     return 0
 
 

@@ -37,7 +37,7 @@ int FileWindow::view(std::uint64_t off, std::size_t n, const char*& p) {
   const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(std::max(n, window_), limit_ - off));
   if (want > cap_ || (cap_ > kShrinkAbove && want <= window_)) {
     buf_.reset();  // the old buffer goes first: never both at once
-    buf_.reset(new char[want]);  // default-initialised: no zero fill of a window read over at once
+    buf_ = std::make_unique_for_overwrite<char[]>(want);  // default-initialised: no zero fill of a window read over at once
     cap_ = want;
   }
   size_ = 0;

@@ -202,6 +202,7 @@ TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view
     if (const auto* v = o.if_contains("lr")) tr.lr = num(*v);
     if (const auto* v = o.if_contains("optimizer")) tr.optimizer = str(*v);
     if (const auto* v = o.if_contains("momentum")) tr.momentum = num(*v);
+    if (const auto* v = o.if_contains("schedule")) tr.schedule = str(*v);
     if (const auto* v = o.if_contains("ema")) tr.ema = num(*v);
     if (const auto* v = o.if_contains("threads")) tr.threads = static_cast<int>(i64(*v));
     if (const auto* v = o.if_contains("deterministic")) tr.deterministic = v->as_bool();

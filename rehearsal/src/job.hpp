@@ -60,20 +60,27 @@ struct NetImpl : torch::nn::Module {
   virtual torch::Tensor forward(torch::Tensor x) = 0;
 };
 
-/// Small CNN for 28x28 images (LeNet-like): two 5x5 convolutions with max-pooling, two
-/// linear layers. About 1.1 M multiply-adds per image.
+/// Small CNN for 28x28 images (LeNet-like): two 5x5 convolutions, each followed by group
+/// normalisation and max-pooling, then two linear layers. About 1.1 M multiply-adds per
+/// image. Group (not batch) normalisation: it has no running statistics, so a step's
+/// output depends on its own samples only, every rank holds the same model, and training
+/// and evaluation compute the same function. With it, and a cosine schedule, joint
+/// training reaches 91 % in 5 epochs (docs/rehearsal.md, "Models").
 struct SmallCnn : NetImpl {
   torch::nn::Conv2d c1{nullptr}, c2{nullptr};
+  torch::nn::GroupNorm n1{nullptr}, n2{nullptr};
   torch::nn::Linear f1{nullptr}, f2{nullptr};
   explicit SmallCnn(int classes) {
-    c1 = register_module("c1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 5)));
-    c2 = register_module("c2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 5)));
+    c1 = register_module("c1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 5).bias(false)));
+    n1 = register_module("n1", torch::nn::GroupNorm(4, 16));
+    c2 = register_module("c2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 5).bias(false)));
+    n2 = register_module("n2", torch::nn::GroupNorm(8, 32));
     f1 = register_module("f1", torch::nn::Linear(32 * 4 * 4, 128));
     f2 = register_module("f2", torch::nn::Linear(128, classes));
   }
   torch::Tensor forward(torch::Tensor x) override {
-    x = torch::max_pool2d(torch::relu(c1->forward(x)), 2);
-    x = torch::max_pool2d(torch::relu(c2->forward(x)), 2);
+    x = torch::max_pool2d(torch::relu(n1->forward(c1->forward(x))), 2);
+    x = torch::max_pool2d(torch::relu(n2->forward(c2->forward(x))), 2);
     return f2->forward(torch::relu(f1->forward(x.flatten(1))));
   }
 };
@@ -188,6 +195,7 @@ class Job {
   // setup
   void setup_groups();
   void build_model();
+  void schedule_lr(std::int64_t steps_per_epoch);
   json::object stream_identity() const;
   void flush_insertions(const char* where);
   void drop_metrics_after(std::int64_t step);
@@ -241,6 +249,7 @@ class Job {
   std::shared_ptr<NetImpl> ema_;  // train.ema > 0: the averaged weights that are evaluated
   std::int64_t ema_updates_ = 0;
   std::unique_ptr<torch::optim::Optimizer> optim_;
+  double base_lr_ = 0;  // train.lr or the optimizer's default
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroup> train_group_, sampler_group_;
   std::unique_ptr<RehearsalBuffer> buffer_;

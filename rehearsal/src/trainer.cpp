@@ -190,11 +190,22 @@ void Job::build_model() {
     for (std::size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
   }
   const bool adam = cfg_.train.optimizer == "adam";
-  const double lr = cfg_.train.lr > 0 ? cfg_.train.lr : (adam ? 1e-3 : 0.05);
+  const double lr = base_lr_ = cfg_.train.lr > 0 ? cfg_.train.lr : (adam ? 1e-3 : 0.05);
   if (adam) optim_ = std::make_unique<torch::optim::Adam>(model_->parameters(), torch::optim::AdamOptions(lr));
   else
     optim_ = std::make_unique<torch::optim::SGD>(model_->parameters(),
                                                  torch::optim::SGDOptions(lr).momentum(cfg_.train.momentum));
+}
+
+// The learning rate of the next step (train.schedule): cosine goes from the base rate at a
+// task's first step towards 0 at its last, and starts again at the next task. A function of
+// the position only, so a resumed job continues on the same curve.
+void Job::schedule_lr(std::int64_t steps_per_epoch) {
+  if (cfg_.train.schedule != "cosine") return;
+  const double total = static_cast<double>(cfg_.train.epochs) * static_cast<double>(steps_per_epoch);
+  const double done = static_cast<double>(pos_.epoch) * static_cast<double>(steps_per_epoch) + static_cast<double>(pos_.batch);
+  const double lr = total > 0 ? base_lr_ * 0.5 * (1 + std::cos(M_PI * done / total)) : base_lr_;
+  for (auto& group : optim_->param_groups()) group.options().set_lr(lr);
 }
 
 // Training samples of `task`: its own, or (scratch) those of tasks 0..task.
@@ -428,10 +439,10 @@ void Job::log_step(double loss, double step_s, double wait_s, std::int64_t reps)
   const double sps = step_s > 0 ? static_cast<double>((cfg_.train.batch_size + reps) * world_) / step_s : 0;
   char line[512];
   std::snprintf(line, sizeof line,
-                "{\"step\":%" PRId64 ",\"task\":%d,\"epoch\":%d,\"loss\":%.9g,\"step_ms\":%.4f,\"samples_per_s\":%.1f,"
-                "\"buffer_fill\":%" PRId64 ",\"representatives\":%" PRId64 ",\"wait_ms\":%.4f}\n",
-                pos_.step, pos_.task, pos_.epoch, loss, step_s * 1e3, sps, buffer_ ? buffer_->size() : 0, reps,
-                wait_s * 1e3);
+                "{\"step\":%" PRId64 ",\"task\":%d,\"epoch\":%d,\"loss\":%.9g,\"lr\":%.9g,\"step_ms\":%.4f,"
+                "\"samples_per_s\":%.1f,\"buffer_fill\":%" PRId64 ",\"representatives\":%" PRId64 ",\"wait_ms\":%.4f}\n",
+                pos_.step, pos_.task, pos_.epoch, loss, optim_->param_groups()[0].options().get_lr(), step_s * 1e3, sps,
+                buffer_ ? buffer_->size() : 0, reps, wait_s * 1e3);
   metrics_ << line;
   if (pos_.step % cfg_.train.log_every == 0) {
     metrics_.flush();
@@ -633,6 +644,7 @@ int Job::train() {
         for (; pos_.batch < spe; ) {
           const std::int64_t bs = cfg_.train.batch_size;
           torch::Tensor idx = order.narrow(0, (pos_.batch * world_ + rank_) * bs, bs);
+          schedule_lr(spe);
           train_step(idx, pos_.task);
           ++pos_.batch;
           ++pos_.step;

@@ -57,6 +57,12 @@ TEST(TrainerConfig, ExampleConfigsLoad) {
   auto fm = dr::load_trainer_config_file(dir / "fashion-mnist.yaml");
   EXPECT_EQ(fm.dataset.name, "fashion-mnist");
   EXPECT_EQ(fm.buffer_size, 2000);
+  // The settings of the Fashion-MNIST table (docs/rehearsal.md): 5 epochs a task, Adam with a
+  // cosine schedule, R = b.
+  EXPECT_EQ(fm.train.epochs, 5);
+  EXPECT_EQ(fm.train.optimizer, "adam");
+  EXPECT_EQ(fm.train.schedule, "cosine");
+  EXPECT_EQ(fm.rehearsal.sampling.representatives, fm.train.batch_size);
   auto pt = dr::load_trainer_config_file(dir / "ptycho-sim.yaml");
   EXPECT_EQ(pt.dataset.name, "ptycho-sim");
   EXPECT_EQ(pt.train.optimizer, "adam");
@@ -343,6 +349,52 @@ TEST(Trainer, StoppedAndResumedRunMatchesTheUninterruptedOneExactly) {
   EXPECT_GT(m[1].as_array()[1].as_double(), 0.4);
   EXPECT_TRUE(fs::exists(full / "curves.png"));
   EXPECT_TRUE(sc.contains("resumed_from"));
+}
+
+// train.schedule: cosine starts every task at train.lr and ends it near 0, as a function of
+// the position alone, so a job stopped mid-task resumes on the same curve (same rates,
+// same losses).
+TEST(Trainer, CosineScheduleRestartsEveryTaskAndResumesExactly) {
+  Watchdog dog(300s, "cosine schedule");
+  TempDir tmp;
+  std::string text = kSmall;
+  const std::string plain = "momentum: 0.9}";
+  text.replace(text.find(plain), plain.size(), "momentum: 0.9, schedule: cosine}");
+  auto cfg = write_config(tmp.path(), text);
+  const auto [full, part, rest] = run_whole_and_resumed(tmp.path(), cfg, 13);
+  // step -> (task, lr) of a run's metrics.jsonl
+  auto rates = [](const fs::path& out) {
+    std::map<std::int64_t, std::pair<std::int64_t, double>> m;
+    std::ifstream in(out / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      auto v = json::parse(line).as_object();
+      if (v.contains("lr")) m[v.at("step").as_int64()] = {v.at("task").as_int64(), v.at("lr").as_double()};
+    }
+    return m;
+  };
+  const auto ra = rates(full), rb = rates(part), rc = rates(rest);
+  ASSERT_EQ(ra.size(), 80u);  // 40 steps a task
+  for (std::int64_t task = 0; task < 2; ++task) {
+    const std::int64_t first = task * 40, last = first + 39;
+    EXPECT_DOUBLE_EQ(ra.at(first).second, 0.05) << "task " << task << " starts at train.lr";
+    EXPECT_LT(ra.at(last).second, 0.05 * 0.002) << "task " << task << " ends near 0";
+    for (std::int64_t s = first + 1; s <= last; ++s) {
+      EXPECT_EQ(ra.at(s).first, task);
+      EXPECT_LT(ra.at(s).second, ra.at(s - 1).second) << "step " << s;
+    }
+    // Halfway through a task the rate is half of train.lr.
+    EXPECT_NEAR(ra.at(first + 20).second, 0.025, 1e-9);
+  }
+  ASSERT_EQ(rb.size() + rc.size(), 80u);
+  for (const auto& part_rates : {rb, rc})
+    for (const auto& [step, r] : part_rates) EXPECT_EQ(r.second, ra.at(step).second) << "step " << step;
+  auto la = losses(full), lc = losses(rest);
+  for (const auto& [step, loss] : lc) EXPECT_EQ(loss, la[step]) << "step " << step;
+  // A constant schedule (the default) keeps train.lr throughout.
+  TrainRun c = train({"--config", write_config(tmp.path(), kSmall).string(), "--out", (tmp.path() / "constant").string()},
+                     tmp.path() / "constant.log");
+  ASSERT_EQ(c.status, 0) << c.log;
+  for (const auto& [step, r] : rates(tmp.path() / "constant")) EXPECT_DOUBLE_EQ(r.second, 0.05) << "step " << step;
 }
 
 // train.ema: the evaluated weights are a moving average, which the checkpoint carries, so

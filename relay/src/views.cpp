@@ -444,12 +444,6 @@ void evict(Views::State& st, std::size_t max_instances) {
   st.task_index.clear();
 }
 
-// Heartbeats are most of what engines publish (one per running task per second or more
-// often). One that comes within 250 ms (log time) of the last one read in full for the
-// same instance only moves its last_heartbeat_us (and counts in its workflow): it is found
-// in the text, without parsing it. Deterministic (log times), so a replay agrees. Returns
-// false to have the record read in full: another type, an escaped id, an unknown instance,
-// the first heartbeat in 250 ms, or one carrying an evaluation (eval_after_task).
 // A needle the fast path looks for. glibc's memmem builds a shift table on every call and
 // a Boyer-Moore table competes with the log window for the cache; this compares 16 positions
 // at once for the needle's first byte and its last byte that is not a quote (JSON is full of
@@ -485,12 +479,18 @@ class Needle {
   std::size_t anchor_;
 };
 
+
+// Heartbeats are most of what engines publish (one per running task per second or more
+// often). One that comes within 250 ms (log time) of the last one read in full for the
+// same instance only moves its last_heartbeat_us (and counts in its workflow): it is found
+// in the text, without parsing it. Deterministic (log times), so a replay agrees. Returns
+// false to have the record read in full: another type, an escaped id, an unknown instance,
+// the first heartbeat in 250 ms, or one carrying an evaluation (eval_after_task).
 bool fast_heartbeat(Views::State& st, view::Workflow* w, const std::string& wf, std::int64_t t, std::string_view text) {
   static const Needle kType(R"("type":"org.diaspora.task.heartbeat")"), kId(R"("task_id":")"),
       kEval(R"("eval_after_task")");
-  auto find = [&](const Needle& n) { return n.in(text); };
-  if (!w || find(kType) == std::string_view::npos) return false;
-  const auto at = find(kId);
+  if (!w || kType.in(text) == std::string_view::npos) return false;
+  const auto at = kId.in(text);
   if (at == std::string_view::npos) return false;
   const auto begin = at + kId.size(), end = text.find('"', begin);
   if (end == std::string_view::npos || text.substr(begin, end - begin).find('\\') != std::string_view::npos) return false;
@@ -503,7 +503,7 @@ bool fast_heartbeat(Views::State& st, view::Workflow* w, const std::string& wf, 
     it = st.task_index.emplace(st.key_buf, &t_it->second).first;
   }
   view::Task& k = *it->second;
-  if (t - k.beat_applied_us < 250'000 && t >= k.beat_applied_us && find(kEval) == std::string_view::npos) {
+  if (t - k.beat_applied_us < 250'000 && t >= k.beat_applied_us && kEval.in(text) == std::string_view::npos) {
     k.last_heartbeat_us = t;
     ++w->events;
     w->last_us = std::max(w->last_us, t);

@@ -51,6 +51,7 @@ struct TrainConfig {
   double lr = 0;                   ///< 0: the optimizer's default (sgd 0.05, adam 0.001)
   std::string optimizer = "sgd";
   double momentum = 0;
+  std::string schedule = "constant";  ///< or "cosine": lr to 0 over each task's steps
   double ema = 0;                  ///< 0: off; else the decay of the evaluated weights' moving average
   int threads = 0;                 ///< 0: hardware threads / ranks
   bool deterministic = true;
