@@ -4,7 +4,8 @@
 # 2,000 samples in total, on 1 and 2 ranks; then ptycho-sim (5 scans) on the same
 # grid. Prints one table (bench/rehearsal/table.py) and the targets.
 #
-#   bash bench/rehearsal/run.sh [BUILD_DIR]        # full: about 20 min on 2 cores
+#   bash bench/rehearsal/run.sh [BUILD_DIR]        # full: over an hour on 2 cores (Fashion-MNIST
+#                                # at 5 epochs a task: 26 min for 3 cells on 1 and 2 ranks)
 #   QUICK=1 bash bench/rehearsal/run.sh build      # 1 rank, buffers 200 and 2000 only
 #   SEED=1 OUT=/tmp/rb bash bench/rehearsal/run.sh
 #   ONLY=ptycho bash bench/rehearsal/run.sh build  # one dataset: fashion-mnist or ptycho

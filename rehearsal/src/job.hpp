@@ -195,6 +195,7 @@ class Job {
   // setup
   void setup_groups();
   void build_model();
+  void make_optimizer();
   void schedule_lr(std::int64_t steps_per_epoch);
   json::object stream_identity() const;
   void flush_insertions(const char* where);

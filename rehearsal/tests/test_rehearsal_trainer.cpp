@@ -351,15 +351,16 @@ TEST(Trainer, StoppedAndResumedRunMatchesTheUninterruptedOneExactly) {
   EXPECT_TRUE(sc.contains("resumed_from"));
 }
 
-// train.schedule: cosine starts every task at train.lr and ends it near 0, as a function of
-// the position alone, so a job stopped mid-task resumes on the same curve (same rates,
-// same losses).
+// train.schedule: cosine takes every task from train.lr (with a new optimizer) down to near
+// 0, as a function of the position alone, so a job stopped mid-task or at a task's end
+// resumes on the same curve (same rates, same losses).
 TEST(Trainer, CosineScheduleRestartsEveryTaskAndResumesExactly) {
   Watchdog dog(300s, "cosine schedule");
   TempDir tmp;
+  // 5 epochs of 40 steps a task: K = 200 steps.
   std::string text = kSmall;
   const std::string plain = "momentum: 0.9}";
-  text.replace(text.find(plain), plain.size(), "momentum: 0.9, schedule: cosine}");
+  text.replace(text.find(plain), plain.size(), "momentum: 0.9, schedule: cosine, epochs: 5}");
   auto cfg = write_config(tmp.path(), text);
   const auto [full, part, rest] = run_whole_and_resumed(tmp.path(), cfg, 13);
   // step -> (task, lr) of a run's metrics.jsonl
@@ -373,23 +374,35 @@ TEST(Trainer, CosineScheduleRestartsEveryTaskAndResumesExactly) {
     return m;
   };
   const auto ra = rates(full), rb = rates(part), rc = rates(rest);
-  ASSERT_EQ(ra.size(), 80u);  // 40 steps a task
+  constexpr std::int64_t K = 200;
+  ASSERT_EQ(ra.size(), static_cast<std::size_t>(2 * K));
   for (std::int64_t task = 0; task < 2; ++task) {
-    const std::int64_t first = task * 40, last = first + 39;
+    const std::int64_t first = task * K, last = first + K - 1;
     EXPECT_DOUBLE_EQ(ra.at(first).second, 0.05) << "task " << task << " starts at train.lr";
+    EXPECT_NEAR(ra.at(first + 1).second, 0.05 * 0.5 * (1 + std::cos(M_PI / K)), 1e-9) << "task " << task;
+    EXPECT_NEAR(ra.at(first + K / 2).second, 0.025, 1e-9) << "task " << task << ": half of train.lr halfway";
     EXPECT_LT(ra.at(last).second, 0.05 * 0.002) << "task " << task << " ends near 0";
     for (std::int64_t s = first + 1; s <= last; ++s) {
       EXPECT_EQ(ra.at(s).first, task);
       EXPECT_LT(ra.at(s).second, ra.at(s - 1).second) << "step " << s;
     }
-    // Halfway through a task the rate is half of train.lr.
-    EXPECT_NEAR(ra.at(first + 20).second, 0.025, 1e-9);
   }
-  ASSERT_EQ(rb.size() + rc.size(), 80u);
+  ASSERT_EQ(rb.size() + rc.size(), static_cast<std::size_t>(2 * K));
   for (const auto& part_rates : {rb, rc})
     for (const auto& [step, r] : part_rates) EXPECT_EQ(r.second, ra.at(step).second) << "step " << step;
   auto la = losses(full), lc = losses(rest);
   for (const auto& [step, loss] : lc) EXPECT_EQ(loss, la[step]) << "step " << step;
+  // Stopped on task 0's last step: the resumed job starts task 1's curve, with a new
+  // optimizer, as the uninterrupted one did.
+  const fs::path edge = tmp.path() / "edge", after = tmp.path() / "after";
+  TrainRun e = train({"--config", cfg.string(), "--out", edge.string(), "--stop-after", std::to_string(K)},
+                     tmp.path() / "e.log");
+  ASSERT_EQ(e.status, dr::kTrainCheckpointed) << e.log;
+  TrainRun f = train({"--config", cfg.string(), "--out", after.string(), "--resume", edge.string()}, tmp.path() / "f.log");
+  ASSERT_EQ(f.status, 0) << f.log;
+  const auto lf = losses(after);
+  ASSERT_EQ(lf.size(), static_cast<std::size_t>(K));
+  for (const auto& [step, loss] : lf) EXPECT_EQ(loss, la[step]) << "step " << step;
   // A constant schedule (the default) keeps train.lr throughout.
   TrainRun c = train({"--config", write_config(tmp.path(), kSmall).string(), "--out", (tmp.path() / "constant").string()},
                      tmp.path() / "constant.log");
