@@ -203,6 +203,7 @@ TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view
     if (const auto* v = o.if_contains("optimizer")) tr.optimizer = str(*v);
     if (const auto* v = o.if_contains("momentum")) tr.momentum = num(*v);
     if (const auto* v = o.if_contains("schedule")) tr.schedule = str(*v);
+    if (const auto* v = o.if_contains("augment")) tr.augment = str(*v);
     if (const auto* v = o.if_contains("ema")) tr.ema = num(*v);
     if (const auto* v = o.if_contains("threads")) tr.threads = static_cast<int>(i64(*v));
     if (const auto* v = o.if_contains("deterministic")) tr.deterministic = v->as_bool();
@@ -226,6 +227,9 @@ TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view
     fail(ds_given && root.at("dataset").as_object().contains("tasks") ? "dataset.tasks" : "dataset.classes_per_task",
          "fashion-mnist has 10 classes: tasks x classes_per_task must be 10 (5 x 2, 2 x 5, 10 x 1), not " +
              std::to_string(ds.tasks) + " x " + std::to_string(ds.classes_per_task));
+  if (c.train.augment != "none" && ds.name != "fashion-mnist")
+    fail("train.augment", c.train.augment + " mirrors and moves images of labelled classes; " + ds.name +
+                              "'s targets would not move with its diffraction patterns: use none");
   if (ds.name == "ptycho-sim") {
     if (ds.patch % 8 != 0) fail("dataset.patch", "must be a multiple of 8 (the encoder halves it three times)");
     if (ds.object_size < ds.patch) fail("dataset.object_size", "must be at least dataset.patch");

@@ -3,6 +3,7 @@
 
 #include <ATen/ops/abs.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros_like.h>
 #include <ATen/ops/fft_fft2.h>
 #include <ATen/ops/fft_fftshift.h>
 #include <c10/core/ScalarType.h>
@@ -241,6 +242,38 @@ FashionMnist load_fashion_mnist(const std::filesystem::path& dir, bool train) {
     lp[i] = lb[i];
   }
   return FashionMnist{bytes.to(at::kFloat).div_(255.0), labels};
+}
+
+at::Tensor shift_flip(const at::Tensor& images, std::uint64_t seed, std::uint64_t stream, int max_shift) {
+  if (!images.defined() || images.dim() != 4 || !at::isFloatingType(images.scalar_type()))
+    throw RehearsalError("shift_flip: images must be a 4-D floating tensor [B,C,H,W]");
+  const std::int64_t b = images.size(0), c = images.size(1), h = images.size(2), w = images.size(3);
+  if (max_shift < 0 || max_shift >= h || max_shift >= w)
+    throw RehearsalError("shift_flip: max_shift = " + std::to_string(max_shift) + " must be in [0, " +
+                         std::to_string(std::min(h, w)) + ") for " + std::to_string(h) + " x " + std::to_string(w) +
+                         " images");
+  const at::Tensor in = images.to(at::kCPU).to(at::kFloat).contiguous();
+  at::Tensor out = at::zeros_like(in);
+  const float* src = in.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  Rng rng(seed, stream);
+  const auto span = static_cast<std::uint64_t>(2 * max_shift + 1);
+  for (std::int64_t i = 0; i < b; ++i) {
+    // Drawn in this order for every image, so (seed, stream) fixes the whole batch.
+    const bool flip = rng.below(2) == 1;
+    const std::int64_t dy = static_cast<std::int64_t>(rng.below(span)) - max_shift;
+    const std::int64_t dx = static_cast<std::int64_t>(rng.below(span)) - max_shift;
+    for (std::int64_t ch = 0; ch < c; ++ch) {
+      const float* s = src + (i * c + ch) * h * w;
+      float* d = dst + (i * c + ch) * h * w;
+      for (std::int64_t y = std::max<std::int64_t>(0, dy); y < std::min(h, h + dy); ++y)
+        for (std::int64_t x = std::max<std::int64_t>(0, dx); x < std::min(w, w + dx); ++x) {
+          const std::int64_t xs = x - dx;  // in the flipped image
+          d[y * w + x] = s[(y - dy) * w + (flip ? w - 1 - xs : xs)];
+        }
+    }
+  }
+  return out;
 }
 
 std::vector<TaskSplit> class_incremental_split(const at::Tensor& labels, int tasks, int classes_per_task) {

@@ -307,7 +307,15 @@ double Job::train_step(const torch::Tensor& idx, int task) {
     nreps = reps.batch.size();
   }
   const std::int64_t b = x.size(0);
-  torch::Tensor input = nreps > 0 ? torch::cat({x, reps.batch.tensors[0]}) : x;
+  torch::Tensor input = x;
+  if (nreps > 0) {
+    torch::Tensor rx = reps.batch.tensors[0];
+    // train.augment: fresh draws every step, from (seed, step, rank) only, so a resume and
+    // every rank reproduce them.
+    if (cfg_.train.augment == "shift-flip")
+      rx = shift_flip(rx, cfg_.seed ^ 0x6175676d656e74ull, (static_cast<std::uint64_t>(pos_.step) << 16) | static_cast<std::uint64_t>(rank_));
+    input = torch::cat({x, rx});
+  }
   optim_->zero_grad();
   torch::Tensor out = model_->forward(input);
   if (det) {
@@ -518,6 +526,7 @@ void Job::write_summary() {
   s["batch_size"] = cfg_.train.batch_size;                                         // stream samples per rank and step
   s["epochs"] = cfg_.train.epochs;
   s["ema"] = cfg_.train.ema;  // 0: the trained weights were evaluated
+  s["augment"] = cfg_.train.augment;
   s["world_size"] = world_;
   s["seed"] = cfg_.seed;
   s["dataset"] = cfg_.dataset.name;

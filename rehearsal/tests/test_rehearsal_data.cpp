@@ -252,6 +252,63 @@ TEST(ClassIncrementalSplit, RejectsBadArguments) {
 }
 
 // ---------------------------------------------------------------------------------------
+// train.augment: shift-flip
+
+// One lit pixel a image (row 14, column 10, 2 channels): after shift_flip it is at
+// (14 + dy, 10 + dx), or mirrored at (14 + dy, 17 + dx), with |dy|, |dx| <= 2, in both
+// channels; the batch uses both orientations and every shift; the draws are the same for
+// the same (seed, stream) only.
+TEST(ShiftFlip, MirrorsAndShiftsEachImageWithinBoundsDeterministically) {
+  const std::int64_t n = 256;
+  at::Tensor x = at::zeros({n, 2, 28, 28});
+  x.select(2, 14).select(2, 10).fill_(1.0);
+  const at::Tensor before = x.clone();
+  const at::Tensor y = dr::shift_flip(x, 7, 3);
+  EXPECT_TRUE(at::equal(x, before));  // the input is not changed
+  ASSERT_EQ(y.sizes(), x.sizes());
+  std::set<std::int64_t> dys, dxs;
+  int flipped = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const at::Tensor img = y[i][0];
+    ASSERT_EQ(img.sum().item<float>(), 1.0f) << "image " << i;
+    ASSERT_TRUE(at::equal(y[i][0], y[i][1])) << "image " << i;
+    const std::int64_t at_ = img.flatten().argmax().item<std::int64_t>();
+    const std::int64_t r = at_ / 28, c = at_ % 28, dy = r - 14;
+    const bool mirrored = std::abs(c - 17) <= 2;
+    const std::int64_t dx = mirrored ? c - 17 : c - 10;
+    ASSERT_LE(std::abs(dy), 2) << "image " << i;
+    ASSERT_LE(std::abs(dx), 2) << "image " << i;
+    flipped += mirrored ? 1 : 0;
+    dys.insert(dy);
+    dxs.insert(dx);
+  }
+  EXPECT_GT(flipped, n / 4);
+  EXPECT_LT(flipped, 3 * n / 4);
+  EXPECT_EQ(dys.size(), 5u);
+  EXPECT_EQ(dxs.size(), 5u);
+  EXPECT_TRUE(at::equal(dr::shift_flip(x, 7, 3), y));
+  EXPECT_FALSE(at::equal(dr::shift_flip(x, 7, 4), y));
+  EXPECT_FALSE(at::equal(dr::shift_flip(x, 8, 3), y));
+  // max_shift 0: only mirrors; pixels shifted in are 0 (a full image loses a border).
+  const at::Tensor m = dr::shift_flip(x, 7, 3, 0);
+  for (std::int64_t i = 0; i < 8; ++i) {
+    const std::int64_t c = m[i][0][14].argmax().item<std::int64_t>();
+    EXPECT_TRUE(c == 10 || c == 17) << c;
+  }
+  const at::Tensor full = dr::shift_flip(at::full({n, 1, 28, 28}, 1.0), 1, 1);
+  EXPECT_LT(full.sum().item<double>(), static_cast<double>(n) * 784);
+  EXPECT_GE(full.sum().item<double>(), static_cast<double>(n) * 26 * 26);
+}
+
+TEST(ShiftFlip, RejectsBadArguments) {
+  EXPECT_THROW(dr::shift_flip(at::zeros({2, 28, 28}), 0, 0), dr::RehearsalError);
+  EXPECT_THROW(dr::shift_flip(at::zeros({2, 1, 28, 28}, at::kLong), 0, 0), dr::RehearsalError);
+  EXPECT_THROW(dr::shift_flip(at::zeros({2, 1, 28, 28}), 0, 0, -1), dr::RehearsalError);
+  EXPECT_THROW(dr::shift_flip(at::zeros({2, 1, 28, 4}), 0, 0, 4), dr::RehearsalError);
+  EXPECT_THROW(dr::shift_flip(at::Tensor(), 0, 0), dr::RehearsalError);
+}
+
+// ---------------------------------------------------------------------------------------
 // ptycho-sim
 
 TEST(PtychoSim, ShapesAndRanges) {

@@ -62,6 +62,7 @@ TEST(TrainerConfig, ExampleConfigsLoad) {
   EXPECT_EQ(fm.train.epochs, 5);
   EXPECT_EQ(fm.train.optimizer, "adam");
   EXPECT_EQ(fm.train.schedule, "cosine");
+  EXPECT_EQ(fm.train.augment, "shift-flip");
   EXPECT_EQ(fm.rehearsal.sampling.representatives, fm.train.batch_size);
   auto pt = dr::load_trainer_config_file(dir / "ptycho-sim.yaml");
   EXPECT_EQ(pt.dataset.name, "ptycho-sim");
@@ -110,6 +111,11 @@ TEST(TrainerConfig, BadInputIsLocated) {
   EXPECT_NE(d.find("--set train.epochs=-1: error: train.epochs"), std::string::npos) << d;
   d = diagnostics_of("{}", {"train.ema=1"});
   EXPECT_NE(d.find("train.ema"), std::string::npos) << d;
+  d = diagnostics_of("dataset: {name: ptycho-sim}\n", {"train.augment=shift-flip"});
+  EXPECT_NE(d.find("train.augment"), std::string::npos) << d;
+  EXPECT_NE(d.find("use none"), std::string::npos) << d;
+  d = diagnostics_of("{}", {"train.augment=rotate"});
+  EXPECT_NE(d.find("train.augment"), std::string::npos) << d;
   d = diagnostics_of("{}", {"no_such_key=1"});
   EXPECT_NE(d.find("no_such_key"), std::string::npos) << d;
 }
@@ -450,6 +456,33 @@ TEST(Trainer, MovingAverageOfTheWeightsResumesExactly) {
                      tmp.path() / "e.log");
   EXPECT_EQ(e.status, dr::kTrainError);
   EXPECT_NE(e.log.find("this config has 0.5"), std::string::npos) << e.log;
+}
+
+// train.augment: shift-flip changes what the representatives look like (so the losses, once
+// the buffer has samples), with draws a resume reproduces exactly.
+TEST(Trainer, AugmentedRepresentativesResumeExactly) {
+  Watchdog dog(300s, "augment resume");
+  TempDir tmp;
+  const fs::path plain = tmp.path() / "plain";
+  ASSERT_EQ(train({"--config", write_config(tmp.path(), kSmall).string(), "--out", plain.string()}, tmp.path() / "p.log").status, 0);
+  std::string text = kSmall;
+  const std::string train_line = "momentum: 0.9}";
+  text.replace(text.find(train_line), train_line.size(), "momentum: 0.9, augment: shift-flip}");
+  auto cfg = write_config(tmp.path(), text);
+  const auto [full, part, rest] = run_whole_and_resumed(tmp.path(), cfg, 13);
+  auto lp = losses(plain), la = losses(full), lb = losses(part), lc = losses(rest);
+  ASSERT_EQ(la.size(), 80u);
+  ASSERT_EQ(lp.size(), 80u);
+  EXPECT_EQ(lp[0], la[0]);  // step 0 draws nothing: the buffer is still empty
+  int differ = 0;
+  for (const auto& [step, loss] : la) differ += loss != lp[step] ? 1 : 0;
+  EXPECT_GT(differ, 70);
+  for (const auto& [step, loss] : lb) EXPECT_EQ(loss, la[step]) << "step " << step;
+  for (const auto& [step, loss] : lc) EXPECT_EQ(loss, la[step]) << "step " << step;
+  auto sa = summary(full), sc = summary(rest);
+  EXPECT_EQ(json::serialize(sa.at("accuracy_matrix")), json::serialize(sc.at("accuracy_matrix")));
+  EXPECT_EQ(sa.at("augment").as_string(), "shift-flip");
+  EXPECT_EQ(summary(plain).at("augment").as_string(), "none");
 }
 
 TEST(Trainer, TwoRanksResumeExactlyOnTwo) {

@@ -52,6 +52,16 @@ struct TaskSplit {
 ///         classes_per_task < 1, or a label is outside [0, tasks * classes_per_task).
 std::vector<TaskSplit> class_incremental_split(const at::Tensor& labels, int tasks = 5, int classes_per_task = 2);
 
+/// What `train.augment: shift-flip` does to the representatives of a step: each image of
+/// `images` [B,C,H,W] is mirrored left-right with probability 1/2, then shifted by dy, dx
+/// drawn uniformly from [-max_shift, max_shift] (pixels shifted in are 0: Fashion-MNIST's
+/// background). The draws come from (seed, stream) only, so the same arguments give the
+/// same batch on every rank and after a resume. Returns a new Float tensor on the CPU;
+/// `images` is not changed. Thread-safe (pure).
+/// @throws RehearsalError if images is not a 4-D floating tensor, or max_shift is negative
+///         or not below H and W.
+at::Tensor shift_flip(const at::Tensor& images, std::uint64_t seed, std::uint64_t stream, int max_shift = 2);
+
 // ---------------------------------------------------------------------------------------
 // ptycho-sim
 
