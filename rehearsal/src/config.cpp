@@ -169,6 +169,7 @@ TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view
   if (const auto* v = root.if_contains("strategy")) c.strategy = str(*v);
   if (const auto* v = root.if_contains("alpha")) c.alpha = num(*v);
   if (const auto* v = root.if_contains("beta")) c.beta = num(*v);
+  if (const auto* v = root.if_contains("weight_align")) c.weight_align = v->as_bool();
   if (const auto* v = root.if_contains("buffer_size")) c.buffer_size = i64(*v);
   if (const auto* v = root.if_contains("seed")) c.seed = as_u64(*v);
   if (const auto* d = root.if_contains("dataset")) {
@@ -227,6 +228,8 @@ TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view
     fail(ds_given && root.at("dataset").as_object().contains("tasks") ? "dataset.tasks" : "dataset.classes_per_task",
          "fashion-mnist has 10 classes: tasks x classes_per_task must be 10 (5 x 2, 2 x 5, 10 x 1), not " +
              std::to_string(ds.tasks) + " x " + std::to_string(ds.classes_per_task));
+  if (c.weight_align && ds.name != "fashion-mnist")
+    fail("weight_align", ds.name + " has no classifier whose class weights could be aligned: remove weight_align");
   if (c.train.augment != "none" && ds.name != "fashion-mnist")
     fail("train.augment", c.train.augment + " mirrors and moves images of labelled classes; " + ds.name +
                               "'s targets would not move with its diffraction patterns: use none");

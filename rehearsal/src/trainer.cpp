@@ -192,6 +192,31 @@ void Job::build_model() {
   make_optimizer();
 }
 
+// weight_align (WA, "weight aligning"): at the end of task t > 0, the rows of the
+// classifier's weight for t's classes are scaled by gamma = mean norm of the older classes'
+// rows / mean norm of the new ones'. Trained on a stream of new classes only, those rows
+// grow longer than the old ones, and the logits with them: this removes the bias towards
+// the latest classes without touching what the features are. The same on every rank (same
+// weights); the evaluated average (train.ema) gets its own gamma. Returns the model's
+// gamma (0: nothing was scaled).
+double Job::align_weights(int task) {
+  const std::int64_t k = cfg_.dataset.classes_per_task, old = task * k;
+  torch::NoGradGuard ng;
+  double gamma = 0;
+  for (auto* net : {model_.get(), ema_.get()}) {
+    if (!net) continue;
+    torch::Tensor w = net->class_weights();
+    if (!w.defined() || old <= 0 || old + k > w.size(0)) continue;
+    const torch::Tensor norms = w.norm(2, 1);
+    const double mean_old = norms.narrow(0, 0, old).mean().item<double>();
+    const double mean_new = norms.narrow(0, old, k).mean().item<double>();
+    if (mean_new <= 0) continue;
+    w.narrow(0, old, k).mul_(mean_old / mean_new);
+    if (net == model_.get()) gamma = mean_old / mean_new;
+  }
+  return gamma;
+}
+
 // A new optimizer (no state: Adam's moment estimates, SGD's momentum) on the model's
 // parameters, at the base learning rate.
 void Job::make_optimizer() {
@@ -527,6 +552,7 @@ void Job::write_summary() {
   s["epochs"] = cfg_.train.epochs;
   s["ema"] = cfg_.train.ema;  // 0: the trained weights were evaluated
   s["augment"] = cfg_.train.augment;
+  s["weight_align"] = cfg_.weight_align && cfg_.strategy != "scratch";
   s["world_size"] = world_;
   s["seed"] = cfg_.seed;
   s["dataset"] = cfg_.dataset.name;
@@ -696,6 +722,7 @@ int Job::train() {
         }
       }
       flush_insertions("task end");
+      const double gamma = cfg_.weight_align && cfg_.strategy != "scratch" ? align_weights(pos_.task) : 0.0;
       matrix_.push_back(evaluate());
       if (rank_ == 0) {
         const auto& row = matrix_.back();
@@ -707,6 +734,7 @@ int Job::train() {
         e["step"] = pos_.step;
         e[data_.classification ? "accuracy" : "error"] = row_json(row);
         e["average_seen"] = avg;
+        if (gamma > 0) e["weight_align_gamma"] = gamma;  // the new classes' rows were scaled by it
         metrics_ << json::serialize(e) << "\n";
         metrics_.flush();
         report_evaluation(row, avg);

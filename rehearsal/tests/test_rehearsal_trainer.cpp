@@ -13,6 +13,7 @@
 
 #include <boost/json.hpp>
 
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -114,6 +115,9 @@ TEST(TrainerConfig, BadInputIsLocated) {
   d = diagnostics_of("dataset: {name: ptycho-sim}\n", {"train.augment=shift-flip"});
   EXPECT_NE(d.find("train.augment"), std::string::npos) << d;
   EXPECT_NE(d.find("use none"), std::string::npos) << d;
+  d = diagnostics_of("dataset: {name: ptycho-sim}\nweight_align: true\n");
+  EXPECT_NE(d.find("weight_align"), std::string::npos) << d;
+  EXPECT_NE(d.find("no classifier"), std::string::npos) << d;
   d = diagnostics_of("{}", {"train.augment=rotate"});
   EXPECT_NE(d.find("train.augment"), std::string::npos) << d;
   d = diagnostics_of("{}", {"no_such_key=1"});
@@ -483,6 +487,52 @@ TEST(Trainer, AugmentedRepresentativesResumeExactly) {
   EXPECT_EQ(json::serialize(sa.at("accuracy_matrix")), json::serialize(sc.at("accuracy_matrix")));
   EXPECT_EQ(sa.at("augment").as_string(), "shift-flip");
   EXPECT_EQ(summary(plain).at("augment").as_string(), "none");
+}
+
+// weight_align: at the end of task 1 (of 2) the new classes' rows are scaled once, before
+// the evaluation: the training (losses) is unchanged, the last row of the matrix is not, the
+// gamma is in the evaluation line, and a job resumed mid-task ends with the same matrix.
+TEST(Trainer, WeightAlignScalesTheNewClassRowsOnceAtTheTaskEnd) {
+  Watchdog dog(300s, "weight align");
+  TempDir tmp;
+  const fs::path plain = tmp.path() / "plain";
+  ASSERT_EQ(train({"--config", write_config(tmp.path(), kSmall).string(), "--out", plain.string()}, tmp.path() / "p.log").status, 0);
+  auto cfg = write_config(tmp.path(), std::string(kSmall) + "weight_align: true\n");
+  const auto [full, part, rest] = run_whole_and_resumed(tmp.path(), cfg, 50);
+  EXPECT_EQ(losses(plain), losses(full));
+  auto sp = summary(plain), sa = summary(full), sc = summary(rest);
+  const auto& mp = sp.at("accuracy_matrix").as_array();
+  const auto& ma = sa.at("accuracy_matrix").as_array();
+  ASSERT_EQ(ma.size(), 2u);
+  EXPECT_EQ(json::serialize(mp[0]), json::serialize(ma[0]));  // task 0: nothing older to align to
+  EXPECT_NE(json::serialize(mp[1]), json::serialize(ma[1]));
+  EXPECT_EQ(json::serialize(sa.at("accuracy_matrix")), json::serialize(sc.at("accuracy_matrix")));
+  EXPECT_TRUE(sa.at("weight_align").as_bool());
+  EXPECT_FALSE(sp.at("weight_align").as_bool());
+  // The gammas of the evaluation lines: none after task 0, one (not 1: the rows were
+  // scaled) after task 1.
+  auto gammas = [](const fs::path& out) {
+    std::map<std::int64_t, double> g;
+    std::ifstream in(out / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      auto v = json::parse(line).as_object();
+      if (v.contains("eval_after_task"))
+        g[v.at("eval_after_task").as_int64()] = v.contains("weight_align_gamma") ? v.at("weight_align_gamma").as_double() : 0.0;
+    }
+    return g;
+  };
+  const auto ga = gammas(full);
+  ASSERT_EQ(ga.size(), 2u);
+  EXPECT_EQ(ga.at(0), 0.0);
+  EXPECT_GT(ga.at(1), 0.5);
+  EXPECT_LT(ga.at(1), 2.0);
+  EXPECT_GT(std::abs(ga.at(1) - 1.0), 1e-3);
+  EXPECT_EQ(gammas(rest).at(1), ga.at(1));
+  // scratch is never aligned.
+  const fs::path s = tmp.path() / "scratch";
+  ASSERT_EQ(train({"--config", cfg.string(), "--out", s.string(), "--set", "strategy=scratch"}, tmp.path() / "s.log").status, 0);
+  EXPECT_FALSE(summary(s).at("weight_align").as_bool());
+  EXPECT_EQ(gammas(s).at(1), 0.0);
 }
 
 TEST(Trainer, TwoRanksResumeExactlyOnTwo) {

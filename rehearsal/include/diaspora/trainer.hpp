@@ -64,6 +64,7 @@ struct TrainerConfig {
   std::string strategy = "derpp";  ///< incremental | scratch | er | der | derpp
   double alpha = 0.3;
   double beta = 0.5;
+  bool weight_align = false;  ///< WA at each task's end (classification; not scratch)
   std::int64_t buffer_size = 500;  ///< over all ranks
   std::uint64_t seed = 0;
   DatasetConfig dataset;
