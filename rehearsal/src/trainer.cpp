@@ -201,12 +201,13 @@ void Job::build_model() {
 // gamma (0: nothing was scaled).
 double Job::align_weights(int task) {
   const std::int64_t k = cfg_.dataset.classes_per_task, old = task * k;
+  if (old <= 0) return 0;  // task 0: no older classes to align to
   torch::NoGradGuard ng;
   double gamma = 0;
   for (auto* net : {model_.get(), ema_.get()}) {
     if (!net) continue;
     torch::Tensor w = net->class_weights();
-    if (!w.defined() || old <= 0 || old + k > w.size(0)) continue;
+    if (!w.defined() || old + k > w.size(0)) continue;
     const torch::Tensor norms = w.norm(2, 1);
     const double mean_old = norms.narrow(0, 0, old).mean().item<double>();
     const double mean_new = norms.narrow(0, old, k).mean().item<double>();
@@ -552,7 +553,7 @@ void Job::write_summary() {
   s["epochs"] = cfg_.train.epochs;
   s["ema"] = cfg_.train.ema;  // 0: the trained weights were evaluated
   s["augment"] = cfg_.train.augment;
-  s["weight_align"] = cfg_.weight_align && cfg_.strategy != "scratch";
+  s["weight_align"] = cfg_.aligns_weights();
   s["world_size"] = world_;
   s["seed"] = cfg_.seed;
   s["dataset"] = cfg_.dataset.name;
@@ -722,7 +723,7 @@ int Job::train() {
         }
       }
       flush_insertions("task end");
-      const double gamma = cfg_.weight_align && cfg_.strategy != "scratch" ? align_weights(pos_.task) : 0.0;
+      const double gamma = cfg_.aligns_weights() ? align_weights(pos_.task) : 0.0;
       matrix_.push_back(evaluate());
       if (rank_ == 0) {
         const auto& row = matrix_.back();

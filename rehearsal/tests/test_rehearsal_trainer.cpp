@@ -316,6 +316,14 @@ const char* kSmall =
     "train: {batch_size: 32, threads: 1, lr: 0.05, momentum: 0.9}\n"
     "sampling: {representatives: 8}\n";
 
+// kSmall with more keys in its train: mapping (e.g. "schedule: cosine, epochs: 2").
+std::string small_with_train(const std::string& keys) {
+  std::string text = kSmall;
+  const std::string end = "momentum: 0.9}";
+  text.replace(text.find(end), end.size(), "momentum: 0.9, " + keys + "}");
+  return text;
+}
+
 // Runs `cfg` whole (OUT full), and stopped after `stop` steps (part) then resumed (rest).
 struct WholeAndResumed {
   fs::path full, part, rest;
@@ -368,10 +376,7 @@ TEST(Trainer, CosineScheduleRestartsEveryTaskAndResumesExactly) {
   Watchdog dog(300s, "cosine schedule");
   TempDir tmp;
   // 2 epochs of 40 steps a task: K = 80 steps (few enough for the ASan pass's 180 s).
-  std::string text = kSmall;
-  const std::string plain = "momentum: 0.9}";
-  text.replace(text.find(plain), plain.size(), "momentum: 0.9, schedule: cosine, epochs: 2}");
-  auto cfg = write_config(tmp.path(), text);
+  auto cfg = write_config(tmp.path(), small_with_train("schedule: cosine, epochs: 2"));
   const auto [full, part, rest] = run_whole_and_resumed(tmp.path(), cfg, 13);
   // step -> (task, lr) of a run's metrics.jsonl
   auto rates = [](const fs::path& out) {
@@ -469,10 +474,7 @@ TEST(Trainer, AugmentedRepresentativesResumeExactly) {
   TempDir tmp;
   const fs::path plain = tmp.path() / "plain";
   ASSERT_EQ(train({"--config", write_config(tmp.path(), kSmall).string(), "--out", plain.string()}, tmp.path() / "p.log").status, 0);
-  std::string text = kSmall;
-  const std::string train_line = "momentum: 0.9}";
-  text.replace(text.find(train_line), train_line.size(), "momentum: 0.9, augment: shift-flip}");
-  auto cfg = write_config(tmp.path(), text);
+  auto cfg = write_config(tmp.path(), small_with_train("augment: shift-flip"));
   const auto [full, part, rest] = run_whole_and_resumed(tmp.path(), cfg, 13);
   auto lp = losses(plain), la = losses(full), lb = losses(part), lc = losses(rest);
   ASSERT_EQ(la.size(), 80u);

@@ -80,6 +80,8 @@ struct TrainerConfig {
   bool uses_buffer() const { return strategy == "er" || strategy == "der" || strategy == "derpp"; }
   /// Whether it stores model outputs with the samples (der, derpp).
   bool stores_outputs() const { return strategy == "der" || strategy == "derpp"; }
+  /// Whether weight aligning runs at the task ends (weight_align, and not scratch).
+  bool aligns_weights() const { return weight_align && strategy != "scratch"; }
 };
 
 /// Loads a trainer config from YAML text: `overrides` ("key.path=value", as given to
