@@ -205,6 +205,7 @@ TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view
     if (const auto* v = o.if_contains("momentum")) tr.momentum = num(*v);
     if (const auto* v = o.if_contains("schedule")) tr.schedule = str(*v);
     if (const auto* v = o.if_contains("augment")) tr.augment = str(*v);
+    if (const auto* v = o.if_contains("logit_adjust")) tr.logit_adjust = v->as_bool();
     if (const auto* v = o.if_contains("ema")) tr.ema = num(*v);
     if (const auto* v = o.if_contains("threads")) tr.threads = static_cast<int>(i64(*v));
     if (const auto* v = o.if_contains("deterministic")) tr.deterministic = v->as_bool();
@@ -233,6 +234,8 @@ TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view
   if (c.train.augment != "none" && ds.name != "fashion-mnist")
     fail("train.augment", c.train.augment + " mirrors and moves images of labelled classes; " + ds.name +
                               "'s targets would not move with its diffraction patterns: use none");
+  if (c.train.logit_adjust && ds.name != "fashion-mnist")
+    fail("train.logit_adjust", ds.name + " has no classes whose logits could be adjusted: remove train.logit_adjust");
   if (ds.name == "ptycho-sim") {
     if (ds.patch % 8 != 0) fail("dataset.patch", "must be a multiple of 8 (the encoder halves it three times)");
     if (ds.object_size < ds.patch) fail("dataset.object_size", "must be at least dataset.patch");

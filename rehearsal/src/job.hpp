@@ -200,6 +200,7 @@ class Job {
   void setup_groups();
   void build_model();
   double align_weights(int task);
+  torch::Tensor logit_prior(const torch::Tensor& labels, int task) const;
   void make_optimizer();
   void schedule_lr(std::int64_t steps_per_epoch);
   json::object stream_identity() const;

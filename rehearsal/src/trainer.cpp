@@ -310,6 +310,20 @@ void Job::allreduce_grads() {
   }
 }
 
+// train.logit_adjust (logit-adjusted cross-entropy, Menon et al. 2021): log of each seen
+// class's share of `labels` (the step's labelled samples; +1 each, so a class absent from
+// this step keeps a finite offset), one entry per class seen up to `task`. Added to the
+// logits inside the step's cross-entropy terms, it takes the class imbalance of a step
+// (b stream samples of k new classes against a few representatives of each old one) out of
+// what the logits learn; classes not seen yet are left out of the softmax. Undefined (no
+// adjustment) without the key, or for strategies that draw no representatives.
+torch::Tensor Job::logit_prior(const torch::Tensor& labels, int task) const {
+  if (!cfg_.train.logit_adjust || !cfg_.uses_buffer()) return {};
+  const std::int64_t seen = (task + 1) * cfg_.dataset.classes_per_task;
+  const torch::Tensor counts = torch::bincount(labels, {}, seen).narrow(0, 0, seen).to(torch::kFloat) + 1.0f;
+  return (counts / counts.sum()).log();
+}
+
 // One step on the stream batch `idx` of task `task` (plus representatives).
 double Job::train_step(const torch::Tensor& idx, int task) {
   const auto t0 = Clock::now();
@@ -351,20 +365,25 @@ double Job::train_step(const torch::Tensor& idx, int task) {
     sampler_->prefetch();  // draw i+1 sees them, and nothing newer
   }
   torch::Tensor stream_out = out.narrow(0, 0, b);
-  torch::Tensor loss = task_loss(data_, stream_out, y);
+  // The representatives in the step's task loss: ER all R; DER++ the second half (the first
+  // half is for the distance to the stored outputs: every rehearsal strategy trains on the
+  // same number of samples a step); DER none.
+  const torch::Tensor& ry = nreps > 0 ? reps.batch.tensors[1] : y;
+  const std::int64_t h = cfg_.strategy == "derpp" ? (nreps + 1) / 2 : cfg_.strategy == "der" ? nreps : 0;
+  const torch::Tensor prior = logit_prior(nreps > 0 ? torch::cat({y, ry.narrow(0, h, nreps - h)}) : y, task);
+  auto loss_of = [&](const torch::Tensor& z, const torch::Tensor& labels) {
+    return prior.defined() ? torch::nn::functional::cross_entropy(z.narrow(1, 0, prior.size(0)) + prior, labels)
+                           : task_loss(data_, z, labels);
+  };
+  torch::Tensor loss = loss_of(stream_out, y);
   if (nreps > 0) {
     torch::Tensor rout = out.narrow(0, b, nreps);
-    const torch::Tensor& ry = reps.batch.tensors[1];
     if (cfg_.strategy == "er") {
-      loss = task_loss(data_, out, torch::cat({y, ry}));
+      loss = loss_of(out, torch::cat({y, ry}));
     } else {
-      // DER: alpha * the distance to the stored outputs; DER++ uses the first half of the R
-      // representatives for that and the second, disjoint half for beta * the task loss,
-      // so every rehearsal strategy trains on the same number of samples a step.
-      const std::int64_t h = cfg_.strategy == "derpp" ? (nreps + 1) / 2 : nreps;
+      // DER: alpha * the distance to the stored outputs; DER++ plus beta * the task loss.
       loss = loss + cfg_.alpha * output_distance(data_, rout.narrow(0, 0, h), reps.batch.outputs.narrow(0, 0, h));
-      if (cfg_.strategy == "derpp" && nreps - h > 0)
-        loss = loss + cfg_.beta * task_loss(data_, rout.narrow(0, h, nreps - h), ry.narrow(0, h, nreps - h));
+      if (nreps - h > 0) loss = loss + cfg_.beta * loss_of(rout.narrow(0, h, nreps - h), ry.narrow(0, h, nreps - h));
     }
   }
   loss.backward();
@@ -553,6 +572,7 @@ void Job::write_summary() {
   s["epochs"] = cfg_.train.epochs;
   s["ema"] = cfg_.train.ema;  // 0: the trained weights were evaluated
   s["augment"] = cfg_.train.augment;
+  s["logit_adjust"] = cfg_.train.logit_adjust && cfg_.uses_buffer();
   s["weight_align"] = cfg_.aligns_weights();
   s["world_size"] = world_;
   s["seed"] = cfg_.seed;

@@ -118,6 +118,11 @@ TEST(TrainerConfig, BadInputIsLocated) {
   d = diagnostics_of("dataset: {name: ptycho-sim}\nweight_align: true\n");
   EXPECT_NE(d.find("weight_align"), std::string::npos) << d;
   EXPECT_NE(d.find("no classifier"), std::string::npos) << d;
+  d = diagnostics_of("dataset: {name: ptycho-sim}\n", {"train.logit_adjust=true"});
+  EXPECT_NE(d.find("train.logit_adjust"), std::string::npos) << d;
+  EXPECT_NE(d.find("no classes"), std::string::npos) << d;
+  d = diagnostics_of("{}", {"train.logit_adjust=yes please"});
+  EXPECT_NE(d.find("train.logit_adjust"), std::string::npos) << d;
   d = diagnostics_of("{}", {"train.augment=rotate"});
   EXPECT_NE(d.find("train.augment"), std::string::npos) << d;
   d = diagnostics_of("{}", {"no_such_key=1"});
@@ -302,6 +307,9 @@ std::map<std::int64_t, std::string> losses(const fs::path& out) {
   return m;
 }
 
+// The number in one of losses()' texts ("loss":1.23).
+double loss_value(const std::string& text) { return std::stod(text.substr(text.find(':') + 1)); }
+
 fs::path write_config(const fs::path& dir, const std::string& text) {
   fs::path f = dir / "train.yaml";
   std::ofstream(f) << text;
@@ -338,6 +346,29 @@ WholeAndResumed run_whole_and_resumed(const fs::path& tmp, const fs::path& cfg, 
   TrainRun c = train({"--config", cfg.string(), "--out", d.rest.string(), "--resume", d.part.string()}, tmp / "c.log");
   EXPECT_EQ(c.status, 0) << c.log;
   return d;
+}
+
+// A variant of kSmall (config `text`) against kSmall itself: the plain job run whole, the
+// variant run whole and stopped after `stop` steps then resumed, the resumed parts checked
+// against the whole run to the digit (losses and accuracy matrix).
+struct Variant {
+  fs::path cfg, plain, full, rest;
+  std::map<std::int64_t, std::string> plain_losses, losses;
+};
+Variant run_variant_against_plain(const fs::path& tmp, const std::string& text, int stop) {
+  Variant v;
+  v.plain = tmp / "plain";
+  EXPECT_EQ(train({"--config", write_config(tmp, kSmall).string(), "--out", v.plain.string()}, tmp / "p.log").status, 0);
+  v.cfg = write_config(tmp, text);
+  const auto [full, part, rest] = run_whole_and_resumed(tmp, v.cfg, stop);
+  v.full = full;
+  v.rest = rest;
+  v.plain_losses = losses(v.plain);
+  v.losses = losses(full);
+  for (const auto& part_losses : {losses(part), losses(rest)})
+    for (const auto& [step, loss] : part_losses) EXPECT_EQ(loss, v.losses[step]) << "step " << step;
+  EXPECT_EQ(json::serialize(summary(full).at("accuracy_matrix")), json::serialize(summary(rest).at("accuracy_matrix")));
+  return v;
 }
 
 TEST(Trainer, StoppedAndResumedRunMatchesTheUninterruptedOneExactly) {
@@ -472,23 +503,16 @@ TEST(Trainer, MovingAverageOfTheWeightsResumesExactly) {
 TEST(Trainer, AugmentedRepresentativesResumeExactly) {
   Watchdog dog(300s, "augment resume");
   TempDir tmp;
-  const fs::path plain = tmp.path() / "plain";
-  ASSERT_EQ(train({"--config", write_config(tmp.path(), kSmall).string(), "--out", plain.string()}, tmp.path() / "p.log").status, 0);
-  auto cfg = write_config(tmp.path(), small_with_train("augment: shift-flip"));
-  const auto [full, part, rest] = run_whole_and_resumed(tmp.path(), cfg, 13);
-  auto lp = losses(plain), la = losses(full), lb = losses(part), lc = losses(rest);
+  const Variant v = run_variant_against_plain(tmp.path(), small_with_train("augment: shift-flip"), 13);
+  const auto &lp = v.plain_losses, &la = v.losses;
   ASSERT_EQ(la.size(), 80u);
   ASSERT_EQ(lp.size(), 80u);
-  EXPECT_EQ(lp[0], la[0]);  // step 0 draws nothing: the buffer is still empty
+  EXPECT_EQ(lp.at(0), la.at(0));  // step 0 draws nothing: the buffer is still empty
   int differ = 0;
-  for (const auto& [step, loss] : la) differ += loss != lp[step] ? 1 : 0;
+  for (const auto& [step, loss] : la) differ += loss != lp.at(step) ? 1 : 0;
   EXPECT_GT(differ, 70);
-  for (const auto& [step, loss] : lb) EXPECT_EQ(loss, la[step]) << "step " << step;
-  for (const auto& [step, loss] : lc) EXPECT_EQ(loss, la[step]) << "step " << step;
-  auto sa = summary(full), sc = summary(rest);
-  EXPECT_EQ(json::serialize(sa.at("accuracy_matrix")), json::serialize(sc.at("accuracy_matrix")));
-  EXPECT_EQ(sa.at("augment").as_string(), "shift-flip");
-  EXPECT_EQ(summary(plain).at("augment").as_string(), "none");
+  EXPECT_EQ(summary(v.full).at("augment").as_string(), "shift-flip");
+  EXPECT_EQ(summary(v.plain).at("augment").as_string(), "none");
 }
 
 // weight_align: at the end of task 1 (of 2) the new classes' rows are scaled once, before
@@ -497,18 +521,15 @@ TEST(Trainer, AugmentedRepresentativesResumeExactly) {
 TEST(Trainer, WeightAlignScalesTheNewClassRowsOnceAtTheTaskEnd) {
   Watchdog dog(300s, "weight align");
   TempDir tmp;
-  const fs::path plain = tmp.path() / "plain";
-  ASSERT_EQ(train({"--config", write_config(tmp.path(), kSmall).string(), "--out", plain.string()}, tmp.path() / "p.log").status, 0);
-  auto cfg = write_config(tmp.path(), std::string(kSmall) + "weight_align: true\n");
-  const auto [full, part, rest] = run_whole_and_resumed(tmp.path(), cfg, 50);
-  EXPECT_EQ(losses(plain), losses(full));
-  auto sp = summary(plain), sa = summary(full), sc = summary(rest);
+  const Variant v = run_variant_against_plain(tmp.path(), std::string(kSmall) + "weight_align: true\n", 50);
+  const auto &cfg = v.cfg, &rest = v.rest;
+  EXPECT_EQ(v.plain_losses, v.losses);
+  auto sp = summary(v.plain), sa = summary(v.full);
   const auto& mp = sp.at("accuracy_matrix").as_array();
   const auto& ma = sa.at("accuracy_matrix").as_array();
   ASSERT_EQ(ma.size(), 2u);
   EXPECT_EQ(json::serialize(mp[0]), json::serialize(ma[0]));  // task 0: nothing older to align to
   EXPECT_NE(json::serialize(mp[1]), json::serialize(ma[1]));
-  EXPECT_EQ(json::serialize(sa.at("accuracy_matrix")), json::serialize(sc.at("accuracy_matrix")));
   EXPECT_TRUE(sa.at("weight_align").as_bool());
   EXPECT_FALSE(sp.at("weight_align").as_bool());
   // The gammas of the evaluation lines: none after task 0, one (not 1: the rows were
@@ -517,13 +538,13 @@ TEST(Trainer, WeightAlignScalesTheNewClassRowsOnceAtTheTaskEnd) {
     std::map<std::int64_t, double> g;
     std::ifstream in(out / "metrics.jsonl");
     for (std::string line; std::getline(in, line);) {
-      auto v = json::parse(line).as_object();
-      if (v.contains("eval_after_task"))
-        g[v.at("eval_after_task").as_int64()] = v.contains("weight_align_gamma") ? v.at("weight_align_gamma").as_double() : 0.0;
+      auto e = json::parse(line).as_object();
+      if (e.contains("eval_after_task"))
+        g[e.at("eval_after_task").as_int64()] = e.contains("weight_align_gamma") ? e.at("weight_align_gamma").as_double() : 0.0;
     }
     return g;
   };
-  const auto ga = gammas(full);
+  const auto ga = gammas(v.full);
   ASSERT_EQ(ga.size(), 2u);
   EXPECT_EQ(ga.at(0), 0.0);
   EXPECT_GT(ga.at(1), 0.5);
@@ -535,6 +556,46 @@ TEST(Trainer, WeightAlignScalesTheNewClassRowsOnceAtTheTaskEnd) {
   ASSERT_EQ(train({"--config", cfg.string(), "--out", s.string(), "--set", "strategy=scratch"}, tmp.path() / "s.log").status, 0);
   EXPECT_FALSE(summary(s).at("weight_align").as_bool());
   EXPECT_EQ(gammas(s).at(1), 0.0);
+}
+
+// train.logit_adjust: the step's cross-entropy terms see the logits of the classes seen so
+// far, each raised by the log of its share of the step's labels. At step 0 (no
+// representatives yet: every label is one of task 0's 5 classes) the same model on the same
+// batch then has a smaller loss than plain cross-entropy over all 10 classes; the job still
+// learns both tasks (chance: 0.1 among 10), resumes exactly, and ER takes it too.
+// Strategies without representatives ignore it (scratch: the same losses as without).
+TEST(Trainer, LogitAdjustedCrossEntropyLearnsResumesExactlyAndSparesScratch) {
+  Watchdog dog(300s, "logit adjust");
+  TempDir tmp;
+  const Variant v = run_variant_against_plain(tmp.path(), small_with_train("logit_adjust: true"), 13);
+  const auto& cfg = v.cfg;
+  ASSERT_EQ(v.losses.size(), 80u);
+  EXPECT_LT(loss_value(v.losses.at(0)), loss_value(v.plain_losses.at(0)) - 0.05);
+  auto sa = summary(v.full);
+  EXPECT_TRUE(sa.at("logit_adjust").as_bool());
+  EXPECT_FALSE(summary(v.plain).at("logit_adjust").as_bool());
+  const auto& m = sa.at("accuracy_matrix").as_array();
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_GT(m[1].as_array()[0].as_double(), 0.3);
+  EXPECT_GT(m[1].as_array()[1].as_double(), 0.5);
+  for (const char* strategy : {"er", "scratch"}) {
+    const fs::path with = tmp.path() / (std::string(strategy) + "-la"), without = tmp.path() / strategy;
+    const std::string set = std::string("strategy=") + strategy;
+    ASSERT_EQ(train({"--config", cfg.string(), "--out", with.string(), "--set", set}, tmp.path() / "w.log").status, 0);
+    ASSERT_EQ(train({"--config", cfg.string(), "--out", without.string(), "--set", set, "--set", "train.logit_adjust=false"},
+                    tmp.path() / "wo.log")
+                  .status,
+              0);
+    auto lw = losses(with), lo = losses(without);
+    if (std::string(strategy) == "er") {
+      EXPECT_LT(loss_value(lw[0]), loss_value(lo[0]) - 0.05);
+      EXPECT_TRUE(summary(with).at("logit_adjust").as_bool());
+      EXPECT_GT(summary(with).at("accuracy_matrix").as_array()[1].as_array()[0].as_double(), 0.3);
+    } else {
+      EXPECT_EQ(lw, lo);
+      EXPECT_FALSE(summary(with).at("logit_adjust").as_bool());
+    }
+  }
 }
 
 TEST(Trainer, TwoRanksResumeExactlyOnTwo) {

@@ -53,6 +53,7 @@ struct TrainConfig {
   double momentum = 0;
   std::string schedule = "constant";  ///< or "cosine": lr to 0 over each task's steps
   std::string augment = "none";       ///< or "shift-flip": the representatives (shift_flip())
+  bool logit_adjust = false;          ///< logit-adjusted cross-entropy (er, der, derpp; classification)
   double ema = 0;                  ///< 0: off; else the decay of the evaluated weights' moving average
   int threads = 0;                 ///< 0: hardware threads / ranks
   bool deterministic = true;
