@@ -5,8 +5,11 @@ first-scan error at the end as a multiple of scratch's (target <= 1.1), with the
 incremental job beside them; and draws the training time per scan of the three, median
 over the seeds, in OUT/stream-runtime.svg (per scan, and accumulated).
 
-Layout it reads: OUT/{scratch,rehearsal,incremental}-seedS/{summary.json,metrics.jsonl}."""
+Layout it reads: OUT/{scratch,rehearsal,incremental}-seedS/{summary.json,metrics.jsonl}, and
+OUT/{scratch,rehearsal}-swapped-seedS (the same pair with the cores swapped): where a seed has
+the swapped pair, its runtime ratio is the geometric mean of the two pairs' ratios."""
 import json
+import math
 import re
 import statistics
 import sys
@@ -34,12 +37,12 @@ def collect(out: Path) -> dict:
     """seed -> kind -> (summary, per-scan seconds), for the seeds that have all three."""
     seeds = {}
     for d in sorted(out.glob("*-seed*")):
-        m = re.fullmatch(r"(scratch|rehearsal|incremental)-seed(\d+)", d.name)
+        m = re.fullmatch(r"(scratch|rehearsal|incremental|scratch-swapped|rehearsal-swapped)-seed(\d+)", d.name)
         if not m or not (d / "summary.json").exists():
             continue
         s = json.loads((d / "summary.json").read_text())
         seeds.setdefault(int(m.group(2)), {})[m.group(1)] = (s, per_scan_seconds(d / "metrics.jsonl", s["tasks"]))
-    return {k: v for k, v in sorted(seeds.items()) if len(v) == len(KINDS)}
+    return {k: v for k, v in sorted(seeds.items()) if all(kind in v for kind in KINDS)}
 
 
 def svg(medians: dict, tasks: int) -> str:
@@ -90,9 +93,14 @@ def main() -> int:
     for seed, k in seeds.items():
         sc, re_, inc = (k[x][0] for x in KINDS)
         cost, err = re_["runtime_s"] / sc["runtime_s"], re_["first_task_final"] / sc["first_task_final"]
+        cost_text = f"{cost:.2f}"
+        if "scratch-swapped" in k and "rehearsal-swapped" in k:
+            swapped = k["rehearsal-swapped"][0]["runtime_s"] / k["scratch-swapped"][0]["runtime_s"]
+            cost_text = f"{math.sqrt(cost * swapped):.2f} ({cost:.3f}, swapped {swapped:.3f})"
+            cost = math.sqrt(cost * swapped)
         costs.append(cost)
         errors.append(err)
-        print(f"| {seed} | {sc['runtime_s']:.1f} | {re_['runtime_s']:.1f} | {inc['runtime_s']:.1f} | {cost:.2f} | "
+        print(f"| {seed} | {sc['runtime_s']:.1f} | {re_['runtime_s']:.1f} | {inc['runtime_s']:.1f} | {cost_text} | "
               f"{sc['first_task_final']:.3g} | {re_['first_task_final']:.3g} ({err:.2f}) | "
               f"{inc['first_task_final']:.3g} ({inc['first_task_final'] / sc['first_task_final']:.2f}) |")
     worst_cost, worst_err = max(costs), max(errors)

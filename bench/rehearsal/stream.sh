@@ -4,11 +4,15 @@
 # incremental job run on the other (so the rehearsal job and scratch see the same host); then
 # bench/rehearsal/stream.py prints rehearsal's runtime as a multiple of scratch's (target
 # <= 0.5) and its first-scan error as a multiple of scratch's (target <= 1.1) seed by seed,
-# and draws the training time per scan of the three (OUT/stream-runtime.svg). About 2.5 min
-# a seed on this 2-core machine. Finished jobs are not run again.
+# and draws the training time per scan of the three (OUT/stream-runtime.svg). Then (unless
+# SWAP=0) scratch and the rehearsal job run once more with the cores swapped
+# (*-swapped-seedS): the two cores of this VM differ by a few percent, and the runtime ratio
+# printed is the geometric mean of the two pairs', so which core a job had cancels out.
+# About 4.5 min a seed on this 2-core machine (2.5 with SWAP=0). Finished jobs are not run again.
 #
 #   bash bench/rehearsal/stream.sh [BUILD_DIR]
 #   SEEDS="0 1" OUT=/tmp/st bash bench/rehearsal/stream.sh build
+#   SWAP=0 bash bench/rehearsal/stream.sh build   # one pair a seed, scratch on the first core
 set -euo pipefail
 BUILD_DIR=${1:-build}
 cd "$(dirname "$0")/../.."
@@ -18,6 +22,8 @@ read -r -a SEED_LIST <<<"${SEEDS:-0 1 2 3 4}"
 for s in "${SEED_LIST[@]}"; do
   [[ "$s" =~ ^[0-9]+$ ]] || { echo "SEEDS takes non-negative integers, not '$s'"; exit 2; }
 done
+SWAP=${SWAP:-1}
+[[ "$SWAP" =~ ^[01]$ ]] || { echo "SWAP must be 0 or 1, not '$SWAP'"; exit 2; }
 TRAIN="$BUILD_DIR/bin/diaspora-train"
 [ -x "$TRAIN" ] || { echo "no $TRAIN (configure with -DDIASPORA_WITH_TORCH=ON)"; exit 1; }
 read -r -a CPUS < <(/usr/bin/python3 -c 'import os; print(*sorted(os.sched_getaffinity(0))[:2])')
@@ -46,5 +52,11 @@ for seed in "${SEED_LIST[@]}"; do
   (job "${CPUS[1]}" "rehearsal-seed$seed" "$reh" && job "${CPUS[1]}" "incremental-seed$seed" incremental) & PIDS="$PIDS $!"
   for p in $PIDS; do wait "$p"; done
   PIDS=""
+  if [ "$SWAP" = 1 ]; then
+    job "${CPUS[1]}" "scratch-swapped-seed$seed" scratch & PIDS=$!
+    job "${CPUS[0]}" "rehearsal-swapped-seed$seed" "$reh" & PIDS="$PIDS $!"
+    for p in $PIDS; do wait "$p"; done
+    PIDS=""
+  fi
 done
 /usr/bin/python3 bench/rehearsal/stream.py "$OUT"

@@ -51,6 +51,21 @@ def test_ratios_verdicts_and_plot(tmp_path):
     assert svg.startswith("<svg") and svg.count("<polyline") == 6  # three kinds, two panels
 
 
+def test_swapped_pair_gives_the_geometric_mean(tmp_path):
+    # Seed 0 once more with the cores swapped: 40 / 100 and 62.5 / 100 -> sqrt(0.4 x 0.625) = 0.5.
+    tree(tmp_path)
+    job(tmp_path, "scratch-swapped-seed0", 100.0, 0.001, [[1000.0], [1000.0, 1000.0]])
+    job(tmp_path, "rehearsal-swapped-seed0", 62.5, 0.00105, [[2500.0], [2500.0]])
+    p = run(tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "| 0 | 100.0 | 40.0 | 20.0 | 0.50 (0.400, swapped 0.625) | 0.001 |" in p.stdout, p.stdout
+    assert "| 1 | 100.0 | 40.0 | 20.0 | 0.40 | 0.001 |" in p.stdout, p.stdout  # seed 1: one pair
+    assert "rehearsal runtime <= 0.50 x scratch's on every seed (target <= 0.5): met" in p.stdout
+    # Only the swapped scratch: the first pair's ratio alone.
+    (tmp_path / "rehearsal-swapped-seed0" / "summary.json").unlink()
+    assert "| 0 | 100.0 | 40.0 | 20.0 | 0.40 | 0.001 |" in run(tmp_path).stdout
+
+
 def test_misses_are_named(tmp_path):
     tree(tmp_path, rehearsal_runtime=60.0, rehearsal_first=0.0012)
     p = run(tmp_path)
@@ -73,3 +88,7 @@ def test_stream_sh_rejects_bad_seeds(tmp_path):
                        env={**os.environ, "OUT": str(tmp_path / "o"), "SEEDS": "0 x"}, capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 2 and "SEEDS takes non-negative integers, not 'x'" in p.stdout, (p.stdout, p.stderr)
+    p = subprocess.run(["bash", str(REPO / "bench" / "rehearsal" / "stream.sh")],
+                       env={**os.environ, "OUT": str(tmp_path / "o"), "SWAP": "yes"}, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and "SWAP must be 0 or 1, not 'yes'" in p.stdout, (p.stdout, p.stderr)
