@@ -8,6 +8,7 @@ data) is reported as a failed task."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -132,8 +133,13 @@ def test_action_checkpoints_and_exits_with_its_status(creds, tmp_path, action, s
         if action != "migrate":
             return
         # Resumed "on the target site": it continues from the checkpoint and completes.
+        # Under the target site's engine (its own engine id, so its own control-topic
+        # group): a second request the loop above sent while the first job was still
+        # checkpointing (ASan, CI 2026-12-03) is addressed to the first engine, whose group
+        # never committed it; the resumed job must not take it for its own.
         resumed = subprocess.run([str(TRAIN), "--config", str(cfg), "--out", str(tmp_path / "out2"),
-                                  "--resume", str(out), "--set", "train.epochs=1"], stderr=subprocess.PIPE, text=True, timeout=240)
+                                  "--resume", str(out), "--set", "train.epochs=1"], stderr=subprocess.PIPE, text=True,
+                                 timeout=240, env={**os.environ, "DIASPORA_ENGINE_ID": "engine-cluster-b"})
         mark("resumed job exited")
         assert resumed.returncode == 0, resumed.stderr
         summary = json.loads((tmp_path / "out2" / "summary.json").read_text())
