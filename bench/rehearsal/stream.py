@@ -96,8 +96,8 @@ def main() -> int:
         cost_text = f"{cost:.2f}"
         if "scratch-swapped" in k and "rehearsal-swapped" in k:
             swapped = k["rehearsal-swapped"][0]["runtime_s"] / k["scratch-swapped"][0]["runtime_s"]
-            cost_text = f"{math.sqrt(cost * swapped):.2f} ({cost:.3f}, swapped {swapped:.3f})"
-            cost = math.sqrt(cost * swapped)
+            first, cost = cost, math.sqrt(cost * swapped)
+            cost_text = f"{cost:.2f} ({first:.3f}, swapped {swapped:.3f})"
         costs.append(cost)
         errors.append(err)
         print(f"| {seed} | {sc['runtime_s']:.1f} | {re_['runtime_s']:.1f} | {inc['runtime_s']:.1f} | {cost_text} | "

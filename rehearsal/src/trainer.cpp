@@ -318,7 +318,7 @@ void Job::allreduce_grads() {
 // what the logits learn; classes not seen yet are left out of the softmax. Undefined (no
 // adjustment) without the key, or for strategies that draw no representatives.
 torch::Tensor Job::logit_prior(const torch::Tensor& labels, int task) const {
-  if (!cfg_.train.logit_adjust || !cfg_.uses_buffer()) return {};
+  if (!cfg_.adjusts_logits()) return {};
   const std::int64_t seen = (task + 1) * cfg_.dataset.classes_per_task;
   const torch::Tensor counts = torch::bincount(labels, {}, seen).narrow(0, 0, seen).to(torch::kFloat) + 1.0f;
   return (counts / counts.sum()).log();
@@ -370,21 +370,22 @@ double Job::train_step(const torch::Tensor& idx, int task) {
   // same number of samples a step); DER none.
   const torch::Tensor& ry = nreps > 0 ? reps.batch.tensors[1] : y;
   const std::int64_t h = cfg_.strategy == "derpp" ? (nreps + 1) / 2 : cfg_.strategy == "der" ? nreps : 0;
-  const torch::Tensor prior = logit_prior(nreps > 0 ? torch::cat({y, ry.narrow(0, h, nreps - h)}) : y, task);
-  auto loss_of = [&](const torch::Tensor& z, const torch::Tensor& labels) {
-    return prior.defined() ? torch::nn::functional::cross_entropy(z.narrow(1, 0, prior.size(0)) + prior, labels)
-                           : task_loss(data_, z, labels);
+  // The labels of the step's task-loss terms: what the logit prior counts, and ER's one
+  // task loss over the stream and the representatives together.
+  const bool er = cfg_.strategy == "er" && nreps > 0;
+  const torch::Tensor labels =
+      nreps > 0 && (er || cfg_.adjusts_logits()) ? torch::cat({y, ry.narrow(0, h, nreps - h)}) : y;
+  const torch::Tensor prior = logit_prior(labels, task);
+  auto loss_of = [&](const torch::Tensor& z, const torch::Tensor& l) {
+    return prior.defined() ? torch::nn::functional::cross_entropy(z.narrow(1, 0, prior.size(0)) + prior, l)
+                           : task_loss(data_, z, l);
   };
-  torch::Tensor loss = loss_of(stream_out, y);
-  if (nreps > 0) {
+  torch::Tensor loss = er ? loss_of(out, labels) : loss_of(stream_out, y);
+  if (nreps > 0 && !er) {
+    // DER: alpha * the distance to the stored outputs; DER++ plus beta * the task loss.
     torch::Tensor rout = out.narrow(0, b, nreps);
-    if (cfg_.strategy == "er") {
-      loss = loss_of(out, torch::cat({y, ry}));
-    } else {
-      // DER: alpha * the distance to the stored outputs; DER++ plus beta * the task loss.
-      loss = loss + cfg_.alpha * output_distance(data_, rout.narrow(0, 0, h), reps.batch.outputs.narrow(0, 0, h));
-      if (nreps - h > 0) loss = loss + cfg_.beta * loss_of(rout.narrow(0, h, nreps - h), ry.narrow(0, h, nreps - h));
-    }
+    loss = loss + cfg_.alpha * output_distance(data_, rout.narrow(0, 0, h), reps.batch.outputs.narrow(0, 0, h));
+    if (nreps - h > 0) loss = loss + cfg_.beta * loss_of(rout.narrow(0, h, nreps - h), ry.narrow(0, h, nreps - h));
   }
   loss.backward();
   allreduce_grads();
@@ -572,7 +573,7 @@ void Job::write_summary() {
   s["epochs"] = cfg_.train.epochs;
   s["ema"] = cfg_.train.ema;  // 0: the trained weights were evaluated
   s["augment"] = cfg_.train.augment;
-  s["logit_adjust"] = cfg_.train.logit_adjust && cfg_.uses_buffer();
+  s["logit_adjust"] = cfg_.adjusts_logits();
   s["weight_align"] = cfg_.aligns_weights();
   s["world_size"] = world_;
   s["seed"] = cfg_.seed;

@@ -83,6 +83,8 @@ struct TrainerConfig {
   bool stores_outputs() const { return strategy == "der" || strategy == "derpp"; }
   /// Whether weight aligning runs at the task ends (weight_align, and not scratch).
   bool aligns_weights() const { return weight_align && strategy != "scratch"; }
+  /// Whether the cross-entropy is logit-adjusted (train.logit_adjust, and a buffer).
+  bool adjusts_logits() const { return train.logit_adjust && uses_buffer(); }
 };
 
 /// Loads a trainer config from YAML text: `overrides` ("key.path=value", as given to
