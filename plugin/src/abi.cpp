@@ -2,6 +2,7 @@
 // entry catches everything and returns a status.
 #include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -21,18 +22,23 @@ namespace {
 // later minor version that appends fields reads them only when struct_size covers them,
 // so callers built against an older header keep working. Changing a 1.0 struct breaks
 // these assertions on purpose.
-// Frozen for LP64 (x86-64, aarch64); other data models use the current sizes.
+// Frozen for LP64 (x86-64, aarch64); other data models use the current sizes (for
+// diaspora_action, where the 1.0 struct ended).
 template <class T>
 constexpr std::size_t v1_size(std::size_t lp64) {
   return sizeof(void*) == 8 ? lp64 : sizeof(T);
 }
 constexpr std::size_t kTaskInfoV1 = v1_size<diaspora_task_info>(112), kMetricV1 = v1_size<diaspora_metric>(48),
                       kDataInfoV1 = v1_size<diaspora_data_info>(64), kResourceInfoV1 = v1_size<diaspora_resource_info>(64),
-                      kActionV1 = v1_size<diaspora_action>(5176), kStatsV1 = v1_size<diaspora_stats>(104);
+                      kActionV1 = sizeof(void*) == 8 ? 5176 : offsetof(diaspora_action, requested_us), kStatsV1 = v1_size<diaspora_stats>(104);
 static_assert(sizeof(diaspora_task_info) == kTaskInfoV1 && sizeof(diaspora_metric) == kMetricV1 &&
                   sizeof(diaspora_data_info) == kDataInfoV1 && sizeof(diaspora_resource_info) == kResourceInfoV1 &&
-                  sizeof(diaspora_action) == kActionV1 && sizeof(diaspora_stats) == kStatsV1,
+                  sizeof(diaspora_stats) == kStatsV1,
               "an ABI 1.0 struct changed size: append fields only, and keep the V1 sizes here");
+// ABI 1.1 appended requested_us to diaspora_action; a 1.0 caller's struct ends before it.
+static_assert(offsetof(diaspora_action, requested_us) == kActionV1 &&
+                  sizeof(diaspora_action) == kActionV1 + sizeof(int64_t),
+              "diaspora_action: ABI 1.1 appends requested_us right after the 1.0 struct");
 
 using diaspora::plugin::Field;
 using diaspora::plugin::HookArgs;
@@ -471,7 +477,7 @@ DIASPORA_API int diaspora_poll_action(diaspora_plugin* p, diaspora_action* out) 
   if (!p || !p->impl) return DIASPORA_ERR_NULL;
   if (!out) return fail(p, DIASPORA_ERR_NULL, "out is NULL");
   if (out->struct_size < kActionV1)
-    return fail(p, DIASPORA_ERR_INVALID, "out->struct_size is smaller than sizeof(diaspora_action)");
+    return fail(p, DIASPORA_ERR_INVALID, "out->struct_size is smaller than sizeof(diaspora_action) of ABI 1.0");
   return p->impl->poll_action(out);
 }
 

@@ -1,6 +1,7 @@
 #include "action_desk.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -22,6 +23,8 @@ void copy_str(char (&dst)[N], std::string_view s) {
   dst[n] = '\0';
 }
 
+// Fills `out` as far as its struct_size reaches: fields of later minor versions only when
+// the caller's struct holds them (an engine built against ABI 1.0 polls with a shorter one).
 void fill(diaspora_action& out, const Action& a) {
   copy_str(out.id, a.id);
   out.kind = a.kind;
@@ -32,6 +35,8 @@ void fill(diaspora_action& out, const Action& a) {
   copy_str(out.reason, a.reason);
   copy_str(out.origin, a.origin);
   out.issued_us = a.issued_us;
+  if (out.struct_size >= offsetof(diaspora_action, requested_us) + sizeof out.requested_us)
+    out.requested_us = a.requested_us;
 }
 
 }  // namespace
@@ -111,7 +116,7 @@ void ActionDesk::submit(Action a) {
   cv_.notify_all();
 }
 
-std::string ActionDesk::submit_request(const events::ActionRequested& req) {
+std::string ActionDesk::submit_request(const events::ActionRequested& req, std::int64_t requested_us) {
   Action a;
   a.kind = action_kind(req.action);
   if (a.kind == 0) return {};  // alert: for people, not for the engine
@@ -137,6 +142,7 @@ std::string ActionDesk::submit_request(const events::ActionRequested& req) {
   a.reason = req.reason;
   a.origin = "control";
   a.issued_us = now_us();
+  a.requested_us = requested_us;
   submit(std::move(a));
   return {};
 }

@@ -29,7 +29,8 @@ namespace diaspora::plugin {
 struct Action {
   std::string id, kind_name, task_id, site, target_site, reason, origin;
   int kind = 0;
-  std::int64_t issued_us = 0;
+  std::int64_t issued_us = 0;     ///< when this plugin received it
+  std::int64_t requested_us = 0;  ///< the request's own time (requester's clock); 0: unknown
 };
 
 /// DIASPORA_ACTION_* of an action name; 0 for `alert` (and anything else not for the engine).
@@ -56,10 +57,11 @@ class ActionDesk {
   int ack(std::string_view id, bool ok, std::string_view message, std::string& error) noexcept;
   /// Queues an action for the engine (kind != 0) and wakes the control thread.
   void submit(Action a);
-  /// An action requested on the control topic: queued, or refused (reported through
-  /// Outcome) when a field is too long for the C struct; returns why it was refused or
-  /// ignored, empty when queued. `alert` is ignored (for people, not the engine).
-  std::string submit_request(const events::ActionRequested& req);
+  /// An action requested on the control topic at `requested_us` (the event's `time`, 0
+  /// when it has none): queued, or refused (reported through Outcome) when a field is too
+  /// long for the C struct; returns why it was refused or ignored, empty when queued.
+  /// `alert` is ignored (for people, not the engine).
+  std::string submit_request(const events::ActionRequested& req, std::int64_t requested_us);
   /// Control thread: hands waiting actions to the callback (or to polling), expires the
   /// oldest beyond the bounds.
   void deliver();

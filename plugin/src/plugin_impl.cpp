@@ -852,6 +852,7 @@ int Plugin::ack_action(std::string_view id, bool ok, std::string_view message) n
 void Plugin::dispatch_local(Action a) {
   a.origin = "local";
   if (a.issued_us == 0) a.issued_us = now_us();
+  if (a.requested_us == 0) a.requested_us = a.issued_us;  // decided here and now
   events::ActionRequested req;
   req.action_id = a.id;
   req.action = a.kind_name;
@@ -880,7 +881,13 @@ void Plugin::handle_action_event(const json::value& ev) {
     set_error(std::string("control topic: an invalid action.requested event was ignored: ") + e.what());
     return;
   }
-  if (std::string why = actions_.submit_request(req); !why.empty()) set_error("control topic: " + why);
+  // The request's own time, which stays the same when a request an earlier engine of this
+  // engine id did not handle is delivered again (the engine may judge it stale by it).
+  std::int64_t requested_us = 0;
+  if (const json::value* t = o->if_contains("time"); t && t->is_string())
+    if (auto tp = parse_rfc3339(t->get_string()))
+      requested_us = std::chrono::duration_cast<std::chrono::microseconds>(tp->time_since_epoch()).count();
+  if (std::string why = actions_.submit_request(req, requested_us); !why.empty()) set_error("control topic: " + why);
 }
 
 void Plugin::control_main() {

@@ -1,12 +1,23 @@
 #include "plugin_link.hpp"
 
 #include <algorithm>
+#include <chrono>
 
+#include "diaspora/event.hpp"      // now_us, format_rfc3339
 #include "diaspora/rehearsal.hpp"  // RehearsalError
 
 namespace diaspora::rehearsal::detail {
 
-PluginLink::PluginLink(const TrainerConfig& cfg, bool resumed) : task_(cfg.plugin_task_id), site_(cfg.plugin_site) {
+namespace {
+
+std::string rfc3339_us(std::int64_t us) {
+  return format_rfc3339(std::chrono::system_clock::time_point(std::chrono::microseconds(us)));
+}
+
+}  // namespace
+
+PluginLink::PluginLink(const TrainerConfig& cfg, bool resumed)
+    : task_(cfg.plugin_task_id), site_(cfg.plugin_site), started_us_(now_us()) {
   if (cfg.plugin_spec.empty()) return;
   char err[1024] = {0};
   if (int rc = diaspora_open_file(cfg.plugin_spec.c_str(), &p_, err, sizeof err); rc != DIASPORA_OK)
@@ -39,6 +50,13 @@ int PluginLink::poll() {
   while (diaspora_poll_action(p_, &a) == DIASPORA_OK) {
     if (a.task_id[0] != '\0' && task_ != a.task_id) {
       diaspora_action_failed(p_, a.id, "diaspora-train runs only its own task");
+      continue;
+    }
+    if (a.requested_us != 0 && a.requested_us < started_us_) {
+      const std::string why = "stale: requested at " + rfc3339_us(a.requested_us) +
+                              ", before this run of the task started (" + rfc3339_us(started_us_) +
+                              "): the run it was meant for has ended; request it again if it still holds";
+      diaspora_action_failed(p_, a.id, why.c_str());
       continue;
     }
     int code = 0;

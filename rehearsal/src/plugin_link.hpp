@@ -26,7 +26,10 @@ class PluginLink {
   /// Reports progress (a fraction of the stream) with metrics.
   void progress(std::int64_t step, double fraction, const std::vector<diaspora_metric_value>& metrics);
   /// Polls waiting actions: returns the stop code of the first one for this task
-  /// (kTrainCheckpointed, kTrainMigrate, kTrainCancelled) or 0; others are refused.
+  /// (kTrainCheckpointed, kTrainMigrate, kTrainCancelled) or 0; others are refused, and so
+  /// is one requested before this job started (its requested_us, by the requester's
+  /// clock): it was meant for an earlier run of the task, which has ended (a request that
+  /// run never took is delivered again to the next job of the same engine id).
   int poll();
   /// The job stopped after a checkpoint: acknowledges the actions and reports the task.
   void stopped(int code, const std::string& where);
@@ -38,6 +41,7 @@ class PluginLink {
   diaspora_plugin* p_ = nullptr;
   std::string task_, site_, target_;
   std::vector<std::string> pending_;
+  std::int64_t started_us_ = 0;  ///< when this job started, µs since the Unix epoch
 };
 
 }  // namespace diaspora::rehearsal::detail

@@ -3,7 +3,8 @@ reports itself as a task (progress with loss and throughput metrics); an operato
 migrate, checkpoint, restart or cancel action makes it checkpoint and exit with its
 documented status (4, 3, 3, 5) with the action acknowledged; the job resumed after a
 migration completes and reports completion; a job that fails while it starts (missing
-data) is reported as a failed task."""
+data) is reported as a failed task; a request made before the job started (meant for an
+earlier run) is refused as stale and the job goes on."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -29,12 +31,12 @@ def creds(tmp_path_factory) -> Credentials:
     return Credentials(tmp_path_factory.mktemp("train-creds"))
 
 
-def first_events(relay: RelayProcess, token: str, n: int, counted) -> list[dict]:
-    """Reads TOPIC from the start until `n` events satisfy `counted` (at most 60 s)."""
+def first_events(relay: RelayProcess, token: str, n: int, counted, within: float = 60) -> list[dict]:
+    """Reads TOPIC from the start until `n` events satisfy `counted` (at most `within` s)."""
     async def go():
         ws = await session(relay, token)
         await ws.send(json.dumps({"op": "subscribe", "id": "w", "topic": TOPIC, "from": "earliest"}))
-        out, deadline = [], time.monotonic() + 60
+        out, deadline = [], time.monotonic() + within
         while time.monotonic() < deadline and sum(1 for e in out if counted(e)) < n:
             m = await recv(ws)
             if m["op"] == "events":
@@ -59,17 +61,42 @@ def train_config(tmp_path: Path, spec: Path) -> Path:
     return cfg
 
 
+def relay_and_config(creds: Credentials, tmp_path: Path) -> tuple[RelayProcess, str, Path]:
+    """A relay of its own, a job config whose plugin spec points at it, and a reader's
+    token. The caller stops the relay."""
+    relay = RelayProcess(creds, tmp_path / "data").start()
+    try:
+        token_file = tmp_path / "token"
+        token_file.write_text(creds.token("publish:*", "subscribe:*") + "\n")
+        cfg = train_config(tmp_path, write_spec(tmp_path, creds, token_file, relay.port))
+    except BaseException:
+        relay.stop()
+        raise
+    return relay, creds.token("subscribe:*"), cfg
+
+
+def request_action(relay: RelayProcess, creds: Credentials, action: str, action_id: str,
+                   requested_at: float | None = None) -> None:
+    """An operator's request for task train-7 on the control topic; `requested_at` (Unix
+    seconds) becomes the event's CloudEvents `time` (none when None)."""
+    async def go():
+        ws = await session(relay, creds.token("publish:*"))
+        data = {"action_id": action_id, "action": action, "task_id": "train-7",
+                "target_site": "cluster-b", "reason": "site a is slowing down"}
+        ev = event(action_id, source="/operator", type_="org.diaspora.action.requested", data=data)
+        if requested_at is not None:
+            ev["time"] = datetime.fromtimestamp(requested_at, timezone.utc).isoformat().replace("+00:00", "Z")
+        await ws.send(json.dumps({"op": "publish", "topic": "plug.control.engine", "seq": 0, "events": [ev]}))
+        assert (await recv(ws))["op"] == "ack"
+    run(go())
+
+
 @pytest.mark.parametrize("action,status", [("migrate", 4), ("checkpoint", 3), ("restart", 3), ("cancel", 5)])
 def test_action_checkpoints_and_exits_with_its_status(creds, tmp_path, action, status):
     t0 = time.monotonic()
     mark = lambda what: print(f"{time.monotonic() - t0:6.1f}s {what}")
-    relay = RelayProcess(creds, tmp_path / "data").start()
-    token_file = tmp_path / "token"
-    token_file.write_text(creds.token("publish:*", "subscribe:*") + "\n")
-    reader = creds.token("subscribe:*")
+    relay, reader, cfg = relay_and_config(creds, tmp_path)
     try:
-        spec = write_spec(tmp_path, creds, token_file, relay.port)
-        cfg = train_config(tmp_path, spec)
         out = tmp_path / "out"
         job = subprocess.Popen([str(TRAIN), "--config", str(cfg), "--out", str(out)],
                                stderr=subprocess.PIPE, text=True)
@@ -79,22 +106,11 @@ def test_action_checkpoints_and_exits_with_its_status(creds, tmp_path, action, s
             mark("progress seen")
             time.sleep(1.0)  # the control subscription starts with the publisher
 
-            def request(action_id: str) -> None:
-                async def go():
-                    ws = await session(relay, creds.token("publish:*"))
-                    data = {"action_id": action_id, "action": action, "task_id": "train-7",
-                            "target_site": "cluster-b", "reason": "site a is slowing down"}
-                    ev = event(action_id, source="/operator", type_="org.diaspora.action.requested", data=data)
-                    await ws.send(json.dumps({"op": "publish", "topic": "plug.control.engine", "seq": 0,
-                                              "events": [ev]}))
-                    assert (await recv(ws))["op"] == "ack"
-                run(go())
-
             # The control subscription starts from "latest" when it connects, shortly
             # after the publisher: ask again every 2 s until the job acts (bounded).
             code = None
             for i in range(30):
-                request(f"m-{i}")
+                request_action(relay, creds, action, f"m-{i}")
                 try:
                     code = job.wait(2)
                     break
@@ -153,22 +169,68 @@ def test_action_checkpoints_and_exits_with_its_status(creds, tmp_path, action, s
 
 
 def test_a_job_failing_while_it_starts_is_reported_as_failed(creds, tmp_path):
-    relay = RelayProcess(creds, tmp_path / "data").start()
-    token_file = tmp_path / "token"
-    token_file.write_text(creds.token("publish:*", "subscribe:*") + "\n")
+    relay, reader, cfg = relay_and_config(creds, tmp_path)
     try:
-        spec = write_spec(tmp_path, creds, token_file, relay.port)
-        cfg = train_config(tmp_path, spec)
         empty = tmp_path / "no-data"
         empty.mkdir()
         job = subprocess.run([str(TRAIN), "--config", str(cfg), "--out", str(tmp_path / "out"),
                               "--set", f"dataset.dir={empty}"], stderr=subprocess.PIPE, text=True, timeout=120)
         assert job.returncode == 1, job.stderr
         assert "dataset-fashion-mnist" in job.stderr, job.stderr
-        evs = relay_events(relay, creds.token("subscribe:*"), 1,
+        evs = relay_events(relay, reader, 1,
                            counted=lambda e: e["type"] == "org.diaspora.task.failed")
         failed = [e["data"] for e in evs if e["type"] == "org.diaspora.task.failed"]
         assert failed and failed[0]["task_id"] == "train-7", [e["type"] for e in evs]
         assert "dataset-fashion-mnist" in failed[0].get("reason", ""), failed[0]
+    finally:
+        relay.stop()
+
+
+def test_a_request_made_before_the_job_started_is_refused_as_stale(creds, tmp_path):
+    """A request whose `time` precedes the job's start was meant for an earlier run (one
+    that exited without taking it; the control group hands it to the next job of the same
+    engine id): refused with a reason that says so, and the job goes on; a request made
+    after the start is taken."""
+    relay, reader, cfg = relay_and_config(creds, tmp_path)
+    try:
+        earlier_run = time.time() - 30  # before the job started
+        job = subprocess.Popen([str(TRAIN), "--config", str(cfg), "--out", str(tmp_path / "out")],
+                               stderr=subprocess.PIPE, text=True)
+        try:
+            first_events(relay, reader, 2, lambda e: e["type"] == "org.diaspora.task.progress")
+            stale_done = lambda e: e["type"] == "org.diaspora.action.done" and e["data"]["action_id"].startswith("s-")
+            refused = []
+            for i in range(30):  # until the control subscription is up and one is refused (bounded)
+                request_action(relay, creds, "migrate", f"s-{i}", requested_at=earlier_run)
+                refused = [e["data"] for e in first_events(relay, reader, 1, stale_done, within=2) if stale_done(e)]
+                if refused:
+                    break
+            print(f"stale requests sent: {i + 1}")
+            assert refused, "no outcome for a stale request in 60 s"
+            assert job.poll() is None, job.stderr.read()  # it went on
+            assert refused[0]["status"] == "failed", refused
+            assert "stale: requested at" in refused[0]["message"], refused
+            assert "before this run of the task started" in refused[0]["message"], refused
+            code = None
+            for i in range(15):
+                request_action(relay, creds, "migrate", f"m-{i}", requested_at=time.time())
+                try:
+                    code = job.wait(2)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            print(f"fresh requests sent: {i + 1}")
+            err = job.stderr.read()
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+        assert code == 4, err
+        evs = relay_events(relay, reader, 1, counted=lambda e: e["type"] == "org.diaspora.action.done"
+                           and e["data"]["action_id"].startswith("m-"))
+        done = [e["data"] for e in evs if e["type"] == "org.diaspora.action.done" and e["data"]["action_id"].startswith("m-")]
+        assert done and done[0]["status"] == "done" and "cluster-b" in done[0]["message"], done
+        # No stale request was acted on.
+        assert all(e["data"]["status"] == "failed" for e in evs if stale_done(e))
     finally:
         relay.stop()

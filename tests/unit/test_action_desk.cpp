@@ -1,8 +1,10 @@
 // The plugin's action desk on its own (plugin/src/action_desk.hpp): the documented bounds
 // (4,096 actions waiting to be polled, 65,536 delivered and unacknowledged; beyond them the
 // oldest fail with a reason), refusals of requests the C struct cannot carry, and the
-// hand-over between callback and polling. Outcomes are what the plugin publishes as
-// org.diaspora.action.done.
+// hand-over between callback and polling, the ABI 1.0 caller's shorter struct. Outcomes are
+// what the plugin publishes as org.diaspora.action.done.
+#include <cstddef>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -92,7 +94,7 @@ TEST(ActionDesk, RequestsTooLongForTheStructAreRefusedWithAnOutcome) {
   req.action = "migrate";
   req.reason = "slow";
   req.target_site = std::string(DIASPORA_MAX_ID + 1, 's');
-  const std::string why = d.desk.submit_request(req);
+  const std::string why = d.desk.submit_request(req, 0);
   EXPECT_NE(why.find("refused"), std::string::npos) << why;
   ASSERT_EQ(d.outcomes.size(), 1u);
   EXPECT_EQ(d.outcomes[0].id, "r1");
@@ -101,12 +103,12 @@ TEST(ActionDesk, RequestsTooLongForTheStructAreRefusedWithAnOutcome) {
   // An alert is for people: ignored, no outcome; a valid one is queued with its fields.
   req.action = "alert";
   req.target_site.reset();
-  EXPECT_EQ(d.desk.submit_request(req), "");
+  EXPECT_EQ(d.desk.submit_request(req, 0), "");
   EXPECT_EQ(d.desk.received(), 0u);
   req.action = "migrate";
   req.target_site = "b";
   req.task_id = "t9";
-  EXPECT_EQ(d.desk.submit_request(req), "");
+  EXPECT_EQ(d.desk.submit_request(req, 1'700'000'000'123'456), "");
   d.desk.deliver();
   diaspora_action a = fresh();
   std::string error;
@@ -115,7 +117,35 @@ TEST(ActionDesk, RequestsTooLongForTheStructAreRefusedWithAnOutcome) {
   EXPECT_EQ(std::string(a.target_site), "b");
   EXPECT_EQ(std::string(a.task_id), "t9");
   EXPECT_EQ(std::string(a.origin), "control");
+  EXPECT_GT(a.issued_us, 1'700'000'000'123'456);  // received now; requested back then
+  EXPECT_EQ(a.requested_us, 1'700'000'000'123'456);
+}
+
+TEST(ActionDesk, AnAbi10CallerPollsWithTheShorterStructAndNothingIsWrittenPastIt) {
+  Desk d;
+  diaspora::events::ActionRequested req;
+  req.action_id = "r2";
+  req.action = "restart";
+  req.task_id = "t1";
+  ASSERT_EQ(d.desk.submit_request(req, 42), "");
+  ASSERT_EQ(d.desk.submit_request(req, 43), "");
+  d.desk.deliver();
+  // A 1.0 engine's struct ends where requested_us begins: the bytes after it are not its own.
+  constexpr std::size_t v10 = offsetof(diaspora_action, requested_us);
+  diaspora_action a;
+  std::memset(&a, 0xAB, sizeof a);
+  a.struct_size = v10;
+  std::string error;
+  ASSERT_EQ(d.desk.poll(&a, error), DIASPORA_OK) << error;
+  EXPECT_EQ(std::string(a.id), "r2");
+  EXPECT_EQ(std::string(a.task_id), "t1");
   EXPECT_GT(a.issued_us, 0);
+  const auto* tail = reinterpret_cast<const unsigned char*>(&a) + v10;
+  for (std::size_t i = 0; i < sizeof a - v10; ++i) EXPECT_EQ(tail[i], 0xAB) << "byte " << i << " past the 1.0 struct";
+  // The whole struct gets it.
+  diaspora_action b = fresh();
+  ASSERT_EQ(d.desk.poll(&b, error), DIASPORA_OK) << error;
+  EXPECT_EQ(b.requested_us, 43);
 }
 
 TEST(ActionDesk, ActionsWaitingForTheCallbackGoToPollingWhenItIsRemoved) {

@@ -1,4 +1,4 @@
-"""ctypes declarations of the plugin's C ABI (plugin/include/diaspora/plugin.h, ABI 1.0)
+"""ctypes declarations of the plugin's C ABI (plugin/include/diaspora/plugin.h, ABI 1.1)
 and the search for libdiaspora_plugin.so.
 
 Why ctypes: it is in the standard library (no compiler, no build step, no package beyond
@@ -19,7 +19,7 @@ import os
 import struct
 from pathlib import Path
 
-ABI_MAJOR, ABI_MINOR = 1, 0
+ABI_MAJOR, ABI_MINOR = 1, 1
 ABI_VERSION = (ABI_MAJOR << 16) | ABI_MINOR
 
 MAX_ID = 255
@@ -79,7 +79,8 @@ class ActionStruct(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("id", C.c_char * (MAX_ID + 1)), ("kind", C.c_int32),
                 ("kind_name", C.c_char * 16), ("task_id", C.c_char * (MAX_ID + 1)),
                 ("site", C.c_char * (MAX_ID + 1)), ("target_site", C.c_char * (MAX_ID + 1)),
-                ("reason", C.c_char * (MAX_TEXT + 1)), ("origin", C.c_char * 16), ("issued_us", C.c_int64)]
+                ("reason", C.c_char * (MAX_TEXT + 1)), ("origin", C.c_char * 16), ("issued_us", C.c_int64),
+                ("requested_us", C.c_int64)]  # ABI 1.1
 
 
 STAT_COUNTERS = ("events_accepted", "events_acked", "events_spilled", "metrics_coalesced", "events_lost",
@@ -189,7 +190,7 @@ _loaded: dict[str, C.CDLL] = {}
 
 def load_library(explicit: str | os.PathLike | None = None) -> tuple[C.CDLL, str]:
     """Loads (once per path) and checks the library: the first candidate that loads and
-    serves ABI 1.0. Raises LibraryError naming every file tried and why it failed."""
+    serves ABI 1.1. Raises LibraryError naming every file tried and why it failed."""
     from .errors import LibraryError, AbiError
 
     tried: list[str] = []

@@ -276,7 +276,7 @@ class DiasporaSchedulerPlugin(SchedulerPlugin):
                 await _maybe_await(s.stimulus_cancel([key], c, force=True))
             return f"cancelled {a.task_id} for {len(clients)} client(s)"
         if a.kind in ("restart", "migrate") and ts.state != "erred" and \
-                rec.submitted_us > a.issued_us:
+                rec.submitted_us > (a.requested_us or a.issued_us):
             # Decided on an earlier attempt (e.g. the failure of a worker that left), and
             # Dask has already started another one.
             return (f"refused: not needed: attempt {rec.attempt} of {a.task_id} was submitted "

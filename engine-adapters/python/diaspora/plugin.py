@@ -58,14 +58,15 @@ class Action:
     target_site: str
     reason: str
     origin: str
-    issued_us: int
+    issued_us: int  # when this plugin received it
+    requested_us: int  # when it was requested (the request's own time; 0: unknown)
     _plugin: "Plugin" = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
 
     @classmethod
     def _from_struct(cls, s: A.ActionStruct, plugin: "Plugin") -> "Action":
         d = lambda v: v.decode("utf-8", errors="replace")  # noqa: E731
         return cls(d(s.id), d(s.kind_name), d(s.task_id), d(s.site), d(s.target_site), d(s.reason),
-                   d(s.origin), int(s.issued_us), plugin)
+                   d(s.origin), int(s.issued_us), int(s.requested_us), plugin)
 
     def done(self, message: str | None = None) -> None:
         """The engine carried the action out (published as action.done, status done).

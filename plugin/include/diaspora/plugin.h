@@ -40,7 +40,7 @@
 #endif
 
 #define DIASPORA_ABI_VERSION_MAJOR 1
-#define DIASPORA_ABI_VERSION_MINOR 0
+#define DIASPORA_ABI_VERSION_MINOR 1
 #define DIASPORA_ABI_VERSION \
   ((uint32_t)(((uint32_t)DIASPORA_ABI_VERSION_MAJOR << 16) | (uint32_t)DIASPORA_ABI_VERSION_MINOR))
 
@@ -270,6 +270,12 @@ typedef struct diaspora_action {
   char reason[DIASPORA_MAX_TEXT + 1];    /* readable: what was seen and why this action */
   char origin[16];                  /* "control" (operator via the relay) or "local" */
   int64_t issued_us;                /* when the plugin received it, µs since the Unix epoch */
+  /* ABI 1.1: when it was requested, µs since the Unix epoch, by the requester's clock: the
+   * action.requested event's CloudEvents `time` (control), the decision's time (local); 0
+   * when the event carries no valid `time`. Unlike issued_us it does not change when an
+   * unhandled request is delivered again to the next engine of the same engine id.
+   * diaspora_poll_action writes it only when struct_size covers it. */
+  int64_t requested_us;
 } diaspora_action;
 
 /* Called for each action, on the plugin's control thread (one thread; calls are never
