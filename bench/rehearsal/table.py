@@ -13,7 +13,7 @@ from pathlib import Path
 MACHINERY_TARGET = 1.05   # (rehearsal runtime / incremental's) / ((b + R) / b)
 WAIT_TARGET = 0.05        # time waiting for representatives / step time
 ERROR_TARGET = 1.1        # ptycho-sim: first-scan error / scratch's (it governs the settings)
-STREAM_COST_TARGET = 0.5  # the 10-scan ptycho-sim stream: rehearsal runtime / scratch's
+STREAM_COST_TARGET = 0.5  # the 10-scan ptycho-sim stream: rehearsal's cost / scratch's (stream.py)
 SCRATCH_TARGET = 0.90     # Fashion-MNIST: scratch's final average accuracy (a strong baseline)
 DERPP_TARGET = 0.85       # Fashion-MNIST: DER++ at 2,000's final average accuracy
 DERPP_GAP = 5.0           # ... and at most this many points below scratch's

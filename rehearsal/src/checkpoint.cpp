@@ -182,6 +182,7 @@ void Job::save_checkpoint(const std::string& why, bool background) {
     m["stream"] = stream_identity();  // a resume must see the same samples in the same order
     m["reason"] = why;
     m["elapsed_s"] = elapsed_before_ + seconds_since(started_);
+    m["cpu_s"] = cpu_before_ + cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - cpu_started_;
     json::array mat;
     for (const auto& row : matrix_) mat.push_back(row_json(row));
     m["matrix"] = mat;
@@ -335,6 +336,8 @@ void Job::load_checkpoint(const fs::path& from) {
     pos_.epoch = m.at("epoch").to_number<int>();
     pos_.batch = m.at("batch").to_number<std::int64_t>();
     elapsed_before_ = m.at("elapsed_s").to_number<double>();
+    const json::value* cpu = m.if_contains("cpu_s");  // absent before 2026-12-03: not counted
+    cpu_before_ = cpu ? cpu->to_number<double>() : 0.0;
     matrix_.clear();
     for (const auto& row : m.at("matrix").as_array()) matrix_.push_back(row_from_json(row));
     old_world = m.at("world_size").to_number<int>();

@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
+#include <time.h>
 #include <unistd.h>
 
 
@@ -52,6 +53,15 @@ namespace detail {
 class ScanFeed;
 
 inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+/// CPU seconds used so far by this process (every thread) or by the calling thread
+/// (CLOCK_PROCESS_CPUTIME_ID / CLOCK_THREAD_CPUTIME_ID). Unlike wall time they do not count
+/// the time another process had the core, so two jobs sharing one core are charged their own.
+inline double cpu_seconds(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
 
 // ---- models ----------------------------------------------------------------------------
 
@@ -241,7 +251,7 @@ class Job {
   int checkpoint_state() const;
   void load_checkpoint(const fs::path& from);
   // output
-  void log_step(double loss, double step_s, double wait_s, std::int64_t reps);
+  void log_step(double loss, double step_s, double cpu_s, double wait_s, std::int64_t reps);
   void report_evaluation(const std::vector<double>& row, double average);
   void write_summary();
   void barrier();
@@ -266,6 +276,8 @@ class Job {
   std::vector<std::vector<double>> matrix_;  // metric on task j after task i
   double elapsed_before_ = 0;                // runtime of earlier segments (resume)
   Clock::time_point started_;
+  double cpu_before_ = 0;   // CPU seconds of earlier segments (resume; 0 from older checkpoints)
+  double cpu_started_ = 0;  // the process's CPU seconds when this segment started
   std::ofstream metrics_;
   std::unique_ptr<PluginLink> plugin_;
   double sum_step_s_ = 0, sum_wait_s_ = 0;

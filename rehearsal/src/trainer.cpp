@@ -327,6 +327,7 @@ torch::Tensor Job::logit_prior(const torch::Tensor& labels, int task) const {
 // One step on the stream batch `idx` of task `task` (plus representatives).
 double Job::train_step(const torch::Tensor& idx, int task) {
   const auto t0 = Clock::now();
+  const double cpu0 = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
   // The stream batch (scratch: idx indexes tasks 0..task back to back).
   const TaskData& source = task_data(task);
   torch::Tensor x = source.x.index_select(0, idx);
@@ -405,7 +406,7 @@ double Job::train_step(const torch::Tensor& idx, int task) {
   }
   const double step_s = seconds_since(t0);
   const double lv = loss.item<double>();
-  log_step(lv, step_s, wait_s, nreps);
+  log_step(lv, step_s, cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - cpu0, wait_s, nreps);
   samples_here_ += (b + nreps) * world_;
   return lv;
 }
@@ -492,7 +493,7 @@ void Job::all_reduce(const char* what, std::vector<torch::Tensor>& values, const
   }
 }
 
-void Job::log_step(double loss, double step_s, double wait_s, std::int64_t reps) {
+void Job::log_step(double loss, double step_s, double cpu_s, double wait_s, std::int64_t reps) {
   sum_step_s_ += step_s;
   sum_wait_s_ += wait_s;
   ++steps_here_;
@@ -501,9 +502,10 @@ void Job::log_step(double loss, double step_s, double wait_s, std::int64_t reps)
   char line[512];
   std::snprintf(line, sizeof line,
                 "{\"step\":%" PRId64 ",\"task\":%d,\"epoch\":%d,\"loss\":%.9g,\"lr\":%.9g,\"step_ms\":%.4f,"
-                "\"samples_per_s\":%.1f,\"buffer_fill\":%" PRId64 ",\"representatives\":%" PRId64 ",\"wait_ms\":%.4f}\n",
-                pos_.step, pos_.task, pos_.epoch, loss, optim_->param_groups()[0].options().get_lr(), step_s * 1e3, sps,
-                buffer_ ? buffer_->size() : 0, reps, wait_s * 1e3);
+                "\"cpu_ms\":%.4f,\"samples_per_s\":%.1f,\"buffer_fill\":%" PRId64 ",\"representatives\":%" PRId64
+                ",\"wait_ms\":%.4f}\n",
+                pos_.step, pos_.task, pos_.epoch, loss, optim_->param_groups()[0].options().get_lr(), step_s * 1e3,
+                cpu_s * 1e3, sps, buffer_ ? buffer_->size() : 0, reps, wait_s * 1e3);
   metrics_ << line;
   if (pos_.step % cfg_.train.log_every == 0) {
     metrics_.flush();
@@ -581,6 +583,7 @@ void Job::write_summary() {
   s["tasks"] = cfg_.dataset.tasks;
   s["steps"] = pos_.step;
   s["runtime_s"] = elapsed_before_ + seconds_since(started_);
+  s["cpu_s"] = cpu_before_ + cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - cpu_started_;
   json::array mat;
   for (const auto& row : matrix_) mat.push_back(row_json(row));
   s[cls ? "accuracy_matrix" : "error_matrix"] = mat;
@@ -618,6 +621,7 @@ int Job::run() {
   rank_ = opt_.rank;
   world_ = opt_.world;
   started_ = Clock::now();
+  cpu_started_ = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   torch::set_num_threads(cfg_.train.threads > 0 ? cfg_.train.threads
                                                 : static_cast<int>(std::max(1u, hw / static_cast<unsigned>(world_))));

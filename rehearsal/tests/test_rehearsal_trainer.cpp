@@ -287,12 +287,14 @@ TrainRun train(const std::vector<std::string>& args, const fs::path& log, std::f
   return r;
 }
 
-json::object summary(const fs::path& out) {
-  std::ifstream in(out / "summary.json");
+json::object json_file(const fs::path& file) {
+  std::ifstream in(file);
   std::stringstream ss;
   ss << in.rdbuf();
   return json::parse(ss.str()).as_object();
 }
+
+json::object summary(const fs::path& out) { return json_file(out / "summary.json"); }
 
 // step -> loss text of metrics.jsonl (timing fields differ between runs, losses must not).
 std::map<std::int64_t, std::string> losses(const fs::path& out) {
@@ -390,6 +392,24 @@ TEST(Trainer, StoppedAndResumedRunMatchesTheUninterruptedOneExactly) {
   EXPECT_EQ(sa.at("strategy").as_string(), "derpp");
   EXPECT_EQ(sa.at("buffer_size").as_int64(), 100);
   EXPECT_GT(sa.at("runtime_s").as_double(), 0.0);
+  // CPU seconds (what stream.sh's shared mode charges): counted, and carried over a resume.
+  EXPECT_GT(sa.at("cpu_s").as_double(), 0.0);
+  std::string latest;
+  std::ifstream(part / "checkpoint" / "LATEST") >> latest;
+  const double cpu_part = json_file(part / "checkpoint" / latest / "manifest.json").at("cpu_s").as_double();
+  EXPECT_GT(cpu_part, 0.0);
+  EXPECT_GT(sc.at("cpu_s").as_double(), cpu_part);
+  {
+    std::ifstream in(full / "metrics.jsonl");
+    int steps = 0;
+    for (std::string line; std::getline(in, line);) {
+      const auto v = json::parse(line).as_object();
+      if (!v.contains("step_ms")) continue;
+      ++steps;
+      EXPECT_GE(v.at("cpu_ms").as_double(), 0.0) << line;
+    }
+    EXPECT_EQ(steps, 80);
+  }
   const auto& m = sa.at("accuracy_matrix").as_array();
   ASSERT_EQ(m.size(), 2u);
   EXPECT_EQ(m[1].as_array().size(), 2u);

@@ -1,6 +1,7 @@
 """Tests of bench/rehearsal/stream.py (the longer ptycho-sim stream's summary) on summary.json
 and metrics.jsonl files written here with known values, so every figure it prints can be
-computed by hand, and of stream.sh's argument check."""
+computed by hand (wall runtimes of pairs, CPU seconds of a shared core), and of stream.sh's
+argument check."""
 
 from __future__ import annotations
 
@@ -14,15 +15,20 @@ REPO = Path(__file__).resolve().parents[2]
 STREAM_PY = REPO / "bench" / "rehearsal" / "stream.py"
 
 
-def job(out: Path, name: str, runtime: float, first: float, step_ms: list) -> None:
-    """A job whose scan t took len(step_ms[t]) steps of the given milliseconds."""
+def job(out: Path, name: str, runtime: float, first: float, step_ms: list, cpu: float | None = None) -> None:
+    """A job whose scan t took len(step_ms[t]) steps of the given milliseconds; with `cpu`,
+    it used that many CPU seconds, and each step half its wall time in CPU (cpu_ms)."""
     d = out / name
     d.mkdir(parents=True)
-    (d / "summary.json").write_text(json.dumps({
-        "strategy": name.split("-")[0] if not name.startswith("rehearsal") else "er", "buffer_size": 4000,
-        "batch_size": 16, "representatives": 24, "epochs": 8, "tasks": len(step_ms), "runtime_s": runtime,
-        "first_task_final": first}))
-    lines = [json.dumps({"step": i, "task": t, "step_ms": ms}) for t, steps in enumerate(step_ms) for i, ms in enumerate(steps)]
+    summary = {"strategy": name.split("-")[0] if not name.startswith("rehearsal") else "er", "buffer_size": 4000,
+               "batch_size": 16, "representatives": 24, "epochs": 8, "tasks": len(step_ms), "runtime_s": runtime,
+               "first_task_final": first}
+    if cpu is not None:
+        summary["cpu_s"] = cpu
+    (d / "summary.json").write_text(json.dumps(summary))
+    extra = (lambda ms: {"cpu_ms": ms / 2}) if cpu is not None else (lambda ms: {})
+    lines = [json.dumps({"step": i, "task": t, "step_ms": ms, **extra(ms)})
+             for t, steps in enumerate(step_ms) for i, ms in enumerate(steps)]
     lines.append(json.dumps({"eval_after_task": 0, "step": 3, "error": [first]}))  # no step_ms: not counted
     (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
 
@@ -66,6 +72,32 @@ def test_swapped_pair_gives_the_geometric_mean(tmp_path):
     assert "| 0 | 100.0 | 40.0 | 20.0 | 0.40 | 0.001 |" in run(tmp_path).stdout
 
 
+def test_shared_mode_judges_cpu_time(tmp_path):
+    # Shared core: wall times say nothing (both ran the whole time); CPU seconds 45 / 100.
+    (tmp_path / "mode").write_text("shared\n")
+    for seed in (0, 1):
+        job(tmp_path, f"scratch-seed{seed}", 200.0, 0.001, [[1000.0], [1000.0, 1000.0]], cpu=100.0)
+        job(tmp_path, f"rehearsal-seed{seed}", 190.0, 0.00105, [[2500.0], [2500.0]], cpu=45.0 + 10 * seed)
+        job(tmp_path, f"incremental-seed{seed}", 20.0, 0.002, [[1000.0], [1000.0]], cpu=19.0)
+    p = run(tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "cost: CPU seconds, scratch and rehearsal sharing one core" in p.stdout, p.stdout
+    assert "| 0 | 100.0 | 45.0 | 19.0 | 0.45 | 0.001 |" in p.stdout, p.stdout
+    assert "| 1 | 100.0 | 55.0 | 19.0 | 0.55 | 0.001 |" in p.stdout, p.stdout
+    assert "rehearsal CPU time <= 0.55 x scratch's on every seed (target <= 0.5): NOT met" in p.stdout
+    # per scan from cpu_ms (half the step_ms here)
+    assert "training CPU seconds per scan (median): scratch 0.5 1.0; rehearsal 1.2 1.2; incremental 0.5 0.5" \
+        in p.stdout, p.stdout
+    assert "training CPU seconds per scan" in (tmp_path / "stream-runtime.svg").read_text()
+    # A summary without cpu_s cannot be judged in shared mode: its seed is left out, said so.
+    s = json.loads((tmp_path / "rehearsal-seed1" / "summary.json").read_text())
+    del s["cpu_s"]
+    (tmp_path / "rehearsal-seed1" / "summary.json").write_text(json.dumps(s))
+    p = run(tmp_path)
+    assert "seed 1: a summary without cpu_s" in p.stdout and "| 1 |" not in p.stdout, p.stdout
+    assert "rehearsal CPU time <= 0.45 x scratch's on every seed (target <= 0.5): met" in p.stdout
+
+
 def test_misses_are_named(tmp_path):
     tree(tmp_path, rehearsal_runtime=60.0, rehearsal_first=0.0012)
     p = run(tmp_path)
@@ -92,3 +124,9 @@ def test_stream_sh_rejects_bad_seeds(tmp_path):
                        env={**os.environ, "OUT": str(tmp_path / "o"), "SWAP": "yes"}, capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 2 and "SWAP must be 0 or 1, not 'yes'" in p.stdout, (p.stdout, p.stderr)
+    for var, value, said in (("MODE", "both", "MODE must be shared or pairs, not 'both'"),
+                             ("NICE", "20", "NICE takes 0-19, not '20'")):
+        p = subprocess.run(["bash", str(REPO / "bench" / "rehearsal" / "stream.sh")],
+                           env={**os.environ, "OUT": str(tmp_path / "o"), var: value}, capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 2 and said in p.stdout, (var, p.stdout, p.stderr)
