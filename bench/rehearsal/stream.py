@@ -84,7 +84,12 @@ def svg(medians: dict, tasks: int, unit: str = "seconds") -> str:
 
 
 def main() -> int:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/diaspora-bench-stream")
+    return report(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/diaspora-bench-stream"))
+
+
+def report(out: Path) -> int:
+    """Prints the table, the verdicts and the per-scan medians of stream.sh's OUT, and writes
+    the plot; 0, or 1 when there is no seed to judge."""
     seeds = collect(out)
     shared = (out / "mode").exists() and (out / "mode").read_text().strip() == "shared"
     if not seeds:

@@ -167,9 +167,22 @@ def report(out: Path, verdicts: dict) -> bool:
 
 
 def main() -> int:
-    """table.py [OUT ...]: one table and its targets per OUT (run.sh's, one seed each), then,
-    with several, how many of them meet each target."""
-    outs = [Path(a) for a in sys.argv[1:]] or [Path("/tmp/diaspora-bench-rehearsal")]
+    """table.py [OUT ...] [--stream STREAM_OUT]: one table and its targets per OUT (run.sh's,
+    one seed each), then, with several, how many of them meet each target; with --stream,
+    also the 10-scan stream's table and targets (stream.sh's OUT, as stream.py prints them)."""
+    args = sys.argv[1:]
+    stream_out = None
+    if "--stream" in args:
+        i = args.index("--stream")
+        if i + 1 >= len(args):
+            print("--stream needs the directory stream.sh wrote (its OUT)")
+            return 2
+        stream_out = Path(args[i + 1])
+        del args[i:i + 2]
+    if stream_out is not None and not args:
+        from stream import report as stream_report  # bench/rehearsal/stream.py
+        return stream_report(stream_out)
+    outs = [Path(a) for a in args] or [Path("/tmp/diaspora-bench-rehearsal")]
     verdicts: dict = {}
     for i, out in enumerate(outs):
         if len(outs) > 1:
@@ -181,6 +194,10 @@ def main() -> int:
         print(f"targets over the {len(outs)} runs:")
         for name, oks in verdicts.items():
             print(f"- {name}: met in {sum(oks)} of {len(oks)}{'' if all(oks) else ' (NOT met on every run)'}")
+    if stream_out is not None:
+        from stream import report as stream_report  # bench/rehearsal/stream.py
+        print(f"\n## the 10-scan ptycho-sim stream ({stream_out})")
+        return stream_report(stream_out)
     return 0
 
 

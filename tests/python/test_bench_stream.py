@@ -98,6 +98,17 @@ def test_shared_mode_judges_cpu_time(tmp_path):
     assert "rehearsal CPU time <= 0.45 x scratch's on every seed (target <= 0.5): met" in p.stdout
 
 
+def test_table_py_prints_the_stream_targets_too(tmp_path):
+    tree(tmp_path)
+    table = REPO / "bench" / "rehearsal" / "table.py"
+    p = subprocess.run([sys.executable, str(table), "--stream", str(tmp_path)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "rehearsal runtime <= 0.40 x scratch's on every seed (target <= 0.5): met" in p.stdout, p.stdout
+    p = subprocess.run([sys.executable, str(table), "--stream"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--stream needs the directory" in p.stdout, p.stdout
+
+
 def test_misses_are_named(tmp_path):
     tree(tmp_path, rehearsal_runtime=60.0, rehearsal_first=0.0012)
     p = run(tmp_path)
