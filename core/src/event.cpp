@@ -110,7 +110,17 @@ std::int64_t now_us() noexcept {
 
 std::string format_rfc3339(std::chrono::system_clock::time_point t) {
   using namespace std::chrono;
-  auto us = duration_cast<microseconds>(t.time_since_epoch()).count();
+  return format_rfc3339_us(duration_cast<microseconds>(t.time_since_epoch()).count());
+}
+
+std::optional<std::int64_t> parse_rfc3339_us(std::string_view text) {
+  using namespace std::chrono;
+  const auto t = parse_rfc3339(text);
+  if (!t) return std::nullopt;
+  return duration_cast<microseconds>(t->time_since_epoch()).count();
+}
+
+std::string format_rfc3339_us(std::int64_t us) {
   long long secs = us / 1000000;
   long long frac = us % 1000000;
   if (frac < 0) {

@@ -883,10 +883,8 @@ void Plugin::handle_action_event(const json::value& ev) {
   }
   // The request's own time, which stays the same when a request an earlier engine of this
   // engine id did not handle is delivered again (the engine may judge it stale by it).
-  std::int64_t requested_us = 0;
-  if (const json::value* t = o->if_contains("time"); t && t->is_string())
-    if (auto tp = parse_rfc3339(t->get_string()))
-      requested_us = std::chrono::duration_cast<std::chrono::microseconds>(tp->time_since_epoch()).count();
+  const json::value* t = o->if_contains("time");
+  const std::int64_t requested_us = t && t->is_string() ? parse_rfc3339_us(t->get_string()).value_or(0) : 0;
   if (std::string why = actions_.submit_request(req, requested_us); !why.empty()) set_error("control topic: " + why);
 }
 

@@ -181,8 +181,8 @@ void Job::save_checkpoint(const std::string& why, bool background) {
     m["ema"] = cfg_.train.ema;
     m["stream"] = stream_identity();  // a resume must see the same samples in the same order
     m["reason"] = why;
-    m["elapsed_s"] = elapsed_before_ + seconds_since(started_);
-    m["cpu_s"] = cpu_before_ + cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - cpu_started_;
+    m["elapsed_s"] = runtime_so_far();
+    m["cpu_s"] = cpu_so_far();
     json::array mat;
     for (const auto& row : matrix_) mat.push_back(row_json(row));
     m["matrix"] = mat;

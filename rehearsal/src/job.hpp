@@ -278,6 +278,9 @@ class Job {
   Clock::time_point started_;
   double cpu_before_ = 0;   // CPU seconds of earlier segments (resume; 0 from older checkpoints)
   double cpu_started_ = 0;  // the process's CPU seconds when this segment started
+  // The job's wall and CPU seconds so far, earlier segments included (summary, checkpoints).
+  double runtime_so_far() const { return elapsed_before_ + seconds_since(started_); }
+  double cpu_so_far() const { return cpu_before_ + cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - cpu_started_; }
   std::ofstream metrics_;
   std::unique_ptr<PluginLink> plugin_;
   double sum_step_s_ = 0, sum_wait_s_ = 0;

@@ -1,20 +1,11 @@
 #include "plugin_link.hpp"
 
 #include <algorithm>
-#include <chrono>
 
-#include "diaspora/event.hpp"      // now_us, format_rfc3339
+#include "diaspora/event.hpp"      // now_us, format_rfc3339_us
 #include "diaspora/rehearsal.hpp"  // RehearsalError
 
 namespace diaspora::rehearsal::detail {
-
-namespace {
-
-std::string rfc3339_us(std::int64_t us) {
-  return format_rfc3339(std::chrono::system_clock::time_point(std::chrono::microseconds(us)));
-}
-
-}  // namespace
 
 PluginLink::PluginLink(const TrainerConfig& cfg, bool resumed)
     : task_(cfg.plugin_task_id), site_(cfg.plugin_site), started_us_(now_us()) {
@@ -53,8 +44,8 @@ int PluginLink::poll() {
       continue;
     }
     if (a.requested_us != 0 && a.requested_us < started_us_) {
-      const std::string why = "stale: requested at " + rfc3339_us(a.requested_us) +
-                              ", before this run of the task started (" + rfc3339_us(started_us_) +
+      const std::string why = "stale: requested at " + format_rfc3339_us(a.requested_us) +
+                              ", before this run of the task started (" + format_rfc3339_us(started_us_) +
                               "): the run it was meant for has ended; request it again if it still holds";
       diaspora_action_failed(p_, a.id, why.c_str());
       continue;

@@ -582,8 +582,8 @@ void Job::write_summary() {
   s["dataset"] = cfg_.dataset.name;
   s["tasks"] = cfg_.dataset.tasks;
   s["steps"] = pos_.step;
-  s["runtime_s"] = elapsed_before_ + seconds_since(started_);
-  s["cpu_s"] = cpu_before_ + cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - cpu_started_;
+  s["runtime_s"] = runtime_so_far();
+  s["cpu_s"] = cpu_so_far();
   json::array mat;
   for (const auto& row : matrix_) mat.push_back(row_json(row));
   s[cls ? "accuracy_matrix" : "error_matrix"] = mat;

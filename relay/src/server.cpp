@@ -545,10 +545,10 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
         from = "offset";
         from_offset = f->to_number<std::uint64_t>();
       } else if (ftime && f->get_object().size() == 1) {
-        const auto at = ftime->is_string() ? parse_rfc3339(ftime->get_string()) : std::nullopt;
+        const auto at = ftime->is_string() ? parse_rfc3339_us(ftime->get_string()) : std::nullopt;
         if (!at) return send_error("bad_request", "'from.time' must be an RFC 3339 timestamp (e.g. 2026-12-02T17:00:00Z)", idv);
         from = "time";
-        from_time_us = std::chrono::duration_cast<std::chrono::microseconds>(at->time_since_epoch()).count();
+        from_time_us = *at;
       } else {
         return send_error("bad_request",
                           "'from' must be \"earliest\", \"latest\", a non-negative offset or {\"time\": RFC 3339}", idv);

@@ -117,6 +117,12 @@ TEST(Event, Rfc3339ParsingAndFormatting) {
                           "2026-11-30T07:15:38", "2026-11-30T24:00:00Z", "2026-11-30T07:15:38.Z",
                           "2026-11-30T07:15:38.1234567891Z", "2026-11-30T07:15:38+2:00", "2026-11-30T07:15:38Zx"})
     EXPECT_FALSE(diaspora::parse_rfc3339(bad)) << bad;
+  // The same in microseconds since the epoch (the unit of event times).
+  const auto us = diaspora::parse_rfc3339_us("2026-11-30T09:15:38.123456+02:00");
+  ASSERT_TRUE(us);
+  EXPECT_EQ(*us, duration_cast<microseconds>(t->time_since_epoch()).count());
+  EXPECT_EQ(diaspora::format_rfc3339_us(*us), "2026-11-30T07:15:38.123456Z");
+  EXPECT_FALSE(diaspora::parse_rfc3339_us("2026-11-30T07:15:38"));
   Event e;
   e.set_time(*t);
   EXPECT_EQ(e.time_point(), t);

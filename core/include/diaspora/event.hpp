@@ -123,6 +123,12 @@ std::string format_rfc3339(std::chrono::system_clock::time_point t);
 /// offset); nullopt when malformed or out of range.
 std::optional<std::chrono::system_clock::time_point> parse_rfc3339(std::string_view text);
 
+/// The same two in the project's unit of times, microseconds since the Unix epoch (as
+/// now_us()): format_rfc3339_us(now_us()), parse_rfc3339_us("...") (sub-µs digits cut).
+/// Any thread; format may throw std::bad_alloc, parse never throws.
+std::string format_rfc3339_us(std::int64_t us);
+std::optional<std::int64_t> parse_rfc3339_us(std::string_view text);
+
 /// Standard base64 (RFC 4648 section 4, padded).
 std::string base64_encode(std::string_view bytes);
 /// Decodes standard padded base64; nullopt when malformed.
