@@ -10,15 +10,16 @@ if(NOT SOURCE_DIR)
   set(SOURCE_DIR ${PROJECT_SOURCE_DIR})
 endif()
 
-set(_components core client relay resilience plugin rehearsal engine-adapters cli)
+set(_components core client relay resilience plugin rehearsal engine-adapters runner cli)
 set(_deps_core "")
 set(_deps_client core)
 set(_deps_relay core)
 set(_deps_resilience core)
 set(_deps_plugin core client resilience)
 set(_deps_rehearsal core client plugin)  # client: ptycho-stream reads its scans' events back
-set(_deps_engine-adapters core client relay resilience plugin)  # plugin: its C header only (loaded with dlopen)
-set(_deps_cli core client resilience relay plugin)
+set(_deps_engine-adapters core plugin)  # plugin: its C header only (loaded with dlopen)
+set(_deps_runner core client relay resilience engine-adapters plugin)  # relay: embedded; plugin: its C header only
+set(_deps_cli core client resilience relay plugin)  # runner: exec'd (diaspora-run), never included
 
 # Which component's include/ holds a public header "diaspora/<name>".
 function(_layering_owner header out)

@@ -40,6 +40,31 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
     throw Error(dir.string() + ": fsync failed after renaming " + path.string() + ": " + errno_text(err));
 }
 
+std::string read_file(const std::filesystem::path& path, std::size_t max_bytes) {
+  using storage::errno_text;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path.string() + ": cannot open: " + errno_text(errno));
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw Error(path.string() + ": cannot read: " + errno_text(err));
+    }
+    if (n == 0) break;
+    if (out.size() + static_cast<std::size_t>(n) > max_bytes) {
+      ::close(fd);
+      throw Error(path.string() + ": larger than " + std::to_string(max_bytes) + " bytes");
+    }
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
 }  // namespace diaspora
 
 namespace diaspora::storage {

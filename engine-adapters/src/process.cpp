@@ -1,4 +1,4 @@
-#include "process.hpp"
+#include "diaspora/process.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -25,7 +25,7 @@
 
 extern char** environ;
 
-namespace diaspora::run {
+namespace diaspora::adapters {
 
 namespace json = boost::json;
 
@@ -260,4 +260,4 @@ void LineChannel::close() noexcept {
   buf_.clear();
 }
 
-}  // namespace diaspora::run
+}  // namespace diaspora::adapters

@@ -2,10 +2,10 @@
 // DIASPORA_PROGRESS_FD and what is ignored.
 #include <gtest/gtest.h>
 
-#include "process.hpp"
+#include "diaspora/process.hpp"
 
-using diaspora::run::parse_progress_line;
-using Kind = diaspora::run::ProgressLine::Kind;
+using diaspora::adapters::parse_progress_line;
+using Kind = diaspora::adapters::ProgressLine::Kind;
 
 TEST(ProgressLine, ProgressWithAndWithoutStep) {
   auto p = parse_progress_line("progress 0.25 12");

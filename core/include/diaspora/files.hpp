@@ -34,6 +34,13 @@ enum class Durability {
 void write_file_atomic(const std::filesystem::path& path, std::string_view content, unsigned mode = 0644,
                        Durability durability = Durability::file_and_dir);
 
+/// The whole content of the file at `path` (bytes as they are), read at most `max_bytes`.
+/// @throws diaspora::Error naming the file and the system's reason when it cannot be
+///         opened or read, or when it is larger than `max_bytes`.
+/// @par Thread Safety
+/// Reentrant.
+std::string read_file(const std::filesystem::path& path, std::size_t max_bytes = std::size_t{1} << 30);
+
 }  // namespace diaspora
 
 namespace diaspora::storage {

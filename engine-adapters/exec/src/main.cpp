@@ -38,11 +38,11 @@
 #include "diaspora/error.hpp"
 #include "diaspora/spec.hpp"
 #include "diaspora/version.hpp"
-#include "plugin_api.hpp"
-#include "process.hpp"
+#include "diaspora/plugin_loader.hpp"
+#include "diaspora/process.hpp"
 
 namespace fs = std::filesystem;
-using diaspora::run::PluginLibrary;
+using diaspora::adapters::PluginLibrary;
 
 namespace {
 
@@ -126,7 +126,7 @@ class Reporter {
     if (r.spec->plugin.library)
       library = r.spec->plugin.library->is_absolute() ? *r.spec->plugin.library
                                                      : fs::absolute(o_.spec).parent_path() / *r.spec->plugin.library;
-    lib_ = &diaspora::run::load_plugin(library);
+    lib_ = &diaspora::adapters::load_plugin(library);
     char err[8192] = {0};
     if (lib_->open_file(o_.spec.c_str(), &h_, err, sizeof err) != DIASPORA_OK)
       throw diaspora::Error(std::string("the plugin refused the spec: ") + err);
@@ -287,7 +287,7 @@ int main(int argc, char** argv) {
     if (!lax) return kExecFailed;
   }
 
-  const auto program = diaspora::run::find_program(o.cmd[0]);
+  const auto program = diaspora::adapters::find_program(o.cmd[0]);
   int exit_code = 0;
   int restarts = 0;
   {
@@ -315,7 +315,7 @@ int main(int argc, char** argv) {
       exit_code = kExecFailed;
       break;
     }
-    diaspora::run::SpawnSpec sp;
+    diaspora::adapters::SpawnSpec sp;
     sp.argv = o.cmd;
     sp.argv[0] = program->string();
     sp.fds = {{pfd[1], 3}};
@@ -324,7 +324,7 @@ int main(int argc, char** argv) {
     sp.parent_death_signal = SIGTERM;  // nobody would report it any more
     pid_t child = -1;
     try {
-      child = diaspora::run::spawn(sp);
+      child = diaspora::adapters::spawn(sp);
     } catch (const std::exception& e) {
       std::cerr << "diaspora exec: " << e.what() << "\n";
       ::close(pfd[0]);
@@ -353,18 +353,18 @@ int main(int argc, char** argv) {
       }
       std::size_t nl;
       while ((nl = pbuf.find('\n')) != std::string::npos) {
-        const auto pl = diaspora::run::parse_progress_line(pbuf.substr(0, nl));
+        const auto pl = diaspora::adapters::parse_progress_line(pbuf.substr(0, nl));
         pbuf.erase(0, nl + 1);
-        if (pl.kind == diaspora::run::ProgressLine::Kind::none) continue;
+        if (pl.kind == diaspora::adapters::ProgressLine::Kind::none) continue;
         last_activity = mono();
         auto i = info;
         const std::vector<diaspora_metric_value> mv = pl.metric_values();
-        if (pl.kind == diaspora::run::ProgressLine::Kind::progress) {
+        if (pl.kind == diaspora::adapters::ProgressLine::Kind::progress) {
           i.progress = pl.value;
           i.step = pl.step;
           rep.call(&PluginLibrary::task_progress, i, "progress");
         } else {
-          if (pl.kind == diaspora::run::ProgressLine::Kind::metric) {
+          if (pl.kind == diaspora::adapters::ProgressLine::Kind::metric) {
             i.metrics = mv.data();
             i.metric_count = mv.size();
           }
@@ -383,7 +383,7 @@ int main(int argc, char** argv) {
       }
       const double now = mono();
       if (kill_at > 0 && now >= kill_at) {
-        diaspora::run::signal_group(child, SIGKILL);
+        diaspora::adapters::signal_group(child, SIGKILL);
         kill_at = -1;
       }
       double wait_s = std::max(0.0, next_beat - now);
@@ -394,14 +394,14 @@ int main(int argc, char** argv) {
       ssize_t n;
       while ((n = ::read(g_sig_pipe[0], sigs, sizeof sigs)) > 0)
         for (ssize_t k = 0; k < n; ++k)
-          if (sigs[k] != 0 && sigs[k] != SIGCHLD) diaspora::run::signal_group(child, sigs[k]);
+          if (sigs[k] != 0 && sigs[k] != SIGCHLD) diaspora::adapters::signal_group(child, sigs[k]);
       if (pfd[0] >= 0 && (fds[1].revents & (POLLIN | POLLHUP))) read_progress();
       for (const auto& a : rep.take_actions()) {
         const std::string id = a.id;
         if (std::string(a.task_id) != o.task) {
           rep.ack(id, false, "diaspora exec runs task " + o.task + " only");
         } else if (a.kind == DIASPORA_ACTION_CHECKPOINT) {
-          diaspora::run::signal_group(child, SIGUSR1);
+          diaspora::adapters::signal_group(child, SIGUSR1);
           rep.ack(id, true, "SIGUSR1 sent to the command");
         } else if ((a.kind == DIASPORA_ACTION_CANCEL || a.kind == DIASPORA_ACTION_RESTART) && !stop_action.empty()) {
           rep.ack(id, false, "not needed: the command is already being stopped (action " + stop_action + ")");
@@ -409,7 +409,7 @@ int main(int argc, char** argv) {
           cancelled = true;
           stop_action = id;
           stop_reason = std::string("cancelled (action ") + id + "): " + a.reason;
-          diaspora::run::signal_group(child, SIGTERM);
+          diaspora::adapters::signal_group(child, SIGTERM);
           kill_at = mono() + o.grace_s;
           rep.ack(id, true, "SIGTERM sent to the command");
         } else if (a.kind == DIASPORA_ACTION_RESTART) {
@@ -420,7 +420,7 @@ int main(int argc, char** argv) {
           restarting = true;
           stop_action = id;
           stop_reason = "stopped for restart (action " + id + ")";
-          diaspora::run::signal_group(child, SIGTERM);
+          diaspora::adapters::signal_group(child, SIGTERM);
           kill_at = mono() + o.grace_s;
         } else {
           rep.ack(id, false, std::string("diaspora exec cannot ") + a.kind_name +
@@ -434,14 +434,14 @@ int main(int argc, char** argv) {
         if (cpu - last_cpu > 0.005) last_activity = t;
         last_cpu = cpu;
         last_sample = t;
-        const bool now_hung = o.hang_after_s > 0 && t - last_activity >= o.hang_after_s && !diaspora::run::process_stopped(child);
+        const bool now_hung = o.hang_after_s > 0 && t - last_activity >= o.hang_after_s && !diaspora::adapters::process_stopped(child);
         if (now_hung && !hung)
           std::cerr << "diaspora exec: " << o.task << " looks hung: no CPU time and no report for "
                     << static_cast<int>(t - last_activity) << " s; heartbeats withheld\n";
         else if (!now_hung && hung)
           std::cerr << "diaspora exec: " << o.task << " is active again; heartbeats resume\n";
         hung = now_hung;
-        if (!hung && !diaspora::run::process_stopped(child)) {
+        if (!hung && !diaspora::adapters::process_stopped(child)) {
           auto i = info;
           const diaspora_metric_value m[2] = {{"cpu_cores", std::max(0.0, cores)}, {"rss_mib", rss / 1048576.0}};
           i.metrics = m;
@@ -452,7 +452,7 @@ int main(int argc, char** argv) {
       }
     }
     if (pfd[0] >= 0) ::close(pfd[0]);
-    diaspora::run::signal_group(child, SIGKILL);  // what the command left behind in its group
+    diaspora::adapters::signal_group(child, SIGKILL);  // what the command left behind in its group
     {
       auto i = info;
       const diaspora_metric_value m[2] = {
@@ -463,7 +463,7 @@ int main(int argc, char** argv) {
       i.metric_count = 2;
       rep.call(&PluginLibrary::task_heartbeat, i, "heartbeat");
     }
-    const std::string words = diaspora::run::describe_wait_status(status);
+    const std::string words = diaspora::adapters::describe_wait_status(status);
     auto end = info;
     end.exit_code = exit_code_of(status);
     end.has_exit_code = 1;

@@ -1,0 +1,102 @@
+// Processes and the line channel between the runner and its workers.
+//
+// Thread safety: spawn() may be called from a multi-threaded process (it prepares every
+// argument before fork and calls only async-signal-safe functions in the child).
+// LineChannel is owned by one thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <boost/json/object.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "diaspora/plugin.h"
+
+namespace diaspora::adapters {
+
+/// What spawn() starts.
+struct SpawnSpec {
+  std::vector<std::string> argv;                  ///< argv[0] is the program (execv: a path)
+  std::vector<std::string> env_extra;             ///< "KEY=VALUE" added to (or replacing in) the environment
+  std::vector<std::pair<int, int>> fds;           ///< (parent fd, child fd) dup2'ed in the child
+  std::optional<std::filesystem::path> stdout_file, stderr_file;  ///< appended to; default: inherited
+  bool new_process_group = true;                  ///< setpgid(0, 0): signals reach the whole group
+  std::uint64_t memory_limit = 0;                 ///< RLIMIT_AS in bytes; 0 = none
+  int parent_death_signal = 0;                    ///< sent to the child when the spawning thread dies (0: none)
+};
+
+/// Forks and execs. Returns the child's pid. Throws diaspora::Error (fork failed, or a
+/// file could not be opened). An exec failure shows as the child exiting with status 127.
+pid_t spawn(const SpawnSpec& spec);
+
+/// A readable account of a wait status: "exit status 3", "killed by signal 9 (SIGKILL)".
+std::string describe_wait_status(int status);
+
+/// The path of the running executable (/proc/self/exe), or argv0 when unavailable.
+std::filesystem::path self_executable(const char* argv0 = nullptr);
+
+/// diaspora-train next to this executable (build/bin, or the installed bin/), or an empty
+/// path when it is not there (a build with DIASPORA_WITH_TORCH=OFF). Any thread.
+std::filesystem::path trainer_executable();
+
+/// Sends `sig` to the process group `pgid` (its leader's pid); ignores ESRCH.
+void signal_group(pid_t pgid, int sig) noexcept;
+
+/// True when the process is stopped (state T in /proc/PID/stat) or gone.
+bool process_stopped(pid_t pid) noexcept;
+
+/// One line of a command's progress channel (DIASPORA_PROGRESS_FD, docs/run.md):
+/// "progress FRACTION [STEP]", "metric NAME VALUE [NAME VALUE]..." (up to 32 pairs, one
+/// report), "heartbeat". Anything else, or a value out of range (a fraction outside [0, 1],
+/// a name longer than 63 bytes or repeated, a non-finite number, a pair cut short), is kind
+/// none: ignored by its readers. Pure: any thread.
+struct ProgressLine {
+  enum class Kind { none, progress, metric, heartbeat } kind = Kind::none;
+  double value = 0;   ///< progress: the fraction
+  long step = -1;     ///< progress: the step number, -1 when not given
+  std::vector<std::pair<std::string, double>> metrics;  ///< metric: the names and values, in order
+  /// The metrics as the plugin ABI takes them (views into `metrics`: valid while it lives).
+  std::vector<diaspora_metric_value> metric_values() const {
+    std::vector<diaspora_metric_value> out;
+    for (const auto& [n, v] : metrics) out.push_back({n.c_str(), v});
+    return out;
+  }
+};
+ProgressLine parse_progress_line(const std::string& line);
+
+/// Executable for a command word as execvp would find it: a word with a '/' as is, else
+/// the first PATH entry holding an executable file of that name. nullopt when none.
+std::optional<std::filesystem::path> find_program(const std::string& word);
+
+/// Newline-delimited JSON objects over a stream socket or pipe (one object per line,
+/// at most 1 MiB a line). Reads are non-blocking (the fd is set O_NONBLOCK); writes
+/// block until the line is written.
+class LineChannel {
+ public:
+  LineChannel() = default;
+  explicit LineChannel(int fd);
+  int fd() const noexcept { return fd_; }
+  /// Reads what is available; returns false at end of file or on an error (the peer is gone).
+  bool fill();
+  /// The next complete line parsed as a JSON object; nullopt when none is buffered. A line
+  /// that is not a JSON object is returned as {"op": "invalid", "line": ...}.
+  std::optional<boost::json::object> next();
+  /// The next complete line as text (without the newline); nullopt when none is buffered.
+  std::optional<std::string> next_line();
+  /// Writes one object as a line; false when the peer is gone (EPIPE) or on an error.
+  bool send(const boost::json::object& msg);
+  /// Closes the fd.
+  void close() noexcept;
+
+ private:
+  int fd_ = -1;
+  std::string buf_;
+};
+
+}  // namespace diaspora::adapters

@@ -1,0 +1,51 @@
+// What every part of a run reads about it: the spec (its rehearsal jobs appended as tasks),
+// the options, the clock, the plugin's hooks, the log, the run's folders and relay, and
+// whether the run is stopping. The runner owns it and fills it in as the run starts; the
+// parts hold a reference.
+//
+// Thread safety: the runner thread.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include "clock.hpp"
+#include "diaspora/runner.hpp"
+#include "diaspora/spec.hpp"
+#include "hooks.hpp"
+
+namespace diaspora::runner {
+
+struct Context {
+  Context(const WorkflowSpec& spec_, std::size_t first_job_, const RunOptions& opt_, const Clock& clock_, Hooks& hooks_,
+          std::function<void(const std::string&)> say_)
+      : spec(spec_), first_job(first_job_), opt(opt_), clock(clock_), hooks(hooks_), say(std::move(say_)) {}
+
+  const WorkflowSpec& spec;  ///< tasks first_job.. are the spec's rehearsal jobs (rehearsal_jobs.hpp)
+  std::size_t first_job = 0;
+  const RunOptions& opt;
+  const Clock& clock;
+  Hooks& hooks;
+  std::function<void(const std::string&)> say;  ///< one log line, stamped with the run's time
+
+  std::filesystem::path data_dir, tasks_dir, ckpt_dir;  ///< OUT/data, OUT/tasks, OUT/checkpoints
+  std::string relay_url;                                ///< set when the relay is up
+  std::filesystem::path ca_file, token_file;            ///< its credentials (empty: none)
+  std::string host;                                     ///< this host's name
+
+  bool stopping = false;    ///< no new work: the run ends (a signal, or the end of the run)
+  std::string stop_reason;  ///< why, when a signal stopped it
+
+  double now() const { return clock.now(); }
+  bool baseline() const { return opt.baseline_retry_after_s.has_value(); }
+  const TaskSpec& task(std::size_t t) const { return spec.tasks[t]; }
+  bool is_job(std::size_t t) const { return t >= first_job; }
+  const RehearsalJobSpec& job_of(std::size_t t) const { return spec.rehearsal[t - first_job]; }
+  std::filesystem::path job_dir(std::size_t t) const { return opt.out_dir / "rehearsal" / job_of(t).name; }
+  /// The topic the plugin publishes the workflow's events on.
+  std::string events_topic() const { return spec.relay.topic_prefix.value_or(spec.name) + ".events"; }
+};
+
+}  // namespace diaspora::runner

@@ -1,0 +1,168 @@
+#include "faults.hpp"
+
+#include <signal.h>
+
+#include <algorithm>
+
+namespace diaspora::runner {
+
+FaultInjector::FaultInjector(Context& ctx, InstanceStore& store, Sites& sites, SlotControl& control, RelayControl* relay)
+    : ctx_(ctx), store_(store), sites_(sites), control_(control), relay_(relay) {
+  for (const auto& f : ctx_.spec.faults) {
+    Fault x;
+    x.spec = &f;
+    faults_.push_back(x);
+  }
+}
+
+// The live attempt that started first (on `site` when given, of `task` when given) whose
+// work runs now: a remote attempt still in its engine's queue is not hit.
+InstanceStore::Ref FaultInjector::oldest_running(const std::string& site, const std::optional<std::string>& task) const {
+  InstanceStore::Ref best{-1, -1};
+  double oldest = 1e300;
+  for (int ii = 0; ii < store_.size(); ++ii) {
+    const Instance& inst = store_.at(ii);
+    if (task && ctx_.task(inst.task).name != *task) continue;
+    for (int ai = 0; ai < static_cast<int>(inst.attempts.size()); ++ai) {
+      const Attempt& a = inst.attempts[static_cast<std::size_t>(ai)];
+      if (!a.live() || a.lost || (!site.empty() && a.site != site)) continue;
+      if (const Site* s = sites_.find(a.site); s && s->remote() && !s->slots[static_cast<std::size_t>(a.slot)].connected) continue;
+      if (a.start_t < oldest) oldest = a.start_t, best = {ii, ai};
+    }
+  }
+  return best;
+}
+
+void FaultInjector::begin(Fault& f, double t) {
+  const FaultSpec& fs = *f.spec;
+  f.start_t = t;
+  const std::string kind(to_string(fs.kind));
+  switch (fs.kind) {
+    case FaultKind::slow_site: {
+      Site* s = sites_.find(*fs.site);
+      s->slow_factor = fs.factor;
+      s->slow_until = fs.lasts ? t + fs.lasts->count() : 1e300;
+      s->next_toggle = t;
+      f.end_t = fs.lasts ? t + fs.lasts->count() : -1;
+      f.target = s->name();
+      for (int ii = 0; ii < store_.size(); ++ii)
+        for (const auto& a : store_.at(ii).attempts)
+          if (a.live() && a.site == s->name()) f.hit.emplace_back(ii, store_.at(ii).attempts.size());
+      ctx_.hooks.resource(s->name(), "site", "degraded", s->name(), "fault_slow_site_factor", fs.factor);
+      ctx_.say("fault slow-site: " + f.target + " runs " + std::to_string(fs.factor).substr(0, 4) + "x slower" +
+               (fs.lasts ? " for " + std::to_string(static_cast<int>(fs.lasts->count())) + " s" : ""));
+      return;
+    }
+    case FaultKind::kill_worker:
+    case FaultKind::hang_task: {
+      const std::string site_name = fs.site.value_or("");
+      const auto [ii, ai] = oldest_running(site_name, fs.task);
+      f.done = true;
+      if (ii < 0) {
+        f.note = "nothing was running there: no effect";
+        ctx_.say("fault " + kind + ": nothing running" + (site_name.empty() ? "" : " on " + site_name) + ", no effect");
+        return;
+      }
+      const Attempt& a = store_.attempt(ii, ai);
+      Site& s = *sites_.find(a.site);
+      Slot& slot = s.slots[static_cast<std::size_t>(a.slot)];
+      const std::string worker = worker_name(s.name(), slot.index);
+      f.target = a.hook_id + " on " + worker;
+      f.hit.emplace_back(ii, store_.at(ii).attempts.size());
+      if (fs.kind == FaultKind::kill_worker) {
+        f.note = control_.kill_worker(s, slot);
+        ctx_.hooks.resource(worker, "worker", "down", s.name(), "fault_kill_worker", 1);
+      } else {
+        control_.hang(s, slot);
+        ctx_.hooks.resource(worker, "worker", "degraded", s.name(), "fault_hang_task", 1);
+      }
+      ctx_.say("fault " + kind + ": " + f.target);
+      return;
+    }
+    case FaultKind::stop_relay: {
+      if (!relay_) {
+        f.note = "the relay is not embedded: no effect";
+        f.done = true;
+        return;
+      }
+      ctx_.hooks.resource("relay", "relay", "down", "", "fault_stop_relay", 1);
+      relay_->stop_async();
+      f.end_t = fs.lasts ? t + fs.lasts->count() : -1;
+      f.target = ctx_.relay_url;
+      ctx_.say("fault stop-relay: relay stopped" +
+               (fs.lasts ? " for " + std::to_string(static_cast<int>(fs.lasts->count())) + " s" : ""));
+      return;
+    }
+  }
+}
+
+void FaultInjector::tick() {
+  const double t = ctx_.now();
+  for (Fault& f : faults_) {
+    const FaultSpec& fs = *f.spec;
+    if (f.start_t < 0 && t >= fs.at.count() && !ctx_.stopping) {
+      begin(f, t);
+      continue;
+    }
+    if (f.start_t < 0 || f.done || f.end_t < 0 || t < f.end_t) continue;
+    f.done = true;
+    if (fs.kind == FaultKind::stop_relay && relay_) {
+      if (!restart_relay()) {
+        f.done = false;  // try again shortly
+        f.end_t = t + 0.2;
+        continue;
+      }
+      ctx_.hooks.resource("relay", "relay", "up", "", "fault_stop_relay", 0);
+    } else if (fs.kind == FaultKind::slow_site) {
+      ctx_.hooks.resource(*fs.site, "site", "up", *fs.site, "fault_slow_site_factor", 1);
+      ctx_.say("fault slow-site over: " + *fs.site);
+    }
+  }
+}
+
+void FaultInjector::duty_cycle() {
+  const double t = ctx_.now();
+  constexpr double kPeriod = 0.1;
+  for (auto& s : sites_.all()) {
+    const bool slowed = s.slow_factor > 1 && t < s.slow_until;
+    if (!slowed) {
+      if (s.stopped_phase) {
+        s.stopped_phase = false;
+        for (auto& slot : s.slots) control_.pause(s, slot, false);
+      }
+      continue;
+    }
+    if (t < s.next_toggle) continue;
+    s.stopped_phase = !s.stopped_phase;
+    const double run = kPeriod / s.slow_factor;
+    s.next_toggle = t + (s.stopped_phase ? kPeriod - run : run);
+    for (auto& slot : s.slots) control_.pause(s, slot, s.stopped_phase);
+  }
+}
+
+void FaultInjector::end_all() {
+  for (auto& s : sites_.all()) s.slow_until = 0;
+  duty_cycle();
+}
+
+double FaultInjector::next_toggle(double cap) const {
+  double next = cap;
+  for (const auto& s : sites_.all())
+    if (s.slow_factor > 1) next = std::min(next, std::max(0.0, s.next_toggle - ctx_.now()));
+  return next;
+}
+
+bool FaultInjector::restart_relay() {
+  if (!relay_ || relay_->running()) return true;
+  std::string why;
+  if (relay_->try_start(&why)) {
+    ctx_.say("relay started again on " + ctx_.relay_url);
+    relay_retry_said_ = false;
+    return true;
+  }
+  if (!relay_retry_said_ && !why.empty()) ctx_.say("relay: cannot start again yet (" + why + "); retrying");
+  relay_retry_said_ = !why.empty() || relay_retry_said_;
+  return false;
+}
+
+}  // namespace diaspora::runner

@@ -1,0 +1,85 @@
+#include "live_view.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <ostream>
+#include <sstream>
+
+namespace diaspora::runner {
+
+namespace {
+std::string stamp(double t) {
+  char b[32];
+  std::snprintf(b, sizeof b, "[%7.1fs]", t);
+  return b;
+}
+}  // namespace
+
+void LiveView::say(const std::string& line) {
+  erase();
+  out_ << stamp(ctx_.now()) << " " << line << "\n";
+  if (ctx_.opt.live_view) draw();
+  out_.flush();
+}
+
+void LiveView::tick() {
+  if (!ctx_.opt.live_view || ctx_.now() < next_) return;
+  erase();
+  draw();
+}
+
+void LiveView::erase() {
+  if (!ctx_.opt.live_view || lines_ == 0) return;
+  out_ << "\x1b[" << lines_ << "F\x1b[J";
+  lines_ = 0;
+}
+
+double LiveView::health(const Site& s, double t) const {
+  double speed = 1;
+  for (const auto& [task, st] : s.step_time) speed = std::min(speed, placement_.speed(s, task, t));
+  return speed / (1.0 + Sites::penalty(s, t));
+}
+
+void LiveView::draw() {
+  const double t = ctx_.now();
+  bool connected = false;
+  const std::uint64_t acked = events_acked_(&connected);
+  if (t - events_t_ >= 1) {
+    rate_ = static_cast<double>(acked - events_) / std::max(1e-3, t - events_t_);
+    events_ = acked;
+    events_t_ = t;
+  }
+  long done = 0, failed = 0, running = 0;
+  for (const auto& inst : store_.all()) {
+    done += inst.state == InstanceState::completed;
+    failed += inst.state == InstanceState::failed;
+    running += inst.state == InstanceState::running;
+  }
+  std::ostringstream v;
+  char b[256];
+  std::snprintf(b, sizeof b, "\x1b[1m%s\x1b[0m  %.0f s  %zu instances: %ld done, %ld running, %zu queued, %ld failed  %.0f events/s%s\n",
+                ctx_.spec.name.c_str(), t, store_.all().size(), done, running, store_.queue().size(), failed, rate_,
+                connected ? "" : "  (relay unreachable: spooling)");
+  v << b;
+  int lines = 1;
+  for (const auto& s : sites_.all()) {
+    std::snprintf(b, sizeof b, "  %-16s running %ld/%zu  done %ld  failed %ld  health %.2f%s\n", s.name().c_str(), s.busy(),
+                  s.slots.size(), s.completed, s.failed, health(s, t), s.drained ? "  (drained)" : "");
+    v << b;
+    ++lines;
+  }
+  const auto& acts = actions_.all();
+  for (std::size_t i = acts.size() > 3 ? acts.size() - 3 : 0; i < acts.size(); ++i) {
+    const auto& a = acts[i];
+    std::string line = "  " + stamp(a.received_t) + " " + a.kind + " " + a.task + " (" + a.outcome + "): " + a.reason;
+    if (line.size() > 150) line = line.substr(0, 147) + "...";
+    v << line << "\n";
+    ++lines;
+  }
+  out_ << v.str();
+  out_.flush();
+  lines_ = lines;
+  next_ = t + 0.5;
+}
+
+}  // namespace diaspora::runner

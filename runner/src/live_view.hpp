@@ -1,0 +1,55 @@
+// The live terminal view (stdout a terminal): a status block under the log lines, redrawn
+// twice a second: the run's counts and event rate, each site's workers and health, the
+// last three actions. A log line erases the block, is written, and the block is drawn
+// again below it.
+//
+// Thread safety: the runner thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+
+#include "action_log.hpp"
+#include "context.hpp"
+#include "placement.hpp"
+#include "sites.hpp"
+#include "store.hpp"
+
+namespace diaspora::runner {
+
+class LiveView {
+ public:
+  /// `events_acked` reads the plugin's acknowledged-event counter (0 before it is open).
+  LiveView(const Context& ctx, const InstanceStore& store, const Sites& sites, const Placement& placement,
+           const ActionLog& actions, std::ostream& out, std::function<std::uint64_t(bool*)> events_acked)
+      : ctx_(ctx), store_(store), sites_(sites), placement_(placement), actions_(actions), out_(out),
+        events_acked_(std::move(events_acked)) {}
+
+  /// Writes one log line: "[   12.3s] text" (the block kept below it when enabled).
+  void say(const std::string& line);
+  /// Redraws the block when it is due.
+  void tick();
+  /// Removes the block (the run is over).
+  void erase();
+
+ private:
+  void draw();
+  /// A site's health as the view shows it: its slowest task's speed over its recent
+  /// failures and moves.
+  double health(const Site& s, double t) const;
+
+  const Context& ctx_;
+  const InstanceStore& store_;
+  const Sites& sites_;
+  const Placement& placement_;
+  const ActionLog& actions_;
+  std::ostream& out_;
+  std::function<std::uint64_t(bool*)> events_acked_;
+  int lines_ = 0;
+  double next_ = 0, events_t_ = 0, rate_ = 0;
+  std::uint64_t events_ = 0;
+};
+
+}  // namespace diaspora::runner

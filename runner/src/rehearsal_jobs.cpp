@@ -1,0 +1,125 @@
+#include "rehearsal_jobs.hpp"
+
+#include <signal.h>
+
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include "diaspora/error.hpp"
+#include "diaspora/files.hpp"
+
+namespace diaspora::runner {
+
+namespace fs = std::filesystem;
+namespace json = boost::json;
+
+WorkflowSpec RehearsalJobs::with_job_tasks(WorkflowSpec spec) {
+  for (const auto& j : spec.rehearsal) {
+    TaskSpec t;  // one instance, run as a command (argv()) on the job's site if it names one
+    t.name = j.name;
+    t.count = 1;
+    t.resources.cpus = static_cast<double>(j.world_size);
+    if (j.site) t.preferred_sites = {*j.site};
+    t.location = j.location;
+    spec.tasks.push_back(std::move(t));
+  }
+  return spec;
+}
+
+std::vector<std::string> RehearsalJobs::argv(std::size_t task) {
+  const RehearsalJobSpec& j = ctx_.job_of(task);
+  const fs::path dir = ctx_.job_dir(task);
+  fs::create_directories(dir);
+  const fs::path bin = trainer_executable();
+  if (bin.empty())
+    throw Error("diaspora-train is not next to diaspora-run (" + self_executable().parent_path().string() +
+                "): build with DIASPORA_WITH_TORCH=ON");
+  const fs::path config = j.config ? base_dir_ / *j.config : dir / "job.yaml";
+  if (!j.config)
+    write_file_atomic(config, "# written by diaspora run for rehearsal job " + j.name +
+                                  " (the spec's keys and set: are given as --set)\ntrain:\n  threads: 1\n  log_every: 5\n");
+  std::vector<std::string> argv{bin.string(), "--config", config.string(), "--out", dir.string(),
+                                "--set", "strategy=" + j.strategy, "--set", "dataset.name=" + j.dataset};
+  auto set = [&](const std::string& key, const std::string& value) {
+    argv.push_back("--set");
+    argv.push_back(key + "=" + value);
+  };
+  if (j.buffer_size) set("buffer_size", std::to_string(*j.buffer_size));
+  if (j.stream) {
+    long total = 0;
+    for (const auto& ts : ctx_.spec.tasks)
+      if (ts.name == *j.stream) total = instances_of(ts);
+    set("dataset.relay", ctx_.relay_url);
+    set("dataset.topic", ctx_.events_topic());
+    set("dataset.stream", *j.stream);
+    set("dataset.scan_dir", (ctx_.data_dir / *j.stream).string());  // this run's scans only
+    set("dataset.ca_file", ctx_.ca_file.string());
+    set("dataset.token_file", ctx_.token_file.string());
+    set("dataset.tasks", std::to_string(total));
+  }
+  for (const auto& [key, value] : j.set) set(key, value.is_string() ? std::string(value.get_string()) : json::serialize(value));
+  if (j.world_size > 1) {
+    argv.push_back("--world-size");
+    argv.push_back(std::to_string(j.world_size));
+  }
+  if (fs::exists(dir / "checkpoint" / "LATEST")) {
+    argv.push_back("--resume");
+    argv.push_back(dir.string());
+  }
+  return argv;
+}
+
+void RehearsalJobs::take_summary(Instance& inst) {
+  try {
+    if (const json::value v = json::parse(read_file(ctx_.job_dir(inst.task) / "summary.json")); v.is_object())
+      inst.result = v.get_object();
+  } catch (const std::exception& e) {
+    ctx_.say("warning: " + inst.id + ": summary.json unreadable: " + e.what());
+  }
+}
+
+void RehearsalJobs::tick() {
+  const double t = ctx_.now();
+  for (auto& s : sites_.all())  // checkpoint_every: SIGUSR1 (the trainer checkpoints at its next step and goes on)
+    for (auto& slot : s.slots) {
+      if (slot.cmd_pid <= 0 || slot.inst < 0 || slot.draining_inst >= 0) continue;
+      const Instance& inst = store_.at(slot.inst);
+      const Attempt& a = store_.attempt(slot.inst, slot.att);
+      if (!ctx_.is_job(inst.task) || !ctx_.job_of(inst.task).checkpoint_every || a.progress <= 0) continue;
+      const double every = ctx_.job_of(inst.task).checkpoint_every->count();
+      if (slot.next_checkpoint <= 0) slot.next_checkpoint = t + every;
+      if (t < slot.next_checkpoint) continue;
+      signal_group(slot.cmd_pid, SIGUSR1);
+      slot.next_checkpoint = t + every;
+    }
+  for (auto& s : sites_.all())  // a job that does not stop when told: killed (it resumes from its last checkpoint)
+    for (auto& slot : s.slots)
+      if (slot.draining_inst >= 0 && t > slot.drain_deadline && slot.cmd_pid > 0) {
+        ctx_.say("rehearsal job " + store_.at(slot.draining_inst).id + " did not stop within " +
+                 std::to_string(static_cast<int>(ctx_.opt.job_drain_s)) + " s of SIGTERM: killed");
+        signal_group(slot.cmd_pid, SIGKILL);
+        slot.drain_deadline = t + 3600;
+      }
+  // A job trained on a stream waits for every scan: when the stream has ended and one of its
+  // instances failed for good, the job can never finish. It is stopped (checkpointed) and failed.
+  for (int ii = 0; ii < store_.size(); ++ii) {
+    const Instance& inst = store_.at(ii);
+    if (!ctx_.is_job(inst.task) || !ctx_.job_of(inst.task).stream || inst.final()) continue;
+    const std::string& source = *ctx_.job_of(inst.task).stream;
+    bool open = streams_.making(source);
+    std::string lost;
+    for (const auto& x : store_.all()) {
+      if (ctx_.task(x.task).name != source) continue;
+      open |= !x.final();
+      if (x.state == InstanceState::failed || x.state == InstanceState::cancelled) lost = x.id;
+    }
+    if (open || lost.empty()) continue;
+    const std::string why = "its stream '" + source + "' lost scan " + lost + " (" +
+                            std::string(to_string(store_.at(store_.index_of(lost)).state)) +
+                            "); the job was stopped at its last checkpoint";
+    for (int ai = 0; ai < static_cast<int>(inst.attempts.size()); ++ai) lifecycle_.stop(ii, ai, Outcome::stopped, why, false);
+    lifecycle_.finish(ii, InstanceState::failed, why);
+  }
+}
+
+}  // namespace diaspora::runner

@@ -1,0 +1,162 @@
+#include "report_builder.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "diaspora/event.hpp"
+#include "resume.hpp"
+
+namespace diaspora::runner {
+
+namespace json = boost::json;
+
+namespace {
+
+// A time in seconds to the millisecond, null when it did not happen (< 0).
+json::value opt_t(double t) { return t >= 0 ? json::value(std::round(t * 1000) / 1000) : json::value(nullptr); }
+
+json::object instance_object(const Context& ctx, const Instance& inst, long& misses, long& with_deadline, long& attempts) {
+  const TaskSpec& ts = ctx.task(inst.task);
+  json::object o{{"id", inst.id}, {"task", ts.name}, {"state", to_string(inst.state)},
+                 {"submitted_s", opt_t(inst.submitted_t)}, {"end_s", opt_t(inst.end_t)}};
+  if (!inst.reason.empty()) o["reason"] = inst.reason;
+  if (inst.restored) o["restored"] = true;
+  if (ctx.is_job(inst.task)) o["rehearsal"] = ctx.job_dir(inst.task).string();
+  if (ts.deadline && !inst.restored) {
+    ++with_deadline;
+    const bool met = inst.state == InstanceState::completed && inst.end_t - inst.submitted_t <= ts.deadline->count();
+    misses += !met;
+    o["deadline_s"] = ts.deadline->count();
+    o["deadline_met"] = met;
+  }
+  if (!inst.result.empty()) o["result"] = inst.result;
+  json::array as;
+  for (const auto& a : inst.attempts) {
+    ++attempts;
+    json::object x{{"number", a.number}, {"id", a.hook_id}, {"cause", a.cause}, {"outcome", to_string(a.outcome)},
+                   {"site", a.site}, {"start_s", opt_t(a.start_t)}, {"end_s", opt_t(a.end_t)}};
+    if (a.slot >= 0) x["worker"] = worker_name(a.site, a.slot);
+    if (!a.reason.empty()) x["reason"] = a.reason;
+    if (a.speculative) x["speculative"] = true;
+    as.push_back(std::move(x));
+  }
+  o["attempts"] = std::move(as);
+  return o;
+}
+
+// A fault with what it hit: for each instance, when its first attempt after the fault
+// started running, and the reaction time from the fault's start to then.
+json::object fault_object(const InstanceStore& store, const Fault& f, std::vector<double>& reactions) {
+  json::object o{{"kind", to_string(f.spec->kind)}, {"at_s", f.spec->at.count()}, {"start_s", opt_t(f.start_t)},
+                 {"end_s", opt_t(f.end_t)}};
+  if (f.spec->site) o["site"] = *f.spec->site;
+  if (f.spec->task) o["task"] = *f.spec->task;
+  if (f.spec->kind == FaultKind::slow_site) o["factor"] = f.spec->factor;
+  if (!f.target.empty()) o["target"] = f.target;
+  if (!f.note.empty()) o["note"] = f.note;
+  json::array hits;
+  for (const auto& [ii, n] : f.hit) {
+    const Instance& inst = store.at(ii);
+    json::object h{{"instance", inst.id}, {"state", to_string(inst.state)}};
+    double recovered = -1;
+    for (std::size_t k = n; k < inst.attempts.size(); ++k)
+      if (inst.attempts[k].start_t >= 0 && (recovered < 0 || inst.attempts[k].start_t < recovered))
+        recovered = inst.attempts[k].start_t;
+    h["recovering_attempt_running_s"] = opt_t(recovered);
+    h["reaction_s"] = recovered >= 0 ? opt_t(recovered - f.start_t) : json::value(nullptr);
+    if (recovered >= 0) reactions.push_back(recovered - f.start_t);
+    hits.push_back(std::move(h));
+  }
+  o["hit"] = std::move(hits);
+  return o;
+}
+
+}  // namespace
+
+json::object build_report(const Context& ctx, const InstanceStore& store, const Sites& sites, const std::vector<Fault>& faults,
+                          const ActionLog& actions, const RunSummary& run) {
+  json::object r;
+  r["workflow"] = ctx.spec.name;
+  r["spec"] = ctx.spec.file;
+  r["mode"] = ctx.baseline() ? "baseline" : ctx.spec.policies.empty() ? "no-policies" : "policies";
+  if (ctx.baseline()) r["baseline_retry_after_s"] = *ctx.opt.baseline_retry_after_s;
+  r["started_us"] = run.started_us;
+  r["duration_s"] = opt_t(run.duration_s);
+  r["exit_status"] = run.exit_status;
+  if (!ctx.stop_reason.empty()) r["interrupted"] = ctx.stop_reason;
+  r["relay"] = ctx.relay_url;
+  r["plugin"] = run.plugin;
+  json::array site_list;
+  for (const auto& s : sites.all())
+    site_list.push_back(json::object{{"name", s.name()},
+                                     {"workers", static_cast<std::int64_t>(s.slots.size())},
+                                     {"speed", s.spec->speed},
+                                     {"completed", s.completed},
+                                     {"failed", s.failed}});
+  r["sites"] = std::move(site_list);
+  r["anomalies"] = run.anomalies;
+  json::array insts;
+  long completed = 0, failed = 0, cancelled = 0, misses = 0, with_deadline = 0, attempts = 0;
+  for (const auto& inst : store.all()) {
+    insts.push_back(instance_object(ctx, inst, misses, with_deadline, attempts));
+    completed += inst.state == InstanceState::completed;
+    failed += inst.state == InstanceState::failed;
+    cancelled += inst.state == InstanceState::cancelled;
+  }
+  r["instances"] = std::move(insts);
+  json::array fault_list;
+  std::vector<double> reactions;
+  for (const auto& f : faults) fault_list.push_back(fault_object(store, f, reactions));
+  r["faults"] = std::move(fault_list);
+  json::array acts;
+  for (const auto& a : actions.all())
+    acts.push_back(json::object{{"id", a.id}, {"kind", a.kind}, {"task", a.task}, {"site", a.site}, {"target_site", a.target},
+                                {"origin", a.origin}, {"reason", a.reason}, {"received_s", opt_t(a.received_t)},
+                                {"done_s", opt_t(a.done_t)}, {"outcome", a.outcome}, {"message", a.message}});
+  r["actions"] = std::move(acts);
+  json::object rs{{"count", static_cast<std::int64_t>(reactions.size())}};
+  if (!reactions.empty()) {
+    rs["max_s"] = opt_t(*std::max_element(reactions.begin(), reactions.end()));
+    double sum = 0;
+    for (double x : reactions) sum += x;
+    rs["mean_s"] = opt_t(sum / static_cast<double>(reactions.size()));
+  }
+  r["summary"] = json::object{{"instances", static_cast<std::int64_t>(store.all().size())},
+                              {"completed", completed},
+                              {"failed", failed},
+                              {"cancelled", cancelled},
+                              {"attempts", attempts},
+                              {"with_deadline", with_deadline},
+                              {"deadline_misses", misses},
+                              {"actions", static_cast<std::int64_t>(actions.all().size())},
+                              {"reactions", std::move(rs)}};
+  return r;
+}
+
+json::array read_anomalies(const Context& ctx, std::int64_t started_us) {
+  json::array out;
+  if (ctx.spec.policies.empty() || ctx.baseline()) return out;
+  constexpr std::size_t kMax = 5000;
+  try {
+    read_topic(ctx.relay_url, ctx.ca_file, ctx.token_file, ctx.events_topic(), 30, [&](const json::object& e) {
+      const json::value* type = e.if_contains("type");
+      const json::value* data = e.if_contains("data");
+      const json::value* time = e.if_contains("time");
+      if (out.size() >= kMax || !type || !type->is_string() || type->get_string() != "org.diaspora.anomaly.predicted" || !data ||
+          !data->is_object() || !time || !time->is_string())
+        return;
+      const auto us = parse_rfc3339_us(std::string(time->get_string()));
+      if (!us || *us < started_us) return;  // an earlier run's (a relay log shared between runs)
+      json::object a{{"t_s", std::round(static_cast<double>(*us - started_us) / 1e3) / 1e3}};
+      for (const char* k : {"score", "series", "detector", "explanation", "site"})
+        if (const json::value* v = data->get_object().if_contains(k)) a[k] = *v;
+      if (const json::value* v = data->get_object().if_contains("task_id")) a["task"] = *v;
+      out.push_back(std::move(a));
+    });
+  } catch (const std::exception& e) {
+    ctx.say(std::string("warning: the anomaly scores were not read back for the report: ") + e.what());
+  }
+  return out;
+}
+
+}  // namespace diaspora::runner

@@ -1,0 +1,42 @@
+// report.json's object, built from the run's state (docs/run.md, "The report";
+// schemas/run-report.schema.json): every instance and attempt, each fault with what it hit
+// and the reaction time (from the fault to the first recovering attempt running), every
+// action and its outcome, the summary counts. report_files.hpp writes it with the page.
+//
+// Thread safety: the runner thread (reads the state it is given).
+#pragma once
+
+#include <boost/json/array.hpp>
+#include <boost/json/object.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "action_log.hpp"
+#include "context.hpp"
+#include "faults.hpp"
+#include "sites.hpp"
+#include "store.hpp"
+
+namespace diaspora::runner {
+
+/// What the report says of the run beyond the parts' state.
+struct RunSummary {
+  int exit_status = 0;
+  std::int64_t started_us = 0;  ///< wall time of the run's t = 0
+  double duration_s = 0;
+  boost::json::object plugin;    ///< library, version, stats
+  boost::json::array anomalies;  ///< the policies' scores read back (read_anomalies)
+};
+
+boost::json::object build_report(const Context& ctx, const InstanceStore& store, const Sites& sites,
+                                 const std::vector<Fault>& faults, const ActionLog& actions, const RunSummary& run);
+
+/// The anomaly scores the policies published (org.diaspora.anomaly.predicted) since
+/// `started_us`, read back from the events topic for the report's timeline: time since the
+/// start, score, series, detector, explanation, site, task; at most 5,000. Empty without
+/// policies or in the baseline. A relay that cannot be read is logged as a warning.
+boost::json::array read_anomalies(const Context& ctx, std::int64_t started_us);
+
+}  // namespace diaspora::runner

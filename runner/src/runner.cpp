@@ -1,0 +1,248 @@
+// The run: the parts built on one Context, started in order (relay, plugin, sites, the
+// resumed run's state, the instances), the loop that ties them, and the end (faults ended,
+// workers stopped, the plugin drained and closed, the report written).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <boost/json/serialize.hpp>
+
+#include <cstdlib>
+#include <ostream>
+
+#include "actions.hpp"
+#include "baseline.hpp"
+#include "diaspora/event.hpp"
+#include "diaspora/files.hpp"
+#include "diaspora/runner.hpp"
+#include "embedded_relay.hpp"
+#include "faults.hpp"
+#include "lifecycle.hpp"
+#include "live_view.hpp"
+#include "placement.hpp"
+#include "plugin_bridge.hpp"
+#include "rehearsal_jobs.hpp"
+#include "report_builder.hpp"
+#include "report_files.hpp"
+#include "resume.hpp"
+#include "signals.hpp"
+#include "streams.hpp"
+#include "workers.hpp"
+
+namespace diaspora::runner {
+
+namespace json = boost::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The loop's wake-up pipe: signals and the plugin's action callback write a byte to it.
+struct WakePipe {
+  int fd[2] = {-1, -1};
+  WakePipe() {
+    if (::pipe2(fd, O_CLOEXEC | O_NONBLOCK) != 0) throw Error("pipe: " + storage::errno_text(errno));
+  }
+  ~WakePipe() {
+    ::close(fd[0]);
+    ::close(fd[1]);
+  }
+};
+
+class Runner {
+ public:
+  Runner(const SpecInput& in, const RunOptions& opt, std::ostream& log)
+      : in_(in), spec_(RehearsalJobs::with_job_tasks(in.spec)), opt_(opt), plugin_(wake_.fd[1]),
+        ctx_{spec_, in.spec.tasks.size(), opt_, clock_, plugin_, [this](const std::string& line) { view_.say(line); }},
+        sites_(spec_.sites), lifecycle_(ctx_, store_, sites_, actions_), placement_(ctx_, sites_, store_),
+        streams_(ctx_, lifecycle_), jobs_(ctx_, store_, sites_, lifecycle_, streams_, in.base_dir),
+        workers_(ctx_, store_, sites_, lifecycle_, actions_, jobs_),
+        executor_(ctx_, store_, sites_, lifecycle_, actions_, workers_, streams_), baseline_(ctx_, store_, lifecycle_),
+        view_(ctx_, store_, sites_, placement_, actions_, log, [this](bool* connected) {
+          const diaspora_stats st = plugin_.stats();
+          *connected = st.connected != 0;
+          return st.events_acked;
+        }) {
+    lifecycle_.set_control(workers_);
+    ctx_.host = host_name();
+  }
+
+  /// A run that threw (a site that could not start, ...) still closes the plugin before
+  /// its relay goes away; run() leaves nothing open otherwise.
+  ~Runner() {
+    set_signal_wake_fd(-1);
+    plugin_.close(2000);
+  }
+
+  int run();
+
+ private:
+  void start_relay_and_plugin();
+  void read_prior();
+  void loop();
+  bool finished() const { return !streams_.open() && store_.open() == 0; }
+  int finish();
+  void dispatch() { lifecycle_.dispatch(placement_); }
+
+  WakePipe wake_;
+  const SpecInput& in_;
+  WorkflowSpec spec_;  ///< the spec, its rehearsal jobs appended to tasks
+  RunOptions opt_;
+  SteadyClock clock_;
+  std::int64_t start_us_ = now_us();
+  std::unique_ptr<EmbeddedRelay> relay_;
+  PluginBridge plugin_;
+  Context ctx_;
+  InstanceStore store_;
+  Sites sites_;
+  ActionLog actions_{ctx_};
+  Lifecycle lifecycle_;
+  Placement placement_;
+  Streams streams_;
+  RehearsalJobs jobs_;
+  Workers workers_;
+  ActionExecutor executor_;
+  Baseline baseline_;
+  std::unique_ptr<FaultInjector> faults_;
+  LiveView view_;
+};
+
+void Runner::start_relay_and_plugin() {
+  json::value doc = in_.document;
+  json::object& root = doc.get_object();
+  const std::string prefix = spec_.relay.topic_prefix.value_or(spec_.name);
+  json::object& plugin = root["plugin"].is_object() ? root["plugin"].get_object() : (root["plugin"] = json::object{}).get_object();
+  plugin["spool_dir"] = (opt_.out_dir / "spool").string();
+  if (spec_.relay.embedded()) {
+    const fs::path data = spec_.relay.data_dir ? fs::path(root["relay"].get_object()["data_dir"].get_string().c_str())
+                                               : opt_.out_dir / "relay" / "data";
+    relay_ = std::make_unique<EmbeddedRelay>(opt_.out_dir / "relay", data, prefix);
+    ctx_.relay_url = relay_->url();
+    ctx_.ca_file = relay_->ca_file();
+    ctx_.token_file = relay_->token_file();
+    ::setenv("DIASPORA_RELAY_URL", ctx_.relay_url.c_str(), 1);
+    ::setenv("DIASPORA_RELAY_CA", ctx_.ca_file.c_str(), 1);
+    ::setenv("DIASPORA_RELAY_TOKEN_FILE", ctx_.token_file.c_str(), 1);
+    ctx_.say("relay: embedded at " + ctx_.relay_url + ", log in " + data.string());
+  } else {
+    ctx_.relay_url = spec_.relay.url;
+    if (spec_.relay.ca_file) ctx_.ca_file = in_.base_dir / *spec_.relay.ca_file;
+    if (spec_.relay.token_file) ctx_.token_file = in_.base_dir / *spec_.relay.token_file;
+    ctx_.say("relay: " + ctx_.relay_url);
+  }
+  plugin_.open(spec_.plugin.library ? fs::path(root["plugin"].get_object()["library"].get_string().c_str()) : fs::path(), doc);
+  ctx_.say("plugin: " + plugin_.library().path.string() + " (" + plugin_.library().library_version() + ")");
+}
+
+// --resume: first the plugin delivers what the killed runner left in its spool, then the
+// workflow's events are read back from the relay.
+void Runner::read_prior() {
+  for (const double until = ctx_.now() + 30; ctx_.now() < until; ::usleep(50000)) {
+    const diaspora_stats st = plugin_.stats();
+    if (st.connected && st.spool_records == 0) break;
+  }
+  const std::string topic = ctx_.events_topic();
+  store_.set_prior(read_prior_run(ctx_.relay_url, ctx_.ca_file, ctx_.token_file, topic));
+  ctx_.say("resume: read " + std::to_string(store_.prior().events) + " events of " + topic + "; " +
+           std::to_string(store_.prior().completed.size()) + " instances completed before, not run again");
+}
+
+void Runner::loop() {
+  int last_signals = 0;
+  while (!finished()) {
+    if (signals_received() != last_signals) {
+      last_signals = signals_received();
+      if (!ctx_.stopping) {
+        ctx_.stopping = true;
+        ctx_.stop_reason = "interrupted by a signal";
+        ctx_.say("signal: stopping (no new work; a second signal stops at once)");
+        lifecycle_.stop_everything("the run was interrupted");
+      }
+    }
+    faults_->tick();
+    faults_->duty_cycle();
+    streams_.tick();
+    for (const diaspora_action& a : plugin_.take_actions()) executor_.handle(a, [this] { dispatch(); });
+    workers_.tick();
+    dispatch();
+    baseline_.checks();
+    lifecycle_.awaiting_checks();
+    jobs_.tick();
+    workers_.poll(faults_->next_toggle(streams_.next_due(0.1)), wake_.fd[0]);
+    view_.tick();
+  }
+  view_.erase();
+}
+
+int Runner::run() {
+  fs::create_directories(opt_.out_dir);
+  ctx_.data_dir = opt_.out_dir / "data";
+  ctx_.tasks_dir = opt_.out_dir / "tasks";
+  ctx_.ckpt_dir = opt_.out_dir / "checkpoints";
+  for (const auto& d : {ctx_.data_dir, ctx_.tasks_dir, ctx_.ckpt_dir}) fs::create_directories(d);
+  set_signal_wake_fd(wake_.fd[1]);
+  ctx_.say("workflow " + spec_.name + " from " + spec_.file + ", output in " + opt_.out_dir.string() +
+           (ctx_.baseline() ? " (baseline: retry after " + std::to_string(static_cast<int>(*opt_.baseline_retry_after_s)) +
+                                  " s of silence, no policies)"
+            : spec_.policies.empty() ? " (no policies)"
+                                     : " (" + std::to_string(spec_.policies.size()) + " policies)"));
+  start_relay_and_plugin();
+  workers_.start_sites(in_.document);
+  faults_ = std::make_unique<FaultInjector>(ctx_, store_, sites_, workers_, relay_.get());
+  workers_.wait_ready(5, wake_.fd[0]);  // so that the first tasks start at once
+  if (opt_.resume) read_prior();
+  clock_.reset();
+  start_us_ = now_us();
+  streams_.start(store_);
+  loop();
+  return finish();
+}
+
+int Runner::finish() {
+  // Faults still in force end with the run (a stopped relay starts again, so the spool drains).
+  faults_->end_all();
+  for (int i = 0; relay_ && !relay_->running() && i < 100; ++i)
+    if (!faults_->restart_relay()) ::usleep(100000);
+  int failed = 0, completed = 0;
+  for (const auto& inst : store_.all()) {
+    failed += inst.state != InstanceState::completed;
+    completed += inst.state == InstanceState::completed;
+  }
+  const int status = failed == 0 && !ctx_.stopping ? 0 : 1;
+  ctx_.say("finished: " + std::to_string(completed) + " completed, " + std::to_string(failed) + " not completed");
+  workers_.shutdown();
+  plugin_.stop_actions();
+  // Let the plugin deliver what it holds (a relay that was stopped has its spool to take)
+  // before the counters go into the report; close() then has nothing left to wait for.
+  const diaspora_stats st = plugin_.drain(15);
+  const PluginLibrary& lib = plugin_.library();
+  const int rc = plugin_.close(15000);
+  ctx_.say("plugin closed: " + std::to_string(st.events_accepted) + " events, " + lib.library_version() +
+           (rc == DIASPORA_OK ? ", all acked by the relay" : std::string(", close: ") + lib.status_name(rc)));
+  RunSummary run;
+  run.exit_status = status;
+  run.started_us = start_us_;
+  run.duration_s = ctx_.now();
+  run.plugin = {{"library", lib.path.string()},
+                {"version", lib.library_version()},
+                {"stats", json::object{{"events_accepted", st.events_accepted},
+                                       {"events_acked", st.events_acked},
+                                       {"events_spilled", st.events_spilled},
+                                       {"events_lost", st.events_lost},
+                                       {"events_rejected", st.events_rejected},
+                                       {"reconnects", st.reconnects},
+                                       {"actions_received", st.actions_received},
+                                       {"close_status", lib.status_name(rc)}}}};
+  run.anomalies = read_anomalies(ctx_, start_us_);
+  write_report_files(opt_.out_dir, build_report(ctx_, store_, sites_, faults_->all(), actions_, run));
+  if (relay_) relay_->stop();
+  ctx_.say("report: " + (opt_.out_dir / "report.json").string() + ", " + (opt_.out_dir / "report.html").string());
+  return status;
+}
+
+}  // namespace
+
+int run_workflow(const SpecInput& input, const RunOptions& options, std::ostream& log) {
+  Runner r(input, options, log);
+  return r.run();
+}
+
+}  // namespace diaspora::runner

@@ -1,0 +1,97 @@
+// report.json's object (runner/src/report_builder.hpp) built from in-memory state: the
+// reaction times, the counts, the deadlines, and the fields docs/run.md lists.
+#include "runner_rig.hpp"
+
+#include <boost/json.hpp>
+
+#include "report_builder.hpp"
+
+namespace diaspora::runner::testing {
+namespace {
+
+namespace json = boost::json;
+
+TEST(RunnerReport, AKilledWorkersReactionTimeIsFromTheFaultToTheRecoveringAttemptRunning) {
+  Rig r(two_sites(2, kRestartPolicy + "faults:\n  - {at: 4s, kind: kill-worker, site: fast}\n"));
+  r.spec.tasks[0].deadline = Duration(10.0);
+  FaultInjector f(r.ctx, r.store, r.sites, r.control, nullptr);
+  r.submit();  // burn.0, burn.1 on fast
+  r.clock.t = 4;
+  f.tick();  // burn.0 (first started) is hit
+  const int ii = r.inst("burn.0");
+  Slot& slot = r.sites.find("fast")->slots[0];
+  slot.inst = slot.att = -1;
+  r.clock.t = 4.5;
+  r.lifecycle.ended(ii, 0, false, "worker fast/worker-0 died (killed by signal 9 (SIGKILL))", true);
+  r.clock.t = 5.25;
+  r.act(Rig::action(DIASPORA_ACTION_RESTART, "restart", "A1", "burn.0"));
+  ASSERT_TRUE(r.last("burn.0").live());
+  // burn.1 completes in time; burn.0 completes after its deadline.
+  r.clock.t = 6;
+  Slot& s1 = r.sites.find("fast")->slots[1];
+  s1.inst = s1.att = -1;
+  r.lifecycle.ended(r.inst("burn.1"), 0, true, "");
+  r.clock.t = 11;
+  const Attempt& again = r.last("burn.0");
+  Slot& s2 = r.sites.find(again.site)->slots[static_cast<std::size_t>(again.slot)];
+  s2.inst = s2.att = -1;
+  r.lifecycle.ended(ii, 1, true, "");
+
+  RunSummary run;
+  run.exit_status = 0;
+  run.duration_s = 11.0004;
+  const json::object rep = build_report(r.ctx, r.store, r.sites, f.all(), r.actions, run);
+  const json::object& fault = rep.at("faults").as_array().at(0).as_object();
+  EXPECT_EQ(fault.at("kind").as_string(), "kill-worker");
+  EXPECT_EQ(fault.at("target").as_string(), "burn.0 on fast/worker-0");
+  const json::object& hit = fault.at("hit").as_array().at(0).as_object();
+  EXPECT_EQ(hit.at("instance").as_string(), "burn.0");
+  EXPECT_DOUBLE_EQ(hit.at("reaction_s").as_double(), 1.25);
+  EXPECT_DOUBLE_EQ(hit.at("recovering_attempt_running_s").as_double(), 5.25);
+  const json::object& sum = rep.at("summary").as_object();
+  EXPECT_EQ(sum.at("instances").as_int64(), 2);
+  EXPECT_EQ(sum.at("completed").as_int64(), 2);
+  EXPECT_EQ(sum.at("attempts").as_int64(), 3);
+  EXPECT_EQ(sum.at("with_deadline").as_int64(), 2);
+  EXPECT_EQ(sum.at("deadline_misses").as_int64(), 1);  // burn.0: 11 s of 10
+  EXPECT_EQ(sum.at("actions").as_int64(), 1);
+  EXPECT_EQ(sum.at("reactions").as_object().at("count").as_int64(), 1);
+  EXPECT_DOUBLE_EQ(sum.at("reactions").as_object().at("max_s").as_double(), 1.25);
+  EXPECT_DOUBLE_EQ(rep.at("duration_s").as_double(), 11.0);  // to the millisecond
+  EXPECT_EQ(rep.at("mode").as_string(), "policies");
+  const json::array& atts = rep.at("instances").as_array().at(0).as_object().at("attempts").as_array();
+  ASSERT_EQ(atts.size(), 2u);
+  EXPECT_EQ(atts[0].as_object().at("outcome").as_string(), "failed");
+  EXPECT_EQ(atts[0].as_object().at("worker").as_string(), "fast/worker-0");
+  EXPECT_EQ(atts[1].as_object().at("outcome").as_string(), "completed");
+  EXPECT_EQ(atts[1].as_object().at("cause").as_string(), "restart (action A1, from fast)");
+  const json::object& act = rep.at("actions").as_array().at(0).as_object();
+  EXPECT_EQ(act.at("outcome").as_string(), "done");
+  EXPECT_DOUBLE_EQ(act.at("done_s").as_double(), 5.25);
+}
+
+TEST(RunnerReport, WhatDidNotHappenIsNullAndAnInterruptedRunSaysWhy) {
+  RunOptions o;
+  o.baseline_retry_after_s = 30;
+  Rig r(two_sites(5), o);
+  r.submit();
+  r.ctx.stopping = true;
+  r.ctx.stop_reason = "interrupted by a signal";
+  r.lifecycle.stop_everything("the run was interrupted");
+  RunSummary run;
+  run.exit_status = 1;
+  const json::object rep = build_report(r.ctx, r.store, r.sites, {}, r.actions, run);
+  EXPECT_EQ(rep.at("mode").as_string(), "baseline");
+  EXPECT_DOUBLE_EQ(rep.at("baseline_retry_after_s").as_double(), 30);
+  EXPECT_EQ(rep.at("interrupted").as_string(), "interrupted by a signal");
+  EXPECT_EQ(rep.at("summary").as_object().at("cancelled").as_int64(), 5);
+  const json::object& queued = rep.at("instances").as_array().at(4).as_object();
+  const json::object& a = queued.at("attempts").as_array().at(0).as_object();
+  EXPECT_EQ(a.at("outcome").as_string(), "cancelled");
+  EXPECT_TRUE(a.at("start_s").is_null());  // it never ran
+  EXPECT_FALSE(a.contains("worker"));
+  EXPECT_FALSE(rep.at("summary").as_object().at("reactions").as_object().contains("max_s"));
+}
+
+}  // namespace
+}  // namespace diaspora::runner::testing
