@@ -29,6 +29,65 @@ namespace diaspora::adapters {
 
 namespace json = boost::json;
 
+namespace {
+
+// Closes every descriptor from `first` up. Async-signal-safe.
+void close_from(int first) {
+  if (::close_range(static_cast<unsigned>(first), ~0U, 0) != 0)
+    for (int fd = first; fd < 65536; ++fd) ::close(fd);
+}
+
+// The guard's signal for its whole group when its parent dies (set before the handler).
+volatile sig_atomic_t g_guard_signal = SIGKILL;
+
+void guard_parent_died(int) { ::kill(0, g_guard_signal); }
+
+// SpawnSpec::guard_group, in the forked child (the group's leader): forks the program's
+// process and returns in it; the guard itself waits for the program and exits as it did.
+// When the spawning thread dies the guard sends `sig` to the whole group, so grandchildren
+// (a pipeline's commands, a job's ranks) stop with it. Async-signal-safe calls only.
+void guard_group(int sig, pid_t parent) {
+  // What the runner sends the group is for the program: the guard ignores it.
+  constexpr int kForProgram[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE};
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  for (int s : kForProgram) ::sigaction(s, &ignore, nullptr);
+  g_guard_signal = sig;
+  const int death = SIGRTMAX;
+  struct sigaction on_death {};
+  on_death.sa_handler = guard_parent_died;
+  ::sigaction(death, &on_death, nullptr);
+  ::prctl(PR_SET_PDEATHSIG, death);
+  if (::getppid() != parent) ::_exit(127);  // the parent died before the call
+  const pid_t program = ::fork();
+  if (program < 0) ::_exit(127);
+  if (program == 0) {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int s : kForProgram) ::sigaction(s, &dfl, nullptr);
+    ::sigaction(death, &dfl, nullptr);
+    ::prctl(PR_SET_PDEATHSIG, 0);
+    return;
+  }
+  close_from(3);  // the parent's sockets and pipes stay with the program only
+  int status = 0;
+  while (::waitpid(program, &status, 0) < 0)
+    if (errno != EINTR) ::_exit(127);
+  if (WIFEXITED(status)) ::_exit(WEXITSTATUS(status));
+  const int killed = WTERMSIG(status);  // die of the same signal, as the program did
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  ::sigaction(killed, &dfl, nullptr);
+  sigset_t one;
+  sigemptyset(&one);
+  sigaddset(&one, killed);
+  ::sigprocmask(SIG_UNBLOCK, &one, nullptr);
+  ::kill(::getpid(), killed);
+  ::_exit(128 + killed);
+}
+
+}  // namespace
+
 pid_t spawn(const SpawnSpec& spec) {
   // Everything the child needs is built here: after fork only async-signal-safe calls.
   std::vector<char*> argv;
@@ -73,8 +132,9 @@ pid_t spawn(const SpawnSpec& spec) {
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (spec.guard_group && spec.new_process_group && spec.parent_death_signal != 0) guard_group(spec.parent_death_signal, parent);
     // After the defaults: a parent-death signal must not reach the parent's handlers.
-    if (spec.parent_death_signal != 0) {
+    else if (spec.parent_death_signal != 0) {
       ::prctl(PR_SET_PDEATHSIG, spec.parent_death_signal);
       if (::getppid() != parent) ::_exit(127);  // the parent died before the call
     }
@@ -93,8 +153,7 @@ pid_t spawn(const SpawnSpec& spec) {
     // socket keeps its port from being bound again.
     int highest = 2;
     for (std::size_t i = 0; i < n; ++i) highest = std::max(highest, spec.fds[i].second);
-    if (::close_range(static_cast<unsigned>(highest) + 1, ~0U, 0) != 0)
-      for (int fd = highest + 1; fd < 65536; ++fd) ::close(fd);
+    close_from(highest + 1);
     if (spec.memory_limit) ::setrlimit(RLIMIT_AS, &mem);
     ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);

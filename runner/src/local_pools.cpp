@@ -77,6 +77,7 @@ bool LocalPools::start_command(int ii, int ai, Site& s, Slot& slot) {
     sp.argv = {"/bin/sh", "-c", *ts.command};
     sp.parent_death_signal = SIGKILL;  // the runner killed: its commands stop
   }
+  sp.guard_group = true;  // ... and what they started: the whole process group
   lifecycle_.announce_start(ii, ai, s, slot, false);
   sp.fds = {{pfd[1], 3}};
   const std::string base = (ctx_.tasks_dir / (a.hook_id + "." + std::to_string(a.number))).string();

@@ -276,3 +276,47 @@ def test_resume_needs_a_run_folder(tmp_path):
     spec = rn.write_spec(tmp_path, "version: 1\nname: s\n" + SITE)
     p = subprocess.run([str(rn.DIASPORA), "run", str(spec), "--resume", str(tmp_path)], capture_output=True, text=True)
     assert p.returncode == 2 and "not the output folder of a run" in p.stderr
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's zombie waits for init)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def test_a_sigkilled_runner_takes_its_workers_and_commands_with_it(tmp_path):
+    # A built-in kind busy on a local worker, and a command whose work runs in grandchildren
+    # of the runner (a pipeline: the shell forks both sides). Without the parent-death
+    # signal and the group guard, each went on computing after the runner died, so a
+    # `--resume` at once ran an instance twice at the same time.
+    marker = f"600.{os.getpid()}{time.monotonic_ns() % 100000}"  # sleep's argument, unique to this test
+    spec = rn.write_spec(tmp_path, "version: 1\nname: orphans\n" + SITE +
+                         "tasks:\n  - {name: long, kind: cpu-burn, args: {seconds: 60}, count: 1}\n"
+                         f"  - {{name: pipe, command: 'sleep {marker} | cat', count: 1}}\n")
+    out = tmp_path / "out"
+    p = subprocess.Popen([str(rn.DIASPORA), "run", str(spec), "--out", str(out)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        def sleepers():
+            return {pid for pid, cmd in rn.process_cmdlines() if marker.encode() in cmd}
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (len(rn.worker_processes(p.pid)) < 2 or not sleepers()):
+            time.sleep(0.1)
+        workers, work = rn.worker_processes(p.pid), sleepers()
+        assert len(workers) == 2 and work, (workers, work)
+        p.kill()
+        p.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(_alive(x) for x in workers | work):
+            time.sleep(0.05)
+        assert not [x for x in workers | work if _alive(x)], "processes outlived their runner"
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.communicate(timeout=10)
+        for pid, cmd in rn.process_cmdlines():
+            if marker.encode() in cmd:
+                os.kill(pid, signal.SIGKILL)

@@ -29,6 +29,13 @@ struct SpawnSpec {
   bool new_process_group = true;                  ///< setpgid(0, 0): signals reach the whole group
   std::uint64_t memory_limit = 0;                 ///< RLIMIT_AS in bytes; 0 = none
   int parent_death_signal = 0;                    ///< sent to the child when the spawning thread dies (0: none)
+  /// With a new process group and a parent-death signal: the group's leader is a guard (a
+  /// fork of the caller, no exec) that runs the program as its child, sends the signal to
+  /// the whole group when the spawning thread dies (a pipeline's or a job's grandchildren
+  /// stop too; it ignores SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1/2 sent to the group,
+  /// which are the program's), and exits as the program did (its status, or the signal
+  /// that killed it). The pid returned is the guard's (the group's id).
+  bool guard_group = false;
 };
 
 /// Forks and execs. Returns the child's pid. Throws diaspora::Error (fork failed, or a
