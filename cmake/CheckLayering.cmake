@@ -13,7 +13,7 @@ endif()
 set(_components core client relay resilience plugin rehearsal engine-adapters runner cli)
 set(_deps_core "")
 set(_deps_client core)
-set(_deps_relay core)
+set(_deps_relay core resilience)  # resilience: site_health() for the views
 set(_deps_resilience core)
 set(_deps_plugin core client resilience)
 set(_deps_rehearsal core client plugin)  # client: ptycho-stream reads its scans' events back

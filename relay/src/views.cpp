@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "diaspora/files.hpp"
+#include "diaspora/site_health.hpp"
 
 namespace diaspora::relay {
 
@@ -95,14 +96,16 @@ struct Site {
   double rate = 0;          ///< completions per second, exponentially weighted (60 s)
   std::int64_t rate_us = 0;
   double failure_rate = 0;  ///< share of recent ends that were failures (EW, 0.1)
-  double health = 1;        ///< 1 healthy .. 0: (1 - failure rate) x (1 - a recent anomaly score) x state
+  double failures = 0;      ///< failures and migrations off it, decayed (decay_failures) to failures_us
+  std::int64_t failures_us = 0;
+  double health = 1;        ///< diaspora::site_health() of what the views see (site_health.hpp)
   std::string explanation;  ///< of the last prediction
   std::vector<ScorePoint> scores;  ///< the last 256 predictions about it
   std::vector<HealthPoint> history;  ///< health over time: its last 256 changes (one a second at most)
 };
 BOOST_DESCRIBE_STRUCT(Site, (),
                       (workflow, site, state, engine, drained, started, completed, failed, running, predicted, updated_us,
-                       rate, rate_us, failure_rate, health, explanation, scores, history))
+                       rate, rate_us, failure_rate, failures, failures_us, health, explanation, scores, history))
 
 struct Resource {
   std::string workflow, resource_id, kind, state, site;
@@ -159,7 +162,7 @@ struct Views::State {
 namespace {
 
 constexpr std::size_t kMaxAttempts = 16, kMaxScores = 256;
-constexpr int kSnapshotFormat = 2;
+constexpr int kSnapshotFormat = 3;  // 3: sites carry failures, failures_us
 
 std::string key(const std::string& wf, const std::string& id) { return wf + '\x1f' + id; }
 
@@ -172,12 +175,20 @@ double num(const json::object& o, std::string_view k, double dflt) {
   return v && v->is_number() ? v->to_number<double>() : dflt;
 }
 
-// How a site's health follows from its counters (see view::Site::health).
+void add_failure(view::Site& s, std::int64_t t_us) {
+  s.failures = decay_failures(s.failures, static_cast<double>(t_us - s.failures_us) / 1e6) + 1;
+  s.failures_us = std::max(s.failures_us, t_us);
+}
+
+// How a site's health follows from what the views saw of it (diaspora::site_health: the
+// policies' and the runner's definition too). Every engine publishing on the site counts.
 void update_health(view::Site& s, std::int64_t now_us) {
-  double anomaly = 0;
-  if (!s.scores.empty() && now_us - s.scores.back().t_us < 60'000'000) anomaly = std::clamp(s.scores.back().score, 0.0, 1.0);
-  const double state = s.state == "down" ? 0.0 : s.state == "degraded" ? 0.5 : 1.0;
-  s.health = (1 - s.failure_rate) * (1 - anomaly) * state;
+  SiteHealthInputs in;
+  if (!s.scores.empty() && now_us - s.scores.back().t_us < 60'000'000) in.anomaly = s.scores.back().score;
+  in.state = site_state_factor(s.state);
+  in.failure_rate = s.failure_rate;
+  in.failures = decay_failures(s.failures, static_cast<double>(now_us - s.failures_us) / 1e6);
+  s.health = site_health(in);
   if (!s.history.empty() && std::abs(s.history.back().health - s.health) < 0.01) return;
   if (s.history.size() > 1 && now_us - s.history[s.history.size() - 2].t_us < 1'000'000) {
     s.history.back() = {now_us, s.health};  // one point a second at most: the last one stands
@@ -306,11 +317,19 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
         decay_rate(s, t);
         if (ok) s.rate += 1.0 / 60.0;
         s.failure_rate = 0.9 * s.failure_rate + (ok ? 0.0 : 0.1);
+        if (!ok) add_failure(s, t);
         update_health(s, t);
       }
     } else if (ev_kind == "restarted" || ev_kind == "migrated") {
       k.reason = str(d, "reason");
-      if (ev_kind == "migrated") k.site = str(d, "to_site");
+      if (ev_kind == "migrated") {
+        if (!k.site.empty()) {  // a move off a site counts against it, as for the policies
+          view::Site& from = site_of(k.site);
+          add_failure(from, t);
+          update_health(from, t);
+        }
+        k.site = str(d, "to_site");
+      }
     } else {
       return false;
     }

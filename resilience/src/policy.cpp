@@ -9,6 +9,7 @@
 #include <limits>
 #include <variant>
 
+#include "diaspora/site_health.hpp"
 #include "math.hpp"
 
 namespace diaspora::resilience {
@@ -359,8 +360,7 @@ struct PolicyEngine::Impl {
   }
 
   double decayed_failures(const SiteState& s, double now) const {
-    if (s.failures == 0) return 0;
-    return s.failures * std::exp2(-std::max(0.0, now - s.failures_t) / opt_.failure_half_life_s);
+    return decay_failures(s.failures, now - s.failures_t, opt_.failure_half_life_s);
   }
   void add_failures(SiteState& s, double k, double now) {
     s.failures = decayed_failures(s, now) + k;
@@ -376,9 +376,14 @@ struct PolicyEngine::Impl {
     h.failures = decayed_failures(s, now);
     h.failure_rate = s.failure_rate;
     h.anomaly = std::clamp(s.anomaly, 0.0, 1.0);
-    h.health = (1 - h.anomaly) * (1 - h.failure_rate) / (1 + h.failures) /
-               (1 + h.queue / static_cast<double>(h.workers)) * h.speed;
-    h.health = std::clamp(h.health, 0.0, 1.0);
+    SiteHealthInputs in;
+    in.speed = h.speed;
+    in.failures = h.failures;
+    in.failure_rate = h.failure_rate;
+    in.anomaly = h.anomaly;
+    in.queue = h.queue;
+    in.workers = static_cast<double>(h.workers);
+    h.health = diaspora::site_health(in);
     return h;
   }
 

@@ -34,12 +34,6 @@ void LiveView::erase() {
   lines_ = 0;
 }
 
-double LiveView::health(const Site& s, double t) const {
-  double speed = 1;
-  for (const auto& [task, st] : s.step_time) speed = std::min(speed, placement_.speed(s, task, t));
-  return speed / (1.0 + Sites::penalty(s, t));
-}
-
 void LiveView::draw() {
   const double t = ctx_.now();
   bool connected = false;
@@ -64,7 +58,7 @@ void LiveView::draw() {
   int lines = 1;
   for (const auto& s : sites_.all()) {
     std::snprintf(b, sizeof b, "  %-16s running %ld/%zu  done %ld  failed %ld  health %.2f%s\n", s.name().c_str(), s.busy(),
-                  s.slots.size(), s.completed, s.failed, health(s, t), s.drained ? "  (drained)" : "");
+                  s.slots.size(), s.completed, s.failed, sites_.health(s, t), s.drained ? "  (drained)" : "");
     v << b;
     ++lines;
   }

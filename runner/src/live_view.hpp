@@ -1,7 +1,7 @@
 // The live terminal view (stdout a terminal): a status block under the log lines, redrawn
-// twice a second: the run's counts and event rate, each site's workers and health, the
-// last three actions. A log line erases the block, is written, and the block is drawn
-// again below it.
+// twice a second: the run's counts and event rate, each site's workers and health
+// (diaspora::site_health, the console's definition), the last three actions. A log line
+// erases the block, is written, and the block is drawn again below it.
 //
 // Thread safety: the runner thread.
 #pragma once
@@ -13,7 +13,6 @@
 
 #include "action_log.hpp"
 #include "context.hpp"
-#include "placement.hpp"
 #include "sites.hpp"
 #include "store.hpp"
 
@@ -22,9 +21,9 @@ namespace diaspora::runner {
 class LiveView {
  public:
   /// `events_acked` reads the plugin's acknowledged-event counter (0 before it is open).
-  LiveView(const Context& ctx, const InstanceStore& store, const Sites& sites, const Placement& placement,
-           const ActionLog& actions, std::ostream& out, std::function<std::uint64_t(bool*)> events_acked)
-      : ctx_(ctx), store_(store), sites_(sites), placement_(placement), actions_(actions), out_(out),
+  LiveView(const Context& ctx, const InstanceStore& store, const Sites& sites, const ActionLog& actions, std::ostream& out,
+           std::function<std::uint64_t(bool*)> events_acked)
+      : ctx_(ctx), store_(store), sites_(sites), actions_(actions), out_(out),
         events_acked_(std::move(events_acked)) {}
 
   /// Writes one log line: "[   12.3s] text" (the block kept below it when enabled).
@@ -36,14 +35,10 @@ class LiveView {
 
  private:
   void draw();
-  /// A site's health as the view shows it: its slowest task's speed over its recent
-  /// failures and moves.
-  double health(const Site& s, double t) const;
 
   const Context& ctx_;
   const InstanceStore& store_;
   const Sites& sites_;
-  const Placement& placement_;
   const ActionLog& actions_;
   std::ostream& out_;
   std::function<std::uint64_t(bool*)> events_acked_;

@@ -56,7 +56,7 @@ class Runner {
         streams_(ctx_, lifecycle_), jobs_(ctx_, store_, sites_, lifecycle_, streams_, in.base_dir),
         workers_(ctx_, store_, sites_, lifecycle_, actions_, jobs_),
         executor_(ctx_, store_, sites_, lifecycle_, actions_, workers_, streams_), baseline_(ctx_, store_, lifecycle_),
-        view_(ctx_, store_, sites_, placement_, actions_, log, [this](bool* connected) {
+        view_(ctx_, store_, sites_, actions_, log, [this](bool* connected) {
           const diaspora_stats st = plugin_.stats();
           *connected = st.connected != 0;
           return st.events_acked;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "diaspora/site_health.hpp"
+
 namespace diaspora::runner {
 
 namespace {
@@ -60,6 +62,15 @@ void Sites::observe_step_time(Site& s, const std::string& task, double step_time
 void Sites::add_penalty(Site& s, double amount, double t) {
   s.penalty = penalty(s, t) + amount;
   s.penalty_t = t;
+  s.failures = decay_failures(s.failures, t - s.failures_t) + amount;
+  s.failures_t = t;
+}
+
+double Sites::health(const Site& s, double t) const {
+  SiteHealthInputs in;
+  for (const auto& [task, st] : s.step_time) in.speed = std::min(in.speed, speed(s, task, t));
+  in.failures = decay_failures(s.failures, t - s.failures_t);
+  return site_health(in);
 }
 
 double Sites::penalty(const Site& s, double t) { return s.penalty * std::exp(-(t - s.penalty_t) / kPenaltyDecay); }

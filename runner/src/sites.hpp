@@ -52,7 +52,8 @@ struct Site {
   std::unique_ptr<Launcher> launcher;  ///< engine: dask or slurm (nullptr: a local pool)
   double slow_factor = 1, slow_until = 0, next_toggle = 0;  ///< the slow-site fault's duty cycle
   bool stopped_phase = false;
-  double penalty = 0, penalty_t = 0;  ///< decayed count of failures and moves off this site
+  double penalty = 0, penalty_t = 0;  ///< placement's decayed count of failures and moves off this site (60 s)
+  double failures = 0, failures_t = 0;  ///< the same events for site_health() (its half-life)
   long completed = 0, failed = 0;
   bool drained = false;  ///< an operator's drain: nothing new starts here until an undrain
   /// Per task name: the step times seen on this site lately (fast EW mean), over a longer
@@ -82,7 +83,8 @@ class Sites {
 
   /// A step of `task` took `step_time` seconds on `s` at time t (a worker's heartbeat).
   static void observe_step_time(Site& s, const std::string& task, double step_time, double t);
-  /// A failure on s, or a move off it, at time t: counts `amount`, decaying over 60 s.
+  /// A failure on s, or a move off it, at time t: counts `amount` in placement's penalty
+  /// (decaying over 60 s) and in the site's health (diaspora::decay_failures).
   static void add_penalty(Site& s, double amount, double t);
   /// The decayed penalty at time t.
   static double penalty(const Site& s, double t);
@@ -91,6 +93,9 @@ class Sites {
   /// engine's own measure, like a scheduler's duration estimates): in (0, 1], 1 without
   /// data from the last 30 s.
   double speed(const Site& s, const std::string& task, double t) const;
+  /// The site's health as the console and the policies define it (diaspora::site_health):
+  /// its slowest task's speed and its recent failures and moves off it.
+  double health(const Site& s, double t) const;
 
  private:
   std::vector<Site> sites_;

@@ -25,8 +25,21 @@ def run(spec: Path, out: Path, *args: str, timeout: float = 120) -> subprocess.C
     return p
 
 
+REPORT_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "run-report.schema.json"
+_report_validator = None
+
+
 def report(out: Path) -> dict:
-    return json.loads((out / "report.json").read_text())
+    """OUT/report.json, held to schemas/run-report.schema.json (every runner test's report)."""
+    global _report_validator
+    import jsonschema
+    if _report_validator is None:
+        _report_validator = jsonschema.Draft202012Validator(json.loads(REPORT_SCHEMA.read_text()))
+    rep = json.loads((out / "report.json").read_text())
+    errors = sorted(_report_validator.iter_errors(rep), key=lambda e: list(e.absolute_path))
+    assert not errors, "report.json does not match run-report.schema.json:\n" + "\n".join(
+        f"  {'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors[:10])
+    return rep
 
 
 def instance(rep: dict, iid: str) -> dict:

@@ -320,3 +320,25 @@ def test_a_sigkilled_runner_takes_its_workers_and_commands_with_it(tmp_path):
         for pid, cmd in rn.process_cmdlines():
             if marker.encode() in cmd:
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_report_is_held_to_its_schema(tmp_path):
+    import copy
+    import json
+    import jsonschema
+    spec = rn.write_spec(tmp_path, "version: 1\nname: schema\n" + SITE +
+                         "tasks:\n  - {name: t, kind: sleep, args: {seconds: 0.2}, count: 2, deadline: 30s}\n")
+    out = tmp_path / "out"
+    assert rn.run(spec, out).returncode == 0
+    rep = rn.report(out)  # valid (rn.report checks every report it reads)
+    v = jsonschema.Draft202012Validator(json.loads(rn.REPORT_SCHEMA.read_text()))
+    bad = []
+    for mutate in (lambda r: r.__setitem__("interrupted", True),
+                   lambda r: r["instances"][0]["attempts"][0].__setitem__("outcome", "vanished"),
+                   lambda r: r["summary"].pop("deadline_misses"),
+                   lambda r: r["instances"][0].__setitem__("state", "pending"),
+                   lambda r: r.__setitem__("extra", 1)):
+        r = copy.deepcopy(rep)
+        mutate(r)
+        bad.append(not v.is_valid(r))
+    assert bad == [True] * 5

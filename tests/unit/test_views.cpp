@@ -121,6 +121,8 @@ TEST(Views, MaterialiseTasksSitesActionsAndWorkflows) {
   EXPECT_EQ(b.at("state").as_string(), "down");
   EXPECT_EQ(b.at("health").as_double(), 0.0);
   EXPECT_GT(a.at("health").as_double(), 0.9);
+  EXPECT_DOUBLE_EQ(b.at("failures").as_double(), 1.0);  // its one failure, just now: site_health()'s input
+  EXPECT_DOUBLE_EQ(a.at("failures").as_double(), 0.0);
   EXPECT_EQ(b.at("scores").as_array().size(), 1u);
   EXPECT_EQ(b.at("explanation").as_string(), "step time 8x");
 

@@ -98,12 +98,12 @@ struct PolicyOptions {
   int min_observations = 10;        ///< ewma / holt-winters / cusum / forecast warm-up
   double forecast_horizon_s = 300;  ///< `forecast` fires when the crossing is this close
   double health_alpha = 0.1;        ///< EW weight of one evaluation in a site's anomaly level
-  double failure_half_life_s = 600; ///< decay of a site's failure count
+  double failure_half_life_s = 600; ///< decay of a site's failure count (kSiteFailureHalfLifeS)
   double min_target_health = 0.1;   ///< migrate/speculate never pick a site below this
   double task_ttl_s = 6 * 3600.0;   ///< tasks silent this long are forgotten (by tick())
 };
 
-/// The parts of a site's health score (site_health() is their product; see docs).
+/// The parts of a site's health score (diaspora::site_health() of them, site_health.hpp).
 struct SiteHealth {
   double health = 0;        ///< [0, 1]
   double speed = 0;         ///< declared speed / fastest declared speed
