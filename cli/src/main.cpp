@@ -34,10 +34,8 @@ int cmd_validate(const std::vector<std::string>& files, bool quiet) {
     if (r.ok()) {
       // The policies must also compile into rules (the checks only the resilience engine
       // can make, e.g. phi-accrual on a signal that is not a heartbeat).
-      try {
-        diaspora::resilience::PolicyEngine engine(*r.spec);
-      } catch (const diaspora::SpecError& e) {
-        r.diagnostics = e.diagnostics();
+      if (auto found = diaspora::resilience::check_policies(*r.spec); !found.empty()) {
+        r.diagnostics = std::move(found);
         r.spec.reset();
       }
     }

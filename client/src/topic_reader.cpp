@@ -3,7 +3,8 @@
 #include <boost/json/value.hpp>
 
 #include <algorithm>
-#include <fstream>
+
+#include "diaspora/token.hpp"
 
 namespace diaspora {
 
@@ -11,10 +12,12 @@ namespace json = boost::json;
 
 RelayClientOptions relay_options_from_files(const std::string& url, const std::filesystem::path& ca_file,
                                             const std::filesystem::path& token_file, const std::string& client_id) {
-  std::ifstream f(token_file);
   std::string token;
-  if (!f || !std::getline(f, token) || token.empty())
-    throw RelayClientError("cannot read a token from " + token_file.string() + " (its first line is the bearer token)");
+  try {
+    token = load_token_file(token_file);  // core's one reader (trimmed), as every other client
+  } catch (const Error& e) {
+    throw RelayClientError(std::string("cannot read a token: ") + e.what());
+  }
   RelayClientOptions o;
   o.url = url;
   o.ca_file = ca_file;

@@ -7,6 +7,7 @@
 
 #include "diaspora/crc32c.hpp"
 #include "diaspora/error.hpp"
+#include "diaspora/files.hpp"
 
 namespace diaspora {
 namespace {
@@ -141,11 +142,7 @@ ScanFile read_scan_file(const std::filesystem::path& file) {
   const auto size = std::filesystem::file_size(file, ec);
   if (ec) throw Error(file.string() + ": cannot read the scan file: " + ec.message());
   if (size > (std::uintmax_t{1} << 30)) throw Error(file.string() + ": " + std::to_string(size) + " bytes, over the 1 GiB limit of a scan file");
-  std::ifstream in(file, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (!in) throw Error(file.string() + ": cannot read the scan file");
-  return decode_scan(ss.str(), file.string());
+  return decode_scan(read_file(file), file.string());
 }
 
 }  // namespace diaspora

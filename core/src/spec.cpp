@@ -1,4 +1,5 @@
 #include "diaspora/spec.hpp"
+#include "diaspora/files.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -436,11 +437,11 @@ std::string read_yaml_file(const std::filesystem::path& file, std::uintmax_t max
   if (size > max_bytes)
     return fail("file of " + std::to_string(size) + " bytes is larger than the " + std::to_string(max_bytes >> 20) +
                 " MiB limit for a " + std::string(kind));
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return fail("cannot open for reading");
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return buf.str();
+  try {
+    return read_file(file, max_bytes);
+  } catch (const Error&) {
+    return fail("cannot open for reading");
+  }
 }
 
 SpecLoadResult load_spec_file(const std::filesystem::path& file) {

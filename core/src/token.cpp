@@ -1,4 +1,5 @@
 #include "diaspora/token.hpp"
+#include "diaspora/files.hpp"
 
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
@@ -76,11 +77,12 @@ void check_secret(std::string_view secret) {
 }  // namespace
 
 std::string load_secret_file(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) refuse(TokenErrc::bad_secret, file.string() + ": cannot open the secret file");
-  std::stringstream buf;
-  buf << in.rdbuf();
-  std::string s = buf.str();
+  std::string s;
+  try {
+    s = read_file(file, 1 << 20);
+  } catch (const Error&) {
+    refuse(TokenErrc::bad_secret, file.string() + ": cannot open the secret file");
+  }
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
   try {
     check_secret(s);
@@ -91,11 +93,7 @@ std::string load_secret_file(const std::filesystem::path& file) {
 }
 
 std::string load_token_file(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw Error(file.string() + ": cannot read the token file");
-  std::stringstream buf;
-  buf << in.rdbuf();
-  std::string t = buf.str();
+  std::string t = read_file(file, 1 << 20);
   while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) t.pop_back();
   if (t.empty()) throw Error(file.string() + ": the token file is empty");
   return t;

@@ -164,6 +164,23 @@ pid_t spawn(const SpawnSpec& spec) {
   return pid;
 }
 
+ProgressHook apply_progress_line(const ProgressLine& pl, diaspora_task_info& info, std::vector<diaspora_metric_value>& metrics) {
+  switch (pl.kind) {
+    case ProgressLine::Kind::none: return ProgressHook::none;
+    case ProgressLine::Kind::progress:
+      info.progress = pl.value;
+      info.step = pl.step;
+      return ProgressHook::progress;
+    case ProgressLine::Kind::metric:
+      metrics = pl.metric_values();
+      info.metrics = metrics.data();
+      info.metric_count = metrics.size();
+      return ProgressHook::heartbeat;
+    case ProgressLine::Kind::heartbeat: return ProgressHook::heartbeat;
+  }
+  return ProgressHook::none;
+}
+
 ProgressLine parse_progress_line(const std::string& line) {
   ProgressLine out;
   std::istringstream in(line);

@@ -134,11 +134,11 @@ SampleLayout buffer_layout(const Stream& s, const TrainerConfig& cfg) {
 }
 
 std::string read_text(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw RehearsalError("cannot read " + file.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  try {
+    return read_file(file);
+  } catch (const Error& e) {
+    throw RehearsalError(std::string("cannot read ") + e.what());
+  }
 }
 
 void Job::setup_groups() {

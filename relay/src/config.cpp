@@ -28,9 +28,7 @@ RelayConfig load_relay_config(const std::filesystem::path& file) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(file, ec))
     throw SpecError({Diagnostic{file.string(), 0, 0, "", "no such file"}});
-  std::ifstream in(file);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  YamlDocument doc = parse_yaml(text, file.string());
+  YamlDocument doc = parse_yaml(read_yaml_file(file, 1 << 20, "relay configuration"), file.string());
   auto diags = validate_yaml(doc, "relay.schema.json", file.string());
   if (!diags.empty()) throw SpecError(std::move(diags));
 

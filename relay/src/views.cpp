@@ -589,10 +589,7 @@ Views::Views(const LogStore& store, Options options) : store_(store), opt_(std::
     st_->note = "snapshot set aside (" + why + "): rebuilt from the log";
   };
   try {
-    std::ifstream f(file);
-    std::stringstream text;
-    text << f.rdbuf();
-    const json::object root = json::parse(text.str()).as_object();
+    const json::object root = json::parse(read_file(file)).as_object();
     if (root.at("format").to_number<int>() != kSnapshotFormat) {
       set_aside("another format");
       return;

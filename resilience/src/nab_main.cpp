@@ -3,6 +3,9 @@
 // and write NAB result files. See docs/anomaly.md.
 #include <CLI/CLI.hpp>
 
+#include "diaspora/error.hpp"
+#include "diaspora/files.hpp"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -171,12 +174,12 @@ res::Ensemble::Config load_config(const std::string& path) {
   return c;
 }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw InputError{p.string(), 0, "cannot read"};
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return std::move(ss).str();
+std::string read_input(const fs::path& p) {
+  try {
+    return diaspora::read_file(p);
+  } catch (const diaspora::Error&) {
+    throw InputError{p.string(), 0, "cannot read"};
+  }
 }
 
 }  // namespace
@@ -243,7 +246,7 @@ int main(int argc, char** argv) {
     std::string text;
     std::vector<Row> rows;
     try {
-      text = read_file(file);
+      text = read_input(file);
       rows = parse_series(file.string(), text);
     } catch (const InputError& e) {
       std::cerr << e.file << ":" << e.line << ": " << e.message << "\n";

@@ -932,4 +932,13 @@ std::optional<SiteHealth> PolicyEngine::site_health_detail(std::string_view site
 std::size_t PolicyEngine::tracked_tasks() const noexcept { return impl_->tasks_.size(); }
 std::size_t PolicyEngine::policy_count() const noexcept { return impl_->policies_.size(); }
 
+std::vector<Diagnostic> check_policies(const WorkflowSpec& spec) {
+  try {
+    PolicyEngine engine(spec);
+  } catch (const SpecError& e) {
+    return e.diagnostics();
+  }
+  return {};
+}
+
 }  // namespace diaspora::resilience

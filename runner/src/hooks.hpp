@@ -24,6 +24,9 @@ class Hooks {
   virtual void task_progress(const Attempt& a, double progress, long step, const std::vector<diaspora_metric_value>& metrics) = 0;
   /// A heartbeat, with optional metrics.
   virtual void task_heartbeat(const Attempt& a, const std::vector<diaspora_metric_value>& metrics) = 0;
+  /// What a command wrote on its progress channel, told as every adapter tells it
+  /// (adapters::apply_progress_line: progress, or a heartbeat with its metrics).
+  virtual void task_progress_line(const Attempt& a, const ProgressLine& line) = 0;
   virtual void task_completed(const Attempt& a) = 0;
   /// The attempt failed (or was stopped to recover it); `retryable` tells the policies a
   /// restart may help.

@@ -148,12 +148,8 @@ void LocalPools::on_command_line(Slot& slot, const std::string& line) {
   const ProgressLine pl = parse_progress_line(line);
   if (pl.kind == ProgressLine::Kind::none) return;
   a.last_beat = ctx_.now();
-  if (pl.kind == ProgressLine::Kind::progress) {
-    a.progress = pl.value;
-    ctx_.hooks.task_progress(a, pl.value, pl.step, {});
-  } else {
-    ctx_.hooks.task_heartbeat(a, pl.metric_values());  // a metric report, or a plain heartbeat
-  }
+  if (pl.kind == ProgressLine::Kind::progress) a.progress = pl.value;
+  ctx_.hooks.task_progress_line(a, pl);
 }
 
 void LocalPools::on_exit(Site& s, Slot& slot, bool worker, int status) {

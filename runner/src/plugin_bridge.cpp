@@ -118,6 +118,16 @@ void PluginBridge::task_heartbeat(const Attempt& a, const std::vector<diaspora_m
   lib_->task_heartbeat(plugin_, &i);
 }
 
+void PluginBridge::task_progress_line(const Attempt& a, const ProgressLine& line) {
+  auto i = info(a);
+  std::vector<diaspora_metric_value> mv;
+  switch (adapters::apply_progress_line(line, i, mv)) {
+    case adapters::ProgressHook::progress: lib_->task_progress(plugin_, &i); break;
+    case adapters::ProgressHook::heartbeat: lib_->task_heartbeat(plugin_, &i); break;
+    case adapters::ProgressHook::none: break;
+  }
+}
+
 void PluginBridge::task_completed(const Attempt& a) {
   auto i = info(a);
   i.has_exit_code = 1;

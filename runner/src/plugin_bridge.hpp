@@ -53,6 +53,7 @@ class PluginBridge final : public Hooks {
   void task_started(const Attempt& a, const std::string& worker) override;
   void task_progress(const Attempt& a, double progress, long step, const std::vector<diaspora_metric_value>& metrics) override;
   void task_heartbeat(const Attempt& a, const std::vector<diaspora_metric_value>& metrics) override;
+  void task_progress_line(const Attempt& a, const ProgressLine& line) override;
   void task_completed(const Attempt& a) override;
   void task_failed(const Attempt& a, bool retryable, const std::string& reason) override;
   void task_cancelled(const Attempt& a, const std::string& reason) override;

@@ -25,8 +25,8 @@
 #include "diaspora/files.hpp"
 #include "worker.hpp"
 
-#ifndef DIASPORA_PYTHON_SOURCE_DIR
-#define DIASPORA_PYTHON_SOURCE_DIR ""
+#ifndef DIASPORA_RUNNER_PYTHON_DIR
+#define DIASPORA_RUNNER_PYTHON_DIR ""
 #endif
 
 namespace diaspora::runner {
@@ -84,10 +84,11 @@ Captured run_captured(const std::vector<std::string>& argv, const fs::path& scra
     ::usleep(5000);
   }
   auto slurp = [](const fs::path& p) {
-    std::ifstream f(p);
-    std::stringstream s;
-    s << f.rdbuf();
-    return s.str();
+    try {
+      return read_file(p);
+    } catch (const Error&) {
+      return std::string();  // the command wrote nothing there
+    }
   };
   c.out = slurp(out);
   c.err = slurp(err);
@@ -101,19 +102,18 @@ std::string trim(std::string s) {
   return s;
 }
 
-// ---- Dask: the bridge process (engine-adapters/python/diaspora/dask_bridge.py) ----------
+// ---- Dask: the bridge process (runner/python/dask_bridge.py) -----------------------------
 
-// The folder holding the `diaspora` Python package: $DIASPORA_PYTHONPATH, the source tree
-// this binary was built from, or the installed share/diaspora/python.
-std::string python_package_dir() {
-  std::vector<fs::path> c;
-  if (const char* e = std::getenv("DIASPORA_PYTHONPATH"); e && *e) c.emplace_back(e);
-  c.emplace_back(DIASPORA_PYTHON_SOURCE_DIR);
-  c.push_back(self_executable().parent_path().parent_path() / "share" / "diaspora" / "python");
+// The runner's Dask bridge script: in the source tree this binary was built from, or the
+// installed share/diaspora/runner. It imports nothing of Diaspora's (run as a script, its
+// Dask task is pickled by value: Dask workers need diaspora-run, not a Python package).
+std::string bridge_script() {
+  const fs::path c[] = {fs::path(DIASPORA_RUNNER_PYTHON_DIR) / "dask_bridge.py",
+                        self_executable().parent_path().parent_path() / "share" / "diaspora" / "runner" / "dask_bridge.py"};
   for (const auto& p : c)
-    if (!p.empty() && fs::exists(p / "diaspora" / "dask_bridge.py")) return p.string();
-  throw Error("the `diaspora` Python package (dask_bridge.py) is not in the source tree nor installed; "
-              "set DIASPORA_PYTHONPATH to the folder holding it (engine-adapters/python)");
+    if (fs::exists(p)) return p.string();
+  throw Error("diaspora-run's Dask bridge (dask_bridge.py) is neither in the source tree (" + c[0].string() +
+              ") nor installed (" + c[1].string() + "): reinstall diaspora-run");
 }
 
 class DaskLauncher final : public Launcher {
@@ -130,15 +130,13 @@ class DaskLauncher final : public Launcher {
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) throw Error("socketpair failed");
     SpawnSpec sp;
-    sp.argv = {python, "-m", "diaspora.dask_bridge", "--site", site_, "--endpoint", endpoint_,
+    sp.argv = {python, bridge_script(), "--site", site_, "--endpoint", endpoint_,
                "--workers", std::to_string(site.workers), "--fd", "3"};
     if (auto it = site.attributes.find("dask_workers"); it != site.attributes.end() && it->second.is_string())
       sp.argv.insert(sp.argv.end(), {"--restrict", std::string(it->second.get_string())});
     if (auto it = site.attributes.find("connect_timeout"); it != site.attributes.end() && it->second.is_number())
       sp.argv.insert(sp.argv.end(), {"--connect-timeout", std::to_string(it->second.to_number<double>())});
-    std::string pp = python_package_dir();
-    if (const char* old = std::getenv("PYTHONPATH"); old && *old) pp += std::string(":") + old;
-    sp.env_extra = {"PYTHONPATH=" + pp, "PYTHONUNBUFFERED=1"};
+    sp.env_extra = {"PYTHONUNBUFFERED=1"};
     sp.fds = {{sv[1], 3}};
     sp.stdout_file = log_;
     sp.stderr_file = log_;

@@ -103,11 +103,8 @@ void absolutize(json::value& root, std::initializer_list<const char*> path, cons
 }
 
 void compile_policies(const WorkflowSpec& spec, std::vector<Diagnostic>& out) {
-  try {
-    resilience::PolicyEngine engine(spec);
-  } catch (const SpecError& e) {
-    out.insert(out.end(), e.diagnostics().begin(), e.diagnostics().end());
-  }
+  const std::vector<Diagnostic> found = resilience::check_policies(spec);
+  out.insert(out.end(), found.begin(), found.end());
 }
 
 // What the runner needs beyond the schema: engines it drives, the kinds' args, resources.

@@ -6,6 +6,7 @@ callback; `required: false`; the GIL is released while the plugin blocks."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -201,3 +202,33 @@ def test_the_gil_is_free_while_close_waits_for_an_absent_relay(token, tmp_path, 
     with diaspora.Plugin.open(spec) as again:  # the spool is replayed on the next open
         assert again.stats()["spool_records"] >= 50
         again.close(0)
+
+
+def test_task_knows_no_engine_and_reports_through_an_adapters_context_hook():
+    # diaspora.task imports no engine (the Dask adapter registers its hook, not the reverse).
+    code = ("import sys; import diaspora.task; "
+            "print(sorted(m for m in ('dask', 'distributed', 'diaspora.dask') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO / "engine-adapters" / "python")})
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+    from diaspora import task
+    from diaspora.channel import Listener
+    got = []
+    listener = Listener(got.append)
+    try:
+        ctx = task.EngineContext("k.0", listener.address)
+        task.set_context_hook(lambda: ctx)
+        try:
+            task.step(rows=3)
+            task.progress(0.5, step=1)
+        finally:
+            task.set_context_hook(None)
+        task.step()  # no hook, no Call: a no-op
+        deadline = time.monotonic() + 5
+        while len(got) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        listener.close()
+    kinds = [(m["t"], m["k"]) for m in got]
+    assert kinds == [("k.0", "hb"), ("k.0", "progress")], got
+    assert got[0]["m"]["rows"] == 3.0 and got[0]["m"]["step_time_s"] >= 0

@@ -30,7 +30,7 @@ def remote_leftovers(stdout: str, site: str) -> list[str]:
     assert m, stdout
     addr = m.group(1).encode()
     return [b" ".join(cmd).decode(errors="replace") for _, cmd in rn.process_cmdlines()
-            if addr in cmd or (b"diaspora.dask_bridge" in cmd and site.encode() in cmd)]
+            if addr in cmd or (any(c.endswith(b"dask_bridge.py") for c in cmd) and site.encode() in cmd)]
 
 
 def test_dask_local_cluster_site_survives_a_killed_dask_worker(tmp_path):

@@ -42,6 +42,7 @@ struct RecordingHooks final : Hooks {
     calls.push_back("progress " + a.hook_id);
   }
   void task_heartbeat(const Attempt& a, const std::vector<diaspora_metric_value>&) override { calls.push_back("heartbeat " + a.hook_id); }
+  void task_progress_line(const Attempt& a, const ProgressLine&) override { calls.push_back("line " + a.hook_id); }
   void task_completed(const Attempt& a) override { calls.push_back("completed " + a.hook_id); }
   void task_failed(const Attempt& a, bool retryable, const std::string& reason) override {
     calls.push_back("failed " + a.hook_id + (retryable ? " retryable: " : ": ") + reason);

@@ -50,3 +50,27 @@ TEST(ProgressLine, BadMetricLinesAreIgnoredWhole) {
   EXPECT_EQ(parse_progress_line("heartbeat").kind, Kind::heartbeat);
   EXPECT_EQ(parse_progress_line("hello").kind, Kind::none);
 }
+
+TEST(ProgressLine, EachKindIsToldWithItsHookAndFields) {
+  using diaspora::adapters::apply_progress_line;
+  using diaspora::adapters::ProgressHook;
+  std::vector<diaspora_metric_value> mv;
+  diaspora_task_info i{};
+  i.step = -1;
+  EXPECT_EQ(apply_progress_line(parse_progress_line("progress 0.5 12"), i, mv), ProgressHook::progress);
+  EXPECT_EQ(i.progress, 0.5);
+  EXPECT_EQ(i.step, 12);
+  EXPECT_EQ(i.metric_count, 0u);
+  diaspora_task_info m{};
+  const auto metrics = parse_progress_line("metric rows 6000 mb 12.5");  // the names are views into it
+  EXPECT_EQ(apply_progress_line(metrics, m, mv), ProgressHook::heartbeat);
+  ASSERT_EQ(m.metric_count, 2u);
+  EXPECT_STREQ(m.metrics[0].name, "rows");
+  EXPECT_EQ(m.metrics[1].value, 12.5);
+  diaspora_task_info h{};
+  EXPECT_EQ(apply_progress_line(parse_progress_line("heartbeat"), h, mv), ProgressHook::heartbeat);
+  EXPECT_EQ(h.metrics, nullptr);
+  diaspora_task_info n{};
+  EXPECT_EQ(apply_progress_line(parse_progress_line("progress 2"), n, mv), ProgressHook::none);
+  EXPECT_EQ(n.progress, 0.0);
+}

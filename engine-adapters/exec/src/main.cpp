@@ -333,52 +333,35 @@ int main(int argc, char** argv) {
       break;
     }
     ::close(pfd[1]);
-    ::fcntl(pfd[0], F_SETFL, O_NONBLOCK);
+    diaspora::adapters::LineChannel progress(pfd[0]);  // non-blocking reads, one report a line
     rep.call(&PluginLibrary::task_started, info, "started");
 
-    std::string pbuf;
     double last_cpu = 0, last_sample = mono(), last_activity = mono(), next_beat = mono() + o.heartbeat_s;
     double kill_at = -1;  // SIGKILL the group then (after SIGTERM for cancel / restart)
     bool hung = false, cancelled = false, restarting = false;
     std::string stop_action, stop_reason;
-    // What the command wrote on its progress channel: read without blocking, one report
-    // per line. Also called once after it exited (lines written just before the exit).
+    // What the command wrote on its progress channel. Also called once after it exited
+    // (lines written just before the exit).
     auto read_progress = [&] {
-      char buf[4096];
-      ssize_t n;
-      while ((n = ::read(pfd[0], buf, sizeof buf)) > 0) pbuf.append(buf, static_cast<std::size_t>(n));
-      if (n == 0) {
-        ::close(pfd[0]);
-        pfd[0] = -1;
-      }
-      std::size_t nl;
-      while ((nl = pbuf.find('\n')) != std::string::npos) {
-        const auto pl = diaspora::adapters::parse_progress_line(pbuf.substr(0, nl));
-        pbuf.erase(0, nl + 1);
-        if (pl.kind == diaspora::adapters::ProgressLine::Kind::none) continue;
-        last_activity = mono();
+      const bool open = progress.fill();
+      while (auto line = progress.next_line()) {
         auto i = info;
-        const std::vector<diaspora_metric_value> mv = pl.metric_values();
-        if (pl.kind == diaspora::adapters::ProgressLine::Kind::progress) {
-          i.progress = pl.value;
-          i.step = pl.step;
-          rep.call(&PluginLibrary::task_progress, i, "progress");
-        } else {
-          if (pl.kind == diaspora::adapters::ProgressLine::Kind::metric) {
-            i.metrics = mv.data();
-            i.metric_count = mv.size();
-          }
-          if (!hung) rep.call(&PluginLibrary::task_heartbeat, i, "heartbeat");
-        }
+        std::vector<diaspora_metric_value> mv;  // views into pl: both live until the hook is called
+        const auto pl = diaspora::adapters::parse_progress_line(*line);
+        const auto hook = diaspora::adapters::apply_progress_line(pl, i, mv);
+        if (hook == diaspora::adapters::ProgressHook::none) continue;
+        last_activity = mono();
+        if (hook == diaspora::adapters::ProgressHook::progress) rep.call(&PluginLibrary::task_progress, i, "progress");
+        else if (!hung) rep.call(&PluginLibrary::task_heartbeat, i, "heartbeat");
       }
-      if (pbuf.size() > 65536) pbuf.clear();  // a line that never ends
+      if (!open) progress.close();
     };
     int status = 0;
     rusage ru{};
     while (true) {
       const pid_t w = ::wait4(child, &status, WNOHANG, &ru);
       if (w == child) {
-        if (pfd[0] >= 0) read_progress();
+        if (progress.fd() >= 0) read_progress();
         break;
       }
       const double now = mono();
@@ -388,14 +371,14 @@ int main(int argc, char** argv) {
       }
       double wait_s = std::max(0.0, next_beat - now);
       if (kill_at > 0) wait_s = std::min(wait_s, std::max(0.0, kill_at - now));
-      pollfd fds[2] = {{g_sig_pipe[0], POLLIN, 0}, {pfd[0], POLLIN, 0}};
-      ::poll(fds, pfd[0] >= 0 ? 2 : 1, static_cast<int>(std::ceil(std::min(wait_s, 1.0) * 1000)));
+      pollfd fds[2] = {{g_sig_pipe[0], POLLIN, 0}, {progress.fd(), POLLIN, 0}};
+      ::poll(fds, progress.fd() >= 0 ? 2 : 1, static_cast<int>(std::ceil(std::min(wait_s, 1.0) * 1000)));
       unsigned char sigs[64];
       ssize_t n;
       while ((n = ::read(g_sig_pipe[0], sigs, sizeof sigs)) > 0)
         for (ssize_t k = 0; k < n; ++k)
           if (sigs[k] != 0 && sigs[k] != SIGCHLD) diaspora::adapters::signal_group(child, sigs[k]);
-      if (pfd[0] >= 0 && (fds[1].revents & (POLLIN | POLLHUP))) read_progress();
+      if (progress.fd() >= 0 && (fds[1].revents & (POLLIN | POLLHUP))) read_progress();
       for (const auto& a : rep.take_actions()) {
         const std::string id = a.id;
         if (std::string(a.task_id) != o.task) {
@@ -451,7 +434,7 @@ int main(int argc, char** argv) {
         next_beat = t + o.heartbeat_s;
       }
     }
-    if (pfd[0] >= 0) ::close(pfd[0]);
+    progress.close();
     diaspora::adapters::signal_group(child, SIGKILL);  // what the command left behind in its group
     {
       auto i = info;

@@ -77,6 +77,15 @@ struct ProgressLine {
 };
 ProgressLine parse_progress_line(const std::string& line);
 
+/// Which plugin hook a progress line is reported with.
+enum class ProgressHook { none, progress, heartbeat };
+/// How a progress line is told to the plugin, the same for every engine adapter: progress
+/// -> task_progress with the fraction and the step; metric -> task_heartbeat with the
+/// metrics; heartbeat -> task_heartbeat. Sets those fields of `info` (the metrics view into
+/// `metrics`, whose names view into `pl`: both must outlive the call of the hook) and
+/// returns the hook to call. Pure: any thread.
+ProgressHook apply_progress_line(const ProgressLine& pl, diaspora_task_info& info, std::vector<diaspora_metric_value>& metrics);
+
 /// Executable for a command word as execvp would find it: a word with a '/' as is, else
 /// the first PATH entry holding an executable file of that name. nullopt when none.
 std::optional<std::filesystem::path> find_program(const std::string& word);

@@ -319,6 +319,27 @@ async def _maybe_await(x):
     return x
 
 
+class _DaskTaskContexts:
+    """diaspora.task's context hook in a Dask worker: the task executing on this thread
+    (distributed's thread_state.key) reports to the scheduler plugin under its key."""
+
+    def __init__(self, address: str):
+        self.address = address
+        self._local = threading.local()
+
+    def __call__(self):
+        from distributed.worker import thread_state
+
+        key = getattr(thread_state, "key", None)
+        if key is None:
+            return None
+        tid = key_id(key)
+        ctx = getattr(self._local, "ctx", None)
+        if ctx is None or ctx.task_id != tid:
+            ctx = self._local.ctx = _task.EngineContext(tid, self.address)
+        return ctx
+
+
 class DiasporaWorkerPlugin(WorkerPlugin):
     """In each worker: a heartbeat every `heartbeat_s` for each executing task, with the
     worker process's CPU use (cores) and resident memory; and diaspora.task.step() /
@@ -333,26 +354,27 @@ class DiasporaWorkerPlugin(WorkerPlugin):
     def setup(self, worker) -> None:
         self._worker = worker
         self._done = threading.Event()
-        _task._dask_address = self.address
+        _task.set_context_hook(_DaskTaskContexts(self.address))
         self._thread = threading.Thread(target=self._beat, name="diaspora-worker-heartbeat", daemon=True)
         self._thread.start()
 
     def teardown(self, worker) -> None:
+        _task.set_context_hook(None)
         self._done.set()
         self._thread.join(timeout=2)
 
     def _beat(self) -> None:
         prev = [0.0, time.monotonic()]
-        _task._resource_sample(prev)
+        _task.resource_sample(prev)
         while not self._done.wait(self.heartbeat_s):
             try:
                 executing = [ts.key for ts in list(self._worker.state.executing)]
             except Exception:
                 continue
             if not executing:
-                _task._resource_sample(prev)
+                _task.resource_sample(prev)
                 continue
-            m = _task._resource_sample(prev)
+            m = _task.resource_sample(prev)
             for key in executing:
                 Sender.send(self.address, {"t": key_id(key), "k": "hb", "m": m})
 

@@ -61,12 +61,10 @@ class _Context:
             self.checkpoint.set()
 
 
-_dask_address: str | None = None  # set in Dask workers by diaspora.dask.DiasporaWorkerPlugin
-
-
-class _DaskContext:
-    """A Dask task's stand-in for an attempt context: reports go to the scheduler plugin
-    under the task's key; no stop or checkpoint channel."""
+class EngineContext:
+    """A task's reporting context where an engine runs the task itself (no `Call` around it,
+    as in a Dask task): reports go to `address` under the task id; no stop or checkpoint
+    channel. Engine adapters make these in their context hooks (set_context_hook)."""
 
     def __init__(self, task_id: str, address: str):
         self.task_id = task_id
@@ -80,24 +78,25 @@ class _DaskContext:
         Sender.send(self.address, {"t": self.task_id, "k": kind, **fields})
 
 
+# The engine adapter's hook (None: none registered): returns the context of the task running
+# on the calling thread, or None. This module knows no engine; each adapter module
+# registers its own (diaspora.dask does in its worker plugin).
+_context_hook = None
+
+
+def set_context_hook(hook) -> None:
+    """Registers `hook() -> EngineContext | None`, asked by step(), progress() and metric()
+    on threads no `Call` runs on; None removes it. For engine adapters (one per process)."""
+    global _context_hook
+    _context_hook = hook
+
+
 def _context():
     ctx = getattr(_local, "ctx", None)
-    if ctx is not None or _dask_address is None:
+    if ctx is not None:
         return ctx
-    try:
-        from distributed.worker import thread_state
-    except ImportError:
-        return None
-    key = getattr(thread_state, "key", None)
-    if key is None:
-        return None
-    from .dask import key_id
-
-    tid = key_id(key)
-    dctx = getattr(_local, "dask", None)
-    if dctx is None or dctx.task_id != tid:
-        dctx = _local.dask = _DaskContext(tid, _dask_address)
-    return dctx
+    hook = _context_hook
+    return hook() if hook is not None else None
 
 
 def current() -> tuple[str, int] | None:
@@ -146,7 +145,10 @@ def checkpoint_requested() -> bool:
     return True
 
 
-def _resource_sample(prev: list[float]) -> dict[str, float]:
+def resource_sample(prev: list[float]) -> dict[str, float]:
+    """The process's CPU use (cores since the previous sample) and resident memory (MiB), as
+    heartbeat metrics; `prev` holds [cpu seconds, monotonic time] between calls. For
+    adapters' heartbeats."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
     cpu = ru.ru_utime + ru.ru_stime
     now = time.monotonic()
@@ -179,11 +181,11 @@ class Call:
         control = Listener(ctx.on_control, tag="attempt")
         done = threading.Event()
         prev = [0.0, time.monotonic()]
-        _resource_sample(prev)
+        resource_sample(prev)
 
         def beat():
             while not done.wait(self.heartbeat_s):
-                ctx.send("hb", m=_resource_sample(prev))
+                ctx.send("hb", m=resource_sample(prev))
 
         outer = getattr(_local, "ctx", None)
         _local.ctx = ctx

@@ -170,4 +170,9 @@ class PolicyEngine {
   std::unique_ptr<Impl> impl_;
 };
 
+/// The problems the policy engine finds compiling `spec`'s policies: the checks only it can
+/// make (a detector on a signal it cannot read, phi-accrual on what is not a heartbeat),
+/// each at its place in the spec file. Empty when every policy compiles. Thread-safe.
+std::vector<Diagnostic> check_policies(const WorkflowSpec& spec);
+
 }  // namespace diaspora::resilience

@@ -2,7 +2,7 @@
 
 The runner (C++) starts one bridge per Dask site:
 
-    python3 -m diaspora.dask_bridge --site NAME --endpoint local|tcp://HOST:PORT
+    python3 runner/python/dask_bridge.py --site NAME --endpoint local|tcp://HOST:PORT
                                     --workers N --fd 3 [--restrict ADDR,ADDR...]
                                     [--connect-timeout SECONDS]
 
@@ -126,7 +126,7 @@ class Bridge:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m diaspora.dask_bridge", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="dask_bridge.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--site", required=True)
     ap.add_argument("--endpoint", default="local")
     ap.add_argument("--workers", type=int, default=1)
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         bridge = Bridge(sock, client, restrict)
         info = client.scheduler_info()
         bridge.send({"op": "ready", "scheduler": info.get("address", a.endpoint), "workers": len(info.get("workers", {}))})
-        print(f"diaspora.dask_bridge: site {a.site} on {info.get('address')}, {len(info.get('workers', {}))} workers",
+        print(f"dask_bridge: site {a.site} on {info.get('address')}, {len(info.get('workers', {}))} workers",
               file=sys.stderr, flush=True)
         bridge.serve()
         return 0
