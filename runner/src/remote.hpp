@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "diaspora/spec.hpp"
@@ -105,6 +106,18 @@ struct LaunchContext {
 /// LocalCluster it starts) answers, up to 90 s. Throws diaspora::Error (no Python, no
 /// `distributed`, scheduler unreachable, no `sbatch`) with what to do about it.
 std::unique_ptr<Launcher> make_launcher(const SiteSpec& site, const LaunchContext& ctx);
+
+/// The launchers behind make_launcher() (dask_launcher.cpp, slurm_launcher.cpp).
+std::unique_ptr<Launcher> make_dask_launcher(const SiteSpec& site, const LaunchContext& ctx);
+std::unique_ptr<Launcher> make_slurm_launcher(const SiteSpec& site, const LaunchContext& ctx);
+
+/// Seconds of the steady clock (for the remote parts' timeouts). Any thread.
+double monotonic_s();
+/// The last non-empty line of a file (a log's last word on why something ended; at most
+/// 400 bytes), or "" when there is none.
+std::string last_line(const std::filesystem::path& file);
+/// "HOST:PORT" split at the last ':'. Throws diaspora::Error when the port is missing.
+std::pair<std::string, std::string> split_host_port(const std::string& address);
 
 /// The one-shot remote worker: connects to `address`, says hello with `key`, then runs
 /// worker_main() on the connection. Returns its exit status (2: could not connect).

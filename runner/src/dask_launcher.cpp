@@ -1,0 +1,172 @@
+// The Dask site's launcher: one bridge process per site (runner/python/dask_bridge.py),
+// each attempt one Dask task (remote.hpp).
+#include "remote.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/json/serialize.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "diaspora/error.hpp"
+#include "diaspora/files.hpp"
+
+#ifndef DIASPORA_RUNNER_PYTHON_DIR
+#define DIASPORA_RUNNER_PYTHON_DIR ""
+#endif
+
+namespace diaspora::runner {
+
+namespace fs = std::filesystem;
+namespace json = boost::json;
+
+namespace {
+
+// ---- Dask: the bridge process (runner/python/dask_bridge.py) -----------------------------
+
+// The runner's Dask bridge script: in the source tree this binary was built from, or the
+// installed share/diaspora/runner. It imports nothing of Diaspora's (run as a script, its
+// Dask task is pickled by value: Dask workers need diaspora-run, not a Python package).
+std::string bridge_script() {
+  const fs::path c[] = {fs::path(DIASPORA_RUNNER_PYTHON_DIR) / "dask_bridge.py",
+                        self_executable().parent_path().parent_path() / "share" / "diaspora" / "runner" / "dask_bridge.py"};
+  for (const auto& p : c)
+    if (fs::exists(p)) return p.string();
+  throw Error("diaspora-run's Dask bridge (dask_bridge.py) is neither in the source tree (" + c[0].string() +
+              ") nor installed (" + c[1].string() + "): reinstall diaspora-run");
+}
+
+class DaskLauncher final : public Launcher {
+ public:
+  DaskLauncher(const SiteSpec& site, const LaunchContext& ctx) : site_(site.name) {
+    endpoint_ = site.endpoint.value_or("local");
+    const char* py = std::getenv("DIASPORA_PYTHON");
+    const std::string python = py && *py ? py : "/usr/bin/python3";
+    if (::access(python.c_str(), X_OK) != 0)
+      throw Error("site '" + site_ + "': no Python at " + python + " (scripts/install-deps.sh installs Debian's; "
+                  "DIASPORA_PYTHON names another)");
+    fs::create_directories(ctx.out_dir / "engines");
+    log_ = ctx.out_dir / "engines" / (site_ + ".log");
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) throw Error("socketpair failed");
+    SpawnSpec sp;
+    sp.argv = {python, bridge_script(), "--site", site_, "--endpoint", endpoint_,
+               "--workers", std::to_string(site.workers), "--fd", "3"};
+    if (auto it = site.attributes.find("dask_workers"); it != site.attributes.end() && it->second.is_string())
+      sp.argv.insert(sp.argv.end(), {"--restrict", std::string(it->second.get_string())});
+    if (auto it = site.attributes.find("connect_timeout"); it != site.attributes.end() && it->second.is_number())
+      sp.argv.insert(sp.argv.end(), {"--connect-timeout", std::to_string(it->second.to_number<double>())});
+    sp.env_extra = {"PYTHONUNBUFFERED=1"};
+    sp.fds = {{sv[1], 3}};
+    sp.stdout_file = log_;
+    sp.stderr_file = log_;
+    sp.parent_death_signal = SIGTERM;
+    pid_ = spawn(sp);
+    ::close(sv[1]);
+    ch_ = LineChannel(sv[0]);
+    // Wait for the bridge's "ready" (a LocalCluster takes a few seconds to start).
+    for (const double until = monotonic_s() + 90;;) {
+      pollfd p{ch_.fd(), POLLIN, 0};
+      ::poll(&p, 1, 200);
+      const bool open = ch_.fill();
+      while (auto m = ch_.next()) {
+        const json::value* op = m->if_contains("op");
+        if (op && op->is_string() && op->get_string() == "ready") {
+          if (const json::value* s = m->if_contains("scheduler"); s && s->is_string()) scheduler_ = s->get_string();
+          return;
+        }
+        if (op && op->is_string() && op->get_string() == "error") {
+          const json::value* r = m->if_contains("reason");
+          fail(r && r->is_string() ? std::string(r->get_string()) : "the bridge failed");
+        }
+      }
+      if (!open) fail("the Dask bridge exited (" + last_line(log_) + ")");
+      if (monotonic_s() > until) fail("the Dask scheduler did not answer within 90 s");
+    }
+  }
+
+  ~DaskLauncher() override { shutdown(10); }
+
+  void launch(const std::string& key, const std::string& name, const std::vector<std::string>& argv,
+              const std::vector<std::string>& env) override {
+    json::array a, e;
+    for (const auto& x : argv) a.emplace_back(x);
+    for (const auto& x : env) e.emplace_back(x);
+    if (!ch_.send({{"op", "launch"}, {"key", key}, {"name", name}, {"argv", a}, {"env", e}}))
+      throw Error("the Dask bridge of site '" + site_ + "' is gone (" + last_line(log_) + ")");
+    out_.insert(key);
+  }
+  void connected(const std::string&) override {}
+  void cancel(const std::string& key) noexcept override {
+    if (out_.erase(key)) ch_.send({{"op", "cancel"}, {"key", key}});
+  }
+  std::vector<LaunchEnded> poll() override {
+    std::vector<LaunchEnded> ended;
+    if (ch_.fd() < 0) return ended;
+    const bool open = ch_.fill();
+    while (auto m = ch_.next()) {
+      const json::value* op = m->if_contains("op");
+      const json::value* k = m->if_contains("key");
+      const json::value* r = m->if_contains("reason");
+      if (op && op->is_string() && op->get_string() == "ended" && k && k->is_string()) {
+        out_.erase(std::string(k->get_string()));
+        ended.push_back({std::string(k->get_string()), r && r->is_string() ? std::string(r->get_string()) : "ended"});
+      }
+    }
+    if (!open) {
+      ch_.close();
+      for (const auto& key : out_) ended.push_back({key, "the Dask bridge exited (" + last_line(log_) + ")"});
+      out_.clear();
+    }
+    return ended;
+  }
+  std::string describe() const override { return "Dask scheduler " + scheduler_; }
+  void shutdown(double timeout_s) noexcept override {
+    ch_.close();  // the bridge cancels what is out, closes its client (and cluster) and exits
+    if (pid_ <= 0) return;
+    int st = 0;
+    for (const double until = monotonic_s() + timeout_s; monotonic_s() < until; ::usleep(20000))
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        return;
+      }
+    signal_group(pid_, SIGKILL);
+    ::waitpid(pid_, &st, 0);
+    pid_ = -1;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& why) {
+    shutdown(2);
+    throw Error("site '" + site_ + "' (engine: dask, endpoint " + endpoint_ + "): " + why + "; its log: " + log_.string());
+  }
+
+  std::string site_, endpoint_, scheduler_;
+  fs::path log_;
+  pid_t pid_ = -1;
+  LineChannel ch_;
+  std::set<std::string> out_;  ///< launches the bridge holds
+};
+
+}  // namespace
+
+std::unique_ptr<Launcher> make_dask_launcher(const SiteSpec& site, const LaunchContext& ctx) {
+  return std::make_unique<DaskLauncher>(site, ctx);
+}
+
+}  // namespace diaspora::runner
