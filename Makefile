@@ -38,11 +38,12 @@ demo: build
 bench: build
 	@bash scripts/bench.sh $(BUILD_DIR)
 
-# Under ASan + UBSan (at -O1): every test but those labelled repeat (pure Python, or a path
-# another test already runs: the demo, the benchmarks' tables; docs/building.md, "Tests").
+# Under ASan + UBSan: every test but those labelled repeat (pure Python, or a path another
+# test already runs: the demo, the benchmarks' tables) or training (the trainer's whole runs
+# in C++ tests; its code runs under ASan in the Python tests; docs/building.md, "Tests").
 test-asan:
 	@$(MAKE) --no-print-directory test BUILD_DIR=build-asan BUILD_TYPE=Debug \
-	    CMAKE_FLAGS="-DDIASPORA_SANITIZE=address,undefined -DDIASPORA_BUILD_BENCH=OFF" CTEST_FLAGS="-LE repeat"
+	    CMAKE_FLAGS="-DDIASPORA_SANITIZE=address,undefined -DDIASPORA_BUILD_BENCH=OFF" CTEST_FLAGS="-LE 'repeat|training'"
 
 # Under ThreadSanitizer: the C++ tests (labels unit, plugin: the plugin's concurrency test
 # with many engine threads and a relay, the C ABI test). Python cannot load a TSan library.

@@ -17,6 +17,8 @@
 #include <iostream>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
+#include <vector>
 
 #include "diaspora/certs.hpp"
 #include "diaspora/event.hpp"
@@ -136,6 +138,8 @@ int run_bench(BenchArgs a) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
 
   std::atomic<std::uint64_t> acked{0};
+  std::vector<double> ack_us;  // each publish: sent -> its ack received (µs), every producer
+  std::mutex ack_mutex;
   // Two phases: every producer connected, then (after the main thread's sync) go.
   std::barrier start_line(a.producers + 1);
   std::vector<std::thread> prods;
@@ -152,6 +156,8 @@ int run_bench(BenchArgs a) {
         auto t0 = Clock::now();
         std::uint64_t next = 0, seq = 0;
         std::size_t inflight = 0;
+        std::unordered_map<std::uint64_t, std::int64_t> sent_ns;  // seq -> when it was sent
+        std::vector<double> mine;
         while ((next < per_producer || inflight > 0) && !failed) {
           while (next < per_producer && inflight < a.window) {
             if (per_producer_rate > 0) {  // open-loop pacing for latency runs
@@ -177,6 +183,7 @@ int run_bench(BenchArgs a) {
             }
             frame += frames::kPublishTail;
             client.send(frame);
+            sent_ns[seq - 1] = now_ns();
             next += n;
             ++inflight;
           }
@@ -184,8 +191,14 @@ int run_bench(BenchArgs a) {
           json::object m = client.receive_json();
           if (m["op"] != "ack") throw Error("publish refused: " + json::serialize(m));
           acked += m["count"].to_number<std::uint64_t>();
+          if (auto it = sent_ns.find(m["seq"].to_number<std::uint64_t>()); it != sent_ns.end()) {
+            mine.push_back(static_cast<double>(now_ns() - it->second) / 1000.0);
+            sent_ns.erase(it);
+          }
           --inflight;
         }
+        std::lock_guard lk(ack_mutex);
+        ack_us.insert(ack_us.end(), mine.begin(), mine.end());
       } catch (const std::exception& e) {
         fail(std::string("producer: ") + e.what());
         start_line.arrive_and_drop();
@@ -248,6 +261,8 @@ int run_bench(BenchArgs a) {
                                               {"p50_us", p50},
                                               {"p99_us", p99},
                                               {"p999_us", p999},
+                                              {"ack_p50_us", percentile(ack_us, 0.50)},
+                                              {"ack_p99_us", percentile(ack_us, 0.99)},
                                               {"disk_fdatasync_samples", disk_us.size()},
                                               {"disk_fdatasync_p50_us", disk_p50},
                                               {"disk_fdatasync_p99_us", disk_p99},
@@ -260,6 +275,7 @@ int run_bench(BenchArgs a) {
                 a.fsync.c_str(), a.rate > 0 ? (", rate " + std::to_string(static_cast<long>(a.rate)) + "/s").c_str() : "");
     std::printf("  acked publish: %.0f events/s, %.1f MB/s; all delivered after %.2f s\n", eps, mbps, total_s);
     std::printf("  end-to-end latency: p50 %.0f us, p99 %.0f us, p99.9 %.0f us\n", p50, p99, p999);
+    std::printf("  publish ack latency: p50 %.0f us, p99 %.0f us\n", percentile(ack_us, 0.50), percentile(ack_us, 0.99));
     if (!disk_us.empty())
       std::printf("  disk: 4 KiB append + fdatasync p50 %.0f us, p99 %.0f us (%zu samples)\n", disk_p50, disk_p99,
                   disk_us.size());

@@ -17,7 +17,10 @@
    tasks in the same script. Printed: tasks/s of each, and the runner's CPU per task.
 
 Usage: bench/run/run_bench.py [--build build] [--retry-after 120s] [--tasks 2000] [--workers 2]
-       [--only recovery,slow,throughput]
+       [--only recovery,slow,throughput] [--json]
+--json: no peers (no baseline, no Dask); one JSON line of this build's figures (what
+bench/compare_builds.sh compares between two builds): tasks_per_s, runner_cpu_us_per_task,
+recovery_reaction_mean_s, recovery_total_s.
 """
 
 from __future__ import annotations
@@ -146,6 +149,20 @@ if __name__ == "__main__":
     return tasks / float(p.stdout.strip().splitlines()[-1])
 
 
+def figures_json(build: Path, tasks: int, workers: int) -> None:
+    """One line of this build's figures (recovery with the policies, then throughput)."""
+    with tempfile.TemporaryDirectory(prefix="diaspora-bench-run.") as tmp:
+        tmp = Path(tmp)
+        (tmp / "recovery.yaml").write_text(RECOVERY)
+        rep, wall, _ = diaspora_run(build, tmp / "recovery.yaml", tmp / "rec")
+        times = [r for _, r in reactions(rep) if r is not None]
+        (tmp / "noop.yaml").write_text(NOOP.format(tasks=tasks, workers=workers))
+        noop, _, cpu = diaspora_run(build, tmp / "noop.yaml", tmp / "noop")
+        print(json.dumps({"tasks_per_s": tasks / noop["duration_s"], "runner_cpu_us_per_task": cpu / tasks * 1e6,
+                          "recovery_reaction_mean_s": sum(times) / len(times) if times else None,
+                          "recovery_total_s": rep["duration_s"]}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=str(REPO / "build"))
@@ -153,7 +170,10 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=2000)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--only", default="recovery,slow,throughput")
+    ap.add_argument("--json", action="store_true", help="this build's figures as one JSON line, no peers")
     args = ap.parse_args()
+    if args.json:
+        return figures_json(Path(args.build), args.tasks, args.workers)
     build = Path(args.build)
     only = set(args.only.split(","))
     with tempfile.TemporaryDirectory(prefix="diaspora-bench-run.") as tmp:

@@ -2,11 +2,12 @@
 // diaspora.v1 and cloudevents.json). All Beast code of the server lives in this one
 // translation unit (Beast TLS WebSocket instantiations cost ~80 s of compile time each).
 //
-// Structure (Beast's chat-multi idiom): Listener accepts; HttpSession does the TLS
-// handshake and serves HTTP requests until one is a WebSocket upgrade, then hands the
-// stream to WsSession. Every connection runs on its own strand. The log's writer thread
-// reports commits to the Hub, which pokes the subscribed sessions (weak_ptrs copied under
-// the lock, posts made outside it).
+// Structure (Beast's chat-multi idiom): Relay::Impl accepts (do_accept); HttpSession does
+// the TLS handshake and serves HTTP requests until one is a WebSocket upgrade, then hands
+// the stream to WsSession. Every connection runs on its own strand. The log's syncers
+// report commits to the Hub, which pokes the subscribed sessions (weak_ptrs copied under
+// the lock, posts made outside it). Work that can wait runs off the I/O threads: group
+// commits on `commits`, views queries on `queries`.
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
@@ -151,6 +152,10 @@ struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
   // Consumer-group commits (two fsyncs each) run here, one after another, off the I/O
   // threads: a commit must not stall every session of the thread that received it.
   std::optional<net::thread_pool> commits{std::in_place, 1};
+  // Views queries (GET /api/v1/views/...) run here: a query scans a view under its lock,
+  // which the views' reader holds while it applies a round of records, and a console
+  // reload asks several at once. On the I/O threads that would delay publish acks.
+  std::optional<net::thread_pool> queries{std::in_place, 1};
   std::atomic<std::uint16_t> bound_port{0};
   std::atomic<bool> stopping{false};
   std::mutex stop_mutex;
@@ -1062,8 +1067,18 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   }
 
   void handle(http::request<http::string_body> req) {
-    relay::HttpReply r = relay::handle_http(req.method() == http::verb::get || req.method() == http::verb::head,
-                                            req.target(), bearer_of(req), api_context());
+    const bool get = req.method() == http::verb::get || req.method() == http::verb::head;
+    if (get && std::string_view(req.target()).starts_with("/api/v1/views/")) {  // off the I/O thread
+      auto keep = std::make_shared<http::request<http::string_body>>(std::move(req));
+      net::post(*relay_->queries, [self = shared_from_this(), keep] {
+        auto r = std::make_shared<relay::HttpReply>(relay::handle_http(true, keep->target(), bearer_of(*keep), self->api_context()));
+        net::post(self->stream_.get_executor(), [self, keep, r] {
+          self->respond(*keep, static_cast<http::status>(r->status), r->content_type, std::move(r->body), r->challenge, r->headers);
+        });
+      });
+      return;
+    }
+    relay::HttpReply r = relay::handle_http(get, req.target(), bearer_of(req), api_context());
     respond(req, static_cast<http::status>(r.status), r.content_type, std::move(r.body), r.challenge, r.headers);
   }
 
@@ -1206,6 +1221,7 @@ void Relay::start() {
   s.bound_port = s.acceptor->local_endpoint().port();
   s.work.emplace(s.ioc->get_executor());
   net::post(*s.commits, [] { name_this_thread("relay-commit"); });
+  net::post(*s.queries, [] { name_this_thread("relay-query"); });
   s.do_accept();
   for (int i = 0; i < s.cfg.threads; ++i) s.threads.emplace_back([&s] {
     name_this_thread("relay-io");
@@ -1265,6 +1281,7 @@ void Relay::stop() {
     if (t.joinable()) t.join();
   s.threads.clear();
   s.commits->join();  // commits already queued finish (the store is still open)
+  s.queries->join();  // so do queries (the views are still there); their replies die with the io_context
   // The writer finishes and syncs what was appended; its completions are posted to the
   // (stopped) io_context and destroyed with it below, which also breaks the
   // session -> Impl -> io_context -> handler -> session ownership cycle.
@@ -1273,6 +1290,7 @@ void Relay::stop() {
   s.views.reset();  // writes the last snapshot
   s.acceptor.reset();
   s.commits.reset();  // the replies it posted died with the stopped io_context's queue, below
+  s.queries.reset();
   s.ioc.reset();
   std::lock_guard lock(s.stop_mutex);
   s.stopped = true;

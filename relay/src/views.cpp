@@ -661,13 +661,17 @@ std::size_t Views::read_topic(const std::string& topic, std::size_t max_records)
     from = it == st_->offsets.end() ? 0 : it->second;
   }
   from = std::max(from, store_.first_offset(topic));  // retention may have dropped what was not read
-  std::unique_lock lk(mu_);
+  // This thread is the views' only writer: it reads the state without the lock and takes
+  // it exclusively only to change it, a chunk of records at a time (queries wait a fraction
+  // of a millisecond, not a whole round), and never while the log is read from disk.
+  constexpr std::size_t kChunk = 1024;
+  std::unique_lock lk(mu_, std::defer_lock);
+  std::size_t in_chunk = 0;
   auto wit = st_->workflows.find(wf);
   view::Workflow* w = wit == st_->workflows.end() ? nullptr : &wit->second;
   std::uint64_t next = from;
   alignas(std::max_align_t) unsigned char arena[16384];
-  const std::size_t n = store_.visit(topic, from, max_records, 4u << 20, [&](const LogStore::RecordRef& r) {
-    next = r.offset + 1;
+  auto apply_one = [&](const LogStore::RecordRef& r) {
     if (fast_heartbeat(*st_, w, wf, r.time_us, r.payload)) {
       ++applied_;
       return;
@@ -681,7 +685,18 @@ std::size_t Views::read_topic(const std::string& topic, std::size_t max_records)
       wit = st_->workflows.find(wf);
       w = wit == st_->workflows.end() ? nullptr : &wit->second;
     }
+  };
+  const std::size_t n = store_.visit(topic, from, max_records, 4u << 20, [&](const LogStore::RecordRef& r) {
+    if (!lk.owns_lock()) lk.lock();
+    next = r.offset + 1;
+    apply_one(r);
+    if (++in_chunk == kChunk) {  // a chunk applied: queries get their turn
+      in_chunk = 0;
+      st_->offsets[topic] = next;
+      lk.unlock();
+    }
   });
+  if (!lk.owns_lock()) lk.lock();
   if (n == 0) return 0;
   if (w) st_->changed("workflows", wf, wf);  // its counters moved: one change for the batch
   st_->offsets[topic] = next;

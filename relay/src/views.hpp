@@ -73,7 +73,7 @@ class Views {
   /// New records were committed to `topic`. Any thread; never blocks on the reader.
   void notify(const std::string& topic);
   /// Reads everything committed now (on the calling thread; tests and benchmarks use it
-  /// instead of start()). Returns the records applied.
+  /// instead of start(): the views have one writer). Returns the records applied.
   std::size_t catch_up();
   /// True when the reader has applied everything committed (for tests' waits).
   bool caught_up() const;
