@@ -5,8 +5,8 @@
 // Thread safety: the runner thread calls every function.
 #pragma once
 
+#include <span>
 #include <string>
-#include <vector>
 
 #include "diaspora/plugin.h"
 #include "model.hpp"
@@ -21,9 +21,9 @@ class Hooks {
   /// The attempt runs on `worker` ("site/worker-N").
   virtual void task_started(const Attempt& a, const std::string& worker) = 0;
   /// Progress (fraction, step or -1) with optional metrics.
-  virtual void task_progress(const Attempt& a, double progress, long step, const std::vector<diaspora_metric_value>& metrics) = 0;
+  virtual void task_progress(const Attempt& a, double progress, long step, std::span<const diaspora_metric_value> metrics) = 0;
   /// A heartbeat, with optional metrics.
-  virtual void task_heartbeat(const Attempt& a, const std::vector<diaspora_metric_value>& metrics) = 0;
+  virtual void task_heartbeat(const Attempt& a, std::span<const diaspora_metric_value> metrics) = 0;
   /// What a command wrote on its progress channel, told as every adapter tells it
   /// (adapters::apply_progress_line: progress, or a heartbeat with its metrics).
   virtual void task_progress_line(const Attempt& a, const ProgressLine& line) = 0;

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <thread>
+#include <vector>
 
 #include "diaspora/error.hpp"
 
@@ -102,7 +103,7 @@ void PluginBridge::task_started(const Attempt& a, const std::string& worker) {
   lib_->task_started(plugin_, &i);
 }
 
-void PluginBridge::task_progress(const Attempt& a, double progress, long step, const std::vector<diaspora_metric_value>& metrics) {
+void PluginBridge::task_progress(const Attempt& a, double progress, long step, std::span<const diaspora_metric_value> metrics) {
   auto i = info(a);
   i.progress = progress;
   i.step = step;
@@ -111,7 +112,7 @@ void PluginBridge::task_progress(const Attempt& a, double progress, long step, c
   lib_->task_progress(plugin_, &i);
 }
 
-void PluginBridge::task_heartbeat(const Attempt& a, const std::vector<diaspora_metric_value>& metrics) {
+void PluginBridge::task_heartbeat(const Attempt& a, std::span<const diaspora_metric_value> metrics) {
   auto i = info(a);
   i.metrics = metrics.empty() ? nullptr : metrics.data();
   i.metric_count = metrics.size();

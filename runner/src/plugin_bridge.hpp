@@ -51,8 +51,8 @@ class PluginBridge final : public Hooks {
   // Hooks
   void task_submitted(const Attempt& a, const std::string& task_name, double deadline_s) override;
   void task_started(const Attempt& a, const std::string& worker) override;
-  void task_progress(const Attempt& a, double progress, long step, const std::vector<diaspora_metric_value>& metrics) override;
-  void task_heartbeat(const Attempt& a, const std::vector<diaspora_metric_value>& metrics) override;
+  void task_progress(const Attempt& a, double progress, long step, std::span<const diaspora_metric_value> metrics) override;
+  void task_heartbeat(const Attempt& a, std::span<const diaspora_metric_value> metrics) override;
   void task_progress_line(const Attempt& a, const ProgressLine& line) override;
   void task_completed(const Attempt& a) override;
   void task_failed(const Attempt& a, bool retryable, const std::string& reason) override;

@@ -128,7 +128,8 @@ void Workers::on_message(Site& s, Slot& slot, const json::object& m) {
     a.step = static_cast<long>(num("step"));
     if (const double st = num("step_time"); st > 0) Sites::observe_step_time(s, ctx_.task(inst.task).name, st, ctx_.now());
     a.progress = std::clamp(num("progress"), 0.0, 1.0);
-    ctx_.hooks.task_progress(a, a.progress, a.step, {{"step_time_s", num("step_time")}});
+    const diaspora_metric_value step_time{"step_time_s", num("step_time")};  // one a beat: no allocation
+    ctx_.hooks.task_progress(a, a.progress, a.step, {&step_time, 1});
   } else if (op == "done" || op == "failed") {
     if (s.remote()) remote_.release(s, slot);  // a one-shot worker: it exits when the channel closes
     slot.inst = slot.att = -1;

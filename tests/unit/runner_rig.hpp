@@ -38,10 +38,10 @@ struct RecordingHooks final : Hooks {
   void task_started(const Attempt& a, const std::string& worker) override {
     calls.push_back("started " + a.hook_id + " " + std::to_string(a.number) + " " + worker);
   }
-  void task_progress(const Attempt& a, double, long, const std::vector<diaspora_metric_value>&) override {
+  void task_progress(const Attempt& a, double, long, std::span<const diaspora_metric_value>) override {
     calls.push_back("progress " + a.hook_id);
   }
-  void task_heartbeat(const Attempt& a, const std::vector<diaspora_metric_value>&) override { calls.push_back("heartbeat " + a.hook_id); }
+  void task_heartbeat(const Attempt& a, std::span<const diaspora_metric_value>) override { calls.push_back("heartbeat " + a.hook_id); }
   void task_progress_line(const Attempt& a, const ProgressLine&) override { calls.push_back("line " + a.hook_id); }
   void task_completed(const Attempt& a) override { calls.push_back("completed " + a.hook_id); }
   void task_failed(const Attempt& a, bool retryable, const std::string& reason) override {
