@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "diaspora/signal_pipe.hpp"
 #include "diaspora/spec.hpp"
 #include "diaspora/trainer.hpp"
 
@@ -32,24 +33,21 @@ namespace {
 
 std::atomic<int> g_stop{0};
 std::atomic<int> g_checkpoint{0};
-std::vector<pid_t> g_children;
+constexpr int kMaxRanks = 1024;  // --world-size's bound
+std::atomic<pid_t> g_children[kMaxRanks];  // the spawned ranks, read by the signal hook
 
-extern "C" void on_signal(int sig) {
+// In the handler (core's signal pipe): flags the trainer polls, and the signal passed on to
+// the local ranks (async-signal-safe: atomics and kill only).
+void on_signal(int sig, int) {
   (sig == SIGUSR1 ? g_checkpoint : g_stop).store(1);
-  for (pid_t p : g_children) ::kill(p, sig == SIGINT ? SIGTERM : sig);  // async-signal-safe
+  for (const auto& c : g_children)
+    if (const pid_t p = c.load(); p > 0) ::kill(p, sig == SIGINT ? SIGTERM : sig);
 }
 
-void install_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGUSR1, &sa, nullptr);  // checkpoint now and go on
-  // A closed progress channel (DIASPORA_PROGRESS_FD: diaspora run died) must not kill a rank
-  // on its way to the stop checkpoint: the write fails with EPIPE instead.
-  ::signal(SIGPIPE, SIG_IGN);
-}
+// TERM and INT stop at a checkpoint, USR1 checkpoints now and goes on. SIGPIPE is ignored
+// (install_signal_pipe): a closed progress channel (DIASPORA_PROGRESS_FD: diaspora run died)
+// must not kill a rank on its way to the stop checkpoint; the write fails with EPIPE instead.
+void install_handlers() { diaspora::install_signal_pipe({SIGTERM, SIGINT, SIGUSR1}, on_signal); }
 
 int free_loopback_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -87,7 +85,7 @@ int spawn_ranks(int world, const std::vector<std::string>& args, std::chrono::mi
     pid_t pid = ::fork();
     if (pid < 0) {
       dr::print_line(std::string("fork: ") + std::strerror(errno));
-      for (pid_t p : g_children) ::kill(p, SIGKILL);
+      for (int q = 0; q < r; ++q) ::kill(g_children[q].load(), SIGKILL);
       return dr::kTrainError;
     }
     if (pid == 0) {
@@ -95,7 +93,7 @@ int spawn_ranks(int world, const std::vector<std::string>& args, std::chrono::mi
       std::perror("diaspora-train: exec");
       ::_exit(dr::kTrainError);
     }
-    g_children.push_back(pid);
+    g_children[r].store(pid);
   }
   // A failed rank can leave the others waiting in a collective: they get a grace period
   // to fail on their own (and say why), then are killed.
@@ -108,7 +106,7 @@ int spawn_ranks(int world, const std::vector<std::string>& args, std::chrono::mi
     if (p == 0) {  // someone failed, the others are still running
       if (std::chrono::steady_clock::now() >= kill_at) {
         for (int q = 0; q < world; ++q)
-          if (status[static_cast<std::size_t>(q)] < 0) ::kill(g_children[static_cast<std::size_t>(q)], SIGKILL);
+          if (status[static_cast<std::size_t>(q)] < 0) ::kill(g_children[q].load(), SIGKILL);
         grace = false;  // now wait for them to go
       } else {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -120,7 +118,7 @@ int spawn_ranks(int world, const std::vector<std::string>& args, std::chrono::mi
       break;
     }
     for (int r = 0; r < world; ++r) {
-      if (g_children[static_cast<std::size_t>(r)] != p) continue;
+      if (g_children[r].load() != p) continue;
       const int code = WIFEXITED(st) ? WEXITSTATUS(st) : dr::kTrainError;
       status[static_cast<std::size_t>(r)] = code;
       --left;

@@ -11,8 +11,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <cstring>
+#include <fstream>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
@@ -333,8 +334,8 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
     } else {
       return false;
     }
-    if (old_state != k.state) {
-      if (!old_state.empty() && --w.states[old_state] <= 0) w.states.erase(old_state);
+    if (fresh || old_state != k.state) {  // w.states counts every instance once (queries' totals)
+      if (!fresh && --w.states[old_state] <= 0) w.states.erase(old_state);
       ++w.states[k.state];
     }
     st.changed("tasks", wf, id);
@@ -608,6 +609,14 @@ Views::Views(const LogStore& store, Options options) : store_(store), opt_(std::
     load(root, "resources", s.resources, resource_key);
     load(root, "actions", s.actions, action_key);
     load(root, "workflows", s.workflows, workflow_key);
+    // The per-state counts are what queries' totals come from: recounted from the instances
+    // (a snapshot written before every instance was counted once may disagree).
+    for (auto& [wf, w] : s.workflows) w.states.clear();
+    for (const auto& [k, t] : s.tasks) {
+      view::Workflow& w = s.workflows[t.workflow];
+      if (w.workflow.empty()) w.workflow = t.workflow;
+      ++w.states[t.state];
+    }
     s.version = root.at("version").to_number<std::uint64_t>();
     s.action_seq = root.at("action_seq").to_number<std::int64_t>();
     s.note = "snapshot loaded (version " + std::to_string(s.version) + ")";
@@ -835,15 +844,21 @@ Page parse_page(const std::map<std::string, std::string>& params, const std::vec
 }
 
 // Pages through a keyed map in key order: the items that pass `keep`, `limit` of them after
-// the cursor (the last key of the previous page), the total that pass, the next cursor.
+// the cursor (the last key of the previous page), the total that pass, the next cursor. With
+// `known_total` (counted as the views change: Workflow::states) the walk starts at the cursor
+// and stops one item past the page instead of counting the whole range.
 template <class T, class Keep>
 json::object page_of(std::string_view view, const std::map<std::string, T>& m, const Page& p, Keep keep,
-                     std::uint64_t version) {
+                     std::uint64_t version, std::optional<std::size_t> known_total = std::nullopt) {
   json::array items;
   std::size_t total = 0;
   std::string last;
   bool more = false;
   auto from = p.workflow.empty() ? m.begin() : m.lower_bound(p.workflow);
+  if (known_total && !p.after.empty() && from != m.end()) {
+    auto past = m.upper_bound(p.after);
+    if (past == m.end() || past->first > from->first) from = past;
+  }
   for (auto it = from; it != m.end(); ++it) {
     if (!p.workflow.empty() && !(it->first.starts_with(p.workflow) &&
                                  (it->first.size() == p.workflow.size() || it->first[p.workflow.size()] == '\x1f')))
@@ -856,8 +871,10 @@ json::object page_of(std::string_view view, const std::map<std::string, T>& m, c
       last = it->first;
     } else {
       more = true;
+      if (known_total) break;
     }
   }
+  if (known_total) total = *known_total;
   return json::object{{"view", view}, {"items", std::move(items)}, {"total", static_cast<std::int64_t>(total)},
                       {"next", more ? json::value(last) : json::value(nullptr)}, {"version", version}};
 }
@@ -889,6 +906,34 @@ class Access {
   bool ok_ = false;
 };
 
+// The tasks a query passes, from the workflows' per-state counts, where the only filter is
+// the state (the console's list and its state tabs): no walk over every instance. Otherwise
+// none (page_of counts as it walks).
+std::optional<std::size_t> known_task_total(const Views::State& s, const Page& p,
+                                            const std::map<std::string, std::string>& q,
+                                            const std::function<bool(const std::string&)>& may_read) {
+  for (const char* k : {"site", "name", "q"})
+    if (q.contains(k)) return std::nullopt;
+  const auto st = q.find("state");
+  auto count = [&](const view::Workflow& w) -> std::size_t {
+    if (!may_read(w.workflow)) return 0;
+    if (st != q.end()) {
+      auto it = w.states.find(st->second);
+      return it == w.states.end() ? 0 : static_cast<std::size_t>(it->second);
+    }
+    std::size_t n = 0;
+    for (const auto& [state, c] : w.states) n += static_cast<std::size_t>(c);
+    return n;
+  };
+  if (!p.workflow.empty()) {
+    auto it = s.workflows.find(p.workflow);
+    return it == s.workflows.end() ? 0 : count(it->second);
+  }
+  std::size_t n = 0;
+  for (const auto& [wf, w] : s.workflows) n += count(w);
+  return n;
+}
+
 }  // namespace
 
 std::string Views::engine_of(const std::string& workflow, const std::string& task_id) const {
@@ -919,7 +964,7 @@ json::object Views::query(std::string_view view, const std::map<std::string, std
     return page_of(view, s.tasks, p, [&](const view::Task& t) {
       return may(t.workflow) && state(t.state) && site(t.site) && name(t.name) &&
              (sub == q.end() || t.task_id.find(sub->second) != std::string::npos);
-    }, s.version);
+    }, s.version, known_task_total(s, p, q, may_read));
   }
   if (view == "sites") {
     const Page p = parse_page(q, {"state"}, view);

@@ -35,10 +35,10 @@ InstanceStore::Ref FaultInjector::oldest_running(const std::string& site, const 
 
 void FaultInjector::begin(Fault& f, double t) {
   const FaultSpec& fs = *f.spec;
-  f.start_t = t;
   const std::string kind(to_string(fs.kind));
   switch (fs.kind) {
     case FaultKind::slow_site: {
+      f.start_t = t;
       Site* s = sites_.find(*fs.site);
       s->slow_factor = fs.factor;
       s->slow_until = fs.lasts ? t + fs.lasts->count() : 1e300;
@@ -57,12 +57,17 @@ void FaultInjector::begin(Fault& f, double t) {
     case FaultKind::hang_task: {
       const std::string site_name = fs.site.value_or("");
       const auto [ii, ai] = oldest_running(site_name, fs.task);
-      f.done = true;
       if (ii < 0) {
-        f.note = "nothing was running there: no effect";
-        ctx_.say("fault " + kind + ": nothing running" + (site_name.empty() ? "" : " on " + site_name) + ", no effect");
+        // Armed: it hits the first attempt that runs there from now on (a slow machine may
+        // not have started one by `at`); end_all() notes it when none ever did.
+        if (!f.armed) ctx_.say("fault " + kind + ": nothing running" + (site_name.empty() ? "" : " on " + site_name) +
+                               " yet; it hits the first attempt that runs there");
+        f.armed = true;
         return;
       }
+      f.start_t = t;
+      f.armed = false;
+      f.done = true;
       const Attempt& a = store_.attempt(ii, ai);
       Site& s = *sites_.find(a.site);
       Slot& slot = s.slots[static_cast<std::size_t>(a.slot)];
@@ -80,6 +85,7 @@ void FaultInjector::begin(Fault& f, double t) {
       return;
     }
     case FaultKind::stop_relay: {
+      f.start_t = t;
       if (!relay_) {
         f.note = "the relay is not embedded: no effect";
         f.done = true;
@@ -141,6 +147,12 @@ void FaultInjector::duty_cycle() {
 }
 
 void FaultInjector::end_all() {
+  for (Fault& f : faults_)
+    if (f.armed) {
+      f.armed = false;
+      f.done = true;
+      f.note = "nothing ran there after its time: no effect";
+    }
   for (auto& s : sites_.all()) s.slow_until = 0;
   duty_cycle();
 }

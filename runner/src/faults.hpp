@@ -2,7 +2,8 @@
 // slow-site runs a site's processes on a duty cycle (SIGSTOP/SIGCONT every 100 ms, so it
 // runs 1/factor of the time) for `lasts`; kill-worker kills the worker (or command)
 // running the oldest live attempt there; hang-task stops one from working and
-// heartbeating; stop-relay stops the embedded relay for `lasts`. Each fault records what
+// heartbeating (both wait, armed, for the first attempt to run there when none does at
+// their time); stop-relay stops the embedded relay for `lasts`. Each fault records what
 // it hit, for the report's reaction times.
 //
 // Thread safety: the runner thread.
@@ -25,6 +26,7 @@ struct Fault {
   const FaultSpec* spec = nullptr;
   double start_t = -1, end_t = -1;
   bool done = false;
+  bool armed = false;  ///< kill-worker / hang-task due, waiting for an attempt to run there
   std::string target;                            ///< worker, instance or site it hit
   std::vector<std::pair<int, std::size_t>> hit;  ///< (instance, attempts it had then)
   std::string note;
@@ -39,7 +41,8 @@ class FaultInjector {
   void tick();
   /// The slow-site duty cycle: pauses or resumes the slowed sites' processes.
   void duty_cycle();
-  /// Ends every fault still in force (the run is over): slowed sites run again.
+  /// Ends every fault still in force (the run is over): slowed sites run again; a fault
+  /// still armed (nothing ran where it aims) is done with a note saying it had no effect.
   void end_all();
   /// Starts a stopped relay again (the spool must drain into it): true when it runs.
   bool restart_relay();

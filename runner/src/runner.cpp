@@ -6,6 +6,7 @@
 
 #include <boost/json/serialize.hpp>
 
+#include <array>
 #include <cstdlib>
 #include <ostream>
 
@@ -14,6 +15,7 @@
 #include "diaspora/event.hpp"
 #include "diaspora/files.hpp"
 #include "diaspora/runner.hpp"
+#include "diaspora/signal_pipe.hpp"
 #include "embedded_relay.hpp"
 #include "faults.hpp"
 #include "lifecycle.hpp"
@@ -68,7 +70,6 @@ class Runner {
   /// A run that threw (a site that could not start, ...) still closes the plugin before
   /// its relay goes away; run() leaves nothing open otherwise.
   ~Runner() {
-    set_signal_wake_fd(-1);
     plugin_.close(2000);
   }
 
@@ -81,6 +82,8 @@ class Runner {
   bool finished() const { return !streams_.open() && store_.open() == 0; }
   int finish();
   void dispatch() { lifecycle_.dispatch(placement_); }
+  /// What wakes the loop's poll: an action (the plugin bridge's pipe) or a signal.
+  std::array<int, 2> wake_fds() const { return {wake_.fd[0], signal_pipe_fd()}; }
 
   WakePipe wake_;
   const SpecInput& in_;
@@ -166,7 +169,7 @@ void Runner::loop() {
     baseline_.checks();
     lifecycle_.awaiting_checks();
     jobs_.tick();
-    workers_.poll(faults_->next_toggle(streams_.next_due(0.1)), wake_.fd[0]);
+    workers_.poll(faults_->next_toggle(streams_.next_due(0.1)), wake_fds());
     view_.tick();
   }
   view_.erase();
@@ -178,7 +181,6 @@ int Runner::run() {
   ctx_.tasks_dir = opt_.out_dir / "tasks";
   ctx_.ckpt_dir = opt_.out_dir / "checkpoints";
   for (const auto& d : {ctx_.data_dir, ctx_.tasks_dir, ctx_.ckpt_dir}) fs::create_directories(d);
-  set_signal_wake_fd(wake_.fd[1]);
   ctx_.say("workflow " + spec_.name + " from " + spec_.file + ", output in " + opt_.out_dir.string() +
            (ctx_.baseline() ? " (baseline: retry after " + std::to_string(static_cast<int>(*opt_.baseline_retry_after_s)) +
                                   " s of silence, no policies)"
@@ -187,7 +189,7 @@ int Runner::run() {
   start_relay_and_plugin();
   workers_.start_sites(in_.document);
   faults_ = std::make_unique<FaultInjector>(ctx_, store_, sites_, workers_, relay_.get());
-  workers_.wait_ready(5, wake_.fd[0]);  // so that the first tasks start at once
+  workers_.wait_ready(5, wake_fds());  // so that the first tasks start at once
   if (opt_.resume) read_prior();
   clock_.reset();
   start_us_ = now_us();

@@ -35,14 +35,14 @@ void Workers::start_sites(const json::value& document) {
   ctx_.say("sites: " + what + (address.empty() ? "" : "; remote workers connect to " + address));
 }
 
-void Workers::wait_ready(double timeout_s, int wake_fd) {
+void Workers::wait_ready(double timeout_s, std::span<const int> wake_fds) {
   const double until = ctx_.now() + timeout_s;
   for (;;) {
     bool all = true;
     for (auto& s : sites_.all())
       for (auto& slot : s.slots) all &= slot.ready;
     if (all || ctx_.now() > until) return;
-    poll(0.05, wake_fd);
+    poll(0.05, wake_fds);
   }
 }
 
@@ -151,11 +151,13 @@ void Workers::read(Site& s, Slot& slot) {
     else break;
 }
 
-void Workers::poll(double timeout_s, int wake_fd) {
+void Workers::poll(double timeout_s, std::span<const int> wake_fds) {
   std::vector<pollfd> fds;
   std::vector<std::tuple<Site*, Slot*, bool>> who;  // bool: command progress pipe
-  fds.push_back({wake_fd, POLLIN, 0});
-  who.emplace_back(nullptr, nullptr, false);
+  for (int fd : wake_fds) {
+    fds.push_back({fd, POLLIN, 0});  // poll() leaves a negative fd out
+    who.emplace_back(nullptr, nullptr, false);
+  }
   for (int fd : remote_.fds()) {
     fds.push_back({fd, POLLIN, 0});
     who.emplace_back(nullptr, nullptr, false);
@@ -173,11 +175,12 @@ void Workers::poll(double timeout_s, int wake_fd) {
     }
   const int ms = std::clamp(static_cast<int>(timeout_s * 1000), 0, 100);
   if (::poll(fds.data(), fds.size(), ms) > 0) {
-    if (fds[0].revents) {
-      char buf[256];
-      while (::read(wake_fd, buf, sizeof buf) > 0) {
+    for (std::size_t k = 0; k < wake_fds.size(); ++k)
+      if (fds[k].revents) {
+        char buf[256];
+        while (::read(wake_fds[k], buf, sizeof buf) > 0) {
+        }
       }
-    }
     for (std::size_t k = 1; k < fds.size(); ++k) {
       if (!fds[k].revents) continue;
       auto [s, slot, cmd] = who[k];

@@ -9,6 +9,8 @@
 
 #include <boost/json/object.hpp>
 
+#include <span>
+
 #include "action_log.hpp"
 #include "context.hpp"
 #include "lifecycle.hpp"
@@ -28,7 +30,7 @@ class Workers final : public SlotControl {
   /// Throws diaspora::Error.
   void start_sites(const boost::json::value& document);
   /// Waits up to `timeout_s` for every slot to be ready (the first tasks start at once).
-  void wait_ready(double timeout_s, int wake_fd);
+  void wait_ready(double timeout_s, std::span<const int> wake_fds);
 
   bool start(int ii, int ai, Site& site, Slot& slot) override;
   void stop(Site& site, Slot& slot) override;
@@ -37,9 +39,10 @@ class Workers final : public SlotControl {
   void hang(Site& site, Slot& slot) override;
   bool request_checkpoint(Site& site, Slot& slot) override;
 
-  /// Waits up to `timeout_s` (at most 0.1) for a message, a line, a connection or a wake
-  /// byte, and serves what came; then reaps exited children.
-  void poll(double timeout_s, int wake_fd);
+  /// Waits up to `timeout_s` (at most 0.1) for a message, a line, a connection or a byte on
+  /// one of `wake_fds` (read off; a negative fd is left out), and serves what came; then
+  /// reaps exited children.
+  void poll(double timeout_s, std::span<const int> wake_fds);
   /// Respawns, command heartbeats, what the remote engines say.
   void tick();
   /// The end of the run: every process waited for (killed when it does not exit), every

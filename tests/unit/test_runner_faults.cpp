@@ -56,10 +56,41 @@ TEST(RunnerFaults, KillWorkerHitsTheOldestRunningAttemptOnItsSite) {
   EXPECT_EQ(f.all()[0].hit[0].second, 1u);  // the attempts burn.1 had then
   EXPECT_EQ(r.hooks.with("resource fast/worker-1 down").size(), 1u);
   r.clock.t = 6;
-  f.tick();  // nothing runs on slow
-  EXPECT_EQ(f.all()[1].note, "nothing was running there: no effect");
+  f.tick();  // nothing runs on slow: armed, not done
+  EXPECT_TRUE(f.all()[1].armed);
+  EXPECT_FALSE(f.all()[1].done);
+  EXPECT_EQ(f.all()[1].start_t, -1);
+  EXPECT_EQ(r.control.count("kill"), 1);
+  f.end_all();  // the run ended with nothing on slow
+  EXPECT_EQ(f.all()[1].note, "nothing ran there after its time: no effect");
   EXPECT_TRUE(f.all()[1].done);
   EXPECT_EQ(r.control.count("kill"), 1);
+}
+
+TEST(RunnerFaults, KillWorkerDueBeforeAnythingRunsThereHitsTheFirstAttemptThatDoes) {
+  // A slow machine (or an engine's queue) may not have an attempt running on the site at
+  // the fault's time: the fault waits for one instead of passing with no effect.
+  Rig r(with_faults("  - {at: 1s, kind: kill-worker, site: fast}\n", 2));
+  FaultInjector f(r.ctx, r.store, r.sites, r.control, nullptr);
+  r.clock.t = 1;
+  f.tick();  // nothing submitted yet
+  EXPECT_TRUE(f.all()[0].armed);
+  EXPECT_EQ(r.control.count("kill"), 0);
+  r.clock.t = 1.5;
+  f.tick();
+  EXPECT_EQ(r.control.count("kill"), 0);
+  r.submit();
+  r.clock.t = 2.5;
+  f.tick();
+  EXPECT_EQ(r.control.count("kill"), 1);
+  EXPECT_FALSE(f.all()[0].armed);
+  EXPECT_TRUE(f.all()[0].done);
+  EXPECT_DOUBLE_EQ(f.all()[0].start_t, 2.5);  // reaction times count from when it hit
+  EXPECT_EQ(f.all()[0].hit.size(), 1u);
+  EXPECT_TRUE(f.all()[0].note.empty());
+  r.clock.t = 3;
+  f.tick();
+  EXPECT_EQ(r.control.count("kill"), 1);  // once
 }
 
 TEST(RunnerFaults, HangTaskPicksAnInstanceOfItsTaskAndStoppingRunsNoFault) {

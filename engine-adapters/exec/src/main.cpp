@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "diaspora/error.hpp"
+#include "diaspora/signal_pipe.hpp"
 #include "diaspora/spec.hpp"
 #include "diaspora/version.hpp"
 #include "diaspora/plugin_loader.hpp"
@@ -47,16 +48,6 @@ using diaspora::adapters::PluginLibrary;
 namespace {
 
 constexpr int kExecFailed = 125, kNotExecutable = 126, kNotFound = 127;
-constexpr int kForwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
-
-int g_sig_pipe[2] = {-1, -1};
-
-void on_signal(int sig) {
-  const int saved = errno;
-  const unsigned char b = static_cast<unsigned char>(sig);
-  [[maybe_unused]] auto r = ::write(g_sig_pipe[1], &b, 1);
-  errno = saved;
-}
 
 double mono() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -187,7 +178,7 @@ class Reporter {
       std::lock_guard<std::mutex> lk(r->mu_);
       r->actions_.push_back(*a);
     }
-    on_signal(0);  // byte 0 = "an action is waiting"
+    diaspora::wake_signal_pipe();  // byte 0 = "an action is waiting"
   }
 
   const Options& o_;
@@ -266,17 +257,13 @@ int main(int argc, char** argv) {
   }
 
   // Signals first: nothing may be lost between the child's start and the loop.
-  if (::pipe2(g_sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-    std::perror("diaspora exec: pipe");
+  try {
+    // Forwarded to the child's group: TERM, INT, HUP, QUIT, USR1, USR2; CHLD only wakes the loop.
+    diaspora::install_signal_pipe({SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD});
+  } catch (const std::exception& e) {
+    std::cerr << "diaspora exec: " << e.what() << "\n";
     return kExecFailed;
   }
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sa.sa_flags = SA_RESTART;
-  sigemptyset(&sa.sa_mask);
-  for (int s : kForwarded) ::sigaction(s, &sa, nullptr);
-  ::sigaction(SIGCHLD, &sa, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
 
   Reporter rep(o);
   try {
@@ -371,13 +358,10 @@ int main(int argc, char** argv) {
       }
       double wait_s = std::max(0.0, next_beat - now);
       if (kill_at > 0) wait_s = std::min(wait_s, std::max(0.0, kill_at - now));
-      pollfd fds[2] = {{g_sig_pipe[0], POLLIN, 0}, {progress.fd(), POLLIN, 0}};
+      pollfd fds[2] = {{diaspora::signal_pipe_fd(), POLLIN, 0}, {progress.fd(), POLLIN, 0}};
       ::poll(fds, progress.fd() >= 0 ? 2 : 1, static_cast<int>(std::ceil(std::min(wait_s, 1.0) * 1000)));
-      unsigned char sigs[64];
-      ssize_t n;
-      while ((n = ::read(g_sig_pipe[0], sigs, sizeof sigs)) > 0)
-        for (ssize_t k = 0; k < n; ++k)
-          if (sigs[k] != 0 && sigs[k] != SIGCHLD) diaspora::adapters::signal_group(child, sigs[k]);
+      for (int sig : diaspora::drain_signal_pipe())
+        if (sig != 0 && sig != SIGCHLD) diaspora::adapters::signal_group(child, sig);
       if (progress.fd() >= 0 && (fds[1].revents & (POLLIN | POLLHUP))) read_progress();
       for (const auto& a : rep.take_actions()) {
         const std::string id = a.id;
