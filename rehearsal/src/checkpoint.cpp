@@ -3,6 +3,8 @@
 // or another world size (docs/rehearsal.md, "Checkpoints").
 #include "job.hpp"
 
+#include "diaspora/json_exact.hpp"
+
 namespace diaspora::rehearsal::detail {
 
 fs::path Job::checkpoint_root() const {
@@ -284,7 +286,7 @@ void Job::load_checkpoint(const fs::path& from) {
   const fs::path dir = root / name;
   json::value mv;
   try {
-    mv = json::parse(read_text(dir / "manifest.json"));
+    mv = parse_json_exact(read_text(dir / "manifest.json"));  // the error matrix's rows exactly as written
   } catch (const std::exception& e) {
     throw RehearsalError("checkpoint " + dir.string() + ": manifest.json unreadable: " + e.what());
   }

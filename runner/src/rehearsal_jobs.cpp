@@ -2,11 +2,11 @@
 
 #include <signal.h>
 
-#include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
 #include "diaspora/error.hpp"
 #include "diaspora/files.hpp"
+#include "diaspora/json_exact.hpp"
 
 namespace diaspora::runner {
 
@@ -71,7 +71,7 @@ std::vector<std::string> RehearsalJobs::argv(std::size_t task) {
 
 void RehearsalJobs::take_summary(Instance& inst) {
   try {
-    if (const json::value v = json::parse(read_file(ctx_.job_dir(inst.task) / "summary.json")); v.is_object())
+    if (const json::value v = parse_json_exact(read_file(ctx_.job_dir(inst.task) / "summary.json")); v.is_object())
       inst.result = v.get_object();
   } catch (const std::exception& e) {
     ctx_.say("warning: " + inst.id + ": summary.json unreadable: " + e.what());

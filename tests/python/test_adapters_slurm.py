@@ -123,10 +123,20 @@ def test_a_restart_action_requeues_a_batch_job(env):
                    {"action_id": "rq-1", "action": "restart", "task_id": step_id, "reason": "operator"},
                    topic=f"slm.control.slurm-{job}.0")
     # Requeued, the step runs again as attempt 2 and completes. A requeued job waits about two
-    # minutes before it is eligible again: start it now. (The first run may end "completed"
-    # too: the requeue's SIGTERM can reach `sleep` before the shell, which then exits 0.)
-    evs = wait_event(slurm, relay, creds, "org.diaspora.task.completed", step_id, 90,
-                     each=lambda: slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now"), attempt=2)
+    # minutes before it is eligible again: start it sooner, once it has been pending 3 s (a
+    # launch less than a second after the requeue's kill is refused by slurmd: "Job N
+    # already killed, do not launch batch job"). (The first run may end "completed" too:
+    # the requeue's SIGTERM can reach `sleep` before the shell, which then exits 0.)
+    pending_since: list[float] = []
+    def start_when_settled():
+        state = slurm.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip()
+        if state != "PENDING":
+            pending_since.clear()
+        elif not pending_since:
+            pending_since.append(time.monotonic())
+        elif time.monotonic() - pending_since[0] >= 3:
+            slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+    evs = wait_event(slurm, relay, creds, "org.diaspora.task.completed", step_id, 90, each=start_when_settled, attempt=2)
     done = [e["data"] for e in evs if e["type"] == "org.diaspora.action.done" and e["data"]["action_id"] == "rq-1"]
     assert done and done[0]["status"] == "done" and "requeued" in done[0]["message"], done
     starts = [e["data"]["attempt"] for e in evs if e["type"] == "org.diaspora.task.started" and e["data"]["task_id"] == step_id]
