@@ -16,7 +16,8 @@ FaultInjector::FaultInjector(Context& ctx, InstanceStore& store, Sites& sites, S
 }
 
 // The live attempt that started first (on `site` when given, of `task` when given) whose
-// work runs now: a remote attempt still in its engine's queue is not hit.
+// work runs now: a remote attempt still in its engine's queue, or whose worker has
+// connected but not yet been sent its task, is not hit.
 InstanceStore::Ref FaultInjector::oldest_running(const std::string& site, const std::optional<std::string>& task) const {
   InstanceStore::Ref best{-1, -1};
   double oldest = 1e300;
@@ -26,7 +27,10 @@ InstanceStore::Ref FaultInjector::oldest_running(const std::string& site, const 
     for (int ai = 0; ai < static_cast<int>(inst.attempts.size()); ++ai) {
       const Attempt& a = inst.attempts[static_cast<std::size_t>(ai)];
       if (!a.live() || a.lost || (!site.empty() && a.site != site)) continue;
-      if (const Site* s = sites_.find(a.site); s && s->remote() && !s->slots[static_cast<std::size_t>(a.slot)].connected) continue;
+      if (const Site* s = sites_.find(a.site); s && s->remote()) {
+        const Slot& slot = s->slots[static_cast<std::size_t>(a.slot)];
+        if (!slot.connected || !slot.pending_run.empty()) continue;  // its task not sent (nor its start published) yet
+      }
       if (a.start_t < oldest) oldest = a.start_t, best = {ii, ai};
     }
   }
