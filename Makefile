@@ -8,7 +8,7 @@ CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 TARGETS ?=
 
-.PHONY: all deps configure build test demo bench test-asan test-tsan clean help
+.PHONY: all deps configure build test demo bench test-asan test-tsan build-asan build-tsan clean help
 
 all: build
 
@@ -19,6 +19,7 @@ help:
 	@echo "make bench      build and run the benchmarks in bench/"
 	@echo "make test-asan  build into build-asan/ with ASan+UBSan and run the tests"
 	@echo "make test-tsan  build into build-tsan/ with ThreadSanitizer and run the C++ tests"
+	@echo "make build-asan, make build-tsan   only build what test-asan / test-tsan run"
 
 deps:
 	@bash scripts/install-deps.sh
@@ -41,17 +42,23 @@ bench: build
 # Under ASan + UBSan: every test but those labelled repeat (pure Python, or a path another
 # test already runs: the demo, the benchmarks' tables) or training (the trainer's whole runs
 # in C++ tests; its code runs under ASan in the Python tests; docs/building.md, "Tests").
+ASAN_MAKE = BUILD_DIR=build-asan BUILD_TYPE=Debug \
+	CMAKE_FLAGS="-DDIASPORA_SANITIZE=address,undefined -DDIASPORA_BUILD_BENCH=OFF"
 test-asan:
-	@$(MAKE) --no-print-directory test BUILD_DIR=build-asan BUILD_TYPE=Debug \
-	    CMAKE_FLAGS="-DDIASPORA_SANITIZE=address,undefined -DDIASPORA_BUILD_BENCH=OFF" CTEST_FLAGS="-LE 'repeat|training'"
+	@$(MAKE) --no-print-directory test $(ASAN_MAKE) CTEST_FLAGS="-LE 'repeat|training'"
+build-asan:
+	@$(MAKE) --no-print-directory build $(ASAN_MAKE)
 
 # Under ThreadSanitizer: the C++ tests (labels unit, plugin: the plugin's concurrency test
 # with many engine threads and a relay, the C ABI test). Python cannot load a TSan library.
 # Only what those tests run is built.
+TSAN_MAKE = BUILD_DIR=build-tsan BUILD_TYPE=Debug \
+	CMAKE_FLAGS="-DDIASPORA_SANITIZE=thread -DDIASPORA_BUILD_BENCH=OFF -DDIASPORA_WITH_TORCH=OFF" \
+	TARGETS="diaspora_unit_tests plugin_abi_test"
 test-tsan:
-	@$(MAKE) --no-print-directory test BUILD_DIR=build-tsan BUILD_TYPE=Debug \
-	    CMAKE_FLAGS="-DDIASPORA_SANITIZE=thread -DDIASPORA_BUILD_BENCH=OFF -DDIASPORA_WITH_TORCH=OFF" \
-	    TARGETS="diaspora_unit_tests plugin_abi_test" CTEST_FLAGS="-L 'unit|plugin'"
+	@$(MAKE) --no-print-directory test $(TSAN_MAKE) CTEST_FLAGS="-L 'unit|plugin'"
+build-tsan:
+	@$(MAKE) --no-print-directory build $(TSAN_MAKE)
 
 clean:
 	rm -rf build build-asan build-tsan
