@@ -181,7 +181,7 @@ void Workers::poll(double timeout_s, std::span<const int> wake_fds) {
         while (::read(wake_fds[k], buf, sizeof buf) > 0) {
         }
       }
-    for (std::size_t k = 1; k < fds.size(); ++k) {
+    for (std::size_t k = wake_fds.size(); k < fds.size(); ++k) {  // after the wake fds (drained above)
       if (!fds[k].revents) continue;
       auto [s, slot, cmd] = who[k];
       if (!slot) continue;  // the listener's: served below
