@@ -48,6 +48,15 @@ std::string_view to_string(ActionKind a) noexcept {
   return "?";
 }
 
+std::string_view to_string(DefaultsMode m) noexcept {
+  switch (m) {
+    case DefaultsMode::on: return "on";
+    case DefaultsMode::off: return "off";
+    case DefaultsMode::observe: return "observe";
+  }
+  return "?";
+}
+
 std::string_view to_string(FaultKind f) noexcept {
   switch (f) {
     case FaultKind::slow_site: return "slow-site";
@@ -295,6 +304,9 @@ WorkflowSpec build(const YamlDocument& doc, std::string file) {
   w.version = static_cast<int>(get_int(r, "version", 1));
   w.name = get_str(r, "name");
   w.description = get_str(r, "description");
+  const std::string defaults = get_str(r, "defaults", "on");
+  w.defaults = defaults == "off" ? DefaultsMode::off : defaults == "observe" ? DefaultsMode::observe : DefaultsMode::on;
+  w.sensitivity = opt_num(r, "sensitivity").value_or(1.0);
 
   const json::object& relay = sub(r, "relay");
   w.relay.url = get_str(relay, "url", "embedded");

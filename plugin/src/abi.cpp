@@ -28,10 +28,12 @@ template <class T>
 constexpr std::size_t v1_size(std::size_t lp64) {
   return sizeof(void*) == 8 ? lp64 : sizeof(T);
 }
-constexpr std::size_t kTaskInfoV1 = v1_size<diaspora_task_info>(112), kMetricV1 = v1_size<diaspora_metric>(48),
+constexpr std::size_t kTaskInfoV1 = sizeof(void*) == 8 ? 112 : offsetof(diaspora_task_info, failure), kMetricV1 = v1_size<diaspora_metric>(48),
                       kDataInfoV1 = v1_size<diaspora_data_info>(64), kResourceInfoV1 = v1_size<diaspora_resource_info>(64),
                       kActionV1 = sizeof(void*) == 8 ? 5176 : offsetof(diaspora_action, requested_us), kStatsV1 = v1_size<diaspora_stats>(104);
-static_assert(sizeof(diaspora_task_info) == kTaskInfoV1 && sizeof(diaspora_metric) == kMetricV1 &&
+// ABI 1.2 appended failure to diaspora_task_info; a 1.0 / 1.1 caller's struct ends before it.
+static_assert(offsetof(diaspora_task_info, failure) == kTaskInfoV1, "diaspora_task_info: append fields only");
+static_assert(sizeof(diaspora_metric) == kMetricV1 &&
                   sizeof(diaspora_data_info) == kDataInfoV1 && sizeof(diaspora_resource_info) == kResourceInfoV1 &&
                   sizeof(diaspora_stats) == kStatsV1,
               "an ABI 1.0 struct changed size: append fields only, and keep the V1 sizes here");
@@ -214,6 +216,12 @@ int task_hook(diaspora_plugin* p, const diaspora_task_info* info, Kind kind) {
     case Kind::failed:
       DIASPORA_TRY(check_str(p, info->reason, DIASPORA_MAX_TEXT, true, "reason", a.strings[dp::f_text]));
       if (info->retryable) a.head.flags |= dp::retryable;
+      if (info->struct_size >= offsetof(diaspora_task_info, failure) + sizeof(info->failure)) {
+        if (info->failure < DIASPORA_FAILURE_UNKNOWN || info->failure > DIASPORA_FAILURE_LOST)
+          return fail(p, DIASPORA_ERR_INVALID, "failure must be a diaspora_failure_kind (0, 1 or 2), not " +
+                                                   std::to_string(info->failure));
+        a.head.integer = info->failure;  // (a failed record has no step)
+      }
       break;
     case Kind::cancelled:
       DIASPORA_TRY(check_str(p, info->reason, DIASPORA_MAX_TEXT, false, "reason", a.strings[dp::f_text]));

@@ -172,7 +172,8 @@ Plugin::Plugin(Config config)
   so.log = [this](const std::string& line) { set_error("spool: " + line); };  // never the engine's stderr
   spool_ = std::make_unique<Spool>(so);
   spool_active_ = spool_->records() > 0;
-  if (cfg_.spec && !cfg_.spec->policies.empty()) {
+  // The policies, and the default protection unless the spec turns it off (`defaults: off`).
+  if (cfg_.spec && (!cfg_.spec->policies.empty() || cfg_.spec->defaults != DefaultsMode::off)) {
     try {
       policy_ = std::make_unique<PolicyBridge>(*cfg_.spec);
     } catch (const std::exception& e) {

@@ -48,10 +48,17 @@ void PolicyBridge::feed(const RecordView& r, const TaskTracker::Result& res) {
       engine_->heartbeat(key, site, t);
       metrics("task", key, site);
       break;
-    case Kind::failed:
-      observe("task.failures", key, site, 1, h.time_us);
-      if (!(h.flags & retryable)) engine_->task_finished(key, t);  // a retry keeps its budgets
+    case Kind::failed: {
+      // Kept (not forgotten) either way: a retry, the engine's or a policy's, keeps its budgets.
+      resilience::PolicyEngine::Failure f;
+      if (h.flags & has_exit_code) f.exit_code = h.exit_code;
+      f.engine_retries = (h.flags & retryable) != 0;
+      f.kind = h.integer == DIASPORA_FAILURE_ERROR  ? resilience::PolicyEngine::Failure::Kind::error
+               : h.integer == DIASPORA_FAILURE_LOST ? resilience::PolicyEngine::Failure::Kind::lost
+                                                    : resilience::PolicyEngine::Failure::Kind::unknown;
+      engine_->task_failed(key, site, t, f, decisions_);
       break;
+    }
     case Kind::completed:
     case Kind::cancelled:
       engine_->task_finished(key, t);

@@ -64,7 +64,7 @@ struct RecordHead {
   std::uint32_t arena_used = 0;
   std::int64_t time_us = 0;
   double number = 0;          ///< progress | metric value | deadline_s
-  std::int64_t integer = 0;   ///< progress step | data seq
+  std::int64_t integer = 0;   ///< progress step | data seq | failed: a diaspora_failure_kind
   std::int64_t integer2 = 0;  ///< data bytes
   std::uint16_t off[f_count]{};
   std::uint16_t len[f_count]{};  ///< 0 = absent

@@ -1,5 +1,7 @@
 #include "serialize.hpp"
 
+#include "diaspora/plugin.h"
+
 #include <boost/json/serialize.hpp>
 
 #include <charconv>
@@ -290,6 +292,8 @@ void append_event(std::string& out, const RecordView& r, std::string_view id, co
         append_int(out, h.exit_code);
       }
       if (h.kind == Kind::failed && (h.flags & retryable)) out += ",\"retryable\":true";
+      if (h.kind == Kind::failed && h.integer == DIASPORA_FAILURE_ERROR) out += ",\"failure\":\"error\"";
+      if (h.kind == Kind::failed && h.integer == DIASPORA_FAILURE_LOST) out += ",\"failure\":\"lost\"";
       if (d.runtime_s) {
         key(out, "runtime_s");
         append_double(out, *d.runtime_s);

@@ -7,6 +7,8 @@
 #include <cstdarg>
 #include <cstdio>
 #include <limits>
+#include <array>
+#include <deque>
 #include <variant>
 
 #include "diaspora/site_health.hpp"
@@ -17,9 +19,15 @@ namespace diaspora::resilience {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kMinNormal = 3;          // values before a site's normal is used
+constexpr double kNormalMemory = 50;      // values a normal averages over, at most
+constexpr double kNoiseSigmas = 2.5;      // a noisy normal allows this many log-space deviations
+constexpr std::size_t kMaxFamilies = 10000;
+constexpr std::size_t kMaxFamilySites = 64;
+constexpr double kSuspect = 0.75;         // a restart leaves a site below 0.75 x the best candidate's health
 
 enum class Scope { task, site, resource };
-enum class Det { ensemble, ewma, holt_winters, cusum, phi, forecast, threshold };
+enum class Det { ensemble, ewma, holt_winters, cusum, phi, forecast, threshold, relative };
 
 struct SignalInfo {
   std::string_view name;
@@ -54,8 +62,17 @@ struct DetectorInfo {
 constexpr DetectorInfo kDetectors[] = {
     {"ensemble", Det::ensemble}, {"ewma", Det::ewma},       {"holt-winters", Det::holt_winters},
     {"cusum", Det::cusum},       {"phi-accrual", Det::phi}, {"forecast", Det::forecast},
-    {"threshold", Det::threshold},
+    {"threshold", Det::threshold}, {"relative", Det::relative},
 };
+
+/// The task signals that have a per-task normal (learned across instances and attempts):
+/// their index among the relative series, or -1.
+constexpr int kRelSeries = 3;
+int rel_series(int signal) noexcept { return signal >= 0 && signal <= 2 ? signal : -1; }
+
+
+/// Exit statuses a retry cannot fix: the shell's "not executable" and "not found".
+bool permanent_exit(std::optional<int> code) noexcept { return code && (*code == 126 || *code == 127); }
 
 bool task_action(ActionKind a) noexcept {
   return a == ActionKind::restart || a == ActionKind::migrate || a == ActionKind::speculate ||
@@ -95,6 +112,21 @@ struct Policy {
   std::vector<int> site_targets;          // site indices
   std::vector<int> to_sites;              // empty: every other site
   int task_slot = -1, site_slot = -1;
+  bool builtin = false;                   // one of the default set (defaults: on / observe)
+  std::vector<std::string> exclude_tasks; // builtin: targets a spec policy on its signal took over
+  std::vector<int> exclude_sites;
+};
+
+/// The level an attempt is at, against its task's normal (`relative`, and the ensemble
+/// before it has warmed up).
+struct RelEval {
+  bool ready = false;
+  double ratio = 1;   // how many times worse than normal (>= 1 is worse)
+  double level = 0;   // the attempt's smoothed value
+  double normal = 0;  // the task's normal it is compared with
+  double normal_n = 0;
+  double allowance = 1;  // > 1: the normal's own spread widened "worse than normal" this much
+  std::string normal_site;  // where that normal was learned
 };
 
 struct CusumState {
@@ -134,6 +166,8 @@ struct Eval {
   double a = 0, b = 0, c = 0;  // detector-specific detail for the explanation
   Forecast fc{};
   bool stalled = false;
+  bool relative = false;  // judged against the task's normal (RelEval below)
+  RelEval rel{};
 };
 
 }  // namespace
@@ -161,7 +195,24 @@ struct PolicyEngine::Impl {
     double last_activity = 0;
     double last_fraction = 0;
     bool observed_slack = false, observed_rate = false;
+    bool running = false;  // an attempt runs (started or beating, not failed or acted on)
+    bool acted = false;    // a restart/migrate was decided: its stopped attempt is no evidence
+    std::string family;    // what its normal is learned across (family_of, or its spec task)
+    std::array<double, kRelSeries> att_level{};  // this attempt's smoothed value per series
+    std::array<int, kRelSeries> att_n{};
+    double max_gap = 0;    // the longest recent heartbeat gap (decays 10 % a heartbeat)
     std::vector<Slot> slots;
+  };
+  /// A task family's normal for one series on one site: the geometric mean of the values
+  /// its attempts reported there that were not themselves "worse than normal".
+  struct Normal {
+    std::string site;
+    double log_mean = 0;
+    double log_var = 0;  // the values' spread (log space): a noisy task allows more
+    double n = 0;
+  };
+  struct Family {
+    std::array<std::vector<Normal>, kRelSeries> normals;
   };
 
   WorkflowSpec spec_;
@@ -171,6 +222,11 @@ struct PolicyEngine::Impl {
   std::vector<SiteState> sites_;
   std::map<std::string, int, std::less<>> site_index_;
   std::map<std::string, TaskState, std::less<>> tasks_;
+  std::map<std::string, Family, std::less<>> families_;
+  std::deque<PolicySpec> builtin_specs_;  // the default set's policies (stable addresses)
+  double rel_ratio_ = 2;                  // "worse than normal": 1 + 1/sensitivity
+  bool skip_retries_ = false;             // set while a failure the engine retries itself is observed
+  bool task_error_ = false;               // set while a failure that is the task's own error is observed
   int task_slots_ = 0, site_slots_ = 0;
   double max_speed_ = 1;
   double now_ = -kInf;
@@ -197,8 +253,18 @@ struct PolicyEngine::Impl {
     if (!(max_speed_ > 0)) max_speed_ = 1;
 
     std::vector<Diagnostic> diags;
-    for (std::size_t i = 0; i < spec_.policies.size(); ++i) compile(i, diags);
+    if (!(std::isfinite(spec_.sensitivity) && spec_.sensitivity > 0)) {
+      Diagnostic d;
+      d.file = spec_.file.empty() ? "<spec>" : spec_.file;
+      d.path = "sensitivity";
+      d.message = "sensitivity must be a number > 0 (1: worse than normal means 2x the task's normal)";
+      diags.push_back(std::move(d));
+    } else {
+      rel_ratio_ = 1 + 1 / spec_.sensitivity;
+    }
+    for (std::size_t i = 0; i < spec_.policies.size(); ++i) compile(spec_.policies[i], i, diags);
     if (!diags.empty()) throw SpecError(std::move(diags));
+    add_defaults();
 
     sites_.resize(spec_.sites.size());
     for (std::size_t i = 0; i < sites_.size(); ++i) {
@@ -208,8 +274,57 @@ struct PolicyEngine::Impl {
     }
   }
 
-  void compile(std::size_t i, std::vector<Diagnostic>& diags) {
-    const PolicySpec& ps = spec_.policies[i];
+  /// The default protection set (docs/anomaly.md, "Default protection"). A spec policy on
+  /// the same signal takes a default's place for the targets it names (all of them when it
+  /// names none).
+  void add_defaults() {
+    if (spec_.defaults == DefaultsMode::off) return;
+    auto add = [&](PolicySpec ps, std::vector<std::string> exclude) {
+      const int sig = signal_index(ps.signal);
+      std::vector<int> exclude_sites;
+      for (const Policy& q : policies_) {
+        if (q.builtin || q.signal != sig) continue;
+        if (q.all_targets) return;
+        exclude.insert(exclude.end(), q.task_targets.begin(), q.task_targets.end());
+        exclude_sites.insert(exclude_sites.end(), q.site_targets.begin(), q.site_targets.end());
+      }
+      builtin_specs_.push_back(std::move(ps));
+      std::vector<Diagnostic> diags;
+      compile(builtin_specs_.back(), spec_.policies.size() + builtin_specs_.size() - 1, diags);
+      if (!diags.empty()) throw SpecError(std::move(diags));  // a bug in this table, not in the spec
+      Policy& p = policies_.back();
+      p.builtin = true;
+      p.exclude_tasks = std::move(exclude);
+      p.exclude_sites = std::move(exclude_sites);
+    };
+    auto make = [](const char* name, const char* signal, const char* detector, double threshold, std::int64_t for_count,
+                   double cooldown, ActionKind action, std::int64_t max_attempts) {
+      PolicySpec ps;
+      ps.name = name;
+      ps.signal = signal;
+      ps.detector = detector;
+      ps.threshold = threshold;
+      ps.for_count = for_count;
+      ps.cooldown = Duration{cooldown};
+      ps.action = action;
+      ps.max_attempts = max_attempts;
+      return ps;
+    };
+    // A crashed attempt or a lost worker: retried, 3 times (Ray's default for system
+    // failures), off a suspect site (consider()); never an exit a retry cannot fix.
+    add(make("default-retry", "task.failures", "threshold", 1, 1, 0, ActionKind::restart, 3), {});
+    // A silent attempt: restarted once its heartbeats stop (phi-accrual).
+    add(make("default-revive", "task.heartbeat_gap", "phi-accrual", 8, 1, 10, ActionKind::restart, 3), {});
+    // A slowed attempt (a slowed site): moved once its step time is worse than its task's
+    // normal for 2 steps. Rehearsal jobs are left to the spec's own policies.
+    if (spec_.sites.size() >= 2) {
+      std::vector<std::string> jobs;
+      for (const auto& j : spec_.rehearsal) jobs.push_back(j.name);
+      add(make("default-slow", "task.step_time", "relative", rel_ratio_, 2, 30, ActionKind::migrate, 2), std::move(jobs));
+    }
+  }
+
+  void compile(const PolicySpec& ps, std::size_t i, std::vector<Diagnostic>& diags) {
     auto bad = [&](std::string_view key, const std::string& msg) {
       Diagnostic d;
       d.file = spec_.file.empty() ? "<spec>" : spec_.file;
@@ -250,6 +365,7 @@ struct PolicyEngine::Impl {
       case Det::holt_winters: p.threshold = ps.threshold.value_or(4.0); break;
       case Det::cusum: p.threshold = ps.threshold.value_or(12.0); break;
       case Det::phi: p.threshold = ps.threshold.value_or(8.0); break;
+      case Det::relative: p.threshold = ps.threshold.value_or(rel_ratio_); break;
       case Det::forecast:
       case Det::threshold:
         if (slack) {
@@ -265,6 +381,12 @@ struct PolicyEngine::Impl {
     if (!std::isfinite(p.threshold)) bad("threshold", "threshold must be a finite number");
     if (p.det == Det::ensemble && !(p.threshold > 0 && p.threshold <= 1))
       bad("threshold", "an ensemble score is in [0, 1]: threshold must be in (0, 1], not " + fmt("%g", p.threshold));
+    if (p.det == Det::relative && rel_series(p.signal) < 0)
+      bad("detector", "detector 'relative' compares a task with its normal: use it with task.step_time, task.runtime or "
+                      "task.queue_wait, not " + ps.signal);
+    if (p.det == Det::relative && !(p.threshold > 1))
+      bad("threshold", "a relative threshold is how many times worse than the task's normal: it must be > 1 (2: twice "
+                       "as slow), not " + fmt("%g", p.threshold));
     if (p.det == Det::phi && !(p.threshold > 0))
       bad("threshold", "a phi threshold must be > 0 (8 ~ a 1e-8 chance of a false suspicion)");
     if (ps.for_count < 1) bad("for", "for: must be >= 1");
@@ -345,6 +467,11 @@ struct PolicyEngine::Impl {
       it = tasks_.emplace(std::string(id), TaskState{}).first;
       TaskState& t = it->second;
       t.spec = task_spec(id);
+      // The instances of one spec task (or job) share a normal; an id that matches none is
+      // its own family (one function called with other arguments is not comparable).
+      t.family = t.spec ? t.spec->name : std::string(id);
+      for (const auto& j : spec_.rehearsal)
+        if (!t.spec && name_matches(j.name, id)) t.family = j.name;
       t.hb = PhiAccrual(opt_.phi);
       t.slots.resize(static_cast<std::size_t>(task_slots_));
     }
@@ -388,12 +515,78 @@ struct PolicyEngine::Impl {
   }
 
   bool watches(const Policy& p, std::string_view task_id, int site) const {
+    if (p.builtin) {
+      if (site >= 0 && std::find(p.exclude_sites.begin(), p.exclude_sites.end(), site) != p.exclude_sites.end()) return false;
+      if (!task_id.empty())
+        for (const auto& n : p.exclude_tasks)
+          if (name_matches(n, task_id)) return false;
+      return true;
+    }
     if (p.all_targets) return true;
     if (site >= 0 && std::find(p.site_targets.begin(), p.site_targets.end(), site) != p.site_targets.end()) return true;
     if (!task_id.empty())
       for (const auto& n : p.task_targets)
         if (name_matches(n, task_id)) return true;
     return false;
+  }
+
+  // ---- the task's normal ---------------------------------------------------------------------
+
+  double site_speed(std::string_view site) const {
+    const int i = find_site(site);
+    return i >= 0 && sites_[static_cast<std::size_t>(i)].spec->speed > 0 ? sites_[static_cast<std::size_t>(i)].spec->speed : 1.0;
+  }
+
+  /// One value of a relative series of an attempt: updates the attempt's smoothed level,
+  /// compares it with the task's normal (the best normal of any site, scaled by the sites'
+  /// declared speeds) and lets the value join its site's normal unless it is itself worse
+  /// than normal. O(sites that ran the task).
+  RelEval rel_eval(TaskState& t, int rs, double x) {
+    RelEval r;
+    if (!(x >= 0) || !std::isfinite(x)) return r;
+    double& lvl = t.att_level[static_cast<std::size_t>(rs)];
+    int& n = t.att_n[static_cast<std::size_t>(rs)];
+    // An attempt's first value (start-up: imports, a cold cache) neither counts nor teaches.
+    if (++n == 1) return r;
+    lvl = n == 2 ? x : lvl + 0.5 * (x - lvl);
+    r.level = lvl;
+    auto fit = families_.find(t.family);
+    if (fit == families_.end()) {
+      if (families_.size() >= kMaxFamilies) return r;  // bounded: unknown ids can be many
+      fit = families_.emplace(t.family, Family{}).first;
+    }
+    auto& normals = fit->second.normals[static_cast<std::size_t>(rs)];
+    const double own_speed = site_speed(t.site_name);
+    Normal* own = nullptr;
+    for (auto& nm : normals) {
+      if (nm.site == t.site_name) own = &nm;
+      if (nm.n < kMinNormal) continue;
+      // A time on a site twice as fast is expected to take twice as long here.
+      const double expected = std::exp(nm.log_mean) * site_speed(nm.site) / own_speed;
+      if (!r.ready || expected < r.normal) {
+        r.ready = true;
+        r.normal = expected;
+        r.normal_n = nm.n;
+        r.normal_site = nm.site;
+        // Values that vary by more than the ratio in normal times widen it: 2.5 of their
+        // log-space deviations (a log-normal sigma of 0.3 allows 2.1x).
+        r.allowance = std::max(1.0, std::exp(kNoiseSigmas * std::sqrt(nm.log_var)) / rel_ratio_);
+      }
+    }
+    const double floor = 1e-9;
+    const bool worse = r.ready && x / std::max(r.normal * r.allowance, floor) >= rel_ratio_;
+    if (n < 3) r.ready = false;  // judged on two values of its own at least
+    if (r.ready) r.ratio = lvl / std::max(r.normal * r.allowance, floor);
+    if (!worse && x > 0) {
+      if (!own && normals.size() < kMaxFamilySites) own = &normals.emplace_back(Normal{t.site_name, 0, 0, 0});
+      if (own) {
+        own->n += 1;
+        const double w = 1 / std::min(own->n, kNormalMemory), d = std::log(x) - own->log_mean;
+        own->log_mean += w * d;
+        own->log_var = (1 - w) * (own->log_var + w * d * d);
+      }
+    }
+    return r;
   }
 
   // ---- detectors -----------------------------------------------------------------------------
@@ -406,7 +599,11 @@ struct PolicyEngine::Impl {
     return (x - rl.level()) / sd;
   }
 
-  Eval run_detector(const Policy& p, Slot& s, double t, double x) {
+  /// The relative form of an evaluation: how many times worse than normal, as a score that
+  /// is 0.5 at the sensitivity's ratio and 1 at its square (2x: 0.5, 4x: 1 by default).
+  double rel_score(double ratio) const { return ratio > 1 ? std::clamp(0.5 * std::log(ratio) / std::log(rel_ratio_), 0.0, 1.0) : 0.0; }
+
+  Eval run_detector(const Policy& p, Slot& s, double t, double x, const RelEval* rel = nullptr) {
     Eval e;
     e.x = x;
     if (!std::isfinite(x) || !std::isfinite(t)) return e;
@@ -449,8 +646,32 @@ struct PolicyEngine::Impl {
         e.score = e.ens.score;
         e.score_threshold = p.threshold;
         e.badness = e.value;
+        // Before it has warmed up, and whenever it says less, the task's normal speaks: a
+        // baseline from the first step.
+        if (rel && rel->ready && rel_score(rel->ratio) > (e.ready ? e.value : 0)) {
+          e.ready = true;
+          e.relative = true;
+          e.rel = *rel;
+          e.value = rel_score(rel->ratio);
+          e.over = e.value >= p.threshold;
+          e.score = e.value;
+          e.badness = e.value;
+        }
         break;
       }
+      case Det::relative:
+        if (rel) {
+          e.ready = rel->ready;
+          e.relative = true;
+          e.rel = *rel;
+          e.value = rel->ratio;
+          e.shown_threshold = p.threshold;
+          e.over = e.ready && rel->ratio >= p.threshold;
+          e.score = rel_score(rel->ratio);
+          e.score_threshold = rel_score(p.threshold);
+          e.badness = e.over ? 1 : 0;
+        }
+        break;
       case Det::ewma: {
         auto& rl = std::get<RobustLevel>(s.det->v);
         e.a = rl.level();
@@ -516,7 +737,8 @@ struct PolicyEngine::Impl {
     return e;
   }
 
-  Eval phi_eval(const Policy& p, const PhiAccrual& hb, std::optional<double> last_hb, double now) const {
+  Eval phi_eval(const Policy& p, const PhiAccrual& hb, std::optional<double> last_hb, double now,
+                double max_gap = 0) const {
     Eval e;
     if (hb.count() < static_cast<std::uint64_t>(opt_.min_heartbeats) || !last_hb) return e;
     const double phi = hb.phi(now);
@@ -527,6 +749,11 @@ struct PolicyEngine::Impl {
     e.b = static_cast<double>(hb.count());
     e.shown_threshold = p.threshold;
     e.over = phi >= p.threshold;
+    // The default set also wants a silence that is long in absolute terms: heartbeats that
+    // come once a step are as irregular as the steps, which phi's Gaussian does not expect.
+    // A slowed attempt's steps (one heartbeat each) grow long but keep coming: twice the
+    // longest recent gap is not yet silence.
+    if (p.builtin) e.over = e.over && e.x >= std::max({4 * hb.mean_gap(), hb.mean_gap() + 3.0, 2 * max_gap});
     e.score = 1 - std::pow(10.0, -phi);
     e.score_threshold = 1 - std::pow(10.0, -p.threshold);
     e.badness = e.over ? 1 : 0;
@@ -539,7 +766,10 @@ struct PolicyEngine::Impl {
     const char* op = p.det == Det::forecast && p.signal != kDeadlineSlack ? "<=" : (p.dir > 0 ? ">=" : "<=");
     const char* unit = kSignals[p.signal].unit;
     switch (p.det) {
-      case Det::ensemble: return fmt("score %.2f >= %g", e.value, p.threshold);
+      case Det::ensemble:
+        if (e.relative) return fmt("score %.2f >= %g (%.1fx the task's normal)", e.value, p.threshold, e.rel.ratio);
+        return fmt("score %.2f >= %g", e.value, p.threshold);
+      case Det::relative: return fmt("%.2fx >= %gx the task's normal", e.value, p.threshold);
       case Det::ewma:
       case Det::holt_winters: return fmt("z %+.1f %s %+g", e.value, op, e.shown_threshold);
       case Det::cusum: return fmt("%s sum %.1f >= %g sigmas", p.dir > 0 ? "upward" : "downward", e.value, p.threshold);
@@ -557,7 +787,14 @@ struct PolicyEngine::Impl {
 
   std::string explanation(const Policy& p, const Eval& e, const TaskState* t) const {
     switch (p.det) {
-      case Det::ensemble: return explain(e.ens);
+      case Det::relative:
+      case Det::ensemble:
+        if (e.relative)
+          return fmt("attempt's level %.4g%s (last value %.4g), task's normal %.4g%s from %.0f values on %s", e.rel.level,
+                     kSignals[p.signal].unit, e.x, e.rel.normal, kSignals[p.signal].unit, e.rel.normal_n,
+                     e.rel.normal_site.empty() ? "?" : e.rel.normal_site.c_str()) +
+                 (e.rel.allowance > 1 ? fmt(", widened %.2fx for its noise", e.rel.allowance) : std::string());
+        return explain(e.ens);
       case Det::ewma: return fmt("value %.4g, level %.4g, scale %.3g", e.x, e.a, e.b);
       case Det::holt_winters:
         return fmt("value %.4g, expected %.4g [%.4g, %.4g]", e.x, e.fc.mean, e.fc.lower, e.fc.upper);
@@ -694,11 +931,25 @@ struct PolicyEngine::Impl {
     d.attempt = s.attempts;
     std::string act;
     switch (ps.action) {
-      case ActionKind::restart:
+      case ActionKind::restart: {
         d.action = "restart";
         d.target_site.assign(site);
         act = "restart on site " + std::string(site.empty() ? "?" : site);
+        // A restart does not go back to a site under suspicion when a healthier one is allowed.
+        std::string why;
+        const int target = t && t->site >= 0 && sites_.size() > 1 ? choose_target(p, *t, now, why) : -1;
+        if (target >= 0) {
+          const double own = health(sites_[static_cast<std::size_t>(t->site)], now).health;
+          const double best = health(sites_[static_cast<std::size_t>(target)], now).health;
+          if (own < kSuspect * best) {
+            d.action = "migrate";
+            d.target_site = sites_[static_cast<std::size_t>(target)].spec->name;
+            act = fmt("restart off suspect site %s (health %.2f < %.2f x the best candidate's): on ", t->site_name.c_str(),
+                      own, kSuspect) + why;
+          }
+        }
         break;
+      }
       case ActionKind::migrate:
       case ActionKind::speculate: {
         std::string why;
@@ -727,7 +978,14 @@ struct PolicyEngine::Impl {
         act = "alert";
         break;
     }
-    if ((d.action == "restart" || d.action == "migrate") && ss) add_failures(*ss, 1, now);
+    if (p.builtin && spec_.defaults == DefaultsMode::observe) {  // decided, reported, not done
+      act = "observe only (defaults: observe): would " + act;
+      d.action = "alert";
+    }
+    if (d.action == "restart" || d.action == "migrate") {
+      if (ss) add_failures(*ss, 1, now);
+      if (t) t->acted = true;  // the attempt it stops is a consequence, not new evidence
+    }
     d.reason = what + " (" + d.explanation + "); " + act + fmt("; attempt %d of %d", s.attempts, p.max_attempts);
     out.push_back(std::move(d));
   }
@@ -746,11 +1004,21 @@ struct PolicyEngine::Impl {
     const int site_idx = find_site(o.site);
     SiteState* ss = site_state(site_idx);
 
+    if (sig == kFailures && per_task && !o.task_id.empty() && o.value > 0) {
+      auto it = tasks_.find(o.task_id);
+      if (it != tasks_.end()) {
+        it->second.running = false;
+        if (it->second.acted) {  // the attempt an action stopped: what the action did, not new trouble
+          it->second.acted = false;
+          return;
+        }
+      }
+    }
     // Inputs of the health score, whatever the policies.
     if (std::isfinite(o.value) && ss) {
       if (sig == kQueueLength) ss->queue = o.value;
       if (sig == kFailureRate) ss->failure_rate = std::clamp(o.value, 0.0, 1.0);
-      if (sig == kFailures && o.value > 0) add_failures(*ss, o.value, now);
+      if (sig == kFailures && o.value > 0 && !task_error_) add_failures(*ss, o.value, now);  // the site's doing
     }
 
     if (per_task) {
@@ -762,16 +1030,26 @@ struct PolicyEngine::Impl {
       if (sig == kTaskHeartbeat && std::isfinite(o.value) && o.value >= 0) {
         const double at = now - o.value;
         if (!t.last_hb || at > *t.last_hb + 1e-9) {
+          if (t.last_hb) t.max_gap = std::max(at - *t.last_hb, 0.9 * t.max_gap);
           t.hb.heartbeat(at);
           t.last_hb = at;
+          t.running = true;
         }
       }
       SiteState* tss = site_state(t.site);
+      const int rs = rel_series(sig);
+      std::optional<RelEval> rel;
+      if (rs >= 0 && std::isfinite(o.value)) rel = rel_eval(t, rs, o.value);
       for (int pi : list) {
         const Policy& p = policies_[static_cast<std::size_t>(pi)];
         if (!watches(p, o.task_id, t.site)) continue;
+        if (skip_retries_ && sig == kFailures && (p.spec->action == ActionKind::restart || p.spec->action == ActionKind::migrate ||
+                                                  p.spec->action == ActionKind::speculate))
+          continue;  // the engine retries this failure itself: never two retries of one failure
+        if (task_error_ && sig == kFailures && p.builtin) continue;  // default-retry: lost attempts only
         Slot& s = t.slots[static_cast<std::size_t>(p.task_slot)];
-        Eval e = p.det == Det::phi ? phi_eval(p, t.hb, t.last_hb, now) : run_detector(p, s, now, o.value);
+        Eval e = p.det == Det::phi ? phi_eval(p, t.hb, t.last_hb, now, t.max_gap)
+                                   : run_detector(p, s, now, o.value, rel ? &*rel : nullptr);
         consider(p, s, e, o.task_id, &t, t.site_name, tss, now, out);
       }
       return;
@@ -804,9 +1082,9 @@ struct PolicyEngine::Impl {
       SiteState* tss = site_state(t.site);
       for (int pi : hb_pols) {
         const Policy& p = policies_[static_cast<std::size_t>(pi)];
-        if (p.det != Det::phi || !watches(p, id, t.site)) continue;
+        if (p.det != Det::phi || !t.running || !watches(p, id, t.site)) continue;
         Slot& s = t.slots[static_cast<std::size_t>(p.task_slot)];
-        consider(p, s, phi_eval(p, t.hb, t.last_hb, now), id, &t, t.site_name, tss, now, out);
+        consider(p, s, phi_eval(p, t.hb, t.last_hb, now, t.max_gap), id, &t, t.site_name, tss, now, out);
       }
       const TrendModel& m = t.progress.model();
       // The trend's early slope is biased low (Holt starts from 0): judge after warm-up.
@@ -884,6 +1162,11 @@ void PolicyEngine::task_started(std::string_view task, std::string_view site, do
   t.progress = CompletionForecaster(1.0);
   t.last_fraction = 0;
   t.observed_slack = t.observed_rate = false;
+  t.running = true;
+  t.acted = false;
+  t.att_level = {};
+  t.att_n = {};
+  t.max_gap = 0;
   if (!t.deadline && std::isfinite(now)) {
     if (deadline_s && std::isfinite(*deadline_s))
       t.deadline = now + *deadline_s;
@@ -905,8 +1188,50 @@ void PolicyEngine::heartbeat(std::string_view task, std::string_view site, doubl
   impl_->advance(now);
   auto& t = impl_->task(task, site, now);
   if (t.last_hb && now < *t.last_hb) return;
+  if (t.last_hb) t.max_gap = std::max(now - *t.last_hb, 0.9 * t.max_gap);
   t.hb.heartbeat(now);
   t.last_hb = now;
+  t.running = true;
+}
+
+void PolicyEngine::task_failed(std::string_view task, std::string_view site, double now, const Failure& f,
+                               std::vector<Decision>& out) {
+  if (task.empty() || !std::isfinite(now)) return;
+  Impl& m = *impl_;
+  m.advance(now);
+  auto& t = m.task(task, site, now);
+  t.running = false;
+  if (permanent_exit(f.exit_code)) {
+    if (t.acted) {
+      t.acted = false;
+      return;
+    }
+    // Not the site's fault, and no retry fixes it: said once, in place of a retry.
+    bool watched = false;
+    for (int pi : m.by_signal_[kFailures]) watched |= m.watches(m.policies_[static_cast<std::size_t>(pi)], task, t.site);
+    if (!watched) return;
+    Decision d;
+    d.action = "alert";
+    d.task_id.assign(task);
+    d.site = t.site_name;
+    d.policy = "default-retry";
+    d.signal = "task.failures";
+    d.detector = "threshold";
+    d.value = *f.exit_code;
+    d.threshold = 1;
+    d.score = 1;
+    d.time_s = now;
+    d.explanation = fmt("exit status %d (%s)", *f.exit_code, *f.exit_code == 127 ? "command not found" : "not executable");
+    d.reason = "task " + std::string(task) + " on site " + (t.site_name.empty() ? std::string("?") : t.site_name) +
+               " failed with " + d.explanation + ": a retry cannot fix that; not retried";
+    out.push_back(std::move(d));
+    return;
+  }
+  m.skip_retries_ = f.engine_retries;
+  m.task_error_ = f.kind == Failure::Kind::error ||
+                  (f.kind == Failure::Kind::unknown && f.exit_code && *f.exit_code != 0);
+  m.observe(Observation{task, site, "task.failures", 1, now}, out);
+  m.skip_retries_ = m.task_error_ = false;
 }
 
 void PolicyEngine::task_finished(std::string_view task, double now) {

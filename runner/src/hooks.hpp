@@ -28,8 +28,10 @@ class Hooks {
   /// (adapters::apply_progress_line: progress, or a heartbeat with its metrics).
   virtual void task_progress_line(const Attempt& a, const ProgressLine& line) = 0;
   virtual void task_completed(const Attempt& a) = 0;
-  /// The attempt failed (or was stopped to recover it); `retryable` tells the policies a
-  /// restart may help.
+  /// The attempt failed (or was stopped to recover it). `retryable` is the ABI's: the runner
+  /// itself queues the next attempt (an action's stop, the baseline's retry), so no policy
+  /// retries this failure too; false leaves the retry to the policies. a.exit_code, when
+  /// set, is reported with it.
   virtual void task_failed(const Attempt& a, bool retryable, const std::string& reason) = 0;
   virtual void task_cancelled(const Attempt& a, const std::string& reason) = 0;
   /// An output file of `stream` (its instance index `seq`) is there; bytes -1: unknown.

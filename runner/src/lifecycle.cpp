@@ -99,11 +99,18 @@ void Lifecycle::stop(int ii, int ai, Outcome outcome, const std::string& reason,
   a.outcome = outcome;
   a.reason = reason;
   a.end_t = ctx_.now();
-  if (report_failed) ctx_.hooks.task_failed(a, true, reason);
+  if (report_failed) ctx_.hooks.task_failed(a, true, reason);  // the action that stopped it queued the next attempt
   else ctx_.hooks.task_cancelled(a, reason);
 }
 
-bool Lifecycle::policy_can_recover(const Instance& inst) const {
+bool Lifecycle::policy_can_recover(const Instance& inst, const Attempt& failed) const {
+  // A retry cannot fix a command that is missing or not executable.
+  if (failed.exit_code && (*failed.exit_code == 126 || *failed.exit_code == 127)) return false;
+  if (ctx_.spec.defaults == DefaultsMode::on && !failed.own_error) {  // default-retry: 3 retries of lost attempts
+    long failures = 0;
+    for (const auto& x : inst.attempts) failures += x.outcome == Outcome::failed && !x.own_error && x.hook_id == failed.hook_id;
+    if (failures <= 3) return true;
+  }
   const std::string& name = ctx_.task(inst.task).name;
   for (const auto& p : ctx_.spec.policies) {
     if (p.action != ActionKind::restart && p.action != ActionKind::migrate && p.action != ActionKind::speculate) continue;
@@ -140,7 +147,8 @@ void Lifecycle::completed(int ii, int ai) {
   }
 }
 
-void Lifecycle::ended(int ii, int ai, bool ok, const std::string& reason, bool lost) {
+void Lifecycle::ended(int ii, int ai, bool ok, const std::string& reason, bool lost, std::optional<int> exit_code,
+                      bool own_error) {
   Instance& inst = store_.at(ii);
   Attempt& a = store_.attempt(ii, ai);
   Site* s = sites_.find(a.site);
@@ -152,6 +160,8 @@ void Lifecycle::ended(int ii, int ai, bool ok, const std::string& reason, bool l
   }
   a.end_t = ctx_.now();
   a.reason = reason;
+  a.exit_code = exit_code;
+  a.own_error = own_error || (exit_code && *exit_code != 0);
   if (ok) {
     a.outcome = Outcome::completed;
     ctx_.hooks.task_completed(a);
@@ -173,8 +183,8 @@ void Lifecycle::ended(int ii, int ai, bool ok, const std::string& reason, bool l
     if (!others_alive) retry_as_baseline(ii, "baseline: retry after an error", reason);
     return;
   }
-  const bool recoverable = policy_can_recover(inst) && !ctx_.stopping;
-  ctx_.hooks.task_failed(a, recoverable, told);
+  const bool recoverable = policy_can_recover(inst, a) && !ctx_.stopping;
+  ctx_.hooks.task_failed(a, false, told);  // the runner does not retry it: the policies may
   if (others_alive) return;
   if (recoverable) store_.await(ii, ctx_.now());
   else finish(ii, InstanceState::failed, reason);

@@ -49,7 +49,11 @@ class Lifecycle {
   /// failed (retryable, `report_failed`) or was cancelled.
   void stop(int ii, int ai, Outcome outcome, const std::string& reason, bool report_failed);
   /// Attempt (ii, ai) ended by itself: done (`ok`), failed, or its worker died (`lost`).
-  void ended(int ii, int ai, bool ok, const std::string& reason, bool lost = false);
+  /// lost: the worker died (not the task's own error); exit_code: a command's exit status
+  /// (126 and 127 are never retried); own_error: the task failed by itself (an exit status
+  /// != 0, a built-in kind's error): the default protection does not retry it.
+  void ended(int ii, int ai, bool ok, const std::string& reason, bool lost = false, std::optional<int> exit_code = {},
+             bool own_error = false);
   /// Instance ii is final (logged unless completed).
   void finish(int ii, InstanceState st, const std::string& reason);
   /// The baseline's retry: a new attempt while the instance has had fewer than 3, else it
@@ -64,7 +68,8 @@ class Lifecycle {
   /// next attempt waits.
   bool draining(int ii) const;
   /// Could one of the spec's policies restart, migrate or copy this instance's task?
-  bool policy_can_recover(const Instance& inst) const;
+  /// Whether a policy (or the default retry) may start another attempt after `failed` failed.
+  bool policy_can_recover(const Instance& inst, const Attempt& failed) const;
 
  private:
   void completed(int ii, int ai);

@@ -199,7 +199,8 @@ void LocalPools::on_exit(Site& s, Slot& slot, bool worker, int status) {
     if (!line.empty()) last = line;
   if (!last.empty()) reason += ": " + last.substr(0, 500);
   if (WIFEXITED(status) && WEXITSTATUS(status) == 127) reason += " (command not found?)";
-  lifecycle_.ended(ii, ai, false, reason, WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  lifecycle_.ended(ii, ai, false, reason, WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
+                   WIFEXITED(status) ? std::optional<int>(WEXITSTATUS(status)) : std::nullopt);
 }
 
 void LocalPools::reap() {

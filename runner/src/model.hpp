@@ -5,6 +5,7 @@
 
 #include <boost/json/object.hpp>
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,6 +46,10 @@ struct Attempt {
   long step = 0;
   double progress = 0;
   bool lost = false;  ///< baseline: its worker died; noticed only by heartbeat silence
+  std::optional<int> exit_code;  ///< a command's exit status, when it exited with one
+  /// Why it failed: the task's own error (an exit status, an exception in a built-in kind)
+  /// or lost (its worker or process died): diaspora_task_info.failure.
+  bool own_error = false;
   bool live() const { return outcome == Outcome::running; }
   bool queued() const { return outcome == Outcome::queued; }
   /// The first attempt of its hook id (not a restart, a migration or a copy).

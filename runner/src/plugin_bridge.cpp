@@ -138,6 +138,12 @@ void PluginBridge::task_completed(const Attempt& a) {
 void PluginBridge::task_failed(const Attempt& a, bool retryable, const std::string& reason) {
   auto i = info(a);
   i.retryable = retryable ? 1 : 0;
+  if (a.exit_code) {
+    i.has_exit_code = 1;
+    i.exit_code = *a.exit_code;
+  }
+  // A stop for an action is neither: the action is its retry.
+  if (!retryable) i.failure = a.own_error ? DIASPORA_FAILURE_ERROR : DIASPORA_FAILURE_LOST;
   const std::string r = clip(reason);
   i.reason = r.c_str();
   lib_->task_failed(plugin_, &i);

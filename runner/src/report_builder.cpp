@@ -78,7 +78,11 @@ json::object build_report(const Context& ctx, const InstanceStore& store, const 
   json::object r;
   r["workflow"] = ctx.spec.name;
   r["spec"] = ctx.spec.file;
-  r["mode"] = ctx.baseline() ? "baseline" : ctx.spec.policies.empty() ? "no-policies" : "policies";
+  r["mode"] = ctx.baseline()                                 ? "baseline"
+              : !ctx.spec.policies.empty()                  ? "policies"
+              : ctx.spec.defaults != DefaultsMode::off ? "defaults"
+                                                            : "no-policies";
+  r["defaults"] = std::string(to_string(ctx.spec.defaults));
   if (ctx.baseline()) r["baseline_retry_after_s"] = *ctx.opt.baseline_retry_after_s;
   r["started_us"] = run.started_us;
   r["duration_s"] = opt_t(run.duration_s);
@@ -135,7 +139,7 @@ json::object build_report(const Context& ctx, const InstanceStore& store, const 
 
 json::array read_anomalies(const Context& ctx, std::int64_t started_us) {
   json::array out;
-  if (ctx.spec.policies.empty() || ctx.baseline()) return out;
+  if ((ctx.spec.policies.empty() && ctx.spec.defaults == DefaultsMode::off) || ctx.baseline()) return out;
   constexpr std::size_t kMax = 5000;
   try {
     read_topic(ctx.relay_url, ctx.ca_file, ctx.token_file, ctx.events_topic(), 30, [&](const json::object& e) {

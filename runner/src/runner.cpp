@@ -184,8 +184,10 @@ int Runner::run() {
   ctx_.say("workflow " + spec_.name + " from " + spec_.file + ", output in " + opt_.out_dir.string() +
            (ctx_.baseline() ? " (baseline: retry after " + std::to_string(static_cast<int>(*opt_.baseline_retry_after_s)) +
                                   " s of silence, no policies)"
-            : spec_.policies.empty() ? " (no policies)"
-                                     : " (" + std::to_string(spec_.policies.size()) + " policies)"));
+            : " (" + (spec_.policies.empty() ? std::string("no") : std::to_string(spec_.policies.size())) + " policies, " +
+                  (spec_.defaults == DefaultsMode::off ? std::string("no default protection")
+                                                       : "default protection " + std::string(to_string(spec_.defaults))) +
+                  ")"));
   start_relay_and_plugin();
   workers_.start_sites(in_.document);
   faults_ = std::make_unique<FaultInjector>(ctx_, store_, sites_, workers_, relay_.get());

@@ -233,7 +233,10 @@ std::optional<SpecInput> load_run_spec(const fs::path& file, const std::vector<s
     }
   }
   if (!errors.empty()) return std::nullopt;
-  if (no_policies && root.is_object()) root.get_object().erase("policies");
+  if (no_policies && root.is_object()) {  // the baseline: no policies, no default protection either
+    root.get_object().erase("policies");
+    root.get_object()["defaults"] = "off";
+  }
 
   SpecInput in;
   in.base_dir = fs::absolute(file).parent_path();

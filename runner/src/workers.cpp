@@ -139,7 +139,8 @@ void Workers::on_message(Site& s, Slot& slot, const json::object& m) {
       lifecycle_.ended(ii, ai, true, "");
     } else {
       const json::value* r = m.if_contains("reason");
-      lifecycle_.ended(ii, ai, false, r && r->is_string() ? std::string(r->get_string()) : "failed");
+      lifecycle_.ended(ii, ai, false, r && r->is_string() ? std::string(r->get_string()) : "failed", false, std::nullopt,
+                       true);  // the built-in kind's own error
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "diaspora/plugin.h"
@@ -198,6 +199,12 @@ int main(int argc, char** argv) {
   EXPECT_RC(diaspora_task_failed(h, &t), DIASPORA_ERR_INVALID);
   t.reason = "worker lost";
   t.retryable = 1;
+  t.failure = 3; /* ABI 1.2: not a diaspora_failure_kind */
+  EXPECT_RC(diaspora_task_failed(h, &t), DIASPORA_ERR_INVALID);
+  t.failure = DIASPORA_FAILURE_LOST;
+  EXPECT_RC(diaspora_task_failed(h, &t), DIASPORA_OK); ++ok_calls;
+  t.failure = 3; /* a 1.1 caller's struct ends before failure: those bytes are not read */
+  t.struct_size = offsetof(diaspora_task_info, failure);
   EXPECT_RC(diaspora_task_failed(h, &t), DIASPORA_OK); ++ok_calls;
   t = task("t-1");
   EXPECT_RC(diaspora_task_cancelled(h, &t), DIASPORA_OK); ++ok_calls; /* out of order: reported, not refused */

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -49,6 +50,18 @@ class TempDir {
 
  private:
   std::filesystem::path path_;
+};
+
+/// Deterministic uniform numbers in [0, 1) (splitmix64; the same on every platform).
+struct Rng {
+  std::uint64_t s;
+  double next() {
+    std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return static_cast<double>(z >> 11) * 0x1.0p-53;
+  }
 };
 
 }  // namespace diaspora::test

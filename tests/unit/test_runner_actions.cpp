@@ -174,7 +174,8 @@ TEST(RunnerLifecycle, AFailureWaitsForThePoliciesThenFailsAfterTheGrace) {
   slot.inst = slot.att = -1;
   r.lifecycle.ended(ii, 0, false, "exit status 1");
   EXPECT_EQ(r.store.at(ii).state, InstanceState::awaiting);
-  EXPECT_EQ(r.hooks.calls.back(), "failed burn.0 retryable: exit status 1");
+  // Not retryable: the runner does not retry it itself, the policies may.
+  EXPECT_EQ(r.hooks.calls.back(), "failed burn.0: exit status 1");
   r.clock.t = 9.9;
   r.lifecycle.awaiting_checks();
   EXPECT_EQ(r.store.at(ii).state, InstanceState::awaiting);
@@ -184,8 +185,44 @@ TEST(RunnerLifecycle, AFailureWaitsForThePoliciesThenFailsAfterTheGrace) {
   EXPECT_EQ(r.store.at(ii).reason, "exit status 1 (no policy restarted it within 10 s)");
 }
 
+TEST(RunnerLifecycle, TheDefaultRetryWaitsForThreeLostAttemptsButNeverForTheTasksOwnError) {
+  Rig r(two_sites(2));  // no policies, defaults: on
+  r.submit();
+  const int ii = r.inst("burn.0");
+  for (int k = 0; k < 4; ++k) {
+    Attempt& a = r.store.attempt(ii, static_cast<int>(r.store.at(ii).attempts.size()) - 1);
+    if (a.live()) {
+      Slot& slot = r.sites.find(a.site)->slots[static_cast<std::size_t>(a.slot)];
+      slot.inst = slot.att = -1;
+    }
+    r.lifecycle.ended(ii, static_cast<int>(r.store.at(ii).attempts.size()) - 1, false, "worker died (killed by signal 9)");
+    if (k < 3) {
+      EXPECT_EQ(r.store.at(ii).state, InstanceState::awaiting) << k;
+      Attempt n;  // what default-retry's restart queues
+      n.hook_id = "burn.0";
+      r.lifecycle.queue(ii, std::move(n));
+      r.dispatch();
+    }
+  }
+  EXPECT_EQ(r.store.at(ii).attempts.size(), 4u);
+  EXPECT_EQ(r.store.at(ii).state, InstanceState::failed);  // the default budget is spent: no grace wait
+  const int jj = r.inst("burn.1");
+  Slot& slot = r.sites.find(r.last("burn.1").site)->slots[static_cast<std::size_t>(r.last("burn.1").slot)];
+  slot.inst = slot.att = -1;
+  r.lifecycle.ended(jj, 0, false, "command exit status 127 (command not found?)", false, 127);
+  EXPECT_EQ(r.store.at(jj).state, InstanceState::failed);
+  EXPECT_EQ(r.hooks.calls.back(), "failed burn.1: command exit status 127 (command not found?)");
+  // The task's own error (exit status 1): the default does not retry it either.
+  Rig e(two_sites(1));
+  e.submit();
+  Slot& s1 = e.sites.find(e.last("burn.0").site)->slots[static_cast<std::size_t>(e.last("burn.0").slot)];
+  s1.inst = s1.att = -1;
+  e.lifecycle.ended(e.inst("burn.0"), 0, false, "command exit status 1", false, 1);
+  EXPECT_EQ(e.store.at(e.inst("burn.0")).state, InstanceState::failed);
+}
+
 TEST(RunnerLifecycle, WithoutARecoveringPolicyAFailureIsFinalAndTheBaselineRetriesThreeTimes) {
-  Rig none(two_sites(1));
+  Rig none(two_sites(1, "defaults: off\n"));
   none.submit();
   none.sites.find("fast")->slots[0].inst = -1;
   none.lifecycle.ended(none.inst("burn.0"), 0, false, "boom");

@@ -83,9 +83,10 @@ struct TaskFailed : TaskRef {
   std::optional<std::string> worker;
   std::optional<std::int64_t> exit_code;
   std::optional<bool> retryable;
+  std::optional<std::string> failure;  ///< "error" | "lost" (ABI 1.2), when the engine said
   std::optional<double> runtime_s;
 };
-BOOST_DESCRIBE_STRUCT(TaskFailed, (TaskRef), (reason, worker, exit_code, retryable, runtime_s))
+BOOST_DESCRIBE_STRUCT(TaskFailed, (TaskRef), (reason, worker, exit_code, retryable, failure, runtime_s))
 
 struct TaskCancelled : TaskRef {
   static constexpr std::string_view type = "org.diaspora.task.cancelled";

@@ -146,6 +146,12 @@ struct RehearsalJobSpec {
   Location location;
 };
 
+/// `defaults:`: whether the built-in protection set (docs/anomaly.md, "Default
+/// protection") runs beside the spec's policies: on (the default), off, or observe
+/// (its decisions are reported as alerts and nothing is done).
+enum class DefaultsMode { on, off, observe };
+std::string_view to_string(DefaultsMode m) noexcept;
+
 enum class FaultKind { slow_site, kill_worker, stop_relay, hang_task };
 std::string_view to_string(FaultKind f) noexcept;
 
@@ -175,6 +181,10 @@ struct WorkflowSpec {
   std::vector<PolicySpec> policies;
   std::vector<RehearsalJobSpec> rehearsal;
   std::vector<FaultSpec> faults;
+  DefaultsMode defaults = DefaultsMode::on;
+  /// `sensitivity:` (> 0, default 1): one knob for the relative detectors and the defaults.
+  /// "Worse than normal" means `1 + 1/sensitivity` times the task's normal (2x at 1).
+  double sensitivity = 1.0;
 
   /// The site named `name`, or nullptr.
   const SiteSpec* find_site(std::string_view name) const noexcept;

@@ -1,4 +1,4 @@
-"""ctypes declarations of the plugin's C ABI (plugin/include/diaspora/plugin.h, ABI 1.1)
+"""ctypes declarations of the plugin's C ABI (plugin/include/diaspora/plugin.h, ABI 1.2)
 and the search for libdiaspora_plugin.so.
 
 Why ctypes: it is in the standard library (no compiler, no build step, no package beyond
@@ -19,7 +19,7 @@ import os
 import struct
 from pathlib import Path
 
-ABI_MAJOR, ABI_MINOR = 1, 1
+ABI_MAJOR, ABI_MINOR = 1, 2
 ABI_VERSION = (ABI_MAJOR << 16) | ABI_MINOR
 
 MAX_ID = 255
@@ -56,7 +56,11 @@ class TaskInfo(C.Structure):
                 # const diaspora_metric_value*, declared as char* so that a bytes object
                 # holding the packed array (pack_metrics) can be stored directly: much
                 # cheaper from Python than building MetricValue objects.
-                ("metrics", C.c_char_p), ("metric_count", C.c_size_t)]
+                ("metrics", C.c_char_p), ("metric_count", C.c_size_t),
+                ("failure", C.c_int32)]  # ABI 1.2: a diaspora_failure_kind (FAILURE_*)
+
+
+FAILURE_UNKNOWN, FAILURE_ERROR, FAILURE_LOST = 0, 1, 2
 
 
 class Metric(C.Structure):
@@ -190,7 +194,7 @@ _loaded: dict[str, C.CDLL] = {}
 
 def load_library(explicit: str | os.PathLike | None = None) -> tuple[C.CDLL, str]:
     """Loads (once per path) and checks the library: the first candidate that loads and
-    serves ABI 1.1. Raises LibraryError naming every file tried and why it failed."""
+    serves ABI 1.2. Raises LibraryError naming every file tried and why it failed."""
     from .errors import LibraryError, AbiError
 
     tried: list[str] = []

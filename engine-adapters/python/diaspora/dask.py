@@ -202,7 +202,7 @@ class DiasporaSchedulerPlugin(SchedulerPlugin):
             if st in ("running", "submitted"):
                 r.state = "done"
                 text = kwargs.get("exception_text") or ("a dependency failed" if start != "processing" else "erred")
-                p.failed(tid, str(text)[:4095] or "erred")
+                p.failed(tid, str(text)[:4095] or "erred", failure="error")  # its exception (or Dask gave up)
         elif finish == "released":
             if start == "processing" and st == "running":
                 ts = self.scheduler.tasks.get(key)
@@ -212,7 +212,7 @@ class DiasporaSchedulerPlugin(SchedulerPlugin):
             if r is None:
                 r = self._tasks[tid] = _KeyRecord(key)
             elif st == "lost":
-                p.failed(tid, f"its worker {r.lost_on} left while it was processing", retryable=True)
+                p.failed(tid, f"its worker {r.lost_on} left while it was processing", retryable=True, failure="lost")
             r.attempt += 1
             r.submitted_us = int(time.time() * 1e6)
             r.state = "submitted"

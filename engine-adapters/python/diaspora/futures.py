@@ -232,7 +232,7 @@ class ResilientExecutor(cf.Executor):
             att.state = "failed"
             self._site_down(site, f"{type(e).__name__}: {e}")
             self._plugin.failed(att.hook_id, f"site {site} refused the attempt: {type(e).__name__}: {e}",
-                                retryable=True, site=site)
+                                retryable=True, failure="lost", site=site)
             return None
         task.failed_at = None
         att.inner.add_done_callback(lambda f, t=task, a=att: self._q.put(("done", t, a, f)))
@@ -317,8 +317,9 @@ class ResilientExecutor(cf.Executor):
             att.state = "failed"
             if isinstance(exc, cf.BrokenExecutor):
                 self._site_down(att.site, f"{type(exc).__name__}: {exc}")
-            self._plugin.failed(att.hook_id, f"{type(exc).__name__}: {exc}" or type(exc).__name__,
-                                retryable=False, site=att.site)
+            # A broken pool lost the attempt; any other exception is the task's own.
+            self._plugin.failed(att.hook_id, f"{type(exc).__name__}: {exc}" or type(exc).__name__, retryable=False,
+                                failure="lost" if isinstance(exc, cf.BrokenExecutor) else "error", site=att.site)
         task.last_exc = exc
         if not task.resolved and not task.live():
             task.failed_at = time.monotonic()  # the policies may still restart it

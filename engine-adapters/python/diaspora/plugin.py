@@ -295,9 +295,13 @@ class Plugin:
         self._call(self._f_completed, "completed", task_id, info)
 
     def failed(self, task_id: str, reason: str, *, exit_code: int | None = None, retryable: bool = False,
-               site: str | None = None, timestamp_us: int = 0) -> None:
+               failure: str | None = None, site: str | None = None, timestamp_us: int = 0) -> None:
         """The task failed; `reason` (required, e.g. the exception text); `retryable` when
-        the engine itself will try it again."""
+        the engine itself will try it again; `failure` "error" (the task's own: an exception,
+        an exit status) or "lost" (its worker or process died), which the default protection
+        retries (docs/anomaly.md, "Default protection"); None: not said."""
+        if failure not in (None, "error", "lost"):
+            raise ValueError(f"failure must be 'error', 'lost' or None, not {failure!r}")
         if not reason:
             raise ValueError("failed() needs a reason")
         info = _TI(_TIS, task_id.encode(), site and site.encode(), None, None, timestamp_us)
@@ -307,6 +311,8 @@ class Plugin:
             info.has_exit_code = 1
         if retryable:
             info.retryable = 1
+        if failure:
+            info.failure = A.FAILURE_ERROR if failure == "error" else A.FAILURE_LOST
         self._call(self._f_failed, "failed", task_id, info)
 
     def cancelled(self, task_id: str, reason: str | None = None, *, site: str | None = None,

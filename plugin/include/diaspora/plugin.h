@@ -40,7 +40,7 @@
 #endif
 
 #define DIASPORA_ABI_VERSION_MAJOR 1
-#define DIASPORA_ABI_VERSION_MINOR 1
+#define DIASPORA_ABI_VERSION_MINOR 2
 #define DIASPORA_ABI_VERSION \
   ((uint32_t)(((uint32_t)DIASPORA_ABI_VERSION_MAJOR << 16) | (uint32_t)DIASPORA_ABI_VERSION_MINOR))
 
@@ -146,6 +146,16 @@ DIASPORA_API size_t diaspora_last_error(const diaspora_plugin* plugin, char* buf
 
 /* ---- task hooks ------------------------------------------------------------------------- */
 
+/* What failed a task (diaspora_task_info.failure, ABI 1.2). The default protection
+ * (docs/anomaly.md, "Default protection") retries a lost attempt and never the task's own
+ * error: the same code on the same input fails again (Ray's default, too). */
+typedef enum diaspora_failure_kind {
+  DIASPORA_FAILURE_UNKNOWN = 0, /* not said: an exit_code that is set and not 0 is an error, else lost */
+  DIASPORA_FAILURE_ERROR = 1,   /* the task's own: an exception, a non-zero exit status, bad arguments */
+  DIASPORA_FAILURE_LOST = 2     /* the infrastructure's: its worker, node or process died (a signal,
+                                   out of memory), the engine lost it */
+} diaspora_failure_kind;
+
 /* One metric sample: name (1..DIASPORA_MAX_METRIC_NAME bytes) and a finite value. */
 typedef struct diaspora_metric_value {
   const char* name;
@@ -171,6 +181,9 @@ typedef struct diaspora_task_info {
   const char* reason;    /* failed: required (1..DIASPORA_MAX_TEXT bytes); cancelled: optional */
   const diaspora_metric_value* metrics;  /* heartbeat / progress: optional samples */
   size_t metric_count;                   /* 0..DIASPORA_MAX_METRICS */
+  /* ABI 1.2, read only when struct_size covers it: failed: a diaspora_failure_kind
+   * (0..2; anything else is DIASPORA_ERR_INVALID). */
+  int32_t failure;
 } diaspora_task_info;
 
 /* The task hooks. Each validates `info`, copies it into the queue and returns at once.

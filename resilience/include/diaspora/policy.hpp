@@ -5,6 +5,17 @@
 // of Decisions (restart, migrate, speculate, checkpoint, throttle, alert), each with a
 // reason a person can read. docs/anomaly.md, section "Policies", describes the rules.
 //
+// Beside the spec's policies runs a default protection set unless the spec says
+// `defaults: off` (docs/anomaly.md, "Default protection"): default-retry (a lost attempt,
+// not the task's own error, is restarted, off a suspect site, 3 times), default-revive
+// (phi-accrual on heartbeats, restart) and, with two sites or more, default-slow (an
+// attempt whose step time is worse than its task's normal for 2 steps is migrated). A spec
+// policy on the same signal takes a default's place for the targets it names (for every
+// task when it names none). `defaults: observe` turns the default set's decisions into
+// alerts. A task's normal is learned per task family (its spec task: every instance and
+// attempt) and per site, from the first value on, and compared across sites by their
+// declared speeds: detector `relative`, and the ensemble while it warms up.
+//
 // Pure computation: no I/O, no threads, no clocks. Every call carries the time `now` (or
 // Observation::time_s) in seconds, any epoch, non-decreasing across calls; a call with an
 // earlier time is evaluated at that time but never moves the engine's clock back. Given
@@ -144,6 +155,25 @@ class PolicyEngine {
   void task_progress(std::string_view task, double fraction, double now);
   /// A heartbeat of the task (phi-accrual input; evaluated by tick()).
   void heartbeat(std::string_view task, std::string_view site, double now);
+  /// How an attempt failed, as far as the engine knows.
+  struct Failure {
+    /// error: the task's own (an exception, a non-zero exit status); lost: its worker,
+    /// node or process died. unknown: an exit_code set and not 0 is an error, else lost.
+    enum class Kind { unknown, error, lost };
+    Kind kind = Kind::unknown;
+    std::optional<int> exit_code;  ///< a command's exit status; 126 and 127 are never retried
+    bool engine_retries = false;   ///< the engine retries it itself: no policy retries it too
+  };
+  /// An attempt of the task failed. The failure of an attempt that a restart or migrate
+  /// decision stopped is the consequence of that decision and is ignored. default-retry
+  /// acts on lost attempts only (f.kind; not on the task's own errors, which the spec's
+  /// task.failures policies may still retry). A failure a
+  /// retry cannot fix (exit 126 or 127) gives one `alert` (policy default-retry) instead
+  /// of any retry, and does not count against the site. Otherwise it is one
+  /// task.failures observation (value 1), whose restart/migrate/speculate policies are
+  /// skipped when f.engine_retries. Keeps the task's budgets (a next attempt may come).
+  void task_failed(std::string_view task, std::string_view site, double now, const Failure& f,
+                   std::vector<Decision>& out);
   /// The task will not run again (completed, or failed for good): forget it. Do not call
   /// between attempts, or its attempt budgets are forgotten too.
   void task_finished(std::string_view task, double now);
@@ -162,7 +192,7 @@ class PolicyEngine {
 
   /// Tasks currently tracked (for tests and memory accounting).
   std::size_t tracked_tasks() const noexcept;
-  /// Number of compiled policies.
+  /// Number of compiled policies, the default set's included.
   std::size_t policy_count() const noexcept;
 
  private:

@@ -1,0 +1,116 @@
+"""Protection on by default (docs/anomaly.md, "Default protection"), with real processes:
+specs written as a new user writes them (no policies, or the natural one-line policy) on
+two local sites; the plugin's default set decides, the runner carries it out.
+
+Timing margins are wide on purpose (2 shared cores, sanitizer builds, tests in parallel).
+"""
+
+from __future__ import annotations
+
+import run_harness as rn
+
+TWO_SITES = """version: 1
+name: defaults
+sites:
+  - {name: near, engine: local, workers: 2}
+  - {name: far, engine: local, workers: 2}
+"""
+
+
+def burn(seconds: float, count: int, step: float = 0.25) -> str:
+    return ("tasks:\n  - name: burn\n    kind: cpu-burn\n"
+            f"    args: {{seconds: {seconds}, step: {step}}}\n    count: {count}\n    preferred_sites: [near]\n")
+
+
+def test_with_no_policy_a_killed_worker_is_retried_off_its_site_and_a_slowed_site_is_left(tmp_path):
+    # The issue's second scenario, with the defaults instead of hand-written policies.
+    spec = rn.write_spec(tmp_path, TWO_SITES + burn(5, 4) + """faults:
+  - {at: 1s, kind: kill-worker, site: near, task: burn}
+  - {at: 3s, kind: slow-site, site: near, factor: 4, for: 60s}
+""")
+    out = tmp_path / "out"
+    p = rn.run(spec, out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = rn.report(out)
+    assert rep["summary"]["completed"] == 4, rep["summary"]
+    kill = rep["faults"][0]
+    killed = rn.instance(rep, kill["hit"][0]["instance"])
+    assert "died (killed by signal 9 (SIGKILL))" in killed["attempts"][0]["reason"], killed
+    # default-retry: the next attempt runs off the site that just lost it.
+    assert killed["attempts"][1]["site"] == "far", killed
+    retry = [a for a in rep["actions"] if a["task"] == killed["id"] and a["reason"].startswith("default-retry")]
+    assert retry, p.stdout
+    assert retry[0]["kind"] == "migrate" and "restart off suspect site near" in retry[0]["reason"], rep["actions"]
+    # default-slow: what still ran on near once it slowed moved to far.
+    slow = [a for a in rep["actions"] if a["reason"].startswith("default-slow")]
+    assert slow and all(a["kind"] == "migrate" and a["target_site"] == "far" for a in slow), rep["actions"]
+    assert any(a["outcome"] == "done" for a in slow), slow
+    assert "the task's normal" in slow[0]["reason"], slow[0]
+    # Nothing went back onto the slowed site by a policy's choice.
+    for a in rep["actions"]:
+        assert a["target_site"] != "near", a
+    # Each stopped attempt is the action's consequence: no action was refused as not needed.
+    assert all(a["outcome"] == "done" for a in rep["actions"]), rep["actions"]
+
+
+def test_the_natural_step_time_policy_moves_a_slowed_sites_work_within_seconds(tmp_path):
+    # The issue's first scenario, shortened: one policy written the natural way (default
+    # detector, no threshold), near slowed 4x; far would otherwise sit idle.
+    spec = rn.write_spec(tmp_path, TWO_SITES + burn(8, 4) + """policies:
+  - {name: leave, signal: task.step_time, action: migrate, to_sites: [far]}
+faults:
+  - {at: 3s, kind: slow-site, site: near, factor: 4, for: 60s}
+""")
+    out = tmp_path / "out"
+    p = rn.run(spec, out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = rn.report(out)
+    assert rep["summary"]["completed"] == 4
+    moves = rn.actions(rep, "migrate")
+    assert moves and all(a["reason"].startswith("leave: task.step_time") for a in moves), rep["actions"]
+    assert "the task's normal" in moves[0]["reason"], moves[0]
+    moved = {a["task"] for a in moves if a["outcome"] == "done"}
+    assert len(moved) == 2, rep["actions"]  # the two instances near ran
+    for iid in moved:
+        assert rn.instance(rep, iid)["attempts"][-1]["site"] == "far"
+    # reaction: the fault to the recovering attempt running (a 0.25 s step takes 1 s slowed)
+    assert 0 < rep["faults"][0]["hit"][0]["reaction_s"] < 15, rep["faults"]
+
+
+def test_exit_127_is_not_retried_and_a_noisy_fault_free_run_takes_no_action(tmp_path):
+    # Step times anywhere between 0.1 and 0.9 s, reported as a command's metric.
+    noisy = ("for i in $(seq 12); do s=0.$((RANDOM % 9 + 1)); sleep $s; "
+             "echo \"metric step_time_s $s\" >&$DIASPORA_PROGRESS_FD; done")
+    spec = rn.write_spec(tmp_path, TWO_SITES + f"""tasks:
+  - name: noisy
+    command: '{noisy}'
+    count: 4
+  - name: missing
+    command: no-such-command-for-diaspora-test
+""")
+    out = tmp_path / "out"
+    p = rn.run(spec, out)
+    assert p.returncode == 1, p.stdout + p.stderr  # the missing command failed for good
+    rep = rn.report(out)
+    assert all(rn.instance(rep, f"noisy.{k}")["state"] == "completed" for k in range(4))
+    missing = rn.instance(rep, "missing.0")
+    assert missing["state"] == "failed" and len(missing["attempts"]) == 1, missing
+    assert "exit status 127" in missing["reason"] and "no policy restarted it" not in missing["reason"], missing
+    assert rep["actions"] == [], rep["actions"]  # no retry of the exit 127, nothing on the noise
+    # The one decision about it is an alert saying why it is not retried.
+    events = rn.stored_events(out, "defaults.events", rep["plugin"]["stats"]["events_acked"])
+    told = [e["data"] for e in events if e["type"] == "org.diaspora.anomaly.predicted"]
+    assert len(told) == 1 and told[0]["task_id"] == "missing.0", told
+    assert "a retry cannot fix" in str(told[0]) or told[0].get("policy") == "default-retry", told
+
+
+def test_defaults_off_leaves_a_lost_worker_lost(tmp_path):
+    spec = rn.write_spec(tmp_path, TWO_SITES + "defaults: off\n" + burn(3, 1) + """faults:
+  - {at: 1s, kind: kill-worker, site: near, task: burn}
+""")
+    out = tmp_path / "out"
+    p = rn.run(spec, out)
+    assert p.returncode == 1, p.stdout + p.stderr
+    rep = rn.report(out)
+    inst = rn.instance(rep, "burn.0")
+    assert inst["state"] == "failed" and len(inst["attempts"]) == 1 and rep["actions"] == [], inst

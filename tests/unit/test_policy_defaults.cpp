@@ -1,0 +1,399 @@
+// The default protection set and the task's normal (diaspora/policy.hpp, docs/anomaly.md
+// "Default protection"), on a simulated clock: specs with no policies retry a failed
+// attempt off a suspect site, never retry an exit 127, ignore what an action itself caused,
+// move work off a slowed site within a few steps, and do nothing on a noisy fault-free run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "diaspora/policy.hpp"
+#include "diaspora/spec.hpp"
+#include "test_helpers.hpp"
+
+namespace res = diaspora::resilience;
+using diaspora::WorkflowSpec;
+
+namespace {
+
+WorkflowSpec spec_of(const std::string& yaml) { return diaspora::parse_spec_string(yaml, "defaults.yaml"); }
+
+std::string two_sites(const std::string& extra = {}, const std::string& far_speed = "1") {
+  return "version: 1\nname: d\nsites:\n  - {name: near, engine: local, workers: 2}\n  - {name: far, engine: local, workers: 2, speed: " + far_speed +
+         "}\ntasks:\n  - {name: burn, kind: cpu-burn, count: 4, preferred_sites: [near]}\n" + extra;
+}
+
+std::string dump(const std::vector<res::Decision>& ds) {
+  std::string s;
+  for (const auto& d : ds) s += d.action + " " + d.task_id + " -> " + d.target_site + " t=" + std::to_string(d.time_s) + ": " + d.reason + "\n";
+  return s;
+}
+
+/// Uniform (in (0, 1)) and log-normal noise, deterministic.
+struct Noise {
+  diaspora::test::Rng rng;
+  double uniform() { return rng.next() + 0x1.0p-54; }  // never 0: log() below
+  double lognormal(double sigma) {
+    const double u1 = uniform(), u2 = uniform();
+    return std::exp(sigma * std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+  }
+};
+
+/// Tasks stepping on sites: each step reports task.step_time and a heartbeat. `slow(site,
+/// t)` multiplies a step's time. A migrate/restart decision starts a new attempt at once.
+struct Sim {
+  explicit Sim(res::PolicyEngine& e) : eng(e) {}
+  struct Task {
+    std::string id, site;
+    double next = 0;
+    int steps = 0;
+  };
+  res::PolicyEngine& eng;
+  std::vector<Task> tasks;
+  double base = 0.5, sigma = 0.05;
+  bool uniform = false;  // steps uniform in [0.2, 1.8] x base instead of log-normal
+  std::function<double(const std::string&, double)> slow = [](const std::string&, double) { return 1.0; };
+  std::function<double(const std::string&)> site_factor = [](const std::string&) { return 1.0; };
+  Noise noise{7};
+  std::vector<res::Decision> out;
+
+  void start(const std::string& id, const std::string& site, double t) {
+    tasks.push_back({id, site, t, 0});
+    eng.task_started(id, site, t, std::nullopt);
+  }
+  void run(double until, int max_steps) {
+    for (double t = 0; t <= until; t += 0.05) {
+      for (auto& k : tasks) {
+        if (k.steps >= max_steps || t < k.next) continue;
+        const double v = base * site_factor(k.site) * slow(k.site, t) *
+                         (uniform ? 0.2 + 1.6 * noise.uniform() : noise.lognormal(sigma));
+        k.next = t + v;
+        if (++k.steps == max_steps) {  // its last step: done
+          eng.task_finished(k.id, t + v);
+          continue;
+        }
+        eng.heartbeat(k.id, k.site, t);
+        const std::size_t before = out.size();
+        eng.observe({k.id, k.site, "task.step_time", v, t}, out);
+        for (std::size_t i = before; i < out.size(); ++i)
+          if (out[i].action == "migrate" || out[i].action == "restart") {
+            auto& d = out[i];
+            for (auto& m : tasks)
+              if (m.id == d.task_id) {
+                m.site = d.target_site;
+                m.next = t + 0.2;
+                eng.task_started(m.id, m.site, t + 0.2, std::nullopt);
+              }
+          }
+      }
+      eng.tick(t, out);
+    }
+  }
+};
+
+int count(const std::vector<res::Decision>& ds, const std::string& action, const std::string& policy = {}) {
+  int n = 0;
+  for (const auto& d : ds) n += d.action == action && (policy.empty() || d.policy == policy);
+  return n;
+}
+
+// ---- failures -------------------------------------------------------------------------------
+
+TEST(PolicyDefaults, AFailedAttemptIsRetriedOffItsSiteWithNoPolicyWritten) {
+  res::PolicyEngine eng(spec_of(two_sites()));
+  EXPECT_EQ(eng.policy_count(), 3u);  // default-retry, default-revive, default-slow
+  std::vector<res::Decision> out;
+  eng.task_started("burn.0", "near", 0, std::nullopt);
+  eng.task_failed("burn.0", "near", 2, {}, out);
+  ASSERT_EQ(out.size(), 1u) << dump(out);
+  EXPECT_EQ(out[0].policy, "default-retry");
+  EXPECT_EQ(out[0].action, "migrate") << out[0].reason;  // near just failed it: suspect
+  EXPECT_EQ(out[0].target_site, "far");
+  EXPECT_NE(out[0].reason.find("restart off suspect site near"), std::string::npos) << out[0].reason;
+}
+
+TEST(PolicyDefaults, OnOneSiteTheRetryIsARestartThere) {
+  res::PolicyEngine eng(spec_of("version: 1\nname: d\nsites: [{name: only, engine: local, workers: 2}]\ntasks: [{name: t, kind: sleep}]\n"));
+  EXPECT_EQ(eng.policy_count(), 2u);  // no default-slow: nowhere to move to
+  std::vector<res::Decision> out;
+  eng.task_started("t.0", "only", 0, std::nullopt);
+  eng.task_failed("t.0", "only", 1, {}, out);
+  ASSERT_EQ(out.size(), 1u) << dump(out);
+  EXPECT_EQ(out[0].action, "restart");
+  EXPECT_EQ(out[0].target_site, "only");
+}
+
+TEST(PolicyDefaults, ThreeRetriesThenTheBudgetIsSpentOnce) {
+  res::PolicyEngine eng(spec_of("version: 1\nname: d\nsites: [{name: only, engine: local, workers: 2}]\ntasks: [{name: t, kind: sleep}]\n"));
+  std::vector<res::Decision> out;
+  for (int k = 0; k < 6; ++k) {
+    eng.task_started("t.0", "only", 10.0 * k, std::nullopt);
+    eng.task_failed("t.0", "only", 10.0 * k + 1, {}, out);
+  }
+  EXPECT_EQ(count(out, "restart"), 3) << dump(out);
+  ASSERT_EQ(count(out, "alert"), 1) << dump(out);
+  EXPECT_NE(out.back().reason.find("budget spent"), std::string::npos);
+}
+
+TEST(PolicyDefaults, AnExitARetryCannotFixIsNotRetriedAndDoesNotBlameTheSite) {
+  res::PolicyEngine eng(spec_of(two_sites()));
+  std::vector<res::Decision> out;
+  eng.task_started("burn.0", "near", 0, std::nullopt);
+  res::PolicyEngine::Failure f;
+  f.exit_code = 127;
+  eng.task_failed("burn.0", "near", 1, f, out);
+  ASSERT_EQ(out.size(), 1u) << dump(out);
+  EXPECT_EQ(out[0].action, "alert");
+  EXPECT_NE(out[0].reason.find("exit status 127 (command not found): a retry cannot fix that"), std::string::npos)
+      << out[0].reason;
+  EXPECT_DOUBLE_EQ(eng.site_health_detail("near")->failures, 0.0);
+  // exit 1 is the task's own error: the default retries lost attempts only (as Ray does).
+  f.exit_code = 1;
+  eng.task_started("burn.1", "near", 2, std::nullopt);
+  eng.task_failed("burn.1", "near", 3, f, out);
+  EXPECT_EQ(out.size(), 1u) << dump(out);
+  res::PolicyEngine::Failure raised;
+  raised.kind = res::PolicyEngine::Failure::Kind::error;  // an exception
+  eng.task_started("burn.2", "near", 4, std::nullopt);
+  eng.task_failed("burn.2", "near", 5, raised, out);
+  EXPECT_EQ(out.size(), 1u) << dump(out);
+  EXPECT_DOUBLE_EQ(eng.site_health_detail("near")->failures, 0.0);  // not the site's doing
+  // A worker that died (killed by a signal: no exit status) is retried.
+  res::PolicyEngine::Failure lost;
+  lost.kind = res::PolicyEngine::Failure::Kind::lost;
+  eng.task_started("burn.3", "near", 6, std::nullopt);
+  eng.task_failed("burn.3", "near", 7, lost, out);
+  EXPECT_EQ(count(out, "migrate", "default-retry"), 1) << dump(out);
+}
+
+TEST(PolicyDefaults, ASpecPolicyOnFailuresStillRetriesTheTasksOwnErrors) {
+  res::PolicyEngine eng(spec_of(two_sites("policies:\n  - {name: again, signal: task.failures, detector: threshold, "
+                                          "threshold: 1, action: restart}\n")));
+  std::vector<res::Decision> out;
+  res::PolicyEngine::Failure f;
+  f.exit_code = 1;
+  eng.task_started("burn.0", "near", 0, std::nullopt);
+  eng.task_failed("burn.0", "near", 1, f, out);
+  ASSERT_EQ(out.size(), 1u) << dump(out);
+  EXPECT_EQ(out[0].policy, "again");
+  EXPECT_EQ(out[0].action, "restart");  // an error does not make the site suspect
+  f.exit_code = 127;  // but never what a retry cannot fix
+  eng.task_started("burn.1", "near", 2, std::nullopt);
+  eng.task_failed("burn.1", "near", 3, f, out);
+  ASSERT_EQ(out.size(), 2u) << dump(out);
+  EXPECT_EQ(out[1].action, "alert");
+}
+
+TEST(PolicyDefaults, AFailureTheEngineRetriesItselfIsNotRetriedTwice) {
+  res::PolicyEngine eng(spec_of(two_sites()));
+  std::vector<res::Decision> out;
+  eng.task_started("burn.0", "near", 0, std::nullopt);
+  res::PolicyEngine::Failure f;
+  f.engine_retries = true;
+  eng.task_failed("burn.0", "near", 1, f, out);
+  EXPECT_TRUE(out.empty()) << dump(out);
+  EXPECT_GT(eng.site_health_detail("near")->failures, 0.9);  // still counts against the site
+}
+
+TEST(PolicyDefaults, TheAttemptAnActionStoppedIsNotNewEvidence) {
+  // A hung attempt: heartbeats stop, default-revive restarts it; the engine then reports the
+  // attempt it stopped as failed. That failure must not fire default-retry.
+  res::PolicyEngine eng(spec_of("version: 1\nname: d\nsites: [{name: only, engine: local, workers: 2}]\ntasks: [{name: t, kind: sleep}]\n"));
+  std::vector<res::Decision> out;
+  eng.task_started("t.0", "only", 0, std::nullopt);
+  for (int k = 0; k <= 10; ++k) eng.heartbeat("t.0", "only", k * 1.0);
+  double t = 10;
+  while (out.empty() && t < 30) eng.tick(t += 0.1, out);
+  ASSERT_EQ(out.size(), 1u) << dump(out);
+  EXPECT_EQ(out[0].policy, "default-revive");
+  EXPECT_EQ(out[0].action, "restart");
+  eng.task_failed("t.0", "only", t + 0.1, {}, out);  // stopped for the restart
+  EXPECT_EQ(out.size(), 1u) << dump(out);
+  eng.task_started("t.0", "only", t + 0.2, std::nullopt);
+  for (int k = 1; k <= 5; ++k) eng.heartbeat("t.0", "only", t + k);
+  eng.task_failed("t.0", "only", t + 5.5, {}, out);  // the new attempt's own failure counts
+  EXPECT_EQ(count(out, "restart", "default-retry"), 1) << dump(out);
+  // A failed attempt is not silent: no phi-accrual restart after it.
+  const std::size_t n = out.size();
+  for (int k = 0; k < 100; ++k) eng.tick(t + 6 + k * 0.5, out);
+  EXPECT_EQ(out.size(), n) << dump(out);
+}
+
+TEST(PolicyDefaults, OffAndObserve) {
+  {
+    res::PolicyEngine eng(spec_of(two_sites("defaults: off\n")));
+    EXPECT_EQ(eng.policy_count(), 0u);
+    std::vector<res::Decision> out;
+    eng.task_started("burn.0", "near", 0, std::nullopt);
+    eng.task_failed("burn.0", "near", 1, {}, out);
+    EXPECT_TRUE(out.empty()) << dump(out);
+  }
+  res::PolicyEngine eng(spec_of(two_sites("defaults: observe\n")));
+  std::vector<res::Decision> out;
+  eng.task_started("burn.0", "near", 0, std::nullopt);
+  eng.task_failed("burn.0", "near", 1, {}, out);
+  ASSERT_EQ(out.size(), 1u) << dump(out);
+  EXPECT_EQ(out[0].action, "alert");
+  EXPECT_NE(out[0].reason.find("observe only (defaults: observe): would restart off suspect site near"),
+            std::string::npos)
+      << out[0].reason;
+}
+
+TEST(PolicyDefaults, ASpecPolicyOnTheSameSignalReplacesTheDefaultForItsTargets) {
+  // Every task: default-retry gives way entirely.
+  res::PolicyEngine all(spec_of(two_sites("policies:\n  - {name: tell, signal: task.failures, detector: threshold, "
+                                          "threshold: 1, action: alert}\n")));
+  EXPECT_EQ(all.policy_count(), 3u);  // tell, default-revive, default-slow
+  std::vector<res::Decision> out;
+  all.task_started("burn.0", "near", 0, std::nullopt);
+  all.task_failed("burn.0", "near", 1, {}, out);
+  ASSERT_EQ(out.size(), 1u) << dump(out);
+  EXPECT_EQ(out[0].policy, "tell");
+  // Only task `a`: the default still retries `b`.
+  res::PolicyEngine some(spec_of("version: 1\nname: d\nsites: [{name: s, engine: local, workers: 2}]\ntasks: [{name: a, kind: sleep}, "
+                                 "{name: b, kind: sleep}]\npolicies:\n  - {name: tell, signal: task.failures, detector: "
+                                 "threshold, threshold: 1, action: alert, targets: [a]}\n"));
+  out.clear();
+  some.task_started("a.0", "s", 0, std::nullopt);
+  some.task_started("b.0", "s", 0, std::nullopt);
+  some.task_failed("a.0", "s", 1, {}, out);
+  some.task_failed("b.0", "s", 1, {}, out);
+  ASSERT_EQ(out.size(), 2u) << dump(out);
+  EXPECT_EQ(out[0].policy, "tell");
+  EXPECT_EQ(out[1].policy, "default-retry");
+  EXPECT_EQ(out[1].task_id, "b.0");
+}
+
+// ---- the task's normal ------------------------------------------------------------------------
+
+/// The first scenario: 4 instances, two on each site; near slows 4x at 5 s.
+std::vector<res::Decision> slowed_near(const std::string& spec_yaml, double* first_move = nullptr) {
+  res::PolicyEngine eng(spec_of(spec_yaml));
+  Sim sim{eng};
+  sim.slow = [](const std::string& site, double t) { return site == "near" && t >= 5 ? 4.0 : 1.0; };
+  sim.start("burn.0", "near", 0);
+  sim.start("burn.1", "near", 0);
+  sim.start("burn.2", "far", 0);
+  sim.start("burn.3", "far", 0);
+  sim.run(40, 40);
+  if (first_move)
+    for (const auto& d : sim.out)
+      if (d.action == "migrate") {
+        *first_move = d.time_s;
+        break;
+      }
+  return sim.out;
+}
+
+TEST(PolicyDefaults, ASlowedSitesWorkMovesWithinAFewStepsWithNoPolicyWritten) {
+  double first = -1;
+  const auto out = slowed_near(two_sites(), &first);
+  ASSERT_EQ(count(out, "migrate", "default-slow"), 2) << dump(out);
+  for (const auto& d : out) {
+    if (d.action != "migrate") continue;
+    EXPECT_TRUE(d.task_id == "burn.0" || d.task_id == "burn.1") << dump(out);
+    EXPECT_EQ(d.target_site, "far");
+    EXPECT_NE(d.reason.find("the task's normal"), std::string::npos) << d.reason;
+  }
+  EXPECT_GT(first, 5.0);
+  EXPECT_LT(first, 5.0 + 5.0) << dump(out);  // two 2 s steps, at most
+}
+
+TEST(PolicyDefaults, TheNaturalPolicyActsFromTheFirstStep) {
+  // {signal: task.step_time, action: migrate, to_sites: [far]} with the default detector
+  // (the ensemble, which alone needs 150 observations of an attempt).
+  double first = -1;
+  const auto out = slowed_near(two_sites("policies:\n  - {name: leave, signal: task.step_time, action: migrate, "
+                                         "to_sites: [far]}\n"),
+                               &first);
+  EXPECT_EQ(count(out, "migrate", "default-slow"), 0) << dump(out);  // replaced
+  ASSERT_EQ(count(out, "migrate", "leave"), 2) << dump(out);
+  EXPECT_LT(first, 5.0 + 5.0) << dump(out);
+  // The user's "ensemble 0.8 for 2" form fires too (4x is a score of 1).
+  const auto strict = slowed_near(two_sites("policies:\n  - {name: leave, signal: task.step_time, detector: ensemble, "
+                                            "threshold: 0.8, for: 2, action: migrate, to_sites: [far]}\n"));
+  EXPECT_EQ(count(strict, "migrate", "leave"), 2) << dump(strict);
+}
+
+TEST(PolicyDefaults, ANoisyFaultFreeRunTakesNoAction) {
+  for (std::uint64_t seed : {1u, 2u, 3u}) {
+    res::PolicyEngine eng(spec_of(two_sites()));
+    Sim sim{eng};
+    sim.sigma = 0.3;  // log-normal: one step in 100 is over 2x the median
+    sim.noise = Noise{seed};
+    for (int i = 0; i < 8; ++i) sim.start("burn." + std::to_string(i), i % 2 ? "far" : "near", 0);
+    sim.run(120, 200);
+    EXPECT_TRUE(sim.out.empty()) << "seed " << seed << "\n" << dump(sim.out);
+  }
+  // Steps anywhere between 0.1 and 0.9 s (9x apart): the normal's spread widens the ratio.
+  for (std::uint64_t seed : {1u, 2u, 3u}) {
+    res::PolicyEngine eng(spec_of(two_sites()));
+    Sim sim{eng};
+    sim.uniform = true;
+    sim.noise = Noise{seed};
+    for (int i = 0; i < 8; ++i) sim.start("burn." + std::to_string(i), i % 2 ? "far" : "near", 0);
+    sim.run(120, 150);
+    EXPECT_TRUE(sim.out.empty()) << "uniform, seed " << seed << "\n" << dump(sim.out);
+  }
+}
+
+TEST(PolicyDefaults, ADeclaredSlowerSiteIsNotTakenForASlowedOne) {
+  res::PolicyEngine eng(spec_of(two_sites({}, "0.5")));
+  Sim sim{eng};
+  sim.site_factor = [](const std::string& site) { return site == "far" ? 2.0 : 1.0; };
+  for (int i = 0; i < 4; ++i) sim.start("burn." + std::to_string(i), i % 2 ? "far" : "near", 0);
+  sim.run(60, 60);
+  EXPECT_TRUE(sim.out.empty()) << dump(sim.out);
+}
+
+TEST(PolicyDefaults, TheRelativeDetectorAndTheSensitivityKnob) {
+  // sensitivity 0.5: worse than normal means 3x; a 2.5x slowdown is then no anomaly.
+  {
+    res::PolicyEngine eng(spec_of(two_sites("sensitivity: 0.5\n")));
+    Sim sim{eng};
+    sim.slow = [](const std::string& site, double t) { return site == "near" && t >= 5 ? 2.5 : 1.0; };
+    sim.start("burn.0", "near", 0);
+    sim.start("burn.1", "far", 0);
+    sim.run(40, 40);
+    EXPECT_EQ(count(sim.out, "migrate"), 0) << dump(sim.out);
+  }
+  // An explicit `relative` policy with its own ratio.
+  res::PolicyEngine eng(spec_of(two_sites("policies:\n  - {name: rel, signal: task.step_time, detector: relative, "
+                                          "threshold: 1.5, for: 2, action: alert}\n")));
+  Sim sim{eng};
+  sim.slow = [](const std::string& site, double t) { return site == "near" && t >= 5 ? 2.0 : 1.0; };
+  sim.start("burn.0", "near", 0);
+  sim.start("burn.1", "far", 0);
+  sim.run(40, 40);
+  ASSERT_GE(count(sim.out, "alert", "rel"), 1) << dump(sim.out);
+  EXPECT_NE(sim.out[0].reason.find("x >= 1.5x the task's normal"), std::string::npos) << sim.out[0].reason;
+}
+
+TEST(PolicyDefaults, BadRelativePoliciesAndSensitivityAreLocatedErrors) {
+  auto errors = [](const std::string& extra) {
+    try {
+      res::PolicyEngine eng(spec_of(two_sites(extra)));
+    } catch (const diaspora::SpecError& e) {
+      std::string s;
+      for (const auto& d : e.diagnostics()) s += d.str() + "\n";
+      return s;
+    }
+    return std::string();
+  };
+  EXPECT_NE(errors("policies:\n  - {name: r, signal: site.throughput, detector: relative, action: alert}\n")
+                .find("detector 'relative' compares a task with its normal"),
+            std::string::npos);
+  EXPECT_NE(errors("policies:\n  - {name: r, signal: task.step_time, detector: relative, threshold: 0.8, action: alert}\n")
+                .find("it must be > 1"),
+            std::string::npos);
+  auto load = diaspora::load_spec_string(two_sites("sensitivity: 0\n"), "s.yaml");
+  EXPECT_FALSE(load.ok());
+  load = diaspora::load_spec_string(two_sites("defaults: maybe\n"), "s.yaml");
+  ASSERT_FALSE(load.ok());
+  EXPECT_EQ(load.diagnostics[0].path, "defaults") << load.diagnostics[0].str();
+}
+
+}  // namespace
