@@ -149,6 +149,7 @@ struct TailArgs {
   Connection conn;
   std::string topic, from = "latest", group;
   std::uint64_t count = 0;
+  double idle_s = 0;  ///< > 0: stop after this long with no event (the end of the log, as far as a reader can tell)
   bool with_offsets = false;
 };
 
@@ -166,7 +167,16 @@ int run_tail(const TailArgs& a) {
   client.send(frames::subscribe("tail", a.topic, from, a.group));
   std::uint64_t printed = 0;
   for (;;) {
-    json::object m = client.receive_json();
+    json::object m;
+    if (a.idle_s > 0) {
+      auto frame = client.poll_receive(std::chrono::milliseconds(static_cast<std::int64_t>(a.idle_s * 1000)));
+      if (!frame) return 0;  // nothing new for --idle: the end of what is there
+      auto parsed = RelayClient::parse_frame(*frame);
+      if (!parsed) continue;
+      m = std::move(*parsed);
+    } else {
+      m = client.receive_json();
+    }
     std::string_view op = m["op"].as_string();
     if (op == "error") {
       std::cerr << "error: " << json::serialize(m) << "\n";
@@ -224,6 +234,9 @@ std::function<int()> add_net_commands(CLI::App& app) {
   tail->add_option("--topic", ta->topic, "Topic, or a pattern with '*'")->required();
   tail->add_option("--from", ta->from, "earliest | latest | OFFSET")->capture_default_str();
   tail->add_option("--count", ta->count, "Stop after this many events (default: run until interrupted)");
+  tail->add_option("--idle", ta->idle_s,
+                   "Stop once no event came for this many seconds: with --from earliest, the end of the log (e.g. 2)")
+      ->check(CLI::PositiveNumber);
   tail->add_option("--group", ta->group, "Consumer group: resume where it committed, commit as events are printed");
   tail->add_flag("--offsets", ta->with_offsets, "Print {topic, offset, event} objects");
 

@@ -753,7 +753,7 @@ struct PolicyEngine::Impl {
     // come once a step are as irregular as the steps, which phi's Gaussian does not expect.
     // A slowed attempt's steps (one heartbeat each) grow long but keep coming: twice the
     // longest recent gap is not yet silence.
-    if (p.builtin) e.over = e.over && e.x >= std::max({4 * hb.mean_gap(), hb.mean_gap() + 3.0, 2 * max_gap});
+    if (p.builtin) e.over = e.over && e.x >= std::max({5 * hb.mean_gap(), hb.mean_gap() + 3.0, 2 * max_gap});
     e.score = 1 - std::pow(10.0, -phi);
     e.score_threshold = 1 - std::pow(10.0, -p.threshold);
     e.badness = e.over ? 1 : 0;
@@ -870,6 +870,16 @@ struct PolicyEngine::Impl {
     return best;
   }
 
+  /// Other running attempts on t's site whose last heartbeat is over twice their mean gap old.
+  int silent_peers(const TaskState& t, std::string_view id, double now) const {
+    int n = 0;
+    for (const auto& [uid, u] : tasks_)
+      if (uid != id && u.site == t.site && u.running && u.last_hb &&
+          u.hb.count() >= static_cast<std::uint64_t>(opt_.min_heartbeats) && now - *u.last_hb > 2 * u.hb.mean_gap())
+        ++n;
+    return n;
+  }
+
   void feed_anomaly(SiteState* ss, double badness) const {
     if (ss) ss->anomaly += opt_.health_alpha * (std::clamp(badness, 0.0, 1.0) - ss->anomaly);
   }
@@ -941,11 +951,16 @@ struct PolicyEngine::Impl {
         if (target >= 0) {
           const double own = health(sites_[static_cast<std::size_t>(t->site)], now).health;
           const double best = health(sites_[static_cast<std::size_t>(target)], now).health;
-          if (own < kSuspect * best) {
+          // Silence that other attempts on the same site share is the site's, not the task's.
+          const int silent = p.det == Det::phi ? silent_peers(*t, task_id, now) : 0;
+          if (own < kSuspect * best || (silent > 0 && own <= best)) {
             d.action = "migrate";
             d.target_site = sites_[static_cast<std::size_t>(target)].spec->name;
-            act = fmt("restart off suspect site %s (health %.2f < %.2f x the best candidate's): on ", t->site_name.c_str(),
-                      own, kSuspect) + why;
+            act = (silent > 0 ? fmt("restart off suspect site %s (%d other attempt%s there silent too): on ",
+                                    t->site_name.c_str(), silent, silent == 1 ? " is" : "s are")
+                              : fmt("restart off suspect site %s (health %.2f < %.2f x the best candidate's): on ",
+                                    t->site_name.c_str(), own, kSuspect)) +
+                  why;
           }
         }
         break;

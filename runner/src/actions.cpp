@@ -16,7 +16,7 @@ void ActionExecutor::handle(const diaspora_action& a, const std::function<void()
   rec.received_t = ctx_.now();
   const ActionRecord& r = log_.add(std::move(rec));
   ctx_.say("action " + r.kind + (r.task.empty() ? "" : " " + r.task) + (r.target.empty() ? "" : " -> " + r.target) + " (" +
-           r.origin + "): " + r.reason.substr(0, 200));
+           r.origin + "): " + r.reason);
   carry_out(a, dispatch);
 }
 

@@ -133,11 +133,14 @@ void Lifecycle::completed(int ii, int ai) {
       stop(ii, static_cast<int>(k), Outcome::cancelled, a.hook_id + " attempt " + std::to_string(a.number) + " finished first", false);
   finish(ii, InstanceState::completed, "");
   const TaskSpec& ts = ctx_.task(inst.task);
-  const double took = a.end_t - inst.submitted_t;
+  const double took = a.end_t - inst.submitted_t;  // what the deadline counts
   const bool late = ts.deadline && took > ts.deadline->count();
-  const std::string took_text = std::to_string(took);
-  ctx_.say("done " + a.hook_id + " on " + a.site + " in " + took_text.substr(0, took_text.find('.') + 2) + " s" +
-           (late ? " (deadline missed)" : ""));
+  auto secs = [](double s) {
+    const std::string t = std::to_string(s);
+    return t.substr(0, t.find('.') + 2) + " s";
+  };
+  ctx_.say("done " + a.hook_id + " on " + a.site + ": ran " + secs(a.end_t - a.start_t) + " (attempt " +
+           std::to_string(a.number) + "), " + secs(took) + " since submitted" + (late ? " (deadline missed)" : ""));
   if (const boost::json::value* f = inst.result.if_contains("file"); f && f->is_string()) {
     const boost::json::value* b = inst.result.if_contains("bytes");
     const boost::json::value* c = inst.result.if_contains("checksum");

@@ -5,6 +5,7 @@
 // Internal mode: `diaspora-run __worker SITE N` is a local site's worker process, started
 // by the runner with its channel on fd 3 (worker.hpp); `diaspora-run __worker --connect
 // HOST:PORT --key KEY` is a Dask or Slurm site's one-shot worker (remote.hpp).
+#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -16,8 +17,51 @@
 #include "diaspora/runner.hpp"
 #include "diaspora/spec.hpp"
 #include "diaspora/version.hpp"
+#include "embedded_relay.hpp"
 #include "remote.hpp"
 #include "worker.hpp"
+
+namespace {
+
+/// `diaspora run --serve DIR`: the relay of a run that has ended (or was killed) serves its
+/// log and the console again, until SIGINT/SIGTERM. Returns the exit status.
+int serve_run(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  const fs::path relay_dir = dir / "relay", data = relay_dir / "data";
+  if (!fs::is_directory(data) || !fs::exists(relay_dir / "token")) {
+    std::cerr << "error: --serve " << dir.string() << ": no embedded relay log in " << data.string()
+              << " (the output folder of a run with relay.url: embedded; a run with relay.data_dir kept its log "
+                 "there: start diaspora-relay on it)\n";
+    return 2;
+  }
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  ::pthread_sigmask(SIG_BLOCK, &set, nullptr);  // before the relay's threads start: only sigwait sees them
+  try {
+    diaspora::runner::EmbeddedRelay relay(relay_dir, data, "unused");  // the run's token is kept
+    const std::string port = std::to_string(relay.port());
+    std::cout << "serving the run in " << dir.string() << " until interrupted (Ctrl-C)\n"
+              << "  events:  " << relay.url() << " (topics <workflow>.events, <workflow>.control.*)\n"
+              << "  console: https://127.0.0.1:" << port << "/console/ (sign in with the token below; the browser "
+              << "must trust the CA, or accept the certificate once)\n"
+              << "  token:   " << relay.token_file().string() << "\n"
+              << "  CA:      " << relay.ca_file().string() << "\n"
+              << "  e.g.:    diaspora tail --url " << relay.url() << " --ca " << relay.ca_file().string()
+              << " --token-file " << relay.token_file().string() << " --topic '*' --from earliest --idle 2\n";
+    std::cout.flush();
+    int sig = 0;
+    ::sigwait(&set, &sig);
+    std::cout << "stopping\n";
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 6 && std::string(argv[1]) == "__worker" && std::string(argv[2]) == "--connect" && std::string(argv[4]) == "--key")
@@ -29,10 +73,13 @@ int main(int argc, char** argv) {
                "Docs: docs/run.md.",
                "diaspora run"};
   app.set_version_flag("--version", std::string("diaspora-run ") + diaspora::version_string);
-  std::string spec_file, out_dir, baseline, grace = "10s", resume_dir;
+  std::string spec_file, out_dir, baseline, grace = "10s", resume_dir, serve_dir;
   std::vector<std::string> sets;
   bool no_policies = false;
-  app.add_option("spec", spec_file, "Workflow spec (YAML)")->required();
+  auto* spec_opt = app.add_option("spec", spec_file, "Workflow spec (YAML)");
+  app.add_option("--serve", serve_dir, "Serve the events and the console of the run in DIR (its --out; ended or "
+                                       "killed) until interrupted; prints the address, the token and the CA")
+      ->excludes(spec_opt);
   app.add_option("--out", out_dir, "Output folder (default runs/<name>-<time>/): report.json, report.html, data/, "
                                    "tasks/, the embedded relay's files");
   app.add_option("--set", sets, "Override a spec value: KEY=VALUE, e.g. tasks.burn.count=8, sites[0].workers=4 "
@@ -51,6 +98,11 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
 
+  if (!serve_dir.empty()) return serve_run(serve_dir);
+  if (spec_file.empty()) {
+    std::cerr << "error: a spec is required: diaspora run SPEC (or --serve DIR to open a finished run)\n";
+    return 2;
+  }
   diaspora::runner::RunOptions opt;
   if (!baseline.empty()) {
     const std::string key = "retry-after=";

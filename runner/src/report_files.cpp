@@ -56,6 +56,32 @@ std::string fixed(double x, int digits = 1) {
   return b;
 }
 
+/// Time-axis ticks for a run of `duration` seconds: a step of 1, 2 or 5 x 10^k giving 4 to
+/// 10 ticks, each labelled with as many decimals as the step needs ("2.5s", not "2s").
+std::vector<std::pair<double, std::string>> time_ticks(double duration) {
+  std::vector<std::pair<double, std::string>> out;
+  if (!(duration > 0)) return out;
+  double step = std::pow(10.0, std::floor(std::log10(duration / 10)));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (duration / (step * m) <= 10) {
+      step *= m;
+      break;
+    }
+  const int digits = step >= 1 ? 0 : static_cast<int>(std::ceil(-std::log10(step) - 1e-9));
+  for (int k = 0; k * step <= duration * (1 + 1e-9); ++k) out.emplace_back(k * step, fixed(k * step, digits) + "s");
+  return out;
+}
+
+/// Where a fault's band ends: its end, or the run's end for one that lasts (a slow-site or
+/// stop-relay without `for:`), or a sliver for an instant (kill-worker, hang-task).
+double fault_band_end(const json::object& f, double start, double duration) {
+  const double e = num(f, "end_s");
+  if (e >= 0) return e;
+  const std::string kind = str(f, "kind");
+  if (kind == "slow-site" || kind == "stop-relay") return duration;
+  return std::min(duration, start + duration / 200);
+}
+
 // An attempt's colour by outcome (the page uses its hex form).
 Rgb outcome_colour(const std::string& outcome) {
   if (outcome == "completed") return {46, 125, 50};
@@ -146,8 +172,7 @@ std::string report_html(const json::object& r) {
     const auto& fo = f.as_object();
     const double s = num(fo, "start_s");
     if (s < 0) continue;
-    double e = num(fo, "end_s");
-    if (e < 0) e = std::min(duration, s + duration / 200);
+    const double e = fault_band_end(fo, s, duration);
     const std::string kind = str(fo, "kind");
     const auto [first, end] = lanes.fault_rows(fo);
     const int y0 = top + first * lane_h, y1 = top + end * lane_h;
@@ -194,10 +219,8 @@ std::string report_html(const json::object& r) {
                str(o, "explanation"))
         << "</title></circle>\n";
   }
-  for (int k = 0; k <= 10; ++k) {
-    const double t = duration * k / 10;
-    svg << "<text x='" << x_of(t) - 8 << "' y='" << height - 6 << "' fill='#555'>" << fixed(t, 0) << "s</text>";
-  }
+  for (const auto& [t, label] : time_ticks(duration))
+    svg << "<text x='" << x_of(t) - 8 << "' y='" << height - 6 << "' fill='#555'>" << label << "</text>";
   svg << "</svg>";
 
   std::ostringstream h;
@@ -275,8 +298,7 @@ std::string timeline_png(const json::object& r) {
     const auto& fo = f.as_object();
     const double s0 = num(fo, "start_s");
     if (s0 < 0) continue;
-    double e = num(fo, "end_s");
-    if (e < 0) e = std::min(duration, s0 + duration / 200);
+    const double e = fault_band_end(fo, s0, duration);
     const auto [first, end] = lanes.fault_rows(fo);
     const int y0 = top + first * lane_h, y1 = top + std::max(end, 1) * lane_h;
     c.fill_rect(x_of(s0), y0, std::max(2, x_of(e) - x_of(s0)), y1 - y0, fault);
@@ -312,9 +334,7 @@ std::string timeline_png(const json::object& r) {
     c.fill_rect(x - 2, y - 2, 5, 5, Lanes::anomaly_colour(num(o, "score", 0)));
   }
   c.line(left, bottom, right, bottom, black);
-  for (int k = 0; k <= 10; ++k) {
-    const double t = duration * k / 10;
-    const std::string label = fixed(t, 0) + "s";
+  for (const auto& [t, label] : time_ticks(duration)) {
     c.line(x_of(t), bottom, x_of(t), bottom + 3, black);
     c.text(x_of(t) - Raster::text_width(label, 1) / 2, bottom + 16, label, 1, black);
   }

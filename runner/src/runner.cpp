@@ -125,6 +125,9 @@ void Runner::start_relay_and_plugin() {
     ::setenv("DIASPORA_RELAY_CA", ctx_.ca_file.c_str(), 1);
     ::setenv("DIASPORA_RELAY_TOKEN_FILE", ctx_.token_file.c_str(), 1);
     ctx_.say("relay: embedded at " + ctx_.relay_url + ", log in " + data.string());
+    ctx_.say("console: https://127.0.0.1:" + std::to_string(relay_->port()) + "/console/ (token " +
+             ctx_.token_file.string() + ", CA " + ctx_.ca_file.string() + "); after the run: diaspora run --serve " +
+             opt_.out_dir.string());
   } else {
     ctx_.relay_url = spec_.relay.url;
     if (spec_.relay.ca_file) ctx_.ca_file = in_.base_dir / *spec_.relay.ca_file;

@@ -101,7 +101,10 @@ def test_a_killed_worker_dasks_rerun_is_reported_as_a_new_attempt(relay, token, 
     assert kinds(life) == ["submitted", "started", "failed", "submitted", "started", "completed"], kinds(life)
     assert life[2]["data"]["retryable"] is True and "left while it was processing" in life[2]["data"]["reason"]
     assert [e["data"].get("attempt") for e in life if e["type"].endswith(".submitted")] == [1, 2]
-    assert any(e["type"] == "org.diaspora.resource.status" and e["data"]["state"] == "down" for e in events)
+    down = [e["data"] for e in events if e["type"] == "org.diaspora.resource.status" and e["data"]["state"] == "down"]
+    # The killed worker was on site a: its down event says so (it once said "dask", the default).
+    assert down and down[0].get("site") == "a", down
+    assert life[2]["data"].get("failure") == "lost", life[2]["data"]
 
 
 def test_a_slowed_site_is_migrated_off_by_the_policy(relay, token, tmp_path, cluster):

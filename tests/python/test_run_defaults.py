@@ -7,6 +7,8 @@ Timing margins are wide on purpose (2 shared cores, sanitizer builds, tests in p
 
 from __future__ import annotations
 
+import json
+
 import run_harness as rn
 
 TWO_SITES = """version: 1
@@ -114,3 +116,32 @@ def test_defaults_off_leaves_a_lost_worker_lost(tmp_path):
     rep = rn.report(out)
     inst = rn.instance(rep, "burn.0")
     assert inst["state"] == "failed" and len(inst["attempts"]) == 1 and rep["actions"] == [], inst
+
+
+def test_a_finished_run_is_served_again_and_tail_stops_at_the_end(tmp_path):
+    import re
+    import signal
+    import subprocess
+    spec = rn.write_spec(tmp_path, TWO_SITES + burn(0.5, 2))
+    out = tmp_path / "out"
+    p = rn.run(spec, out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"after the run: diaspora run --serve {out}" in p.stdout, p.stdout  # where to watch it
+    srv = subprocess.Popen([str(rn.DIASPORA), "run", "--serve", str(out)], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = [srv.stdout.readline() for _ in range(5)]
+        url = re.search(r"events:\s+(wss://127\.0\.0\.1:\d+)", "".join(lines))
+        assert url, lines
+        assert any("console: https://127.0.0.1:" in line for line in lines), lines
+        t = subprocess.run([str(rn.DIASPORA), "tail", "--url", url.group(1), "--ca", str(out / "relay" / "certs" / "ca.pem"),
+                            "--token-file", str(out / "relay" / "token"), "--topic", "defaults.events",
+                            "--from", "earliest", "--idle", "2"], capture_output=True, text=True, timeout=60)
+        assert t.returncode == 0, t.stderr  # it stopped by itself, at the end of the log
+        types = [json.loads(line)["type"] for line in t.stdout.splitlines()]
+        assert types.count("org.diaspora.task.completed") == 2, types
+    finally:
+        srv.send_signal(signal.SIGINT)
+        assert srv.wait(timeout=30) == 0
+    bad = subprocess.run([str(rn.DIASPORA), "run", "--serve", str(tmp_path)], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "no embedded relay log" in bad.stderr, bad.stderr

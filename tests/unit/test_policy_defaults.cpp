@@ -222,6 +222,28 @@ TEST(PolicyDefaults, TheAttemptAnActionStoppedIsNotNewEvidence) {
   EXPECT_EQ(out.size(), n) << dump(out);
 }
 
+TEST(PolicyDefaults, SilenceTheSitesAttemptsShareMovesTheRestartOffIt) {
+  res::PolicyEngine eng(spec_of(two_sites()));
+  std::vector<res::Decision> out;
+  for (const char* id : {"burn.0", "burn.1", "burn.2"}) eng.task_started(id, std::string(id) == "burn.2" ? "far" : "near", 0, std::nullopt);
+  for (int k = 0; k <= 10; ++k)
+    for (const char* id : {"burn.0", "burn.1", "burn.2"}) eng.heartbeat(id, std::string(id) == "burn.2" ? "far" : "near", k * 0.5);
+  // near freezes at 5 s; far keeps beating.
+  double t = 5;
+  while (out.empty() && t < 30) {
+    t += 0.1;
+    if (std::fmod(t, 0.5) < 0.1) eng.heartbeat("burn.2", "far", t);
+    eng.tick(t, out);
+  }
+  ASSERT_FALSE(out.empty());
+  EXPECT_EQ(out[0].policy, "default-revive");
+  EXPECT_EQ(out[0].action, "migrate") << out[0].reason;
+  EXPECT_EQ(out[0].target_site, "far");
+  EXPECT_NE(out[0].reason.find("1 other attempt is there silent too"), std::string::npos) << out[0].reason;
+  EXPECT_GE(out[0].time_s, 5 + 3.0) << "a silence of 3 s beyond the mean gap at least";
+  EXPECT_LE(out[0].time_s, 5 + 4.0);
+}
+
 TEST(PolicyDefaults, OffAndObserve) {
   {
     res::PolicyEngine eng(spec_of(two_sites("defaults: off\n")));

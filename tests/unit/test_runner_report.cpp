@@ -5,6 +5,7 @@
 #include <boost/json.hpp>
 
 #include "report_builder.hpp"
+#include "report_files.hpp"
 
 namespace diaspora::runner::testing {
 namespace {
@@ -91,6 +92,23 @@ TEST(RunnerReport, WhatDidNotHappenIsNullAndAnInterruptedRunSaysWhy) {
   EXPECT_TRUE(a.at("start_s").is_null());  // it never ran
   EXPECT_FALSE(a.contains("worker"));
   EXPECT_FALSE(rep.at("summary").as_object().at("reactions").as_object().contains("max_s"));
+}
+
+
+TEST(RunnerReport, TheTimelineTicksAreRoundAndALastingFaultIsShadedToTheEnd) {
+  json::object rep{{"workflow", "w"}, {"duration_s", 2.5}, {"instances", json::array{}}, {"actions", json::array{}},
+                   {"anomalies", json::array{}}, {"sites", json::array{}}, {"summary", json::object{}}};
+  rep["faults"] = json::array{json::object{{"kind", "slow-site"}, {"target", "a"}, {"site", "a"}, {"start_s", 0.5},
+                                           {"end_s", nullptr}}};
+  const std::string html = report_html(rep);
+  for (const char* label : {">0.0s<", ">0.5s<", ">1.0s<", ">2.5s<"}) EXPECT_NE(html.find(label), std::string::npos) << label;
+  EXPECT_EQ(html.find(">2s<"), std::string::npos);  // 2.5 s is not labelled "2s"
+  // The band runs from 0.5 s to the end (a slow-site without for: lasts), not a sliver.
+  const auto at = html.find("fill='#ffcdd2'");
+  ASSERT_NE(at, std::string::npos);
+  const auto w = html.rfind("width='", at);
+  const int width = std::stoi(html.substr(w + 7));
+  EXPECT_GT(width, 100) << html.substr(w, 80);
 }
 
 }  // namespace

@@ -270,7 +270,10 @@ int main(int argc, char** argv) {
     rep.open();
   } catch (const std::exception& e) {
     const bool lax = o.optional || !rep.required();
-    std::cerr << "diaspora exec: " << (lax ? "warning: running without the plugin: " : "error: ") << e.what() << "\n";
+    const std::string what = e.what();
+    const bool located = what.find(": error: ") != std::string::npos;  // FILE:LINE:COL: error: ... says it already
+    std::cerr << "diaspora exec: " << (lax ? "warning: running without the plugin: " : located ? "" : "error: ") << what
+              << "\n";
     if (!lax) return kExecFailed;
   }
 

@@ -162,8 +162,15 @@ class DiasporaSchedulerPlugin(SchedulerPlugin):
     def _worker_status(self, address: str, ws, state: str) -> None:
         if self.plugin is None:
             return
+        # A removed worker is no longer in scheduler.workers: its site is the one it joined.
+        known = self.__dict__.setdefault("_joined", {})
+        site = known.pop(address, None) if state == "down" else None
+        if site is None:
+            site = self.site_of(address, ws)
+        if state == "up":
+            known[address] = site
         try:
-            self.plugin.resource_status(address[:255], "worker", state, site=self.site_of(address, ws))
+            self.plugin.resource_status(address[:255], "worker", state, site=site)
         except Exception as e:
             log.warning("diaspora: worker %s status not reported: %s", address, e)
 

@@ -232,7 +232,7 @@ class ResilientExecutor(cf.Executor):
             att.state = "failed"
             self._site_down(site, f"{type(e).__name__}: {e}")
             self._plugin.failed(att.hook_id, f"site {site} refused the attempt: {type(e).__name__}: {e}",
-                                retryable=True, failure="lost", site=site)
+                                retryable=True, failure="lost", site=site, attempt=att.number)
             return None
         task.failed_at = None
         att.inner.add_done_callback(lambda f, t=task, a=att: self._q.put(("done", t, a, f)))
@@ -284,7 +284,7 @@ class ResilientExecutor(cf.Executor):
         try:
             if kind == "hb" and isinstance(m.get("m"), dict):
                 metrics = {k[:63]: float(v) for k, v in list(m["m"].items())[:64]}
-                self._plugin.heartbeat(att.hook_id, metrics=metrics)
+                self._plugin.heartbeat(att.hook_id, metrics=metrics, site=att.site, attempt=att.number)
             elif kind == "progress":
                 self._plugin.progress(att.hook_id, float(m["p"]), step=int(m.get("s", -1)))
         except (DiasporaError, TypeError, ValueError, KeyError) as e:
@@ -302,11 +302,11 @@ class ResilientExecutor(cf.Executor):
         exc = None if f.cancelled() else f.exception()
         if f.cancelled() or isinstance(exc, AttemptStopped):
             att.state = "stopped"
-            self._plugin.cancelled(att.hook_id, "cancelled by the wrapped executor", site=att.site)
+            self._plugin.cancelled(att.hook_id, "cancelled by the wrapped executor", site=att.site, attempt=att.number)
             exc = cf.CancelledError(f"attempt {att.number} of {task.id} was cancelled by site {att.site}")
         elif exc is None:
             att.state = "done"
-            self._plugin.completed(att.hook_id, site=att.site)
+            self._plugin.completed(att.hook_id, site=att.site, attempt=att.number)
             if not task.resolved:
                 task.resolved = True
                 for other in task.live():
@@ -319,7 +319,8 @@ class ResilientExecutor(cf.Executor):
                 self._site_down(att.site, f"{type(exc).__name__}: {exc}")
             # A broken pool lost the attempt; any other exception is the task's own.
             self._plugin.failed(att.hook_id, f"{type(exc).__name__}: {exc}" or type(exc).__name__, retryable=False,
-                                failure="lost" if isinstance(exc, cf.BrokenExecutor) else "error", site=att.site)
+                                failure="lost" if isinstance(exc, cf.BrokenExecutor) else "error", site=att.site,
+                                attempt=att.number)
         task.last_exc = exc
         if not task.resolved and not task.live():
             task.failed_at = time.monotonic()  # the policies may still restart it
@@ -349,7 +350,7 @@ class ResilientExecutor(cf.Executor):
         if att.inner is not None:
             att.inner.cancel()
         self._tell(att, "stop")
-        self._plugin.cancelled(att.hook_id, why[:4095], site=att.site)
+        self._plugin.cancelled(att.hook_id, why[:4095], site=att.site, attempt=att.number)
 
     def _on_cancelled(self, task: _Task) -> None:
         task.resolved = True

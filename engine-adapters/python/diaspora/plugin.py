@@ -234,9 +234,9 @@ class Plugin:
         self._call(self._f_started, "started", task_id, info)
 
     def heartbeat(self, task_id: str, *, metrics: Mapping[str, float] | None = None, site: str | None = None,
-                  worker: str | None = None, timestamp_us: int = 0) -> None:
+                  worker: str | None = None, attempt: int = 0, timestamp_us: int = 0) -> None:
         """The running task is alive; `metrics` such as {"step_time_s": 0.4} feed task.<name> signals."""
-        if metrics is None and site is None and worker is None and not timestamp_us:
+        if metrics is None and site is None and worker is None and not attempt and not timestamp_us:
             try:  # the common case: this thread's own struct, only the id set
                 info = _tls.hb
             except AttributeError:
@@ -248,6 +248,8 @@ class Plugin:
                 info.site = site.encode()
             if worker:
                 info.worker = worker.encode()
+            if attempt:
+                info.attempt = attempt
             if timestamp_us:
                 info.timestamp_us = timestamp_us
             if metrics:
@@ -285,17 +287,17 @@ class Plugin:
         if rc:
             self._raise(rc, f"progress({task_id!r})")
 
-    def completed(self, task_id: str, *, exit_code: int | None = None, site: str | None = None,
+    def completed(self, task_id: str, *, exit_code: int | None = None, site: str | None = None, attempt: int = 0,
                   timestamp_us: int = 0) -> None:
         """The task succeeded."""
-        info = _TI(_TIS, task_id.encode(), site and site.encode(), None, None, timestamp_us)
+        info = _TI(_TIS, task_id.encode(), site and site.encode(), None, None, timestamp_us, attempt)
         if exit_code is not None:
             info.exit_code = exit_code
             info.has_exit_code = 1
         self._call(self._f_completed, "completed", task_id, info)
 
     def failed(self, task_id: str, reason: str, *, exit_code: int | None = None, retryable: bool = False,
-               failure: str | None = None, site: str | None = None, timestamp_us: int = 0) -> None:
+               failure: str | None = None, site: str | None = None, attempt: int = 0, timestamp_us: int = 0) -> None:
         """The task failed; `reason` (required, e.g. the exception text); `retryable` when
         the engine itself will try it again; `failure` "error" (the task's own: an exception,
         an exit status) or "lost" (its worker or process died), which the default protection
@@ -304,7 +306,7 @@ class Plugin:
             raise ValueError(f"failure must be 'error', 'lost' or None, not {failure!r}")
         if not reason:
             raise ValueError("failed() needs a reason")
-        info = _TI(_TIS, task_id.encode(), site and site.encode(), None, None, timestamp_us)
+        info = _TI(_TIS, task_id.encode(), site and site.encode(), None, None, timestamp_us, attempt)
         info.reason = reason[: A.MAX_TEXT].encode()
         if exit_code is not None:
             info.exit_code = exit_code
@@ -316,9 +318,9 @@ class Plugin:
         self._call(self._f_failed, "failed", task_id, info)
 
     def cancelled(self, task_id: str, reason: str | None = None, *, site: str | None = None,
-                  timestamp_us: int = 0) -> None:
+                  attempt: int = 0, timestamp_us: int = 0) -> None:
         """The task was cancelled (released, superseded by a copy, ...)."""
-        info = _TI(_TIS, task_id.encode(), site and site.encode(), None, None, timestamp_us)
+        info = _TI(_TIS, task_id.encode(), site and site.encode(), None, None, timestamp_us, attempt)
         if reason:
             info.reason = reason[: A.MAX_TEXT].encode()
         self._call(self._f_cancelled, "cancelled", task_id, info)
