@@ -28,6 +28,9 @@ echo
 echo "== diaspora run: policies vs the retry-after=120s baseline, and throughput vs Dask (bench/run)"
 /usr/bin/python3 bench/run/run_bench.py --build "$BUILD_DIR"
 echo
+echo "== the workflow corpus: 25 specs x 2 seeds, as written and as the retry-after=120s baseline (bench/run/corpus; about an hour)"
+/usr/bin/python3 bench/run/corpus/corpus.py --build "$BUILD_DIR"
+echo
 echo "== engine adapters: Python hook cost, Dask with and without the plugins (bench/adapters)"
 /usr/bin/python3 bench/adapters/bench_adapters.py --build "$BUILD_DIR"
 echo

@@ -25,6 +25,7 @@ constexpr double kNoiseSigmas = 2.5;      // a noisy normal allows this many log
 constexpr std::size_t kMaxFamilies = 10000;
 constexpr std::size_t kMaxFamilySites = 64;
 constexpr double kSuspect = 0.75;         // a restart leaves a site below 0.75 x the best candidate's health
+constexpr double kReallyBad = 0.25;       // ... even for a candidate with no free worker
 
 enum class Scope { task, site, resource };
 enum class Det { ensemble, ewma, holt_winters, cusum, phi, forecast, threshold, relative };
@@ -320,7 +321,11 @@ struct PolicyEngine::Impl {
     if (spec_.sites.size() >= 2) {
       std::vector<std::string> jobs;
       for (const auto& j : spec_.rehearsal) jobs.push_back(j.name);
-      add(make("default-slow", "task.step_time", "relative", rel_ratio_, 2, 30, ActionKind::migrate, 2), std::move(jobs));
+      add(make("default-slow", "task.step_time", "relative", rel_ratio_, 2, 30, ActionKind::migrate, 2), jobs);
+      // Proactive: a task whose progress forecasts a missed deadline (3 ticks running) gets
+      // a copy on the healthiest other site before it misses; the first to finish wins and
+      // the original keeps its progress. Once per task; not for rehearsal jobs (not copied).
+      add(make("default-deadline", "task.deadline_slack", "forecast", 0, 3, 30, ActionKind::speculate, 1), jobs);
     }
   }
 
@@ -870,6 +875,13 @@ struct PolicyEngine::Impl {
     return best;
   }
 
+  /// Attempts running on a site (as far as the engine's reports tell), `except` left out.
+  std::int64_t busy(int site, std::string_view except) const {
+    std::int64_t n = 0;
+    for (const auto& [uid, u] : tasks_) n += u.site == site && u.running && uid != except;
+    return n;
+  }
+
   /// Other running attempts on t's site whose last heartbeat is over twice their mean gap old.
   int silent_peers(const TaskState& t, std::string_view id, double now) const {
     int n = 0;
@@ -953,7 +965,11 @@ struct PolicyEngine::Impl {
           const double best = health(sites_[static_cast<std::size_t>(target)], now).health;
           // Silence that other attempts on the same site share is the site's, not the task's.
           const int silent = p.det == Det::phi ? silent_peers(*t, task_id, now) : 0;
-          if (own < kSuspect * best || (silent > 0 && own <= best)) {
+          // Waiting for a slot there would cost more than the suspicion: a full candidate
+          // takes the restart only from a site that is really bad.
+          const SiteState& cand = sites_[static_cast<std::size_t>(target)];
+          const bool room = busy(target, task_id) < std::max<std::int64_t>(1, cand.spec->workers);
+          if ((own < kSuspect * best || (silent > 0 && own <= best)) && (room || own < kReallyBad)) {
             d.action = "migrate";
             d.target_site = sites_[static_cast<std::size_t>(target)].spec->name;
             act = (silent > 0 ? fmt("restart off suspect site %s (%d other attempt%s there silent too): on ",

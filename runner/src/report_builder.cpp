@@ -113,10 +113,18 @@ json::object build_report(const Context& ctx, const InstanceStore& store, const 
   for (const auto& f : faults) fault_list.push_back(fault_object(store, f, reactions));
   r["faults"] = std::move(fault_list);
   json::array acts;
-  for (const auto& a : actions.all())
-    acts.push_back(json::object{{"id", a.id}, {"kind", a.kind}, {"task", a.task}, {"site", a.site}, {"target_site", a.target},
-                                {"origin", a.origin}, {"reason", a.reason}, {"received_s", opt_t(a.received_t)},
-                                {"done_s", opt_t(a.done_t)}, {"outcome", a.outcome}, {"message", a.message}});
+  for (const auto& a : actions.all()) {
+    json::object o{{"id", a.id}, {"kind", a.kind}, {"task", a.task}, {"site", a.site}, {"target_site", a.target},
+                   {"origin", a.origin}, {"reason", a.reason}, {"received_s", opt_t(a.received_t)},
+                   {"done_s", opt_t(a.done_t)}, {"outcome", a.outcome}, {"message", a.message}};
+    // How far ahead of the harm it came: its instance's deadline, when it has one.
+    int ai = -1;
+    const int ii = a.task.empty() ? -1 : store.find(a.task, &ai);
+    if (ii >= 0 && a.received_t >= 0)
+      if (const TaskSpec& ts = ctx.task(store.at(ii).task); ts.deadline)
+        o["deadline_lead_s"] = std::round((store.at(ii).submitted_t + ts.deadline->count() - a.received_t) * 1e3) / 1e3;
+    acts.push_back(std::move(o));
+  }
   r["actions"] = std::move(acts);
   json::object rs{{"count", static_cast<std::int64_t>(reactions.size())}};
   if (!reactions.empty()) {

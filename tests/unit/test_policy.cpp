@@ -551,7 +551,7 @@ TEST(Policy, EveryGoodSpecAndExampleCompiles) {
       res::PolicyEngine eng(spec);
       // The spec's, and those of the default set they leave (defaults: on).
       EXPECT_GE(eng.policy_count(), spec.policies.size());
-      EXPECT_LE(eng.policy_count(), spec.policies.size() + 3);
+      EXPECT_LE(eng.policy_count(), spec.policies.size() + 4);
     } catch (const std::exception& e) {
       ADD_FAILURE() << e.what();
     }

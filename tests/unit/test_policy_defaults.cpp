@@ -104,7 +104,7 @@ int count(const std::vector<res::Decision>& ds, const std::string& action, const
 
 TEST(PolicyDefaults, AFailedAttemptIsRetriedOffItsSiteWithNoPolicyWritten) {
   res::PolicyEngine eng(spec_of(two_sites()));
-  EXPECT_EQ(eng.policy_count(), 3u);  // default-retry, default-revive, default-slow
+  EXPECT_EQ(eng.policy_count(), 4u);  // default-retry, default-revive, default-slow, default-deadline
   std::vector<res::Decision> out;
   eng.task_started("burn.0", "near", 0, std::nullopt);
   eng.task_failed("burn.0", "near", 2, {}, out);
@@ -115,9 +115,27 @@ TEST(PolicyDefaults, AFailedAttemptIsRetriedOffItsSiteWithNoPolicyWritten) {
   EXPECT_NE(out[0].reason.find("restart off suspect site near"), std::string::npos) << out[0].reason;
 }
 
+TEST(PolicyDefaults, ARetryDoesNotQueueOnAFullSiteWhenItsOwnIsOnlySuspect) {
+  res::PolicyEngine eng(spec_of(two_sites()));
+  std::vector<res::Decision> out;
+  eng.task_started("burn.2", "far", 0, std::nullopt);  // far's two workers are busy
+  eng.task_started("burn.3", "far", 0, std::nullopt);
+  eng.task_started("burn.0", "near", 0, std::nullopt);
+  eng.task_failed("burn.0", "near", 2, {}, out);
+  ASSERT_EQ(out.size(), 1u) << dump(out);
+  EXPECT_EQ(out[0].action, "restart") << out[0].reason;  // near (health 0.5) beats a wait for far
+  EXPECT_EQ(out[0].target_site, "near");
+  eng.task_finished("burn.3", 3);  // a worker of far is free again: the next retry moves
+  eng.task_started("burn.1", "near", 3, std::nullopt);
+  eng.task_failed("burn.1", "near", 4, {}, out);
+  ASSERT_EQ(out.size(), 2u) << dump(out);
+  EXPECT_EQ(out[1].action, "migrate") << out[1].reason;
+  EXPECT_EQ(out[1].target_site, "far");
+}
+
 TEST(PolicyDefaults, OnOneSiteTheRetryIsARestartThere) {
   res::PolicyEngine eng(spec_of("version: 1\nname: d\nsites: [{name: only, engine: local, workers: 2}]\ntasks: [{name: t, kind: sleep}]\n"));
-  EXPECT_EQ(eng.policy_count(), 2u);  // no default-slow: nowhere to move to
+  EXPECT_EQ(eng.policy_count(), 2u);  // no default-slow or default-deadline: nowhere to move to
   std::vector<res::Decision> out;
   eng.task_started("t.0", "only", 0, std::nullopt);
   eng.task_failed("t.0", "only", 1, {}, out);
@@ -244,6 +262,40 @@ TEST(PolicyDefaults, SilenceTheSitesAttemptsShareMovesTheRestartOffIt) {
   EXPECT_LE(out[0].time_s, 5 + 4.0);
 }
 
+TEST(PolicyDefaults, ATaskForecastToMissItsDeadlineGetsACopyBeforeItMisses) {
+  res::PolicyEngine eng(spec_of("version: 1\nname: d\nsites:\n  - {name: near, engine: local, workers: 2}\n"
+                                "  - {name: far, engine: local, workers: 2}\ntasks:\n  - {name: recon, kind: sleep, "
+                                "deadline: 100s}\n"));
+  std::vector<res::Decision> out;
+  eng.task_started("recon.0", "near", 0, std::nullopt);
+  double p = 0;
+  for (double t = 1; t < 100 && out.empty(); t += 1) {
+    p += t < 20 ? 0.012 : 0.004;  // 83 s of work, then 3x slower from 20 s: it would end at ~200 s
+    eng.task_progress("recon.0", std::min(p, 1.0), t);
+    eng.heartbeat("recon.0", "near", t);
+    eng.tick(t, out);
+  }
+  ASSERT_EQ(out.size(), 1u) << dump(out);
+  EXPECT_EQ(out[0].policy, "default-deadline");
+  EXPECT_EQ(out[0].action, "speculate");
+  EXPECT_EQ(out[0].target_site, "far");
+  EXPECT_LT(out[0].time_s, 60) << out[0].reason;  // well before the deadline at 100 s
+  ASSERT_TRUE(out[0].eta_s);
+  EXPECT_GT(*out[0].eta_s, 100);  // what it foresaw: a miss
+  // Without a deadline nothing is forecast, and nothing is decided.
+  res::PolicyEngine none(spec_of(two_sites()));
+  std::vector<res::Decision> quiet;
+  none.task_started("burn.0", "near", 0, std::nullopt);
+  p = 0;
+  for (double t = 1; t < 100; t += 1) {
+    p += t < 20 ? 0.012 : 0.004;
+    none.task_progress("burn.0", std::min(p, 1.0), t);
+    none.heartbeat("burn.0", "near", t);
+    none.tick(t, quiet);
+  }
+  EXPECT_TRUE(quiet.empty()) << dump(quiet);
+}
+
 TEST(PolicyDefaults, OffAndObserve) {
   {
     res::PolicyEngine eng(spec_of(two_sites("defaults: off\n")));
@@ -268,7 +320,7 @@ TEST(PolicyDefaults, ASpecPolicyOnTheSameSignalReplacesTheDefaultForItsTargets) 
   // Every task: default-retry gives way entirely.
   res::PolicyEngine all(spec_of(two_sites("policies:\n  - {name: tell, signal: task.failures, detector: threshold, "
                                           "threshold: 1, action: alert}\n")));
-  EXPECT_EQ(all.policy_count(), 3u);  // tell, default-revive, default-slow
+  EXPECT_EQ(all.policy_count(), 4u);  // tell, default-revive, default-slow, default-deadline
   std::vector<res::Decision> out;
   all.task_started("burn.0", "near", 0, std::nullopt);
   all.task_failed("burn.0", "near", 1, {}, out);

@@ -9,7 +9,8 @@
 // `defaults: off` (docs/anomaly.md, "Default protection"): default-retry (a lost attempt,
 // not the task's own error, is restarted, off a suspect site, 3 times), default-revive
 // (phi-accrual on heartbeats, restart) and, with two sites or more, default-slow (an
-// attempt whose step time is worse than its task's normal for 2 steps is migrated). A spec
+// attempt whose step time is worse than its task's normal for 2 steps is migrated) and
+// default-deadline (a task forecast to miss its deadline gets a speculative copy). A spec
 // policy on the same signal takes a default's place for the targets it names (for every
 // task when it names none). `defaults: observe` turns the default set's decisions into
 // alerts. A task's normal is learned per task family (its spec task: every instance and
@@ -104,7 +105,14 @@ struct PolicyOptions {
     c.alert_score = 0;  // the policy's own threshold compares the ensemble's score as it is
     return c;
   }();
-  PhiAccrual::Config phi{};
+  /// Phi-accrual for heartbeat policies: as PhiAccrual's, plus an acceptable pause of 1 s
+  /// (Akka's acceptable-heartbeat-pause): heartbeats 40 ms apart would otherwise be
+  /// suspected after a 60 ms scheduling hiccup (the std floor is 10 % of the mean gap).
+  PhiAccrual::Config phi = [] {
+    PhiAccrual::Config c;
+    c.acceptable_pause = 1.0;
+    return c;
+  }();
   int min_heartbeats = 3;           ///< heartbeats before phi is evaluated
   int min_observations = 10;        ///< ewma / holt-winters / cusum / forecast warm-up
   double forecast_horizon_s = 300;  ///< `forecast` fires when the crossing is this close
