@@ -488,6 +488,8 @@ struct PolicyEngine::Impl {
 
   void forget(std::map<std::string, TaskState, std::less<>>::iterator it) {
     if (it->second.site >= 0) --sites_[static_cast<std::size_t>(it->second.site)].running;
+    // A family of its own (an id no spec task names) goes with it: nothing else learns from it.
+    if (!it->second.spec && it->second.family == it->first) families_.erase(it->first);
     tasks_.erase(it);
   }
 
@@ -875,6 +877,15 @@ struct PolicyEngine::Impl {
     return best;
   }
 
+  /// The slot whose attempt budget a decision spends: a copy's ("ID@copyN") is its
+  /// original's when the original is tracked, so that copies of copies stay in one budget.
+  Slot& budget_of(const Policy& p, Slot& own, std::string_view task_id) {
+    const std::size_t at = task_id.find("@copy");
+    if (at == std::string_view::npos || at == 0 || p.task_slot < 0) return own;
+    auto it = tasks_.find(task_id.substr(0, at));
+    return it == tasks_.end() ? own : it->second.slots[static_cast<std::size_t>(p.task_slot)];
+  }
+
   /// Attempts running on a site (as far as the engine's reports tell), `except` left out.
   std::int64_t busy(int site, std::string_view except) const {
     std::int64_t n = 0;
@@ -908,6 +919,14 @@ struct PolicyEngine::Impl {
       s.run = 0;
       return;
     }
+    // default-slow moves a task that starts again elsewhere: worth it only while what is left
+    // here, at `ratio` times the normal pace, outlasts a whole run at the normal pace
+    // (progress < 1 - 1/ratio; LATE's "time left" rule).
+    if (p.builtin && e.relative && p.spec->action == ActionKind::migrate && t && e.rel.ratio > 1 &&
+        t->last_fraction >= 1 - 1 / e.rel.ratio) {
+      s.run = 0;
+      return;
+    }
     ++s.run;
     if (s.run < p.for_count) return;
     if (now < s.last_fire + p.cooldown) return;
@@ -932,9 +951,11 @@ struct PolicyEngine::Impl {
     d.time_s = now;
     d.eta_s = e.eta;
 
-    if (s.attempts >= p.max_attempts) {
-      if (!s.exhausted) {
-        s.exhausted = true;
+    // A speculative copy ("ID@copyN") spends its original's budget: a copy of a copy counts.
+    Slot& b = budget_of(p, s, task_id);
+    if (b.attempts >= p.max_attempts) {
+      if (!b.exhausted) {
+        b.exhausted = true;
         s.last_fire = now;
         s.run = 0;
         d.action = "alert";
@@ -946,11 +967,11 @@ struct PolicyEngine::Impl {
       return;
     }
 
-    ++s.attempts;
+    ++b.attempts;
     s.last_fire = now;
     s.run = 0;
     if (p.det == Det::cusum && s.det) std::get<CusumState>(s.det->v).cusum = Cusum{{0.5, 1e300, 4.0}};
-    d.attempt = s.attempts;
+    d.attempt = b.attempts;
     std::string act;
     switch (ps.action) {
       case ActionKind::restart: {
@@ -1017,7 +1038,7 @@ struct PolicyEngine::Impl {
       if (ss) add_failures(*ss, 1, now);
       if (t) t->acted = true;  // the attempt it stops is a consequence, not new evidence
     }
-    d.reason = what + " (" + d.explanation + "); " + act + fmt("; attempt %d of %d", s.attempts, p.max_attempts);
+    d.reason = what + " (" + d.explanation + "); " + act + fmt("; attempt %d of %d", b.attempts, p.max_attempts);
     out.push_back(std::move(d));
   }
 

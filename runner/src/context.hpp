@@ -35,6 +35,7 @@ struct Context {
   std::filesystem::path ca_file, token_file;            ///< its credentials (empty: none)
   std::string host;                                     ///< this host's name
 
+  bool started = false;     ///< t = 0 has come (the clock was reset): log lines before it are the setup's
   bool stopping = false;    ///< no new work: the run ends (a signal, or the end of the run)
   std::string stop_reason;  ///< why, when a signal stopped it
 

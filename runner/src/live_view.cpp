@@ -17,7 +17,7 @@ std::string stamp(double t) {
 
 void LiveView::say(const std::string& line) {
   erase();
-  out_ << stamp(ctx_.now()) << " " << line << "\n";
+  out_ << (ctx_.started ? stamp(ctx_.now()) : std::string("[  setup ]")) << " " << line << "\n";
   if (ctx_.opt.live_view) draw();
   out_.flush();
 }

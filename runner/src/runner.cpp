@@ -197,6 +197,7 @@ int Runner::run() {
   workers_.wait_ready(5, wake_fds());  // so that the first tasks start at once
   if (opt_.resume) read_prior();
   clock_.reset();
+  ctx_.started = true;
   start_us_ = now_us();
   streams_.start(store_);
   loop();

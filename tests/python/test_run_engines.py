@@ -184,8 +184,8 @@ faults:
     first, copy = inst["attempts"][0], inst["attempts"][1]
     assert first["site"] == site and copy["site"] == "loc" and copy["outcome"] == "completed", inst
     assert first["outcome"] == "cancelled", first  # the loser: its Dask task withdrawn, its worker killed
-    # One copy (max_attempts 1: on a loaded machine the copy's own heartbeats can be late
-    # enough for phi-accrual to ask for a second one; issue 38 takes on such detection).
+    # One copy: max_attempts 1, and a copy spends its original's budget (a copy whose own
+    # heartbeats come late under load gets no copy of its own).
     (spec_action,) = rn.actions(rep, "speculate")
     assert spec_action["outcome"] == "done"
     wait_until(lambda: not remote_leftovers(p.stdout, site), 20, "the hung worker, bridge and cluster to exit")

@@ -126,8 +126,10 @@ def test_migrated_mid_stream_it_ends_as_an_unmigrated_run(tmp_path, undisturbed)
     job = rn.instance(rep, "learn.0")
     assert [a["site"] for a in job["attempts"]] == ["edge", "cluster"], job["attempts"]
     assert job["attempts"][0]["outcome"] == "stopped" and "migration to cluster" in job["attempts"][0]["reason"]
-    moved = rn.actions(rep, "migrate")
-    assert moved and moved[0]["outcome"] == "done", moved
+    # The learner's migration (the default protection may also move a scan that the
+    # trainer's start slowed on these 2 shared cores; docs/anomaly.md, "The task's normal").
+    moved = [a for a in rn.actions(rep, "migrate") if a["task"] == "learn.0"]
+    assert moved and moved[0]["outcome"] == "done", rep["actions"]
     # The decision is on the report's timeline too: its anomaly score, read back from the relay.
     seen = [a for a in rep["anomalies"] if a.get("task") == "learn.0"]
     assert seen and seen[0]["series"] == "task.step_time:learn.0" and seen[0]["detector"] == "threshold", rep["anomalies"]

@@ -296,6 +296,24 @@ TEST(PolicyDefaults, ATaskForecastToMissItsDeadlineGetsACopyBeforeItMisses) {
   EXPECT_TRUE(quiet.empty()) << dump(quiet);
 }
 
+TEST(PolicyDefaults, ACopySpendsItsOriginalsBudget) {
+  res::PolicyEngine eng(spec_of(two_sites("policies:\n  - {name: copy-silent, signal: task.heartbeat_gap, detector: "
+                                          "phi-accrual, action: speculate, max_attempts: 1}\n")));
+  std::vector<res::Decision> out;
+  auto beat_then_fall_silent = [&](const std::string& id, const std::string& site, double from) {
+    eng.task_started(id, site, from, std::nullopt);
+    for (int k = 0; k <= 10; ++k) eng.heartbeat(id, site, from + k * 0.5);
+    for (double t = from + 5; t < from + 20; t += 0.25) eng.tick(t, out);
+  };
+  beat_then_fall_silent("burn.0", "near", 0);
+  ASSERT_EQ(out.size(), 1u) << dump(out);
+  EXPECT_EQ(out[0].action, "speculate");
+  beat_then_fall_silent("burn.0@copy1", "far", 20);  // the copy hangs too: no copy of the copy
+  ASSERT_EQ(out.size(), 2u) << dump(out);
+  EXPECT_EQ(out[1].action, "alert");
+  EXPECT_NE(out[1].reason.find("budget spent (max_attempts 1)"), std::string::npos) << out[1].reason;
+}
+
 TEST(PolicyDefaults, OffAndObserve) {
   {
     res::PolicyEngine eng(spec_of(two_sites("defaults: off\n")));
@@ -374,6 +392,22 @@ TEST(PolicyDefaults, ASlowedSitesWorkMovesWithinAFewStepsWithNoPolicyWritten) {
   }
   EXPECT_GT(first, 5.0);
   EXPECT_LT(first, 5.0 + 5.0) << dump(out);  // two 2 s steps, at most
+}
+
+TEST(PolicyDefaults, ATaskNearlyDoneIsNotMovedToStartAgain) {
+  for (const double done : {0.2, 0.9}) {
+    res::PolicyEngine eng(spec_of(two_sites()));
+    std::vector<res::Decision> out;
+    eng.task_started("burn.0", "near", 0, std::nullopt);
+    eng.task_started("burn.1", "far", 0, std::nullopt);
+    double t = 0;
+    for (int k = 0; k < 10; ++k, t += 0.5)
+      for (const char* id : {"burn.0", "burn.1"}) eng.observe({id, std::string(id) == "burn.0" ? "near" : "far", "task.step_time", 0.5, t}, out);
+    eng.task_progress("burn.0", done, t);
+    for (int k = 0; k < 6; ++k, t += 2) eng.observe({"burn.0", "near", "task.step_time", 2.0, t}, out);  // 4x slower
+    // At 4x the time left outlasts a fresh run below 75 % done: moved at 20 %, kept at 90 %.
+    EXPECT_EQ(out.size(), done < 0.75 ? 1u : 0u) << done << "\n" << dump(out);
+  }
 }
 
 TEST(PolicyDefaults, TheNaturalPolicyActsFromTheFirstStep) {
