@@ -4,11 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <array>
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
-#include <limits>
-#include <array>
 #include <deque>
+#include <limits>
 #include <variant>
 
 #include "diaspora/site_health.hpp"
@@ -70,10 +71,6 @@ constexpr DetectorInfo kDetectors[] = {
 /// their index among the relative series, or -1.
 constexpr int kRelSeries = 3;
 int rel_series(int signal) noexcept { return signal >= 0 && signal <= 2 ? signal : -1; }
-
-
-/// Exit statuses a retry cannot fix: the shell's "not executable" and "not found".
-bool permanent_exit(std::optional<int> code) noexcept { return code && (*code == 126 || *code == 127); }
 
 bool task_action(ActionKind a) noexcept {
   return a == ActionKind::restart || a == ActionKind::migrate || a == ActionKind::speculate ||
@@ -208,6 +205,7 @@ struct PolicyEngine::Impl {
   /// its attempts reported there that were not themselves "worse than normal".
   struct Normal {
     std::string site;
+    double speed = 1;  // the site's declared speed (1 for a site the spec does not name)
     double log_mean = 0;
     double log_var = 0;  // the values' spread (log space): a noisy task allows more
     double n = 0;
@@ -226,8 +224,6 @@ struct PolicyEngine::Impl {
   std::map<std::string, Family, std::less<>> families_;
   std::deque<PolicySpec> builtin_specs_;  // the default set's policies (stable addresses)
   double rel_ratio_ = 2;                  // "worse than normal": 1 + 1/sensitivity
-  bool skip_retries_ = false;             // set while a failure the engine retries itself is observed
-  bool task_error_ = false;               // set while a failure that is the task's own error is observed
   int task_slots_ = 0, site_slots_ = 0;
   double max_speed_ = 1;
   double now_ = -kInf;
@@ -313,7 +309,7 @@ struct PolicyEngine::Impl {
     };
     // A crashed attempt or a lost worker: retried, 3 times (Ray's default for system
     // failures), off a suspect site (consider()); never an exit a retry cannot fix.
-    add(make("default-retry", "task.failures", "threshold", 1, 1, 0, ActionKind::restart, 3), {});
+    add(make("default-retry", "task.failures", "threshold", 1, 1, 0, ActionKind::restart, kDefaultRetries), {});
     // A silent attempt: restarted once its heartbeats stop (phi-accrual).
     add(make("default-revive", "task.heartbeat_gap", "phi-accrual", 8, 1, 10, ActionKind::restart, 3), {});
     // A slowed attempt (a slowed site): moved once its step time is worse than its task's
@@ -486,6 +482,14 @@ struct PolicyEngine::Impl {
     return t;
   }
 
+  /// A heartbeat of t's attempt at `at` (later than its last one).
+  static void record_heartbeat(TaskState& t, double at) {
+    if (t.last_hb) t.max_gap = std::max(at - *t.last_hb, 0.9 * t.max_gap);
+    t.hb.heartbeat(at);
+    t.last_hb = at;
+    t.running = true;
+  }
+
   void forget(std::map<std::string, TaskState, std::less<>>::iterator it) {
     if (it->second.site >= 0) --sites_[static_cast<std::size_t>(it->second.site)].running;
     // A family of its own (an id no spec task names) goes with it: nothing else learns from it.
@@ -539,9 +543,9 @@ struct PolicyEngine::Impl {
 
   // ---- the task's normal ---------------------------------------------------------------------
 
-  double site_speed(std::string_view site) const {
-    const int i = find_site(site);
-    return i >= 0 && sites_[static_cast<std::size_t>(i)].spec->speed > 0 ? sites_[static_cast<std::size_t>(i)].spec->speed : 1.0;
+  double site_speed(int site) const {
+    return site >= 0 && sites_[static_cast<std::size_t>(site)].spec->speed > 0 ? sites_[static_cast<std::size_t>(site)].spec->speed
+                                                                               : 1.0;
   }
 
   /// One value of a relative series of an attempt: updates the attempt's smoothed level,
@@ -563,13 +567,13 @@ struct PolicyEngine::Impl {
       fit = families_.emplace(t.family, Family{}).first;
     }
     auto& normals = fit->second.normals[static_cast<std::size_t>(rs)];
-    const double own_speed = site_speed(t.site_name);
+    const double own_speed = site_speed(t.site);
     Normal* own = nullptr;
     for (auto& nm : normals) {
       if (nm.site == t.site_name) own = &nm;
       if (nm.n < kMinNormal) continue;
       // A time on a site twice as fast is expected to take twice as long here.
-      const double expected = std::exp(nm.log_mean) * site_speed(nm.site) / own_speed;
+      const double expected = std::exp(nm.log_mean) * nm.speed / own_speed;
       if (!r.ready || expected < r.normal) {
         r.ready = true;
         r.normal = expected;
@@ -585,7 +589,7 @@ struct PolicyEngine::Impl {
     if (n < 3) r.ready = false;  // judged on two values of its own at least
     if (r.ready) r.ratio = lvl / std::max(r.normal * r.allowance, floor);
     if (!worse && x > 0) {
-      if (!own && normals.size() < kMaxFamilySites) own = &normals.emplace_back(Normal{t.site_name, 0, 0, 0});
+      if (!own && normals.size() < kMaxFamilySites) own = &normals.emplace_back(Normal{t.site_name, own_speed, 0, 0, 0});
       if (own) {
         own->n += 1;
         const double w = 1 / std::min(own->n, kNormalMemory), d = std::log(x) - own->log_mean;
@@ -1046,7 +1050,14 @@ struct PolicyEngine::Impl {
 
   // ---- entry points ------------------------------------------------------------------------------
 
-  void observe(const Observation& o, std::vector<Decision>& out) {
+  /// `failure`: what task_failed() knows of a task.failures observation (nullptr: nothing).
+  void observe(const Observation& o, std::vector<Decision>& out, const Failure* failure = nullptr) {
+    // A failure the engine retries itself is retried by no policy; the task's own error is
+    // not the site's doing and not default-retry's business (it retries lost attempts).
+    const bool engine_retries = failure && failure->engine_retries;
+    const bool task_error = failure && (failure->kind == Failure::Kind::error ||
+                                        (failure->kind == Failure::Kind::unknown && failure->exit_code &&
+                                         *failure->exit_code != 0));
     const int sig = signal_index(o.signal);
     if (sig < 0 || !std::isfinite(o.time_s)) return;
     advance(o.time_s);
@@ -1070,7 +1081,7 @@ struct PolicyEngine::Impl {
     if (std::isfinite(o.value) && ss) {
       if (sig == kQueueLength) ss->queue = o.value;
       if (sig == kFailureRate) ss->failure_rate = std::clamp(o.value, 0.0, 1.0);
-      if (sig == kFailures && o.value > 0 && !task_error_) add_failures(*ss, o.value, now);  // the site's doing
+      if (sig == kFailures && o.value > 0 && !task_error) add_failures(*ss, o.value, now);
     }
 
     if (per_task) {
@@ -1081,12 +1092,7 @@ struct PolicyEngine::Impl {
       if (sig == kProgressRate) t.observed_rate = true;
       if (sig == kTaskHeartbeat && std::isfinite(o.value) && o.value >= 0) {
         const double at = now - o.value;
-        if (!t.last_hb || at > *t.last_hb + 1e-9) {
-          if (t.last_hb) t.max_gap = std::max(at - *t.last_hb, 0.9 * t.max_gap);
-          t.hb.heartbeat(at);
-          t.last_hb = at;
-          t.running = true;
-        }
+        if (!t.last_hb || at > *t.last_hb + 1e-9) record_heartbeat(t, at);
       }
       SiteState* tss = site_state(t.site);
       const int rs = rel_series(sig);
@@ -1095,10 +1101,10 @@ struct PolicyEngine::Impl {
       for (int pi : list) {
         const Policy& p = policies_[static_cast<std::size_t>(pi)];
         if (!watches(p, o.task_id, t.site)) continue;
-        if (skip_retries_ && sig == kFailures && (p.spec->action == ActionKind::restart || p.spec->action == ActionKind::migrate ||
-                                                  p.spec->action == ActionKind::speculate))
-          continue;  // the engine retries this failure itself: never two retries of one failure
-        if (task_error_ && sig == kFailures && p.builtin) continue;  // default-retry: lost attempts only
+        if (engine_retries && (p.spec->action == ActionKind::restart || p.spec->action == ActionKind::migrate ||
+                               p.spec->action == ActionKind::speculate))
+          continue;  // never two retries of one failure
+        if (task_error && p.builtin) continue;
         Slot& s = t.slots[static_cast<std::size_t>(p.task_slot)];
         Eval e = p.det == Det::phi ? phi_eval(p, t.hb, t.last_hb, now, t.max_gap)
                                    : run_detector(p, s, now, o.value, rel ? &*rel : nullptr);
@@ -1240,10 +1246,7 @@ void PolicyEngine::heartbeat(std::string_view task, std::string_view site, doubl
   impl_->advance(now);
   auto& t = impl_->task(task, site, now);
   if (t.last_hb && now < *t.last_hb) return;
-  if (t.last_hb) t.max_gap = std::max(now - *t.last_hb, 0.9 * t.max_gap);
-  t.hb.heartbeat(now);
-  t.last_hb = now;
-  t.running = true;
+  Impl::record_heartbeat(t, now);
 }
 
 void PolicyEngine::task_failed(std::string_view task, std::string_view site, double now, const Failure& f,
@@ -1253,7 +1256,7 @@ void PolicyEngine::task_failed(std::string_view task, std::string_view site, dou
   m.advance(now);
   auto& t = m.task(task, site, now);
   t.running = false;
-  if (permanent_exit(f.exit_code)) {
+  if (retry_cannot_fix(f.exit_code)) {
     if (t.acted) {
       t.acted = false;
       return;
@@ -1279,11 +1282,7 @@ void PolicyEngine::task_failed(std::string_view task, std::string_view site, dou
     out.push_back(std::move(d));
     return;
   }
-  m.skip_retries_ = f.engine_retries;
-  m.task_error_ = f.kind == Failure::Kind::error ||
-                  (f.kind == Failure::Kind::unknown && f.exit_code && *f.exit_code != 0);
-  m.observe(Observation{task, site, "task.failures", 1, now}, out);
-  m.skip_retries_ = m.task_error_ = false;
+  m.observe(Observation{task, site, "task.failures", 1, now}, out, &f);
 }
 
 void PolicyEngine::task_finished(std::string_view task, double now) {
@@ -1308,6 +1307,8 @@ std::optional<SiteHealth> PolicyEngine::site_health_detail(std::string_view site
 
 std::size_t PolicyEngine::tracked_tasks() const noexcept { return impl_->tasks_.size(); }
 std::size_t PolicyEngine::policy_count() const noexcept { return impl_->policies_.size(); }
+
+bool retry_cannot_fix(std::optional<int> exit_code) noexcept { return exit_code && (*exit_code == 126 || *exit_code == 127); }
 
 std::vector<Diagnostic> check_policies(const WorkflowSpec& spec) {
   try {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "diaspora/policy.hpp"
+
 namespace diaspora::runner {
 
 void Lifecycle::submit_instance(std::size_t task, long index) {
@@ -105,11 +107,11 @@ void Lifecycle::stop(int ii, int ai, Outcome outcome, const std::string& reason,
 
 bool Lifecycle::policy_can_recover(const Instance& inst, const Attempt& failed) const {
   // A retry cannot fix a command that is missing or not executable.
-  if (failed.exit_code && (*failed.exit_code == 126 || *failed.exit_code == 127)) return false;
-  if (ctx_.spec.defaults == DefaultsMode::on && !failed.own_error) {  // default-retry: 3 retries of lost attempts
+  if (resilience::retry_cannot_fix(failed.exit_code)) return false;
+  if (ctx_.spec.defaults == DefaultsMode::on && !failed.own_error) {  // default-retry: kDefaultRetries retries of lost attempts
     long failures = 0;
     for (const auto& x : inst.attempts) failures += x.outcome == Outcome::failed && !x.own_error && x.hook_id == failed.hook_id;
-    if (failures <= 3) return true;
+    if (failures <= resilience::kDefaultRetries) return true;
   }
   const std::string& name = ctx_.task(inst.task).name;
   for (const auto& p : ctx_.spec.policies) {

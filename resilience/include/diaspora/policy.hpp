@@ -208,6 +208,14 @@ class PolicyEngine {
   std::unique_ptr<Impl> impl_;
 };
 
+/// How many times default-retry restarts a task's lost attempts (Ray's default for system
+/// failures); an engine that waits for those retries (diaspora run) counts the same.
+inline constexpr int kDefaultRetries = 3;
+
+/// Whether a command's exit status is one a retry cannot fix (126 not executable, 127 not
+/// found): no policy retries it. Thread-safe.
+bool retry_cannot_fix(std::optional<int> exit_code) noexcept;
+
 /// The problems the policy engine finds compiling `spec`'s policies: the checks only it can
 /// make (a detector on a signal it cannot read, phi-accrual on what is not a heartbeat),
 /// each at its place in the spec file. Empty when every policy compiles. Thread-safe.
