@@ -305,6 +305,46 @@ function Timeline({ tasks, actions }) {
   </div>`;
 }
 
+// An incident per task instance that actions named (a copy "ID@copyN" is its original's):
+// the evidence (its failed attempts, its last anomaly, what the first decision saw), each
+// decision with its outcome, and how the instance ended.
+const instanceOf = (id) => id.split("@copy")[0];
+
+function Incidents({ tasks, actions }) {
+  const groups = useMemo(() => {
+    const by = new Map();
+    for (const a of [...actions].sort((x, y) => x.requested_us - y.requested_us)) {
+      if (!a.task_id) continue;
+      const id = instanceOf(a.task_id);
+      if (!by.has(id)) by.set(id, []);
+      by.get(id).push(a);
+    }
+    return [...by.entries()].map(([id, acts]) => {
+      const runs = tasks.filter((t) => t.task_id === id || t.task_id.startsWith(id + "@copy"));
+      const evidence = [];
+      for (const t of runs)
+        for (const a of t.attempts)
+          if (a.outcome === "failed") evidence.push(`${t.task_id} attempt ${a.attempt} on ${a.site} failed${a.reason ? ": " + a.reason : ""}`);
+      const first = acts[0].reason || "";
+      if (first) evidence.push(first.split("; ")[0]);
+      const won = runs.find((t) => t.state === "completed");
+      const live = runs.find((t) => t.state === "running" || t.state === "pending");
+      const outcome = won ? `completed on ${won.site}${won.task_id !== id ? " (by its copy " + won.task_id + ")" : ""}`
+        : live ? `${live.state} on ${live.site || "?"}` : runs.length ? runs[0].state : "unknown";
+      return { id, acts, evidence, outcome, ok: !!won };
+    });
+  }, [tasks, actions]);
+  if (!groups.length) return html`<p>None: no action named a task.</p>`;
+  return html`<div class="scroll"><table class="incidents">
+    <thead><tr><th>Instance</th><th>Evidence</th><th>Decisions</th><th>Outcome</th></tr></thead>
+    <tbody>${groups.map((g) => html`<tr data-incident=${g.id}>
+      <td>${g.id}</td><td>${g.evidence.map((e) => html`<div>${e}</div>`)}</td>
+      <td>${g.acts.map((a) => html`<div>${fmtTime(a.requested_us)} ${a.action}${a.target_site ? " → " + a.target_site : ""}
+        (${a.policy || a.origin}) <span class=${"state " + a.status}>${a.status}</span></div>`)}</td>
+      <td><span class=${"state " + (g.ok ? "completed" : "failed")}>${g.outcome}</span></td></tr>`)}</tbody>
+  </table></div>`;
+}
+
 function Tasks() {
   const q = query();
   const [workflow, setWorkflow] = useState(q.get("workflow") || "");
@@ -332,6 +372,8 @@ function Tasks() {
     <${ErrorLine} error=${tasks.error} />
     <h3>Timeline</h3>
     <${Timeline} tasks=${items} actions=${acts.data?.items || []} />
+    <h3>Incidents</h3>
+    <${Incidents} tasks=${items} actions=${acts.data?.items || []} />
     <h3>Task instances <small>(${tasks.data ? tasks.data.total : "…"})</small></h3>
     <div class="scroll"><table class="tasks">
       <thead><tr><th>Task</th><th>State</th><th>Attempt</th><th>Site</th><th>Progress</th><th>Anomaly</th><th>Last heartbeat</th><th></th></tr></thead>

@@ -63,6 +63,7 @@ std::string_view to_string(FaultKind f) noexcept {
     case FaultKind::kill_worker: return "kill-worker";
     case FaultKind::stop_relay: return "stop-relay";
     case FaultKind::hang_task: return "hang-task";
+    case FaultKind::slow_task: return "slow-task";
   }
   return "?";
 }
@@ -318,6 +319,7 @@ WorkflowSpec build(const YamlDocument& doc, std::string file) {
   const json::object& plugin = sub(r, "plugin");
   if (auto s = opt_str(plugin, "library")) w.plugin.library = *s;
   if (auto s = opt_str(plugin, "spool_dir")) w.plugin.spool_dir = *s;
+  if (auto s = opt_str(plugin, "normals")) w.plugin.normals = *s;
   if (const auto* v = plugin.if_contains("spool_limit")) w.plugin.spool_limit = parse_size(*v).value_or(w.plugin.spool_limit);
   w.plugin.queue_size = get_int(plugin, "queue_size", w.plugin.queue_size);
   if (auto s = opt_str(plugin, "engine_id")) w.plugin.engine_id = *s;
@@ -408,6 +410,7 @@ WorkflowSpec build(const YamlDocument& doc, std::string file) {
     f.kind = k == "kill-worker"  ? FaultKind::kill_worker
              : k == "stop-relay" ? FaultKind::stop_relay
              : k == "hang-task"  ? FaultKind::hang_task
+             : k == "slow-task"  ? FaultKind::slow_task
                                  : FaultKind::slow_site;
     f.site = opt_str(o, "site");
     f.task = opt_str(o, "task");

@@ -35,6 +35,7 @@
 #include <slurm/spank.h>
 
 #include "diaspora/plugin.h"
+#include "diaspora/wait_failure.h"
 
 SPANK_PLUGIN(diaspora, 1)
 
@@ -288,6 +289,7 @@ int slurm_spank_task_exit(spank_t sp, int argc, char** argv) {
     snprintf(reason, sizeof reason, "wait status %d", status);
   }
   i.reason = reason;
+  i.failure = diaspora_failure_of_wait_status(status); /* a node or the OOM killer's SIGKILL: lost */
   report(p_failed, &i, "failed");
   return 0;
 }

@@ -1,4 +1,6 @@
 #include "plugin_impl.hpp"
+
+#include "diaspora/files.hpp"
 #include "diaspora/thread_name.hpp"
 
 #include <boost/json.hpp>
@@ -118,6 +120,7 @@ Config Config::from_spec(const WorkflowSpec& spec, const std::filesystem::path& 
   c.events_topic = prefix + ".events";
   c.control_topic = prefix + ".control." + c.engine_id;
   c.spool_dir = resolve(spec.plugin.spool_dir, base_dir) / c.engine_id;
+  if (spec.plugin.normals) c.normals_file = resolve(*spec.plugin.normals, base_dir);
   c.spool_limit = spec.plugin.spool_limit;
   c.queue_size = static_cast<std::size_t>(spec.plugin.queue_size);
   c.batch_events = static_cast<std::size_t>(spec.plugin.batch.max_events);
@@ -178,6 +181,15 @@ Plugin::Plugin(Config config)
       policy_ = std::make_unique<PolicyBridge>(*cfg_.spec);
     } catch (const std::exception& e) {
       throw ConfigError(e.what());
+    }
+    // What an earlier run learned (plugin.normals). A file that cannot be used is reported
+    // (diaspora_last_error) and the run starts without it: it is a cache, not an input.
+    if (!cfg_.normals_file.empty() && std::filesystem::exists(cfg_.normals_file)) {
+      try {
+        policy_->import_normals(read_file(cfg_.normals_file, std::size_t{64} << 20));
+      } catch (const std::exception& e) {
+        set_error(cfg_.normals_file.string() + ": " + e.what() + "; starting without them");
+      }
     }
     // The tracker's derived series ("task.queue_wait_s", ...) are the policies' signals
     // ("task.queue_wait", ...).
@@ -792,6 +804,14 @@ int Plugin::close(std::chrono::milliseconds timeout) noexcept {
   stop_.store(true, std::memory_order_release);
   if (publisher_.joinable()) publisher_.join();
   if (close_status_ == DIASPORA_OK && lost_.load() > 0) close_status_ = DIASPORA_ERR_IO;
+  if (policy_ && !cfg_.normals_file.empty()) {  // what this run learned, for the next (plugin.normals)
+    try {
+      std::lock_guard feed(feed_mu_);
+      write_file_atomic(cfg_.normals_file, policy_->export_normals(), 0644, Durability::file);
+    } catch (const std::exception& e) {
+      set_error(std::string("normals not kept: ") + e.what());
+    }
+  }
   return close_status_;
 }
 

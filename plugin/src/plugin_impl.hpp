@@ -66,6 +66,7 @@ struct Config {
   std::filesystem::path ca_file, token_file;
   std::string events_topic, control_topic;
   std::filesystem::path spool_dir;
+  std::filesystem::path normals_file;  ///< plugin.normals, resolved; empty: nothing kept
   std::uint64_t spool_limit = 256ull << 20;
   std::size_t queue_size = 65536;
   std::size_t batch_events = 512, batch_bytes = 1u << 20;

@@ -42,6 +42,10 @@ class PolicyBridge {
                std::int64_t time_us);
   /// Time passes: heartbeat silence, deadline forecasts.
   void tick(std::int64_t now_us);
+  /// The engine's normals as text, and seeding them (resilience::PolicyEngine's
+  /// export_normals / import_normals; the latter throws diaspora::Error on bad text).
+  std::string export_normals() const;
+  std::size_t import_normals(std::string_view text);
   /// The decisions made since the last call.
   std::vector<resilience::Decision> take_decisions();
 

@@ -12,6 +12,9 @@
 #include <limits>
 #include <variant>
 
+#include <boost/json.hpp>
+
+#include "diaspora/error.hpp"
 #include "diaspora/site_health.hpp"
 #include "math.hpp"
 
@@ -25,6 +28,7 @@ constexpr double kNormalMemory = 50;      // values a normal averages over, at m
 constexpr double kNoiseSigmas = 2.5;      // a noisy normal allows this many log-space deviations
 constexpr std::size_t kMaxFamilies = 10000;
 constexpr std::size_t kMaxFamilySites = 64;
+constexpr double kSeedWeight = 10;         // a seeded normal counts as this many values at most
 constexpr double kSuspect = 0.75;         // a restart leaves a site below 0.75 x the best candidate's health
 constexpr double kReallyBad = 0.25;       // ... even for a candidate with no free worker
 
@@ -199,6 +203,8 @@ struct PolicyEngine::Impl {
     std::array<double, kRelSeries> att_level{};  // this attempt's smoothed value per series
     std::array<int, kRelSeries> att_n{};
     double max_gap = 0;    // the longest recent heartbeat gap (decays 10 % a heartbeat)
+    double last_ratio = 0;  // its latest level against its task's normal (relative series)
+    double ratio_t = -1;    // when that was judged (-1: never)
     std::vector<Slot> slots;
   };
   /// A task family's normal for one series on one site: the geometric mean of the values
@@ -569,9 +575,14 @@ struct PolicyEngine::Impl {
     auto& normals = fit->second.normals[static_cast<std::size_t>(rs)];
     const double own_speed = site_speed(t.site);
     Normal* own = nullptr;
-    for (auto& nm : normals) {
+    for (auto& nm : normals)
       if (nm.site == t.site_name) own = &nm;
-      if (nm.n < kMinNormal) continue;
+    // Its own site's normal once it has one (the site against its own past: declared speeds
+    // may be wrong); until then the best of the other sites' (a site slow from its first
+    // step is still seen: its slow values do not join its normal).
+    const bool own_ready = own && own->n >= kMinNormal;
+    for (auto& nm : normals) {
+      if (nm.n < kMinNormal || (own_ready && &nm != own)) continue;
       // A time on a site twice as fast is expected to take twice as long here.
       const double expected = std::exp(nm.log_mean) * nm.speed / own_speed;
       if (!r.ready || expected < r.normal) {
@@ -816,12 +827,14 @@ struct PolicyEngine::Impl {
       case Det::forecast:
         if (p.signal == kDeadlineSlack) {
           if (!t || !t->deadline || !e.eta) return fmt("deadline slack %.4g s", e.x);
-          return fmt("expected completion t=%.1f s [%.1f, %s], deadline t=%.1f s, progress %.3f", *e.eta, e.a,
-                     std::isfinite(e.b) ? fmt("%.1f", e.b).c_str() : "never", *t->deadline, t->last_fraction);
+          // In seconds from now: the engine's clock may be the epoch.
+          return fmt("expected completion in %.1f s [%.1f, %s], deadline in %.1f s, progress %.3f", *e.eta - clock(),
+                     std::max(0.0, e.a - clock()), std::isfinite(e.b) ? fmt("%.1f", e.b - clock()).c_str() : "never",
+                     *t->deadline - clock(), t->last_fraction);
         }
         if (!e.eta) return fmt("value %.4g, trend %+.3g/s", e.x, e.c);
-        return fmt("value %.4g, trend %+.3g/s, crossing at t=%.1f s [%.1f, %s]", e.x, e.c, *e.eta, e.a,
-                   std::isfinite(e.b) ? fmt("%.1f", e.b).c_str() : "never");
+        return fmt("value %.4g, trend %+.3g/s, crossing in %.1f s [%.1f, %s]", e.x, e.c, *e.eta - clock(),
+                   std::max(0.0, e.a - clock()), std::isfinite(e.b) ? fmt("%.1f", e.b - clock()).c_str() : "never");
     }
     return {};
   }
@@ -907,6 +920,33 @@ struct PolicyEngine::Impl {
     return n;
   }
 
+  /// Whether another attempt of `id`'s instance runs: its original (for a copy "ID@copyN")
+  /// or a speculative copy of it.
+  bool other_attempt_running(std::string_view id) const {
+    const std::string_view base = id.substr(0, id.find("@copy"));
+    if (base != id)
+      if (auto it = tasks_.find(base); it != tasks_.end() && it->second.running) return true;
+    const std::string prefix = std::string(base) + "@copy";
+    for (auto it = tasks_.lower_bound(prefix); it != tasks_.end() && it->first.starts_with(prefix); ++it)
+      if (it->first != id && it->second.running) return true;
+    return false;
+  }
+
+  /// Whether t's slowness is its own (a straggler: a bad node, a noisy neighbour) rather
+  /// than its site's: another attempt on its site was judged during t's latest slow step
+  /// (within `window` seconds) and every such attempt runs near its own normal (ratio under
+  /// the midpoint of 1 and `ratio`); none is stale-fine while silent for over `window`.
+  bool straggler(const TaskState& t, std::string_view id, double ratio, double window, double now) const {
+    if (t.site < 0) return false;
+    int fine = 0;
+    for (const auto& [uid, u] : tasks_) {
+      if (uid == id || u.site != t.site || !u.running || u.ratio_t < 0) continue;
+      if (u.last_ratio >= 0.5 * (1 + ratio)) return false;  // its site's peers are slow too
+      if (now - u.ratio_t <= window) ++fine;
+    }
+    return fine > 0;
+  }
+
   void feed_anomaly(SiteState* ss, double badness) const {
     if (ss) ss->anomaly += opt_.health_alpha * (std::clamp(badness, 0.0, 1.0) - ss->anomaly);
   }
@@ -934,6 +974,26 @@ struct PolicyEngine::Impl {
     ++s.run;
     if (s.run < p.for_count) return;
     if (now < s.last_fire + p.cooldown) return;
+    // An instance with two attempts running (an original and its copy) has its second
+    // chance: a default moves or copies neither (one action per incident).
+    if (p.builtin && (p.spec->action == ActionKind::migrate || p.spec->action == ActionKind::speculate) &&
+        other_attempt_running(task_id))
+      return;
+    // A straggler on a site whose other attempts run at their normal pace is copied, not
+    // moved (LATE): the copy runs where a worker is free and the first to finish wins. With
+    // no free worker there it waits, judged again at its next step (a queued copy would
+    // finish later than the straggler).
+    bool copy_straggler = false;
+    if (p.builtin && e.relative && p.spec->action == ActionKind::migrate && t &&
+        straggler(*t, task_id, p.threshold, std::max(1.0, e.rel.level * static_cast<double>(p.for_count)), now)) {
+      std::string why;
+      const int target = choose_target(p, *t, now, why);
+      if (target >= 0) {
+        const SiteState& cand = sites_[static_cast<std::size_t>(target)];
+        if (busy(target, task_id) >= std::max<std::int64_t>(1, cand.spec->workers)) return;
+        copy_straggler = true;
+      }
+    }
 
     const PolicySpec& ps = *p.spec;
     std::string subject = task_id.empty() ? "site " + std::string(site)
@@ -1011,13 +1071,17 @@ struct PolicyEngine::Impl {
         std::string why;
         const char* verb = ps.action == ActionKind::migrate ? "migrate" : "speculate";
         int target = t ? choose_target(p, *t, now, why) : -1;
+        if (copy_straggler) {
+          verb = "speculate";
+          why = "(a straggler: the other attempts on " + t->site_name + " run at their normal pace) a copy on " + why;
+        }
         if (target < 0) {
           d.action = "alert";
           act = std::string("cannot ") + verb + ": " + (t ? why : std::string("no task"));
         } else {
           d.action = verb;
           d.target_site = sites_[static_cast<std::size_t>(target)].spec->name;
-          act = std::string(verb) + (ps.action == ActionKind::migrate ? " to " : " a copy on ") + why;
+          act = std::string(verb) + (std::string_view(verb) == "migrate" ? " to " : why.starts_with("(a straggler") ? " " : " a copy on ") + why;
         }
         break;
       }
@@ -1098,6 +1162,7 @@ struct PolicyEngine::Impl {
       const int rs = rel_series(sig);
       std::optional<RelEval> rel;
       if (rs >= 0 && std::isfinite(o.value)) rel = rel_eval(t, rs, o.value);
+      if (rel && rel->ready) t.last_ratio = rel->ratio, t.ratio_t = now;
       for (int pi : list) {
         const Policy& p = policies_[static_cast<std::size_t>(pi)];
         if (!watches(p, o.task_id, t.site)) continue;
@@ -1303,6 +1368,85 @@ std::optional<SiteHealth> PolicyEngine::site_health_detail(std::string_view site
   int i = impl_->find_site(site);
   if (i < 0) return std::nullopt;
   return impl_->health(impl_->sites_[static_cast<std::size_t>(i)], impl_->clock());
+}
+
+std::string PolicyEngine::export_normals() const {
+  namespace json = boost::json;
+  json::object fams;
+  for (const auto& [name, fam] : impl_->families_) {
+    json::object series;
+    for (int rs = 0; rs < kRelSeries; ++rs) {
+      json::array list;
+      for (const auto& nm : fam.normals[static_cast<std::size_t>(rs)])
+        if (nm.n >= kMinNormal)
+          list.push_back(json::object{{"site", nm.site}, {"speed", nm.speed}, {"log_mean", nm.log_mean},
+                                      {"log_var", nm.log_var}, {"n", nm.n}});
+      if (!list.empty()) series[kSignals[rs].name] = std::move(list);
+    }
+    if (!series.empty()) fams[name] = std::move(series);
+  }
+  return json::serialize(json::object{{"version", 1}, {"workflow", impl_->spec_.name}, {"families", std::move(fams)}});
+}
+
+std::size_t PolicyEngine::import_normals(std::string_view text) {
+  namespace json = boost::json;
+  auto bad = [](const std::string& what) -> std::size_t { throw Error("normals: " + what); };
+  boost::system::error_code ec;
+  const json::value doc = json::parse(text, ec);
+  if (ec) return bad("not JSON (" + ec.message() + ")");
+  const json::object* root = doc.if_object();
+  if (!root) return bad("not a JSON object");
+  const json::value* v = root->if_contains("version");
+  if (!v || !v->is_int64() || v->get_int64() != 1) return bad("version must be 1 (a file written by this version)");
+  const json::value* wf = root->if_contains("workflow");
+  if (!wf || !wf->is_string()) return bad("no workflow name");
+  if (wf->get_string() != impl_->spec_.name)
+    return bad("learned by workflow '" + std::string(wf->get_string()) + "', not '" + impl_->spec_.name +
+               "': another workflow's task names mean other tasks");
+  const json::value* fv = root->if_contains("families");
+  if (!fv || !fv->is_object()) return bad("no families object");
+  if (fv->get_object().size() > kMaxFamilies) return bad("more than 10000 families");
+  // Checked whole before anything is loaded: a bad file changes nothing.
+  std::map<std::string, Impl::Family, std::less<>> loaded;
+  std::size_t count = 0;
+  for (const auto& [fname, fval] : fv->get_object()) {
+    const std::string where = "family '" + std::string(fname) + "'";
+    if (fname.empty() || !fval.is_object()) return bad(where + ": not an object of series");
+    Impl::Family fam;
+    for (const auto& [sname, list] : fval.get_object()) {
+      int rs = -1;
+      for (int k = 0; k < kRelSeries; ++k)
+        if (sname == kSignals[k].name) rs = k;
+      if (rs < 0) return bad(where + ": unknown series '" + std::string(sname) + "' (task.step_time, task.runtime, task.queue_wait)");
+      if (!list.is_array() || list.get_array().size() > kMaxFamilySites)
+        return bad(where + ", " + std::string(sname) + ": not an array of at most 64 site normals");
+      for (const auto& e : list.get_array()) {
+        const json::object* o = e.if_object();
+        auto number = [&](const char* k) {
+          const json::value* x = o ? o->if_contains(k) : nullptr;
+          return x && x->is_number() ? x->to_number<double>() : std::numeric_limits<double>::quiet_NaN();
+        };
+        const json::value* site = o ? o->if_contains("site") : nullptr;
+        Impl::Normal nm;
+        nm.speed = number("speed");
+        nm.log_mean = number("log_mean");
+        nm.log_var = number("log_var");
+        nm.n = number("n");
+        if (!site || !site->is_string() || site->get_string().empty() || !(nm.speed > 0) || !std::isfinite(nm.speed) ||
+            !std::isfinite(nm.log_mean) || !(nm.log_var >= 0) || !std::isfinite(nm.log_var) || !(nm.n >= 1) ||
+            !std::isfinite(nm.n))
+          return bad(where + ", " + std::string(sname) +
+                     ": a normal needs site (text), speed (> 0), log_mean (finite), log_var (>= 0) and n (>= 1)");
+        nm.site = std::string(site->get_string());
+        nm.n = std::min(nm.n, kSeedWeight);  // what this run sees soon outweighs it
+        fam.normals[static_cast<std::size_t>(rs)].push_back(std::move(nm));
+        ++count;
+      }
+    }
+    loaded.emplace(std::string(fname), std::move(fam));
+  }
+  for (auto& [name, fam] : loaded) impl_->families_[name] = std::move(fam);
+  return count;
 }
 
 std::size_t PolicyEngine::tracked_tasks() const noexcept { return impl_->tasks_.size(); }

@@ -58,7 +58,8 @@ void FaultInjector::begin(Fault& f, double t) {
       return;
     }
     case FaultKind::kill_worker:
-    case FaultKind::hang_task: {
+    case FaultKind::hang_task:
+    case FaultKind::slow_task: {
       const std::string site_name = fs.site.value_or("");
       const auto [ii, ai] = oldest_running(site_name, fs.task);
       if (ii < 0) {
@@ -71,7 +72,7 @@ void FaultInjector::begin(Fault& f, double t) {
       }
       f.start_t = t;
       f.armed = false;
-      f.done = true;
+      f.done = fs.kind != FaultKind::slow_task;
       const Attempt& a = store_.attempt(ii, ai);
       Site& s = *sites_.find(a.site);
       Slot& slot = s.slots[static_cast<std::size_t>(a.slot)];
@@ -81,6 +82,14 @@ void FaultInjector::begin(Fault& f, double t) {
       if (fs.kind == FaultKind::kill_worker) {
         f.note = control_.kill_worker(s, slot);
         ctx_.hooks.resource(worker, "worker", "down", s.name(), "fault_kill_worker", 1);
+      } else if (fs.kind == FaultKind::slow_task) {
+        f.slowed = {ii, ai};
+        f.next_toggle = t;
+        f.end_t = fs.lasts ? t + fs.lasts->count() : -1;
+        ctx_.hooks.resource(worker, "worker", "degraded", s.name(), "fault_slow_task_factor", fs.factor);
+        ctx_.say("fault slow-task: " + f.target + " runs " + std::to_string(fs.factor).substr(0, 4) + "x slower" +
+                 (fs.lasts ? " for " + std::to_string(static_cast<int>(fs.lasts->count())) + " s" : ""));
+        return;
       } else {
         control_.hang(s, slot);
         ctx_.hooks.resource(worker, "worker", "degraded", s.name(), "fault_hang_task", 1);
@@ -115,6 +124,10 @@ void FaultInjector::tick() {
       continue;
     }
     if (f.start_t < 0 || f.done || f.end_t < 0 || t < f.end_t) continue;
+    if (fs.kind == FaultKind::slow_task) {
+      end_slow_task(f, "over");
+      continue;
+    }
     f.done = true;
     if (fs.kind == FaultKind::stop_relay && relay_) {
       if (!restart_relay()) {
@@ -148,6 +161,34 @@ void FaultInjector::duty_cycle() {
     s.next_toggle = t + (s.stopped_phase ? kPeriod - run : run);
     for (auto& slot : s.slots) control_.pause(s, slot, s.stopped_phase);
   }
+  for (Fault& f : faults_) {
+    if (f.spec->kind != FaultKind::slow_task || f.slowed.first < 0 || f.done) continue;
+    const Attempt& a = store_.attempt(f.slowed.first, f.slowed.second);
+    if (!a.live()) {  // the straggler ended (done, stopped, or its copy won): its worker is free again
+      end_slow_task(f, "over (" + a.hook_id + " ended)");
+      continue;
+    }
+    if (t < f.next_toggle) continue;
+    f.stopped_phase = !f.stopped_phase;
+    const double run = kPeriod / f.spec->factor;
+    f.next_toggle = t + (f.stopped_phase ? kPeriod - run : run);
+    Site& s = *sites_.find(a.site);
+    control_.pause(s, s.slots[static_cast<std::size_t>(a.slot)], f.stopped_phase);
+  }
+}
+
+void FaultInjector::end_slow_task(Fault& f, const std::string& why) {
+  f.done = true;
+  f.end_t = ctx_.now();  // the report shades it to when it ended
+  if (f.slowed.first < 0) return;
+  const Attempt& a = store_.attempt(f.slowed.first, f.slowed.second);
+  Site* s = sites_.find(a.site);
+  if (s && a.slot >= 0 && f.stopped_phase) control_.pause(*s, s->slots[static_cast<std::size_t>(a.slot)], false);
+  f.stopped_phase = false;
+  if (s && a.slot >= 0)
+    ctx_.hooks.resource(worker_name(s->name(), s->slots[static_cast<std::size_t>(a.slot)].index), "worker", "up",
+                        s->name(), "fault_slow_task_factor", 1);
+  ctx_.say("fault slow-task " + why + ": " + f.target);
 }
 
 void FaultInjector::end_all() {
@@ -158,6 +199,8 @@ void FaultInjector::end_all() {
       f.note = "nothing ran there after its time: no effect";
     }
   for (auto& s : sites_.all()) s.slow_until = 0;
+  for (Fault& f : faults_)
+    if (f.spec->kind == FaultKind::slow_task && !f.done && f.start_t >= 0) end_slow_task(f, "over");
   duty_cycle();
 }
 
@@ -165,6 +208,9 @@ double FaultInjector::next_toggle(double cap) const {
   double next = cap;
   for (const auto& s : sites_.all())
     if (s.slow_factor > 1) next = std::min(next, std::max(0.0, s.next_toggle - ctx_.now()));
+  for (const auto& f : faults_)
+    if (f.spec->kind == FaultKind::slow_task && f.slowed.first >= 0 && !f.done)
+      next = std::min(next, std::max(0.0, f.next_toggle - ctx_.now()));
   return next;
 }
 

@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
                "Docs: docs/run.md.",
                "diaspora run"};
   app.set_version_flag("--version", std::string("diaspora-run ") + diaspora::version_string);
-  std::string spec_file, out_dir, baseline, grace = "10s", resume_dir, serve_dir;
+  std::string spec_file, out_dir, baseline, grace = "10s", resume_dir, serve_dir, learn_from;
   std::vector<std::string> sets;
   bool no_policies = false;
   auto* spec_opt = app.add_option("spec", spec_file, "Workflow spec (YAML)");
@@ -86,6 +86,9 @@ int main(int argc, char** argv) {
                                 "(repeatable; VALUE is YAML)");
   app.add_option("--resume", resume_dir, "Resume the run in DIR (its --out) whose runner was killed: instances its "
                                          "relay log shows completed are not run again")->excludes("--out");
+  app.add_option("--learn-from", learn_from, "Start the policies from what an earlier run of this workflow learned "
+                                             "(each task's normal step time per site): its --out folder or its "
+                                             "normals.json");
   app.add_flag("--no-policies", no_policies, "Run without the spec's policies (no action is taken)");
   app.add_option("--baseline", baseline, "retry-after=DURATION: no policies; a task is retried only when it exits "
                                          "with an error or after DURATION without heartbeats (Parsl HTEX: 120s)");
@@ -132,6 +135,15 @@ int main(int argc, char** argv) {
     for (const auto& e : errors) std::cerr << e << "\n";
     std::cerr << errors.size() << (errors.size() == 1 ? " error" : " errors") << "; nothing was started\n";
     return 2;
+  }
+  if (!learn_from.empty()) {
+    try {  // checked now, not at open (where a bad file is only a warning): the user asked for it
+      opt.learn_from = diaspora::runner::check_learned_normals(in->spec, learn_from);
+    } catch (const std::exception& e) {
+      std::cerr << "error: --learn-from " << learn_from << ": " << e.what()
+                << " (give the --out folder of an earlier run of this workflow, or its normals.json)\n";
+      return 2;
+    }
   }
   if (!resume_dir.empty()) {
     if (!std::filesystem::is_directory(std::filesystem::path(resume_dir) / "spool")) {

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "diaspora/event.hpp"
+#include "report_json.hpp"
 #include "resume.hpp"
 
 namespace diaspora::runner {
@@ -51,7 +53,7 @@ json::object fault_object(const InstanceStore& store, const Fault& f, std::vecto
                  {"end_s", opt_t(f.end_t)}};
   if (f.spec->site) o["site"] = *f.spec->site;
   if (f.spec->task) o["task"] = *f.spec->task;
-  if (f.spec->kind == FaultKind::slow_site) o["factor"] = f.spec->factor;
+  if (f.spec->kind == FaultKind::slow_site || f.spec->kind == FaultKind::slow_task) o["factor"] = f.spec->factor;
   if (!f.target.empty()) o["target"] = f.target;
   if (!f.note.empty()) o["note"] = f.note;
   json::array hits;
@@ -72,6 +74,111 @@ json::object fault_object(const InstanceStore& store, const Fault& f, std::vecto
 }
 
 }  // namespace
+
+json::array build_incidents(const json::object& r) {
+  using report_json::arr, report_json::num, report_json::str;
+  struct Incident {
+    json::array faults, evidence, decisions;
+    double first = 1e300, first_fault = -1, first_decision = -1;
+    bool budget_spent = false;
+  };
+  std::map<std::string, Incident> by;
+  for (const auto& f : arr(r, "faults")) {
+    const auto& fo = f.as_object();
+    const double start = num(fo, "start_s");
+    for (const auto& h : fo.at("hit").as_array()) {
+      Incident& in = by[str(h.as_object(), "instance")];
+      in.faults.push_back(json::object{{"kind", fo.at("kind")}, {"start_s", opt_t(start)}, {"target", str(fo, "target")}});
+      if (start >= 0 && (in.first_fault < 0 || start < in.first_fault)) in.first_fault = start;
+      in.first = std::min(in.first, start);
+    }
+  }
+  for (const auto& a : arr(r, "actions")) {
+    const auto& ao = a.as_object();
+    const std::string task = str(ao, "task");
+    if (task.empty()) continue;  // a site's action (throttle, alert): no instance's incident
+    Incident& in = by[instance_of(task)];
+    const std::string reason = str(ao, "reason");
+    const double t = num(ao, "received_s");
+    const auto colon = reason.find(": ");
+    json::object d{{"at_s", opt_t(t)},
+                   {"kind", ao.at("kind")},
+                   {"policy", colon == std::string::npos ? std::string() : reason.substr(0, colon)},
+                   {"target_site", str(ao, "target_site")},
+                   {"outcome", str(ao, "outcome")}};
+    if (!str(ao, "message").empty()) d["message"] = str(ao, "message");
+    // The evidence a decision names: its reason up to what it decided ("...; migrate to ...").
+    const auto semi = reason.find("; ");
+    d["evidence"] = reason.substr(0, semi);
+    if (reason.find("budget spent") != std::string::npos) in.budget_spent = true;
+    in.decisions.push_back(std::move(d));
+    if (t >= 0 && (in.first_decision < 0 || t < in.first_decision)) in.first_decision = t;
+    if (t >= 0) in.first = std::min(in.first, t);
+  }
+  json::array out;
+  for (const auto& i : arr(r, "instances")) {
+    const auto& io = i.as_object();
+    const std::string id = str(io, "id");
+    auto it = by.find(id);
+    if (it == by.end()) continue;
+    Incident& in = it->second;
+    // Evidence: the attempts that failed or were stopped (why), then the policies' anomaly
+    // scores on the instance (and its copies) from the fault (or the run's start) up to the
+    // first decision, at most 5 of them.
+    double start_at = in.first_fault >= 0 ? in.first_fault : 0;
+    for (const auto& a : io.at("attempts").as_array()) {
+      const auto& ao = a.as_object();
+      const std::string outcome = str(ao, "outcome");
+      if (outcome != "failed" && outcome != "stopped") continue;
+      in.evidence.push_back(json::object{{"at_s", opt_t(num(ao, "end_s"))},
+                                         {"what", str(ao, "id") + " attempt " + std::to_string(ao.at("number").to_number<std::int64_t>()) +
+                                                      " on " + str(ao, "site") + " " + outcome +
+                                                      (str(ao, "reason").empty() ? "" : ": " + str(ao, "reason"))}});
+    }
+    int shown = 0;
+    for (const auto& an : arr(r, "anomalies")) {
+      const auto& o = an.as_object();
+      const double t = num(o, "t_s");
+      if (instance_of(str(o, "task")) != id || t < start_at || (in.first_decision >= 0 && t > in.first_decision)) continue;
+      if (shown++ >= 5) break;
+      in.evidence.push_back(json::object{{"at_s", opt_t(t)},
+                                         {"what", "anomaly " + std::to_string(num(o, "score", 0)).substr(0, 4) + " (" +
+                                                      str(o, "detector") + ") " + str(o, "series") + ": " +
+                                                      str(o, "explanation")}});
+    }
+    // Outcome: the instance's end, and the first attempt after the fault (or the decision).
+    const double from = in.first_fault >= 0 ? in.first_fault : in.first_decision;
+    double recovering = -1;
+    std::string recovering_site;
+    for (const auto& a : io.at("attempts").as_array()) {
+      const auto& ao = a.as_object();
+      const double st = num(ao, "start_s");
+      if (st > from && (recovering < 0 || st < recovering) && ao.at("number").to_number<std::int64_t>() > 0 &&
+          (in.first_fault >= 0 || st >= in.first_decision)) {
+        recovering = st;
+        recovering_site = str(ao, "site");
+      }
+    }
+    json::object x{{"instance", id},
+                   {"start_s", opt_t(in.first < 1e300 ? in.first : -1)},
+                   {"faults", std::move(in.faults)},
+                   {"evidence", std::move(in.evidence)},
+                   {"decisions", std::move(in.decisions)},
+                   {"state", io.at("state")},
+                   {"recovering_attempt_running_s", opt_t(recovering)},
+                   {"decision_s", in.first_fault >= 0 && in.first_decision >= 0 ? opt_t(in.first_decision - in.first_fault)
+                                                                                : json::value(nullptr)},
+                   {"reaction_s", in.first_fault >= 0 && recovering >= 0 ? opt_t(recovering - in.first_fault)
+                                                                         : json::value(nullptr)}};
+    if (!recovering_site.empty()) x["recovering_site"] = recovering_site;
+    if (in.budget_spent) x["budget_spent"] = true;
+    out.push_back(std::move(x));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const json::value& a, const json::value& b) {
+    return num(a.as_object(), "start_s", 1e300) < num(b.as_object(), "start_s", 1e300);
+  });
+  return out;
+}
 
 json::object build_report(const Context& ctx, const InstanceStore& store, const Sites& sites, const std::vector<Fault>& faults,
                           const ActionLog& actions, const RunSummary& run) {
@@ -126,6 +233,7 @@ json::object build_report(const Context& ctx, const InstanceStore& store, const 
     acts.push_back(std::move(o));
   }
   r["actions"] = std::move(acts);
+  r["incidents"] = build_incidents(r);
   json::object rs{{"count", static_cast<std::int64_t>(reactions.size())}};
   if (!reactions.empty()) {
     rs["max_s"] = opt_t(*std::max_element(reactions.begin(), reactions.end()));

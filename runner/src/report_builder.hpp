@@ -33,6 +33,16 @@ struct RunSummary {
 boost::json::object build_report(const Context& ctx, const InstanceStore& store, const Sites& sites,
                                  const std::vector<Fault>& faults, const ActionLog& actions, const RunSummary& run);
 
+/// The report's incidents, derived from its `faults`, `actions`, `anomalies` and
+/// `instances`: one per instance that a fault hit or an action named (a copy's actions are
+/// its original's), earliest first, each with the faults that hit it, the evidence (its
+/// failed or stopped attempts' reasons, then up to 5 anomaly scores on it from the fault,
+/// or the run's start, to the first decision), every decision (time, kind, policy, target,
+/// outcome, the evidence its reason names), and the outcome (the instance's state, its first
+/// attempt started after the fault or decision, the decision and reaction times from the
+/// fault, whether a budget was spent). Pure: callable from any thread.
+boost::json::array build_incidents(const boost::json::object& report);
+
 /// The anomaly scores the policies published (org.diaspora.anomaly.predicted) since
 /// `started_us`, read back from the events topic for the report's timeline: time since the
 /// start, score, series, detector, explanation, site, task; at most 5,000. Empty without

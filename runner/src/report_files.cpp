@@ -11,10 +11,14 @@
 
 #include "diaspora/files.hpp"
 #include "diaspora/raster.hpp"
+#include "report_json.hpp"
 
 namespace diaspora::runner {
 
 namespace json = boost::json;
+using report_json::arr;
+using report_json::num;
+using report_json::str;
 
 namespace {
 
@@ -30,24 +34,6 @@ std::string esc(std::string_view s) {
     }
   }
   return o;
-}
-
-std::string str(const json::object& o, const char* k) {
-  const json::value* v = o.if_contains(k);
-  if (!v || v->is_null()) return "";
-  if (v->is_string()) return std::string(v->get_string());
-  return json::serialize(*v);
-}
-
-double num(const json::object& o, const char* k, double fallback = -1) {
-  const json::value* v = o.if_contains(k);
-  return v && v->is_number() ? v->to_number<double>() : fallback;
-}
-
-const json::array& arr(const json::object& o, const char* k) {
-  static const json::array empty;
-  const json::value* v = o.if_contains(k);
-  return v && v->is_array() ? v->get_array() : empty;
 }
 
 std::string fixed(double x, int digits = 1) {
@@ -72,8 +58,9 @@ std::vector<std::pair<double, std::string>> time_ticks(double duration) {
   return out;
 }
 
-/// Where a fault's band ends: its end, or the run's end for one that lasts (a slow-site or
-/// stop-relay without `for:`), or a sliver for an instant (kill-worker, hang-task).
+/// Where a fault's band ends: its end (a slow-task's is when its attempt ended), or the run's
+/// end for one that lasts (a slow-site or stop-relay without `for:`), or a sliver for an
+/// instant (kill-worker, hang-task).
 double fault_band_end(const json::object& f, double start, double duration) {
   const double e = num(f, "end_s");
   if (e >= 0) return e;
@@ -140,6 +127,12 @@ struct Lanes {
   /// The rows [first, end) a fault's band covers: its site's workers for slow-site, else all.
   std::pair<int, int> fault_rows(const json::object& fault) const {
     int first = -1, last = -1;
+    if (str(fault, "kind") == "slow-task") {  // "ID on SITE/worker-N": that worker's row
+      const std::string target = str(fault, "target");
+      const auto on = target.rfind(" on ");
+      for (int i = 0; on != std::string::npos && i < size(); ++i)
+        if (names[static_cast<std::size_t>(i)] == target.substr(on + 4)) return {i, i + 1};
+    }
     if (str(fault, "kind") == "slow-site")
       for (int i = 0; i < size(); ++i)
         if (names[static_cast<std::size_t>(i)].starts_with(str(fault, "site") + "/")) {
@@ -253,7 +246,38 @@ std::string report_html(const json::object& r) {
     h << "<tr><td>" << esc(str(fo, "kind")) << "</td><td>" << fixed(num(fo, "start_s", 0)) << "</td><td>"
       << esc(str(fo, "target") + str(fo, "note")) << "</td><td>" << esc(hits) << "</td><td>" << reacts << "</td></tr>";
   }
-  h << "</table>\n<h2>Actions</h2><table><tr><th>at (s)</th><th>kind</th><th>task</th><th>to</th><th>outcome</th>"
+  // Incidents: per instance, what hit it, the evidence, each decision and how it ended.
+  h << "</table>\n<h2>Incidents</h2>";
+  if (arr(r, "incidents").empty()) h << "<p>None: no fault hit an instance and no action named one.</p>";
+  else
+    h << "<table><tr><th>instance</th><th>fault</th><th>evidence</th><th>decisions</th><th>outcome</th></tr>";
+  for (const auto& i : arr(r, "incidents")) {
+    const auto& io = i.as_object();
+    std::string faults, evidence, decisions;
+    for (const auto& f : arr(io, "faults"))
+      faults += (faults.empty() ? "" : "<br>") + esc(str(f.as_object(), "kind") + " at " + fixed(num(f.as_object(), "start_s", 0)) + " s");
+    for (const auto& e : arr(io, "evidence"))
+      evidence += (evidence.empty() ? "" : "<br>") + esc(fixed(num(e.as_object(), "at_s", 0)) + " s: " + str(e.as_object(), "what"));
+    for (const auto& d : arr(io, "decisions")) {
+      const auto& dO = d.as_object();
+      decisions += (decisions.empty() ? "" : "<br>") +
+                   esc(fixed(num(dO, "at_s", 0)) + " s: " + str(dO, "kind") +
+                       (str(dO, "target_site").empty() ? "" : " to " + str(dO, "target_site")) + " (" + str(dO, "policy") +
+                       ", " + str(dO, "outcome") + ")");
+    }
+    const double re = num(io, "reaction_s"), dec = num(io, "decision_s"), rec = num(io, "recovering_attempt_running_s");
+    std::string outcome = str(io, "state");
+    if (rec >= 0) outcome += "; recovering attempt running at " + fixed(rec) + " s" +
+                             (str(io, "recovering_site").empty() ? "" : " on " + str(io, "recovering_site"));
+    if (dec >= 0) outcome += "; decided " + fixed(dec, 2) + " s after the fault";
+    if (re >= 0) outcome += ", reaction " + fixed(re, 2) + " s";
+    if (io.contains("budget_spent")) outcome += "; a budget was spent";
+    h << "<tr><td>" << esc(str(io, "instance")) << "</td><td>" << (faults.empty() ? "none injected" : faults) << "</td><td>"
+      << evidence << "</td><td>" << decisions << "</td><td class='" << (str(io, "state") == "completed" ? "ok" : "bad")
+      << "'>" << esc(outcome) << "</td></tr>";
+  }
+  if (!arr(r, "incidents").empty()) h << "</table>";
+  h << "\n<h2>Actions</h2><table><tr><th>at (s)</th><th>kind</th><th>task</th><th>to</th><th>outcome</th>"
        "<th>reason</th></tr>";
   for (const auto& a : arr(r, "actions")) {
     const auto& ao = a.as_object();

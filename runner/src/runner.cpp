@@ -114,6 +114,16 @@ void Runner::start_relay_and_plugin() {
   const std::string prefix = spec_.relay.topic_prefix.value_or(spec_.name);
   json::object& plugin = root["plugin"].is_object() ? root["plugin"].get_object() : (root["plugin"] = json::object{}).get_object();
   plugin["spool_dir"] = (opt_.out_dir / "spool").string();
+  // What the policies learn is kept for the next run (plugin.normals; by default in the
+  // output folder), and --learn-from seeds it from an earlier run's.
+  if (!plugin.contains("normals") || !plugin["normals"].is_string())
+    plugin["normals"] = (opt_.out_dir / "normals.json").string();
+  const fs::path normals(plugin["normals"].get_string().c_str());
+  if (!opt_.learn_from.empty()) {
+    std::error_code ec;
+    if (!fs::equivalent(opt_.learn_from, normals, ec)) write_file_atomic(normals, read_file(opt_.learn_from), 0644, Durability::file);
+    ctx_.say("normals: the policies start from what " + opt_.learn_from.string() + " kept; this run's go to " + normals.string());
+  }
   if (spec_.relay.embedded()) {
     const fs::path data = spec_.relay.data_dir ? fs::path(root["relay"].get_object()["data_dir"].get_string().c_str())
                                                : opt_.out_dir / "relay" / "data";

@@ -146,6 +146,8 @@ try {
     out.bars = await page.$$eval(".timeline .bar[title]", (e) => e.map((x) => x.getAttribute("title")));
     out.anomalies = await page.$$eval(".timeline .mark.anomaly", (e) => e.map((x) => x.getAttribute("title")));
     out.actions = await page.$$eval(".timeline .mark.action", (e) => e.map((x) => x.getAttribute("title")));
+    out.incidents = await page.$$eval("table.incidents tbody tr", (r) => r.map((x) => ({
+      id: x.dataset.incident, cells: [...x.querySelectorAll("td")].map((c) => c.textContent) })));
   } else if (scenario === "reconnect") {
     await signIn();
     await go(`#/tasks?workflow=${args.workflow}`);

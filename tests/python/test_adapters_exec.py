@@ -56,8 +56,10 @@ def test_exit_statuses_and_signals_pass_through(relay, token, tmp_path):
     assert "cpu_s" in final and "max_rss_mib" in final, final
     (f3,) = [e["data"] for e in task_events(relay, token, "three") if e["type"].endswith(".failed")]
     assert f3["exit_code"] == 3 and f3["reason"] == "exit status 3"
+    assert f3["failure"] == "error"  # its own: the default protection does not retry it
     (fk,) = [e["data"] for e in task_events(relay, token, "killed") if e["type"].endswith(".failed")]
     assert fk["reason"] == "killed by signal 9 (SIGKILL)" and fk["exit_code"] == 137
+    assert fk["failure"] == "lost"  # killed from outside (a node, the OOM killer): retried
     (fm,) = [e["data"] for e in task_events(relay, token, "missing") if e["type"].endswith(".failed")]
     assert "command not found" in fm["reason"]
 

@@ -104,9 +104,11 @@ def test_a_failing_step_and_a_job_killed_with_scancel(env):
     end = evs[-1]
     assert end["type"] == "org.diaspora.task.failed", evs
     assert "killed by signal" in end["data"]["reason"] and "scancel" in end["data"]["reason"], end["data"]
+    assert end["data"]["failure"] == "lost", end["data"]  # killed from outside: not the step's own error
     failed = [e for e in all_events(relay, creds)
               if e["type"] == "org.diaspora.task.failed" and e["data"].get("exit_code") == 7]
     assert failed and failed[0]["data"]["reason"] == "exit status 7"
+    assert failed[0]["data"]["failure"] == "error"
 
 
 def test_a_restart_action_requeues_a_batch_job(env):

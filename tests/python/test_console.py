@@ -190,6 +190,12 @@ faults:
     assert any("burn.0 attempt 2: completed" in b for b in r["bars"]), r["bars"]
     assert r["anomalies"], r  # the step-time prediction that moved it
     assert any(t.startswith("migrate burn.0 (policy)") for t in r["actions"]), r["actions"]
+    # The incident: burn.0's evidence (the step time the policy saw), its migration, how it ended.
+    assert [i["id"] for i in r["incidents"]] == ["burn.0"], r["incidents"]
+    evidence, decisions, outcome = r["incidents"][0]["cells"][1:]
+    assert "task.step_time of task burn.0" in evidence, evidence
+    assert "migrate → b" in decisions and "done" in decisions, decisions
+    assert outcome == "completed on b", outcome
 
 
 def test_the_page_survives_a_relay_restart(env):

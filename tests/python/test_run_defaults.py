@@ -19,6 +19,14 @@ sites:
 """
 
 
+def run_ok(tmp_path, text: str, out_name: str = "out", *args: str, name: str = "wf.yaml"):
+    """Writes the spec, runs it to a successful end; (the run, its report, its --out)."""
+    out = tmp_path / out_name
+    p = rn.run(rn.write_spec(tmp_path, text, name), out, *args)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p, rn.report(out), out
+
+
 def burn(seconds: float, count: int, step: float = 0.25) -> str:
     return ("tasks:\n  - name: burn\n    kind: cpu-burn\n"
             f"    args: {{seconds: {seconds}, step: {step}}}\n    count: {count}\n    preferred_sites: [near]\n")
@@ -27,15 +35,11 @@ def burn(seconds: float, count: int, step: float = 0.25) -> str:
 def test_with_no_policy_a_killed_worker_is_retried_off_its_site_and_a_slowed_site_is_left(tmp_path):
     # The issue's second scenario, with the defaults instead of hand-written policies (far
     # has a worker to spare: a retry moves to a site with room, not to a queue).
-    spec = rn.write_spec(tmp_path, TWO_SITES.replace("{name: far, engine: local, workers: 2}",
-                                                     "{name: far, engine: local, workers: 3}") + burn(5, 4) + """faults:
+    p, rep, _ = run_ok(tmp_path, TWO_SITES.replace("{name: far, engine: local, workers: 2}",
+                                                   "{name: far, engine: local, workers: 3}") + burn(5, 4) + """faults:
   - {at: 1s, kind: kill-worker, site: near, task: burn}
   - {at: 3s, kind: slow-site, site: near, factor: 4, for: 60s}
 """)
-    out = tmp_path / "out"
-    p = rn.run(spec, out)
-    assert p.returncode == 0, p.stdout + p.stderr
-    rep = rn.report(out)
     assert rep["summary"]["completed"] == 4, rep["summary"]
     kill = rep["faults"][0]
     killed = rn.instance(rep, kill["hit"][0]["instance"])
@@ -60,15 +64,11 @@ def test_with_no_policy_a_killed_worker_is_retried_off_its_site_and_a_slowed_sit
 def test_the_natural_step_time_policy_moves_a_slowed_sites_work_within_seconds(tmp_path):
     # The issue's first scenario, shortened: one policy written the natural way (default
     # detector, no threshold), near slowed 4x; far would otherwise sit idle.
-    spec = rn.write_spec(tmp_path, TWO_SITES + burn(8, 4) + """policies:
+    p, rep, _ = run_ok(tmp_path, TWO_SITES + burn(8, 4) + """policies:
   - {name: leave, signal: task.step_time, action: migrate, to_sites: [far]}
 faults:
   - {at: 3s, kind: slow-site, site: near, factor: 4, for: 60s}
 """)
-    out = tmp_path / "out"
-    p = rn.run(spec, out)
-    assert p.returncode == 0, p.stdout + p.stderr
-    rep = rn.report(out)
     assert rep["summary"]["completed"] == 4
     moves = rn.actions(rep, "migrate")
     assert moves and all(a["reason"].startswith("leave: task.step_time") for a in moves), rep["actions"]
@@ -79,6 +79,63 @@ faults:
         assert rn.instance(rep, iid)["attempts"][-1]["site"] == "far"
     # reaction: the fault to the recovering attempt running (a 0.25 s step takes 1 s slowed)
     assert 0 < rep["faults"][0]["hit"][0]["reaction_s"] < 15, rep["faults"]
+
+
+def test_a_straggler_is_copied_where_a_worker_is_free_and_the_copy_wins(tmp_path):
+    # One attempt slows 4x (a bad node) while its neighbour on near keeps its pace and far
+    # has a free worker: LATE's rule, a copy there rather than a move; the first to finish
+    # wins. Slowed alone it would take 2 + 6 x 4 = 26 s.
+    p, rep, out = run_ok(tmp_path, TWO_SITES + burn(8, 3) + """faults:
+  - {at: 2s, kind: slow-task, site: near, task: burn, factor: 4}
+""")
+    assert rep["summary"]["completed"] == 3, rep["summary"]
+    fault = rep["faults"][0]
+    assert fault["kind"] == "slow-task" and fault["target"].endswith(" on near/worker-0"), fault
+    hit = fault["hit"][0]["instance"]
+    acts = [a for a in rep["actions"] if a["reason"].startswith("default-slow")]
+    assert len(acts) == 1, rep["actions"]
+    assert acts[0]["kind"] == "speculate" and acts[0]["task"] == hit and acts[0]["target_site"] == "far", acts
+    assert "a straggler: the other attempts on near run at their normal pace" in acts[0]["reason"], acts[0]
+    assert not rn.actions(rep, "migrate"), rep["actions"]  # the neighbour was left alone
+    inst = rn.instance(rep, hit)
+    won = [a for a in inst["attempts"] if a["outcome"] == "completed"]
+    assert len(won) == 1 and won[0]["site"] == "far", inst["attempts"]
+    # The fault ended with its attempt (stopped when the copy won), not at the run's end.
+    assert fault["end_s"] is not None and fault["end_s"] <= rep["duration_s"], fault
+    assert fault["hit"][0]["reaction_s"] is not None and fault["hit"][0]["reaction_s"] < 15, fault
+    # The report groups the incident: the fault, the anomaly seen, the decision, the outcome.
+    assert [i["instance"] for i in rep["incidents"]] == [hit], rep["incidents"]
+    inc = rep["incidents"][0]
+    assert inc["faults"][0]["kind"] == "slow-task"
+    assert [(d["kind"], d["policy"]) for d in inc["decisions"]] == [("speculate", "default-slow")], inc
+    assert any("task.step_time" in e["what"] for e in inc["evidence"]), inc
+    assert inc["state"] == "completed" and inc["recovering_site"] == "far", inc
+    assert "<h2>Incidents</h2>" in (out / "report.html").read_text()
+
+
+def test_what_a_run_learned_seeds_the_next_so_a_site_slow_from_the_start_is_seen(tmp_path):
+    # Run 1, fault-free: burn's normal step time on near is kept in OUT/normals.json.
+    _, _, first = run_ok(tmp_path, TWO_SITES + burn(3, 2), "first")
+    kept = json.loads((first / "normals.json").read_text())
+    assert kept["workflow"] == "defaults" and kept["families"]["burn"]["task.step_time"][0]["site"] == "near", kept
+    # Run 2: near is 4x slower from the start and both instances run there (far idles).
+    # Alone, its slow steps would be its normal; started from run 1's, they are seen.
+    slow_text = TWO_SITES + burn(6, 2) + """faults:
+  - {at: 0s, kind: slow-site, site: near, factor: 4}
+"""
+    p, rep, _ = run_ok(tmp_path, slow_text, "second", "--learn-from", str(first), name="slow.yaml")
+    assert f"normals: the policies start from what {first / 'normals.json'} kept" in p.stdout, p.stdout
+    moves = [a for a in rep["actions"] if a["reason"].startswith("default-slow")]
+    assert {a["task"] for a in moves} == {"burn.0", "burn.1"}, rep["actions"]
+    assert all(a["kind"] == "migrate" and a["target_site"] == "far" for a in moves), moves
+    assert "task's normal" in moves[0]["reason"] and "on near" in moves[0]["reason"], moves[0]
+    # A file that is not one is refused before anything starts, saying what is wrong.
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"version": 1, "workflow": "another", "families": {}}')
+    p = rn.run(tmp_path / "slow.yaml", tmp_path / "third", "--learn-from", str(bad))
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "learned by workflow 'another', not 'defaults'" in p.stderr, p.stderr
+    assert not (tmp_path / "third").exists()
 
 
 def test_exit_127_is_not_retried_and_a_noisy_fault_free_run_takes_no_action(tmp_path):
@@ -161,7 +218,7 @@ def test_the_workflow_corpus_is_whole_and_every_spec_loads():
     held = [s for s in index if s["set"] == "heldout"]
     assert len(index) / 3 - 1 <= len(held) <= len(index) / 2, len(held)  # about a third held out
     kinds = {k for s in index for k in s["faults"]}
-    assert kinds == {"kill-worker", "hang-task", "slow-site", "stop-relay"}
+    assert kinds == {"kill-worker", "hang-task", "slow-site", "slow-task", "stop-relay"}
     assert any(not s["faults"] for s in index) and any(not s["faults"] for s in held)
     assert any(s.get("long") for s in index) and any(s.get("quick") for s in index)
     for s in index:

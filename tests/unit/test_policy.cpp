@@ -143,7 +143,7 @@ TEST(Policy, DriftingSiteMigratesToTheHealthySiteBeforeTheDeadline) {
   EXPECT_NE(m->reason.find("deadline-risk: task.deadline_slack of task train-0 on site slow: forecast deadline slack -"),
             std::string::npos) << m->reason;
   EXPECT_NE(m->reason.find("<= 0 s for 3 observations"), std::string::npos) << m->reason;
-  EXPECT_NE(m->reason.find("expected completion t="), std::string::npos) << m->reason;
+  EXPECT_NE(m->reason.find("expected completion in "), std::string::npos) << m->reason;
   EXPECT_NE(m->reason.find("migrate to healthy: health "), std::string::npos) << m->reason;
   EXPECT_NE(m->reason.find("source slow "), std::string::npos) << m->reason;
   EXPECT_NE(m->reason.find("attempt 1 of 2"), std::string::npos) << m->reason;

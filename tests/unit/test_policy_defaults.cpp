@@ -4,12 +4,15 @@
 // move work off a slowed site within a few steps, and do nothing on a noisy fault-free run.
 #include <gtest/gtest.h>
 
+#include <boost/json.hpp>
+
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "diaspora/error.hpp"
 #include "diaspora/policy.hpp"
 #include "diaspora/spec.hpp"
 #include "test_helpers.hpp"
@@ -57,6 +60,7 @@ struct Sim {
   bool uniform = false;  // steps uniform in [0.2, 1.8] x base instead of log-normal
   std::function<double(const std::string&, double)> slow = [](const std::string&, double) { return 1.0; };
   std::function<double(const std::string&)> site_factor = [](const std::string&) { return 1.0; };
+  std::function<double(const std::string&, double)> slow_task = [](const std::string&, double) { return 1.0; };
   Noise noise{7};
   std::vector<res::Decision> out;
 
@@ -68,7 +72,7 @@ struct Sim {
     for (double t = 0; t <= until; t += 0.05) {
       for (auto& k : tasks) {
         if (k.steps >= max_steps || t < k.next) continue;
-        const double v = base * site_factor(k.site) * slow(k.site, t) *
+        const double v = base * site_factor(k.site) * slow(k.site, t) * slow_task(k.id, t) *
                          (uniform ? 0.2 + 1.6 * noise.uniform() : noise.lognormal(sigma));
         k.next = t + v;
         if (++k.steps == max_steps) {  // its last step: done
@@ -262,19 +266,31 @@ TEST(PolicyDefaults, SilenceTheSitesAttemptsShareMovesTheRestartOffIt) {
   EXPECT_LE(out[0].time_s, 5 + 4.0);
 }
 
-TEST(PolicyDefaults, ATaskForecastToMissItsDeadlineGetsACopyBeforeItMisses) {
-  res::PolicyEngine eng(spec_of("version: 1\nname: d\nsites:\n  - {name: near, engine: local, workers: 2}\n"
-                                "  - {name: far, engine: local, workers: 2}\ntasks:\n  - {name: recon, kind: sleep, "
-                                "deadline: 100s}\n"));
-  std::vector<res::Decision> out;
-  eng.task_started("recon.0", "near", 0, std::nullopt);
+const std::string kRecon = "version: 1\nname: d\nsites:\n  - {name: near, engine: local, workers: 2}\n"
+                           "  - {name: far, engine: local, workers: 2}\ntasks:\n  - {name: recon, kind: sleep, "
+                           "deadline: 100s}\n";
+
+/// 83 s of work that goes 3x slower from 20 s (it would end at ~200 s): `id` reports its
+/// progress and a heartbeat on `site` each second up to 100 s (up to the first decision
+/// when `until_decided`); the attempts in `beating` (id, site) heartbeat beside it.
+void slows_at_20s(res::PolicyEngine& eng, const std::string& id, const std::string& site,
+                  std::vector<res::Decision>& out, bool until_decided = false,
+                  const std::vector<std::pair<std::string, std::string>>& beating = {}) {
   double p = 0;
-  for (double t = 1; t < 100 && out.empty(); t += 1) {
-    p += t < 20 ? 0.012 : 0.004;  // 83 s of work, then 3x slower from 20 s: it would end at ~200 s
-    eng.task_progress("recon.0", std::min(p, 1.0), t);
-    eng.heartbeat("recon.0", "near", t);
+  for (double t = 1; t < 100 && !(until_decided && !out.empty()); t += 1) {
+    p += t < 20 ? 0.012 : 0.004;
+    eng.task_progress(id, std::min(p, 1.0), t);
+    eng.heartbeat(id, site, t);
+    for (const auto& [b, bsite] : beating) eng.heartbeat(b, bsite, t);
     eng.tick(t, out);
   }
+}
+
+TEST(PolicyDefaults, ATaskForecastToMissItsDeadlineGetsACopyBeforeItMisses) {
+  res::PolicyEngine eng(spec_of(kRecon));
+  std::vector<res::Decision> out;
+  eng.task_started("recon.0", "near", 0, std::nullopt);
+  slows_at_20s(eng, "recon.0", "near", out, true);
   ASSERT_EQ(out.size(), 1u) << dump(out);
   EXPECT_EQ(out[0].policy, "default-deadline");
   EXPECT_EQ(out[0].action, "speculate");
@@ -282,17 +298,25 @@ TEST(PolicyDefaults, ATaskForecastToMissItsDeadlineGetsACopyBeforeItMisses) {
   EXPECT_LT(out[0].time_s, 60) << out[0].reason;  // well before the deadline at 100 s
   ASSERT_TRUE(out[0].eta_s);
   EXPECT_GT(*out[0].eta_s, 100);  // what it foresaw: a miss
+  EXPECT_NE(out[0].reason.find("deadline in "), std::string::npos) << out[0].reason;  // from now, not the clock's zero
+  // A task whose copy already runs (another default made one) gets no second copy; nor
+  // does the copy while its original runs.
+  for (const bool copy_late : {false, true}) {
+    res::PolicyEngine copied(spec_of(kRecon));
+    std::vector<res::Decision> none_again;
+    copied.task_started("recon.0", "near", 0, std::nullopt);
+    copied.task_started("recon.0@copy1", "far", 0, std::nullopt);
+    if (copy_late)
+      slows_at_20s(copied, "recon.0@copy1", "far", none_again, false, {{"recon.0", "near"}});
+    else
+      slows_at_20s(copied, "recon.0", "near", none_again, false, {{"recon.0@copy1", "far"}});
+    EXPECT_TRUE(none_again.empty()) << copy_late << "\n" << dump(none_again);
+  }
   // Without a deadline nothing is forecast, and nothing is decided.
   res::PolicyEngine none(spec_of(two_sites()));
   std::vector<res::Decision> quiet;
   none.task_started("burn.0", "near", 0, std::nullopt);
-  p = 0;
-  for (double t = 1; t < 100; t += 1) {
-    p += t < 20 ? 0.012 : 0.004;
-    none.task_progress("burn.0", std::min(p, 1.0), t);
-    none.heartbeat("burn.0", "near", t);
-    none.tick(t, quiet);
-  }
+  slows_at_20s(none, "burn.0", "near", quiet);
   EXPECT_TRUE(quiet.empty()) << dump(quiet);
 }
 
@@ -394,6 +418,93 @@ TEST(PolicyDefaults, ASlowedSitesWorkMovesWithinAFewStepsWithNoPolicyWritten) {
   EXPECT_LT(first, 5.0 + 5.0) << dump(out);  // two 2 s steps, at most
 }
 
+TEST(PolicyDefaults, AStragglerIsCopiedWhereAWorkerIsFreeNotMoved) {
+  // burn.0 alone slows 4x at 5 s (a bad node); burn.1 beside it on near keeps its pace.
+  for (const bool far_full : {false, true}) {
+    res::PolicyEngine eng(spec_of(two_sites()));
+    Sim sim{eng};
+    sim.slow_task = [](const std::string& id, double t) { return id == "burn.0" && t >= 5 ? 4.0 : 1.0; };
+    sim.start("burn.0", "near", 0);
+    sim.start("burn.1", "near", 0);
+    sim.start("burn.2", "far", 0);
+    if (far_full) sim.start("burn.3", "far", 0);
+    sim.run(25, 60);
+    EXPECT_EQ(count(sim.out, "migrate"), 0) << dump(sim.out);
+    if (far_full) {  // a copy queued behind far's work would finish later: it waits
+      EXPECT_EQ(sim.out.size(), 0u) << dump(sim.out);
+      continue;
+    }
+    ASSERT_EQ(count(sim.out, "speculate", "default-slow"), 1) << dump(sim.out);
+    const auto& d = sim.out[0];
+    EXPECT_EQ(d.task_id, "burn.0");
+    EXPECT_EQ(d.target_site, "far");
+    EXPECT_NE(d.reason.find("straggler"), std::string::npos) << d.reason;
+    EXPECT_GT(d.time_s, 5.0);
+    EXPECT_LT(d.time_s, 5.0 + 5.0) << dump(sim.out);
+  }
+}
+
+TEST(PolicyDefaults, NormalsLearnedInOneRunSeedTheNext) {
+  // Run 1, fault-free: both instances on near teach burn's normal there.
+  std::string kept;
+  {
+    res::PolicyEngine eng(spec_of(two_sites()));
+    Sim sim{eng};
+    sim.start("burn.0", "near", 0);
+    sim.start("burn.1", "near", 0);
+    sim.run(10, 20);
+    EXPECT_TRUE(sim.out.empty()) << dump(sim.out);
+    kept = eng.export_normals();
+  }
+  EXPECT_NE(kept.find("\"workflow\":\"d\""), std::string::npos) << kept;
+  EXPECT_NE(kept.find("\"burn\":{\"task.step_time\":[{\"site\":\"near\""), std::string::npos) << kept;
+  // Run 2: near is 4x slower from the start and every instance runs there. With nothing
+  // learned its slow steps are its normal; seeded, its first judged steps move.
+  auto moves_when_slowed_from_the_start = [&](bool seeded) {
+    res::PolicyEngine eng(spec_of(two_sites()));
+    if (seeded) {
+      EXPECT_EQ(eng.import_normals(kept), 1u);
+    }
+    Sim sim{eng};
+    sim.slow = [](const std::string& site, double) { return site == "near" ? 4.0 : 1.0; };
+    sim.start("burn.0", "near", 0);
+    sim.start("burn.1", "near", 0);
+    sim.run(20, 40);
+    for (const auto& d : sim.out) EXPECT_LT(d.time_s, 4 * 0.5 * 4) << dump(sim.out);  // within its first 4 steps
+    return count(sim.out, "migrate", "default-slow");
+  };
+  EXPECT_EQ(moves_when_slowed_from_the_start(false), 0);
+  EXPECT_EQ(moves_when_slowed_from_the_start(true), 2);
+}
+
+TEST(PolicyDefaults, BadNormalsAreRefusedWholeSayingWhatIsWrong) {
+  res::PolicyEngine eng(spec_of(two_sites()));
+  auto refused = [&](const std::string& text, const std::string& says) {
+    try {
+      eng.import_normals(text);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const diaspora::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused("{", "not JSON");
+  refused("[]", "not a JSON object");
+  refused(R"({"version":2,"workflow":"d","families":{}})", "version must be 1");
+  refused(R"({"version":1,"workflow":"other","families":{}})", "learned by workflow 'other', not 'd'");
+  refused(R"({"version":1,"workflow":"d","families":{"burn":{"task.cpu":[]}}})", "unknown series 'task.cpu'");
+  const std::string good = R"({"site":"near","speed":1,"log_mean":-0.7,"log_var":0.01,"n":20})";
+  refused(R"({"version":1,"workflow":"d","families":{"burn":{"task.step_time":[)" + good +
+              R"(]},"sim":{"task.step_time":[{"site":"near","speed":1,"log_mean":"x","log_var":0,"n":5}]}}})",
+          "family 'sim', task.step_time: a normal needs site");
+  refused(R"({"version":1,"workflow":"d","families":{"burn":{"task.step_time":[{"site":"near","speed":0,"log_mean":0,"log_var":0,"n":5}]}}})",
+          "speed (> 0)");
+  // The refused file above loaded nothing, not even its good family: the engine's export is still empty.
+  EXPECT_EQ(eng.export_normals(), R"({"version":1,"workflow":"d","families":{}})");
+  EXPECT_EQ(eng.import_normals(R"({"version":1,"workflow":"d","families":{"burn":{"task.step_time":[)" + good + "]}}}"), 1u);
+  const auto doc = boost::json::parse(eng.export_normals());  // seeded: as 10 values at most
+  EXPECT_EQ(doc.at("families").at("burn").at("task.step_time").at(0).at("n").to_number<double>(), 10.0);
+}
+
 TEST(PolicyDefaults, ATaskNearlyDoneIsNotMovedToStartAgain) {
   for (const double done : {0.2, 0.9}) {
     res::PolicyEngine eng(spec_of(two_sites()));
@@ -455,6 +566,29 @@ TEST(PolicyDefaults, ADeclaredSlowerSiteIsNotTakenForASlowedOne) {
   for (int i = 0; i < 4; ++i) sim.start("burn." + std::to_string(i), i % 2 ? "far" : "near", 0);
   sim.run(60, 60);
   EXPECT_TRUE(sim.out.empty()) << dump(sim.out);
+}
+
+TEST(PolicyDefaults, ASiteIsJudgedAgainstItsOwnPastOnceItHasOne) {
+  // far is declared 4x slower than near but runs as fast (local sites of one host, the
+  // examples' declared speeds): near, which learned its own normal first, is not taken for
+  // slowed once far's normal (scaled by the declared speeds: 4x faster on near) exists.
+  res::PolicyEngine eng(spec_of(two_sites({}, "0.25")));
+  Sim sim{eng};
+  sim.start("burn.0", "near", 0);
+  sim.start("burn.1", "near", 0);
+  sim.run(5, 10);
+  sim.start("burn.2", "far", 5);
+  sim.start("burn.3", "near", 6);
+  sim.run(40, 60);
+  EXPECT_TRUE(sim.out.empty()) << dump(sim.out);
+  // It still sees its own slowdown.
+  res::PolicyEngine slowed(spec_of(two_sites({}, "0.25")));
+  Sim later{slowed};
+  later.slow = [](const std::string& site, double t) { return site == "near" && t >= 8 ? 4.0 : 1.0; };
+  later.start("burn.0", "near", 0);
+  later.start("burn.2", "far", 0);
+  later.run(30, 40);
+  EXPECT_EQ(count(later.out, "migrate", "default-slow"), 1) << dump(later.out);
 }
 
 TEST(PolicyDefaults, TheRelativeDetectorAndTheSensitivityKnob) {

@@ -69,6 +69,76 @@ TEST(RunnerReport, AKilledWorkersReactionTimeIsFromTheFaultToTheRecoveringAttemp
   const json::object& act = rep.at("actions").as_array().at(0).as_object();
   EXPECT_EQ(act.at("outcome").as_string(), "done");
   EXPECT_DOUBLE_EQ(act.at("done_s").as_double(), 5.25);
+  // The incident groups the fault, the lost attempt, the decision and the outcome.
+  const json::array& inc = rep.at("incidents").as_array();
+  ASSERT_EQ(inc.size(), 1u) << json::serialize(inc);
+  const json::object& i0 = inc[0].as_object();
+  EXPECT_EQ(i0.at("instance").as_string(), "burn.0");
+  EXPECT_EQ(i0.at("faults").as_array().at(0).as_object().at("kind").as_string(), "kill-worker");
+  EXPECT_NE(json::serialize(i0.at("evidence")).find("burn.0 attempt 1 on fast failed: worker fast/worker-0 died"),
+            std::string::npos) << json::serialize(i0);
+  EXPECT_EQ(i0.at("decisions").as_array().at(0).as_object().at("kind").as_string(), "restart");
+  EXPECT_EQ(i0.at("state").as_string(), "completed");
+  EXPECT_DOUBLE_EQ(i0.at("reaction_s").as_double(), 1.25);
+  EXPECT_DOUBLE_EQ(i0.at("decision_s").as_double(), 1.25);
+}
+
+TEST(RunnerReport, AnIncidentGroupsAnInstancesEvidenceDecisionsAndOutcomeWithItsCopies) {
+  auto att = [](const char* id, int n, const char* site, double start, double end, const char* outcome,
+                const char* reason = "") {
+    return json::object{{"id", id}, {"number", n}, {"site", site}, {"start_s", start}, {"end_s", end},
+                        {"outcome", outcome}, {"reason", reason}};
+  };
+  json::object rep{{"workflow", "w"}, {"duration_s", 30.0}, {"sites", json::array{}}, {"summary", json::object{}}};
+  rep["instances"] = json::array{
+      json::object{{"id", "burn.0"}, {"state", "completed"},
+                   {"attempts", json::array{att("burn.0", 1, "near", 0, 20, "cancelled"),
+                                            att("burn.0@copy1", 1, "far", 6.5, 19, "completed")}}},
+      json::object{{"id", "burn.1"}, {"state", "completed"}, {"attempts", json::array{att("burn.1", 1, "near", 0, 10, "completed")}}},
+      json::object{{"id", "burn.2"}, {"state", "failed"},
+                   {"attempts", json::array{att("burn.2", 1, "near", 1, 2, "failed", "exit status 127")}}}};
+  rep["faults"] = json::array{json::object{{"kind", "slow-task"}, {"start_s", 3.0}, {"target", "burn.0 on near/worker-0"},
+                                           {"hit", json::array{json::object{{"instance", "burn.0"}}}}}};
+  auto action = [](const char* task, const char* kind, double t, const char* reason) {
+    return json::object{{"task", task}, {"kind", kind}, {"target_site", "far"}, {"received_s", t}, {"outcome", "done"},
+                        {"reason", reason}};
+  };
+  rep["actions"] = json::array{
+      action("burn.2", "alert", 2.1, "default-retry: task.failures of task burn.2 on site near: ...; a retry cannot fix that"),
+      action("burn.0", "speculate", 6.5, "default-slow: task.step_time of task burn.0 on site near: relative 4x; speculate"),
+      action("burn.0@copy1", "alert", 9, "default-deadline: ...; speculate budget spent (max_attempts 1): not acting again")};
+  rep["anomalies"] = json::array{
+      json::object{{"t_s", 1.0}, {"task", "burn.0"}, {"score", 0.2}, {"detector", "relative"}, {"explanation", "before"}},
+      json::object{{"t_s", 6.0}, {"task", "burn.0"}, {"score", 1.0}, {"detector", "relative"}, {"explanation", "level 2 s"}},
+      json::object{{"t_s", 6.0}, {"task", "burn.1"}, {"score", 0.1}, {"detector", "relative"}, {"explanation", "peer"}}};
+  const json::array inc = build_incidents(rep);
+  ASSERT_EQ(inc.size(), 2u) << json::serialize(inc);  // burn.1: nothing hit it, nothing named it
+  const json::object& first = inc[0].as_object();     // earliest first: burn.2's alert at 2.1 s
+  EXPECT_EQ(first.at("instance").as_string(), "burn.2");
+  EXPECT_TRUE(first.at("faults").as_array().empty());
+  EXPECT_NE(json::serialize(first.at("evidence")).find("exit status 127"), std::string::npos);
+  EXPECT_TRUE(first.at("reaction_s").is_null());
+  const json::object& b0 = inc[1].as_object();
+  EXPECT_EQ(b0.at("instance").as_string(), "burn.0");
+  const json::array& ds = b0.at("decisions").as_array();
+  ASSERT_EQ(ds.size(), 2u);  // the copy's alert is its original's incident
+  EXPECT_EQ(ds[0].as_object().at("policy").as_string(), "default-slow");
+  EXPECT_EQ(ds[0].as_object().at("evidence").as_string(),
+            "default-slow: task.step_time of task burn.0 on site near: relative 4x");
+  EXPECT_TRUE(b0.at("budget_spent").as_bool());
+  const std::string ev = json::serialize(b0.at("evidence"));
+  EXPECT_NE(ev.find("level 2 s"), std::string::npos) << ev;
+  EXPECT_EQ(ev.find("before"), std::string::npos) << ev;  // before the fault: not its evidence
+  EXPECT_EQ(ev.find("peer"), std::string::npos) << ev;
+  EXPECT_DOUBLE_EQ(b0.at("recovering_attempt_running_s").as_double(), 6.5);
+  EXPECT_EQ(b0.at("recovering_site").as_string(), "far");
+  EXPECT_DOUBLE_EQ(b0.at("decision_s").as_double(), 3.5);
+  EXPECT_DOUBLE_EQ(b0.at("reaction_s").as_double(), 3.5);
+  rep["incidents"] = inc;
+  const std::string html = report_html(rep);
+  EXPECT_NE(html.find("<h2>Incidents</h2>"), std::string::npos);
+  EXPECT_NE(html.find("6.5 s: speculate to far (default-slow, done)"), std::string::npos);
+  EXPECT_NE(html.find("reaction 3.50 s; a budget was spent"), std::string::npos) << html;
 }
 
 TEST(RunnerReport, WhatDidNotHappenIsNullAndAnInterruptedRunSaysWhy) {

@@ -74,6 +74,10 @@ def fmt(x, digits=1) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+# The faults whose reaction time the issue targets (median <= 5 s on the held-out set).
+REACTION_KINDS = ("hang-task", "slow-site", "slow-task")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=str(REPO / "build"))
@@ -127,12 +131,12 @@ def main() -> int:
             miss = sum(r["misses"] for r in rs)
             wd = sum(r["with_deadline"] for r in rs)
             ff_actions = sum(r["actions"] for r in rs if r["fault_free"])
-            hang_slow = [x for r in rs for k, x in r["reactions"] if k in ("hang-task", "slow-site")]
-            dec = [x for r in rs for k, x in r["decisions"] if k in ("hang-task", "slow-site")]
+            hang_slow = [x for r in rs for k, x in r["reactions"] if k in REACTION_KINDS]
+            dec = [x for r in rs for k, x in r["decisions"] if k in REACTION_KINDS]
             leads = [x for r in rs for x in r["leads"]]
             print(f"{set_name:7} {mode:8}: completed {comp}/{exp}, deadline misses {miss}/{wd} "
                   f"({100 * miss / wd if wd else 0:.1f} %), actions on fault-free runs {ff_actions}, "
-                  f"hang/slow-site: median decision {fmt(median(dec))} s, median reaction {fmt(median(hang_slow))} s "
+                  f"hang/slow: median decision {fmt(median(dec))} s, median reaction {fmt(median(hang_slow))} s "
                   f"({len(hang_slow)} hits), proactive actions {len(leads)} (median lead before the deadline "
                   f"{fmt(median(leads))} s)")
     # Targets on the held-out set (issue 38).
@@ -150,8 +154,8 @@ def main() -> int:
         checks.append((f"deadline misses <= 1 % where the baseline misses >= 25 % ({len(bad_specs)} specs)",
                        not wd or sum(r["misses"] for r in dm) / wd <= 0.01))
         checks.append(("0 actions on fault-free runs", sum(r["actions"] for r in d if r["fault_free"]) == 0))
-        hs = [x for r in d for k, x in r["reactions"] if k in ("hang-task", "slow-site")]
-        checks.append(("median reaction to a hang or a slowed site <= 5 s", bool(hs) and median(hs) <= 5))
+        hs = [x for r in d for k, x in r["reactions"] if k in REACTION_KINDS]
+        checks.append(("median reaction to a hang or a slowed site or attempt <= 5 s", bool(hs) and median(hs) <= 5))
         print("\nheld-out targets:")
         for name, good in checks:
             print(f"  {'met    ' if good else 'NOT MET'} {name}")

@@ -66,6 +66,9 @@ struct BatchSpec {
 struct PluginSpec {
   std::optional<std::filesystem::path> library;
   std::filesystem::path spool_dir = ".diaspora/spool";
+  /// Where the policy engine keeps what it learned (the task normals): read at open when
+  /// the file exists, written at close. Unset: nothing kept.
+  std::optional<std::filesystem::path> normals;
   std::uint64_t spool_limit = 256ull << 20;
   std::int64_t queue_size = 65536;
   std::string engine_id = "engine";  ///< source suffix, control topic suffix, spool subdirectory
@@ -152,14 +155,14 @@ struct RehearsalJobSpec {
 enum class DefaultsMode { on, off, observe };
 std::string_view to_string(DefaultsMode m) noexcept;
 
-enum class FaultKind { slow_site, kill_worker, stop_relay, hang_task };
+enum class FaultKind { slow_site, kill_worker, stop_relay, hang_task, slow_task };
 std::string_view to_string(FaultKind f) noexcept;
 
 struct FaultSpec {
   Duration at{0};
   FaultKind kind = FaultKind::slow_site;
   std::optional<std::string> site;
-  std::optional<std::string> task;  ///< hang-task, kill-worker: an instance of this task
+  std::optional<std::string> task;  ///< hang-task, kill-worker, slow-task: an instance of this task
   double factor = 1.0;
   std::optional<Duration> lasts;  ///< `for:`; nullopt = until the end
   Location location;

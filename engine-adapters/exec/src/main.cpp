@@ -37,6 +37,7 @@
 
 #include "diaspora/error.hpp"
 #include "diaspora/signal_pipe.hpp"
+#include "diaspora/wait_failure.h"
 #include "diaspora/spec.hpp"
 #include "diaspora/version.hpp"
 #include "diaspora/plugin_loader.hpp"
@@ -458,6 +459,7 @@ int main(int argc, char** argv) {
       rep.call(&PluginLibrary::task_completed, end, "completed");
     } else {
       end.reason = words.c_str();
+      end.failure = diaspora_failure_of_wait_status(status);  // killed from outside: lost; its own exit or crash: error
       rep.call(&PluginLibrary::task_failed, end, "failed");
     }
     break;

@@ -198,6 +198,20 @@ class PolicyEngine {
   /// The same with its parts; nullopt for an unknown site.
   std::optional<SiteHealth> site_health_detail(std::string_view site) const;
 
+  /// What the engine learned that a later run of the same workflow can start from (docs/
+  /// anomaly.md, "Normals across runs"): each task family's normal per site and relative
+  /// series, as JSON text: {"version": 1, "workflow": NAME, "families": {FAMILY: {SERIES:
+  /// [{"site", "speed", "log_mean", "log_var", "n"}]}}}. Normals of fewer than 3 values are
+  /// left out. Same thread as the other calls.
+  std::string export_normals() const;
+  /// Seeds the task normals from export_normals() text of an earlier run of the same
+  /// workflow; each counts as at most 10 values, so what this run sees soon outweighs it.
+  /// Call before the first observation. Returns how many site normals were loaded.
+  /// @throws diaspora::Error ("normals: " and what is wrong, where) for text that is not
+  ///         such an export (not JSON, another version, another workflow's, a field out of
+  ///         range); nothing is loaded then.
+  std::size_t import_normals(std::string_view text);
+
   /// Tasks currently tracked (for tests and memory accounting).
   std::size_t tracked_tasks() const noexcept;
   /// Number of compiled policies, the default set's included.

@@ -41,6 +41,13 @@ struct SpecInput {
 std::optional<SpecInput> load_run_spec(const std::filesystem::path& file, const std::vector<std::string>& sets,
                                        bool no_policies, std::vector<std::string>& errors);
 
+/// Checks `file` (or `file`/normals.json when it is a folder: an earlier run's --out) as
+/// what an earlier run of `spec`'s workflow learned (--learn-from; docs/anomaly.md,
+/// "Normals across runs") and returns the file's absolute path.
+/// @throws diaspora::Error saying which file and what is wrong (missing, not such a file,
+///         another workflow's). Thread-safe.
+std::filesystem::path check_learned_normals(const WorkflowSpec& spec, const std::filesystem::path& file);
+
 /// The instances a task makes: `count`, or a stream's floor(rate x duration) (duration
 /// default 60 s). Pure: any thread.
 long instances_of(const TaskSpec& ts);
@@ -53,6 +60,9 @@ struct RunOptions {
   bool live_view = false;       ///< redraw a status block (stdout is a terminal)
   bool resume = false;          ///< out_dir holds a run to resume: skip what its log says completed
   double job_drain_s = 60;      ///< a rehearsal job told to stop (SIGTERM) is killed after this
+  /// --learn-from: an earlier run's normals.json (checked by the caller), copied to where
+  /// this run's plugin reads them (plugin.normals; default out_dir/normals.json).
+  std::filesystem::path learn_from;
 };
 
 /// Runs the workflow. Returns the exit status: 0 every instance succeeded, 1 some failed
