@@ -165,6 +165,24 @@ def test_exit_127_is_not_retried_and_a_noisy_fault_free_run_takes_no_action(tmp_
     assert "a retry cannot fix" in str(told[0]) or told[0].get("policy") == "default-retry", told
 
 
+def test_with_no_policy_a_hung_attempt_is_restarted_within_seconds(tmp_path):
+    # default-revive: the hung attempt's heartbeats stop; it is restarted (once), and the
+    # attempt the restart stopped is not taken for a new failure.
+    _, rep, _ = run_ok(tmp_path, TWO_SITES + burn(5, 2) + """faults:
+  - {at: 2s, kind: hang-task, site: near, task: burn}
+""")
+    assert rep["summary"]["completed"] == 2, rep["summary"]
+    hang = rep["faults"][0]
+    hung = rn.instance(rep, hang["hit"][0]["instance"])
+    assert hung["attempts"][0]["outcome"] == "stopped", hung
+    revive = [a for a in rep["actions"] if a["task"] == hung["id"]]
+    assert len(revive) == 1 and revive[0]["reason"].startswith("default-revive: task.heartbeat_gap"), rep["actions"]
+    assert revive[0]["kind"] in ("restart", "migrate") and revive[0]["outcome"] == "done", revive
+    assert 0 < hang["hit"][0]["reaction_s"] < 15, hang  # the corpus measures it: 3.5 s median held out
+    (inc,) = [i for i in rep["incidents"] if i["instance"] == hung["id"]]
+    assert inc["faults"][0]["kind"] == "hang-task" and inc["state"] == "completed", inc
+
+
 def test_defaults_off_leaves_a_lost_worker_lost(tmp_path):
     spec = rn.write_spec(tmp_path, TWO_SITES + "defaults: off\n" + burn(3, 1) + """faults:
   - {at: 1s, kind: kill-worker, site: near, task: burn}
