@@ -141,7 +141,8 @@ TaskTracker::Result TaskTracker::observe(const RecordView& r) {
     case Kind::cancelled:
       if (kind != Kind::cancelled && task.started_us > 0 && t >= task.started_us) {
         res.derived.runtime_s = static_cast<double>(t - task.started_us) / 1e6;
-        emit(id, site, "task.runtime_s", *res.derived.runtime_s, t);
+        // A completed attempt's run time is the task's; a failed one's is when it broke.
+        if (kind == Kind::completed) emit(id, site, "task.runtime_s", *res.derived.runtime_s, t);
       }
       task.state = kind == Kind::completed ? TaskState::completed
                    : kind == Kind::failed  ? TaskState::failed

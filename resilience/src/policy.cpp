@@ -203,7 +203,7 @@ struct PolicyEngine::Impl {
     std::array<double, kRelSeries> att_level{};  // this attempt's smoothed value per series
     std::array<int, kRelSeries> att_n{};
     double max_gap = 0;    // the longest recent heartbeat gap (decays 10 % a heartbeat)
-    double last_ratio = 0;  // its latest level against its task's normal (relative series)
+    double last_ratio = 0;  // its latest step-time level against its task's normal
     double ratio_t = -1;    // when that was judged (-1: never)
     std::vector<Slot> slots;
   };
@@ -563,9 +563,13 @@ struct PolicyEngine::Impl {
     if (!(x >= 0) || !std::isfinite(x)) return r;
     double& lvl = t.att_level[static_cast<std::size_t>(rs)];
     int& n = t.att_n[static_cast<std::size_t>(rs)];
-    // An attempt's first value (start-up: imports, a cold cache) neither counts nor teaches.
-    if (++n == 1) return r;
-    lvl = n == 2 ? x : lvl + 0.5 * (x - lvl);
+    // Step times come many an attempt: its first (start-up: imports, a cold cache) neither
+    // counts nor teaches, and it is judged from its third. A run time or a queue wait comes
+    // once an attempt: judged and taught from that one value.
+    const bool stepwise = rs == 0;
+    if (++n == 1 && stepwise) return r;
+    const int first = stepwise ? 2 : 1;
+    lvl = n == first ? x : lvl + 0.5 * (x - lvl);
     r.level = lvl;
     auto fit = families_.find(t.family);
     if (fit == families_.end()) {
@@ -597,7 +601,7 @@ struct PolicyEngine::Impl {
     }
     const double floor = 1e-9;
     const bool worse = r.ready && x / std::max(r.normal * r.allowance, floor) >= rel_ratio_;
-    if (n < 3) r.ready = false;  // judged on two values of its own at least
+    if (n < first + 1 && stepwise) r.ready = false;  // step times: judged on two values of its own at least
     if (r.ready) r.ratio = lvl / std::max(r.normal * r.allowance, floor);
     if (!worse && x > 0) {
       if (!own && normals.size() < kMaxFamilySites) own = &normals.emplace_back(Normal{t.site_name, own_speed, 0, 0, 0});
@@ -1162,7 +1166,7 @@ struct PolicyEngine::Impl {
       const int rs = rel_series(sig);
       std::optional<RelEval> rel;
       if (rs >= 0 && std::isfinite(o.value)) rel = rel_eval(t, rs, o.value);
-      if (rel && rel->ready) t.last_ratio = rel->ratio, t.ratio_t = now;
+      if (rel && rel->ready && rs == 0) t.last_ratio = rel->ratio, t.ratio_t = now;  // its pace (straggler())
       for (int pi : list) {
         const Policy& p = policies_[static_cast<std::size_t>(pi)];
         if (!watches(p, o.task_id, t.site)) continue;

@@ -591,6 +591,30 @@ TEST(PolicyDefaults, ASiteIsJudgedAgainstItsOwnPastOnceItHasOne) {
   EXPECT_EQ(count(later.out, "migrate", "default-slow"), 1) << dump(later.out);
 }
 
+TEST(PolicyDefaults, RelativeOnSeriesThatComeOnceAnAttempt) {
+  // task.runtime (a completed attempt's) and task.queue_wait come once an attempt: each
+  // value teaches and is judged (the first-value rule is for step times).
+  res::PolicyEngine eng(spec_of(two_sites("policies:\n  - {name: long-run, signal: task.runtime, detector: relative, "
+                                          "action: alert}\n  - {name: long-wait, signal: task.queue_wait, detector: "
+                                          "relative, action: alert}\n")));
+  std::vector<res::Decision> out;
+  for (int i = 0; i < 5; ++i) {
+    const std::string id = "burn." + std::to_string(i);
+    eng.task_started(id, "near", i, std::nullopt);
+    eng.observe({id, "near", "task.queue_wait", 0.5 + 0.01 * i, double(i)}, out);
+    eng.observe({id, "near", "task.runtime", 10.0 + 0.1 * i, i + 10.0}, out);
+    eng.task_finished(id, i + 10.0);
+  }
+  EXPECT_TRUE(out.empty()) << dump(out);
+  eng.task_started("burn.5", "near", 20, std::nullopt);
+  eng.observe({"burn.5", "near", "task.queue_wait", 2.0, 20}, out);  // 4x its normal wait
+  eng.observe({"burn.5", "near", "task.runtime", 31.0, 51}, out);    // 3x its normal run time
+  ASSERT_EQ(out.size(), 2u) << dump(out);
+  EXPECT_EQ(out[0].policy, "long-wait");
+  EXPECT_EQ(out[1].policy, "long-run");
+  EXPECT_NE(out[1].reason.find("3.0"), std::string::npos) << out[1].reason;
+}
+
 TEST(PolicyDefaults, TheRelativeDetectorAndTheSensitivityKnob) {
   // sensitivity 0.5: worse than normal means 3x; a 2.5x slowdown is then no anomaly.
   {
