@@ -924,6 +924,20 @@ struct PolicyEngine::Impl {
     return n;
   }
 
+  /// The task family's normal run time (task.runtime of completed attempts) on `site`,
+  /// scaled from the best site's by declared speed; -1 when none is known yet.
+  double expected_runtime(const TaskState& t, int site) const {
+    auto fit = families_.find(t.family);
+    if (fit == families_.end()) return -1;
+    double best = -1;
+    for (const auto& nm : fit->second.normals[1])  // kSignals[1]: task.runtime
+      if (nm.n >= kMinNormal) {
+        const double e = std::exp(nm.log_mean) * nm.speed / site_speed(site);
+        if (best < 0 || e < best) best = e;
+      }
+    return best;
+  }
+
   /// Whether another attempt of `id`'s instance runs: its original (for a copy "ID@copyN")
   /// or a speculative copy of it.
   bool other_attempt_running(std::string_view id) const {
@@ -1079,9 +1093,20 @@ struct PolicyEngine::Impl {
           verb = "speculate";
           why = "(a straggler: the other attempts on " + t->site_name + " run at their normal pace) a copy on " + why;
         }
+        // A copy for a deadline is made only where it may finish first: not when the task's
+        // run time there (its normal, from completed attempts) already ends after it.
+        double copy_runs = -1;
+        if (target >= 0 && p.builtin && p.signal == kDeadlineSlack && t && t->deadline)
+          copy_runs = expected_runtime(*t, target);
         if (target < 0) {
           d.action = "alert";
           act = std::string("cannot ") + verb + ": " + (t ? why : std::string("no task"));
+        } else if (copy_runs > 0 && now + copy_runs > *t->deadline) {
+          d.action = "alert";
+          act = fmt("no copy: one on %s would run about %.1f s (the task's normal run time there) and end %.1f s after "
+                    "the deadline too",
+                    sites_[static_cast<std::size_t>(target)].spec->name.c_str(), copy_runs,
+                    now + copy_runs - *t->deadline);
         } else {
           d.action = verb;
           d.target_site = sites_[static_cast<std::size_t>(target)].spec->name;

@@ -320,6 +320,31 @@ TEST(PolicyDefaults, ATaskForecastToMissItsDeadlineGetsACopyBeforeItMisses) {
   EXPECT_TRUE(quiet.empty()) << dump(quiet);
 }
 
+TEST(PolicyDefaults, NoCopyForADeadlineWhereTheCopyWouldMissItToo) {
+  // Earlier instances of recon completed on far in `run` s; recon.3 starts on near at 0
+  // (deadline 100 s) and slows at 20 s: a copy helps only if it can end by 100 s.
+  for (const double run : {30.0, 95.0}) {
+    res::PolicyEngine eng(spec_of(kRecon));
+    std::vector<res::Decision> out;
+    for (int i = 0; i < 3; ++i) {
+      const std::string id = "recon." + std::to_string(i);
+      eng.task_started(id, "far", -200, std::nullopt);
+      eng.observe({id, "far", "task.runtime", run, -200 + run}, out);
+      eng.task_finished(id, -200 + run);
+    }
+    eng.task_started("recon.3", "near", 0, std::nullopt);
+    slows_at_20s(eng, "recon.3", "near", out, true);
+    ASSERT_EQ(out.size(), 1u) << run << "\n" << dump(out);
+    EXPECT_EQ(out[0].policy, "default-deadline");
+    if (run < 50) {
+      EXPECT_EQ(out[0].action, "speculate") << out[0].reason;
+    } else {
+      EXPECT_EQ(out[0].action, "alert") << out[0].reason;
+      EXPECT_NE(out[0].reason.find("no copy: one on far would run about 95.0 s"), std::string::npos) << out[0].reason;
+    }
+  }
+}
+
 TEST(PolicyDefaults, ACopySpendsItsOriginalsBudget) {
   res::PolicyEngine eng(spec_of(two_sites("policies:\n  - {name: copy-silent, signal: task.heartbeat_gap, detector: "
                                           "phi-accrual, action: speculate, max_attempts: 1}\n")));
