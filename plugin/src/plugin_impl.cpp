@@ -186,9 +186,9 @@ Plugin::Plugin(Config config)
     // (diaspora_last_error) and the run starts without it: it is a cache, not an input.
     if (!cfg_.normals_file.empty() && std::filesystem::exists(cfg_.normals_file)) {
       try {
-        policy_->import_normals(read_file(cfg_.normals_file, std::size_t{64} << 20));
+        policy_->import_normals_file(cfg_.normals_file);
       } catch (const std::exception& e) {
-        set_error(cfg_.normals_file.string() + ": " + e.what() + "; starting without them");
+        set_error(std::string(e.what()) + "; starting without them");
       }
     }
     // The tracker's derived series ("task.queue_wait_s", ...) are the policies' signals

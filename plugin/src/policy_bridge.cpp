@@ -79,7 +79,9 @@ void PolicyBridge::feed(const RecordView& r, const TaskTracker::Result& res) {
 void PolicyBridge::tick(std::int64_t now_us) { engine_->tick(static_cast<double>(now_us) / 1e6, decisions_); }
 
 std::string PolicyBridge::export_normals() const { return engine_->export_normals(); }
-std::size_t PolicyBridge::import_normals(std::string_view text) { return engine_->import_normals(text); }
+std::size_t PolicyBridge::import_normals_file(const std::filesystem::path& file) {
+  return engine_->import_normals_file(file);
+}
 
 std::vector<resilience::Decision> PolicyBridge::take_decisions() {
   std::vector<resilience::Decision> out;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -42,10 +43,10 @@ class PolicyBridge {
                std::int64_t time_us);
   /// Time passes: heartbeat silence, deadline forecasts.
   void tick(std::int64_t now_us);
-  /// The engine's normals as text, and seeding them (resilience::PolicyEngine's
-  /// export_normals / import_normals; the latter throws diaspora::Error on bad text).
+  /// The engine's normals as text, and seeding them from a file (resilience::PolicyEngine's
+  /// export_normals / import_normals_file; the latter throws diaspora::Error naming the file).
   std::string export_normals() const;
-  std::size_t import_normals(std::string_view text);
+  std::size_t import_normals_file(const std::filesystem::path& file);
   /// The decisions made since the last call.
   std::vector<resilience::Decision> take_decisions();
 

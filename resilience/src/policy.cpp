@@ -3,7 +3,6 @@
 #include "diaspora/policy.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <array>
 #include <cmath>
 #include <cstdarg>
@@ -15,6 +14,7 @@
 #include <boost/json.hpp>
 
 #include "diaspora/error.hpp"
+#include "diaspora/files.hpp"
 #include "diaspora/site_health.hpp"
 #include "math.hpp"
 
@@ -52,7 +52,7 @@ constexpr SignalInfo kSignals[] = {
     {"resource.memory", Scope::resource, +1, ""},  {"resource.gpu", Scope::resource, +1, ""},
 };
 constexpr int kNumSignals = static_cast<int>(sizeof(kSignals) / sizeof(kSignals[0]));
-enum : int { kTaskHeartbeat = 3, kProgressRate = 4, kDeadlineSlack = 5, kFailures = 6, kQueueLength = 8,
+enum : int { kStepTime = 0, kRuntime = 1, kTaskHeartbeat = 3, kProgressRate = 4, kDeadlineSlack = 5, kFailures = 6, kQueueLength = 8,
              kFailureRate = 9, kSiteHeartbeat = 10 };
 
 int signal_index(std::string_view s) noexcept {
@@ -554,6 +554,10 @@ struct PolicyEngine::Impl {
                                                                                : 1.0;
   }
 
+  /// A normal's value expected on a site of declared speed `speed`: a time on a site twice
+  /// as fast is expected to take twice as long there.
+  static double expected_at(const Normal& nm, double speed) { return std::exp(nm.log_mean) * nm.speed / speed; }
+
   /// One value of a relative series of an attempt: updates the attempt's smoothed level,
   /// compares it with the task's normal (the best normal of any site, scaled by the sites'
   /// declared speeds) and lets the value join its site's normal unless it is itself worse
@@ -566,7 +570,7 @@ struct PolicyEngine::Impl {
     // Step times come many an attempt: its first (start-up: imports, a cold cache) neither
     // counts nor teaches, and it is judged from its third. A run time or a queue wait comes
     // once an attempt: judged and taught from that one value.
-    const bool stepwise = rs == 0;
+    const bool stepwise = rs == kStepTime;
     if (++n == 1 && stepwise) return r;
     const int first = stepwise ? 2 : 1;
     lvl = n == first ? x : lvl + 0.5 * (x - lvl);
@@ -587,8 +591,7 @@ struct PolicyEngine::Impl {
     const bool own_ready = own && own->n >= kMinNormal;
     for (auto& nm : normals) {
       if (nm.n < kMinNormal || (own_ready && &nm != own)) continue;
-      // A time on a site twice as fast is expected to take twice as long here.
-      const double expected = std::exp(nm.log_mean) * nm.speed / own_speed;
+      const double expected = expected_at(nm, own_speed);
       if (!r.ready || expected < r.normal) {
         r.ready = true;
         r.normal = expected;
@@ -601,7 +604,7 @@ struct PolicyEngine::Impl {
     }
     const double floor = 1e-9;
     const bool worse = r.ready && x / std::max(r.normal * r.allowance, floor) >= rel_ratio_;
-    if (n < first + 1 && stepwise) r.ready = false;  // step times: judged on two values of its own at least
+    if (stepwise && n < 3) r.ready = false;  // step times: judged on two values of its own at least
     if (r.ready) r.ratio = lvl / std::max(r.normal * r.allowance, floor);
     if (!worse && x > 0) {
       if (!own && normals.size() < kMaxFamilySites) own = &normals.emplace_back(Normal{t.site_name, own_speed, 0, 0, 0});
@@ -898,20 +901,27 @@ struct PolicyEngine::Impl {
     return best;
   }
 
-  /// The slot whose attempt budget a decision spends: a copy's ("ID@copyN") is its
-  /// original's when the original is tracked, so that copies of copies stay in one budget.
+  /// The instance a speculative copy's id ("ID@copyN") is a copy of; any other id itself.
+  static std::string_view original_of(std::string_view id) {
+    const std::size_t at = id.find("@copy");
+    return at == std::string_view::npos || at == 0 ? id : id.substr(0, at);
+  }
+
+  /// The slot whose attempt budget a decision spends: a copy's is its original's when the
+  /// original is tracked, so that copies of copies stay in one budget.
   Slot& budget_of(const Policy& p, Slot& own, std::string_view task_id) {
-    const std::size_t at = task_id.find("@copy");
-    if (at == std::string_view::npos || at == 0 || p.task_slot < 0) return own;
-    auto it = tasks_.find(task_id.substr(0, at));
+    const std::string_view base = original_of(task_id);
+    if (base == task_id || p.task_slot < 0) return own;
+    auto it = tasks_.find(base);
     return it == tasks_.end() ? own : it->second.slots[static_cast<std::size_t>(p.task_slot)];
   }
 
-  /// Attempts running on a site (as far as the engine's reports tell), `except` left out.
-  std::int64_t busy(int site, std::string_view except) const {
+  /// Whether `site` has a worker free: fewer attempts running there (as far as the engine's
+  /// reports tell, `except` left out) than its workers.
+  bool has_room(int site, std::string_view except) const {
     std::int64_t n = 0;
     for (const auto& [uid, u] : tasks_) n += u.site == site && u.running && uid != except;
-    return n;
+    return n < std::max<std::int64_t>(1, sites_[static_cast<std::size_t>(site)].spec->workers);
   }
 
   /// Other running attempts on t's site whose last heartbeat is over twice their mean gap old.
@@ -930,9 +940,9 @@ struct PolicyEngine::Impl {
     auto fit = families_.find(t.family);
     if (fit == families_.end()) return -1;
     double best = -1;
-    for (const auto& nm : fit->second.normals[1])  // kSignals[1]: task.runtime
+    for (const auto& nm : fit->second.normals[kRuntime])
       if (nm.n >= kMinNormal) {
-        const double e = std::exp(nm.log_mean) * nm.speed / site_speed(site);
+        const double e = expected_at(nm, site_speed(site));
         if (best < 0 || e < best) best = e;
       }
     return best;
@@ -941,7 +951,7 @@ struct PolicyEngine::Impl {
   /// Whether another attempt of `id`'s instance runs: its original (for a copy "ID@copyN")
   /// or a speculative copy of it.
   bool other_attempt_running(std::string_view id) const {
-    const std::string_view base = id.substr(0, id.find("@copy"));
+    const std::string_view base = original_of(id);
     if (base != id)
       if (auto it = tasks_.find(base); it != tasks_.end() && it->second.running) return true;
     const std::string prefix = std::string(base) + "@copy";
@@ -1002,13 +1012,13 @@ struct PolicyEngine::Impl {
     // no free worker there it waits, judged again at its next step (a queued copy would
     // finish later than the straggler).
     bool copy_straggler = false;
+    std::string copy_why;
+    int copy_target = -1;
     if (p.builtin && e.relative && p.spec->action == ActionKind::migrate && t &&
         straggler(*t, task_id, p.threshold, std::max(1.0, e.rel.level * static_cast<double>(p.for_count)), now)) {
-      std::string why;
-      const int target = choose_target(p, *t, now, why);
-      if (target >= 0) {
-        const SiteState& cand = sites_[static_cast<std::size_t>(target)];
-        if (busy(target, task_id) >= std::max<std::int64_t>(1, cand.spec->workers)) return;
+      copy_target = choose_target(p, *t, now, copy_why);
+      if (copy_target >= 0) {
+        if (!has_room(copy_target, task_id)) return;
         copy_straggler = true;
       }
     }
@@ -1070,9 +1080,7 @@ struct PolicyEngine::Impl {
           const int silent = p.det == Det::phi ? silent_peers(*t, task_id, now) : 0;
           // Waiting for a slot there would cost more than the suspicion: a full candidate
           // takes the restart only from a site that is really bad.
-          const SiteState& cand = sites_[static_cast<std::size_t>(target)];
-          const bool room = busy(target, task_id) < std::max<std::int64_t>(1, cand.spec->workers);
-          if ((own < kSuspect * best || (silent > 0 && own <= best)) && (room || own < kReallyBad)) {
+          if ((own < kSuspect * best || (silent > 0 && own <= best)) && (has_room(target, task_id) || own < kReallyBad)) {
             d.action = "migrate";
             d.target_site = sites_[static_cast<std::size_t>(target)].spec->name;
             act = (silent > 0 ? fmt("restart off suspect site %s (%d other attempt%s there silent too): on ",
@@ -1088,10 +1096,15 @@ struct PolicyEngine::Impl {
       case ActionKind::speculate: {
         std::string why;
         const char* verb = ps.action == ActionKind::migrate ? "migrate" : "speculate";
-        int target = t ? choose_target(p, *t, now, why) : -1;
+        std::string lead = ps.action == ActionKind::migrate ? " to " : " a copy on ";
+        int target = -1;
         if (copy_straggler) {
           verb = "speculate";
-          why = "(a straggler: the other attempts on " + t->site_name + " run at their normal pace) a copy on " + why;
+          lead = " (a straggler: the other attempts on " + t->site_name + " run at their normal pace) a copy on ";
+          target = copy_target;
+          why = std::move(copy_why);
+        } else if (t) {
+          target = choose_target(p, *t, now, why);
         }
         // A copy for a deadline is made only where it may finish first: not when the task's
         // run time there (its normal, from completed attempts) already ends after it.
@@ -1110,7 +1123,7 @@ struct PolicyEngine::Impl {
         } else {
           d.action = verb;
           d.target_site = sites_[static_cast<std::size_t>(target)].spec->name;
-          act = std::string(verb) + (std::string_view(verb) == "migrate" ? " to " : why.starts_with("(a straggler") ? " " : " a copy on ") + why;
+          act = verb + lead + why;
         }
         break;
       }
@@ -1191,7 +1204,7 @@ struct PolicyEngine::Impl {
       const int rs = rel_series(sig);
       std::optional<RelEval> rel;
       if (rs >= 0 && std::isfinite(o.value)) rel = rel_eval(t, rs, o.value);
-      if (rel && rel->ready && rs == 0) t.last_ratio = rel->ratio, t.ratio_t = now;  // its pace (straggler())
+      if (rel && rel->ready && rs == kStepTime) t.last_ratio = rel->ratio, t.ratio_t = now;  // its pace (straggler())
       for (int pi : list) {
         const Policy& p = policies_[static_cast<std::size_t>(pi)];
         if (!watches(p, o.task_id, t.site)) continue;
@@ -1476,6 +1489,15 @@ std::size_t PolicyEngine::import_normals(std::string_view text) {
   }
   for (auto& [name, fam] : loaded) impl_->families_[name] = std::move(fam);
   return count;
+}
+
+std::size_t PolicyEngine::import_normals_file(const std::filesystem::path& file) {
+  const std::string text = read_file(file, std::size_t{64} << 20);  // its errors name the file
+  try {
+    return import_normals(text);
+  } catch (const Error& e) {
+    throw Error(file.string() + ": " + e.what());
+  }
 }
 
 std::size_t PolicyEngine::tracked_tasks() const noexcept { return impl_->tasks_.size(); }

@@ -6,6 +6,19 @@
 
 namespace diaspora::runner {
 
+namespace {
+/// One step of a duty cycle that runs 1/factor of every 100 ms: at or after `next`, flips
+/// `stopped` and sets the next switch. True when it flipped.
+bool duty_step(bool& stopped, double& next, double factor, double t) {
+  constexpr double kPeriod = 0.1;
+  if (t < next) return false;
+  stopped = !stopped;
+  const double run = kPeriod / factor;
+  next = t + (stopped ? kPeriod - run : run);
+  return true;
+}
+}  // namespace
+
 FaultInjector::FaultInjector(Context& ctx, InstanceStore& store, Sites& sites, SlotControl& control, RelayControl* relay)
     : ctx_(ctx), store_(store), sites_(sites), control_(control), relay_(relay) {
   for (const auto& f : ctx_.spec.faults) {
@@ -145,7 +158,6 @@ void FaultInjector::tick() {
 
 void FaultInjector::duty_cycle() {
   const double t = ctx_.now();
-  constexpr double kPeriod = 0.1;
   for (auto& s : sites_.all()) {
     const bool slowed = s.slow_factor > 1 && t < s.slow_until;
     if (!slowed) {
@@ -155,10 +167,7 @@ void FaultInjector::duty_cycle() {
       }
       continue;
     }
-    if (t < s.next_toggle) continue;
-    s.stopped_phase = !s.stopped_phase;
-    const double run = kPeriod / s.slow_factor;
-    s.next_toggle = t + (s.stopped_phase ? kPeriod - run : run);
+    if (!duty_step(s.stopped_phase, s.next_toggle, s.slow_factor, t)) continue;
     for (auto& slot : s.slots) control_.pause(s, slot, s.stopped_phase);
   }
   for (Fault& f : faults_) {
@@ -168,10 +177,7 @@ void FaultInjector::duty_cycle() {
       end_slow_task(f, "over (" + a.hook_id + " ended)");
       continue;
     }
-    if (t < f.next_toggle) continue;
-    f.stopped_phase = !f.stopped_phase;
-    const double run = kPeriod / f.spec->factor;
-    f.next_toggle = t + (f.stopped_phase ? kPeriod - run : run);
+    if (!duty_step(f.stopped_phase, f.next_toggle, f.spec->factor, t)) continue;
     Site& s = *sites_.find(a.site);
     control_.pause(s, s.slots[static_cast<std::size_t>(a.slot)], f.stopped_phase);
   }

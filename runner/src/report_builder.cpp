@@ -115,6 +115,11 @@ json::array build_incidents(const json::object& r) {
     if (t >= 0 && (in.first_decision < 0 || t < in.first_decision)) in.first_decision = t;
     if (t >= 0) in.first = std::min(in.first, t);
   }
+  // The anomaly scores on each incident's instance (and its copies), in the report's order.
+  std::map<std::string, std::vector<const json::object*>> anomalies_of;
+  for (const auto& an : arr(r, "anomalies"))
+    if (auto it = by.find(instance_of(str(an.as_object(), "task"))); it != by.end())
+      anomalies_of[it->first].push_back(&an.as_object());
   json::array out;
   for (const auto& i : arr(r, "instances")) {
     const auto& io = i.as_object();
@@ -136,10 +141,10 @@ json::array build_incidents(const json::object& r) {
                                                       (str(ao, "reason").empty() ? "" : ": " + str(ao, "reason"))}});
     }
     int shown = 0;
-    for (const auto& an : arr(r, "anomalies")) {
-      const auto& o = an.as_object();
+    for (const json::object* an : anomalies_of[id]) {
+      const auto& o = *an;
       const double t = num(o, "t_s");
-      if (instance_of(str(o, "task")) != id || t < start_at || (in.first_decision >= 0 && t > in.first_decision)) continue;
+      if (t < start_at || (in.first_decision >= 0 && t > in.first_decision)) continue;
       if (shown++ >= 5) break;
       in.evidence.push_back(json::object{{"at_s", opt_t(t)},
                                          {"what", "anomaly " + std::to_string(num(o, "score", 0)).substr(0, 4) + " (" +

@@ -251,20 +251,25 @@ std::string report_html(const json::object& r) {
   if (arr(r, "incidents").empty()) h << "<p>None: no fault hit an instance and no action named one.</p>";
   else
     h << "<table><tr><th>instance</th><th>fault</th><th>evidence</th><th>decisions</th><th>outcome</th></tr>";
+  // One escaped line of a cell per item of `list`.
+  auto lines = [](const json::array& list, auto text) {
+    std::string cell;
+    for (const auto& x : list) cell += (cell.empty() ? "" : "<br>") + esc(text(x.as_object()));
+    return cell;
+  };
   for (const auto& i : arr(r, "incidents")) {
     const auto& io = i.as_object();
-    std::string faults, evidence, decisions;
-    for (const auto& f : arr(io, "faults"))
-      faults += (faults.empty() ? "" : "<br>") + esc(str(f.as_object(), "kind") + " at " + fixed(num(f.as_object(), "start_s", 0)) + " s");
-    for (const auto& e : arr(io, "evidence"))
-      evidence += (evidence.empty() ? "" : "<br>") + esc(fixed(num(e.as_object(), "at_s", 0)) + " s: " + str(e.as_object(), "what"));
-    for (const auto& d : arr(io, "decisions")) {
-      const auto& dO = d.as_object();
-      decisions += (decisions.empty() ? "" : "<br>") +
-                   esc(fixed(num(dO, "at_s", 0)) + " s: " + str(dO, "kind") +
-                       (str(dO, "target_site").empty() ? "" : " to " + str(dO, "target_site")) + " (" + str(dO, "policy") +
-                       ", " + str(dO, "outcome") + ")");
-    }
+    const std::string faults = lines(arr(io, "faults"), [](const json::object& f) {
+      return str(f, "kind") + " at " + fixed(num(f, "start_s", 0)) + " s";
+    });
+    const std::string evidence = lines(arr(io, "evidence"), [](const json::object& e) {
+      return fixed(num(e, "at_s", 0)) + " s: " + str(e, "what");
+    });
+    const std::string decisions = lines(arr(io, "decisions"), [](const json::object& d) {
+      return fixed(num(d, "at_s", 0)) + " s: " + str(d, "kind") +
+             (str(d, "target_site").empty() ? "" : " to " + str(d, "target_site")) + " (" + str(d, "policy") + ", " +
+             str(d, "outcome") + ")";
+    });
     const double re = num(io, "reaction_s"), dec = num(io, "decision_s"), rec = num(io, "recovering_attempt_running_s");
     std::string outcome = str(io, "state");
     if (rec >= 0) outcome += "; recovering attempt running at " + fixed(rec) + " s" +

@@ -6,7 +6,6 @@
 
 #include <thread>
 
-#include "diaspora/files.hpp"
 #include "diaspora/policy.hpp"
 #include "kinds.hpp"
 #include "adapters.hpp"
@@ -273,12 +272,7 @@ std::optional<SpecInput> load_run_spec(const fs::path& file, const std::vector<s
 std::filesystem::path check_learned_normals(const WorkflowSpec& spec, const std::filesystem::path& file) {
   std::filesystem::path f = file;
   if (std::filesystem::is_directory(f)) f /= "normals.json";
-  try {
-    resilience::PolicyEngine check(spec);
-    check.import_normals(read_file(f, std::size_t{64} << 20));
-  } catch (const std::exception& e) {
-    throw Error(f.string() + ": " + e.what());
-  }
+  resilience::PolicyEngine(spec).import_normals_file(f);
   return std::filesystem::absolute(f);
 }
 

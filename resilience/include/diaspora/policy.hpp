@@ -43,6 +43,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <memory>
@@ -211,6 +212,10 @@ class PolicyEngine {
   ///         such an export (not JSON, another version, another workflow's, a field out of
   ///         range); nothing is loaded then.
   std::size_t import_normals(std::string_view text);
+  /// import_normals() of the file at `file` (at most 64 MiB).
+  /// @throws diaspora::Error naming the file: it cannot be read, or "FILE: normals: ..." as
+  ///         import_normals() says.
+  std::size_t import_normals_file(const std::filesystem::path& file);
 
   /// Tasks currently tracked (for tests and memory accounting).
   std::size_t tracked_tasks() const noexcept;
