@@ -12,6 +12,8 @@ new=${2:?usage: compare_builds.sh OLD_BIN_DIR NEW_BIN_DIR}
 runs=${RUNS:-3}
 only=${ONLY:-relay,plugin,run}
 here=$(cd "$(dirname "$0")" && pwd)
+# The project's Python (.venv from scripts/install-deps.sh), unless DIASPORA_PYTHON names another.
+PY="${DIASPORA_PYTHON:-$here/../.venv/bin/python}"
 out=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$out"' EXIT
 [ -n "${KEEP:-}" ] && echo "raw results in $out" >&2
@@ -32,7 +34,7 @@ plugin() {  # BIN TAG
     grep -E '^diaspora_task_heartbeat,' >> "$out/hook.$2" || true
 }
 run() {  # BIN TAG: bench/run's figures of this build (run_bench.py --json)
-  /usr/bin/python3 "$here/run/run_bench.py" --build "$(cd "$1/.." && pwd)" --json >> "$out/run.$2"
+  "$PY" "$here/run/run_bench.py" --build "$(cd "$1/.." && pwd)" --json >> "$out/run.$2"
 }
 for i in $(seq 1 "$runs"); do
   if [ $((i % 2)) -eq 1 ]; then order="old new"; else order="new old"; fi
@@ -46,7 +48,7 @@ for i in $(seq 1 "$runs"); do
 done
 for f in relay latency e2e hook run; do touch "$out/$f.old" "$out/$f.new"; done
 
-/usr/bin/python3 - "$out" <<'PY'
+"$PY" - "$out" <<'PY'
 import json, re, statistics, sys
 from pathlib import Path
 d = Path(sys.argv[1])

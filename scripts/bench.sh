@@ -3,6 +3,8 @@
 set -euo pipefail
 BUILD_DIR=${1:-build}
 cd "$(dirname "$0")/.."
+# The project's Python (.venv from scripts/install-deps.sh), unless DIASPORA_PYTHON names another.
+PY="${DIASPORA_PYTHON:-$PWD/.venv/bin/python}"
 if [ ! -x "$BUILD_DIR/bin/bench_core" ]; then
   echo "no benchmarks were built (configure with -DDIASPORA_BUILD_BENCH=ON)"
   exit 1
@@ -26,13 +28,13 @@ echo "== resilience engine: observations/s and memory per series (bench/resilien
 "$BUILD_DIR/bin/bench_resilience" --benchmark_min_time=0.5
 echo
 echo "== diaspora run: policies vs the retry-after=120s baseline, and throughput vs Dask (bench/run)"
-/usr/bin/python3 bench/run/run_bench.py --build "$BUILD_DIR"
+"$PY" bench/run/run_bench.py --build "$BUILD_DIR"
 echo
 echo "== the workflow corpus: 25 specs x 2 seeds, as written and as the retry-after=120s baseline (bench/run/corpus; about an hour)"
-/usr/bin/python3 bench/run/corpus/corpus.py --build "$BUILD_DIR"
+"$PY" bench/run/corpus/corpus.py --build "$BUILD_DIR"
 echo
 echo "== engine adapters: Python hook cost, Dask with and without the plugins (bench/adapters)"
-/usr/bin/python3 bench/adapters/bench_adapters.py --build "$BUILD_DIR"
+"$PY" bench/adapters/bench_adapters.py --build "$BUILD_DIR"
 echo
 if [ -x "$BUILD_DIR/bin/diaspora-train" ]; then
   echo "== continual learning: strategies x buffers x ranks (bench/rehearsal/run.sh; QUICK=1 for a short run)"

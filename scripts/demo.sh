@@ -4,6 +4,8 @@ set -euo pipefail
 BUILD_DIR=${1:-build}
 BIN="$BUILD_DIR/bin"
 cd "$(dirname "$0")/.."
+# The project's Python (.venv from scripts/install-deps.sh), unless DIASPORA_PYTHON names another.
+PY="${DIASPORA_PYTHON:-$PWD/.venv/bin/python}"
 
 echo "== Diaspora demo =="
 echo
@@ -21,7 +23,7 @@ if [ "${DIASPORA_DEMO_QUICK:-0}" = 1 ]; then
          --set tasks.reconstruct.deadline=60s)
 fi
 "$BIN/diaspora" run examples/workflows/ptycho-stream.yaml --out "$run_dir" "${quick[@]}"
-/usr/bin/python3 - "$run_dir/report.json" <<'PY'
+"$PY" - "$run_dir/report.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 s = r["summary"]
@@ -93,7 +95,7 @@ echo
 echo "-- anomaly detection: the default ensemble over a synthetic series with a level shift"
 nab_dir="$demo_dir/nab/synthetic"
 mkdir -p "$nab_dir"
-/usr/bin/python3 - "$nab_dir/shift.csv" <<'PY'
+"$PY" - "$nab_dir/shift.csv" <<'PY'
 import math, random, sys
 random.seed(1)
 with open(sys.argv[1], "w") as f:

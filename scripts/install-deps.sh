@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs every Debian and npm package Diaspora needs to build, test and run.
+# Installs every Debian, npm and PyPI package Diaspora needs to build, test and run.
 # Idempotent and non-interactive: when everything is present it only checks and exits
 # in a second or two. Run as root (CI and the dev machines are root) or with sudo.
 set -euo pipefail
@@ -14,10 +14,8 @@ DEB_PACKAGES=(
   libyaml-cpp-dev libspdlog-dev libcli11-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
-  # Python side of the tests (visible to /usr/bin/python3 only)
-  python3 python3-pytest python3-jsonschema python3-yaml python3-websockets
-  # bench/run: the Dask LocalCluster peer (and the Dask adapters)
-  python3-distributed
+  # Python: the interpreter and venv; the packages come from PyPI (requirements.lock, below)
+  python3 python3-venv
   # the Slurm SPANK adapter and its tests: a one-node Slurm the test starts itself
   slurm-wlm munge libslurm-dev
   # relay tests and benchmarks: curl for HTTPS checks, NATS JetStream as the peer
@@ -46,6 +44,29 @@ console_deps() {
   echo "$want" > "$stamp"
 }
 
+# The Python side (tests, benchmarks, the engines Diaspora plugs into: Parsl, Globus Compute,
+# Dask, Ray): requirements.lock (pinned, with hashes) in the project's virtual environment
+# .venv/, installed again only when the lock changed since the last install (a checksum in
+# .venv/), so a machine that has it needs no network. The Diaspora package itself is installed
+# editable (engine-adapters/python/pyproject.toml), so `import diaspora` works in .venv.
+python_deps() {
+  local venv=.venv lock=requirements.lock stamp=.venv/.diaspora-lock.sha256 want
+  want=$( { cat "$lock"; cat engine-adapters/python/pyproject.toml 2>/dev/null || true; } | sha256sum | cut -d' ' -f1)
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$venv/bin/python" -c '' 2>/dev/null; then
+    echo "install-deps: Python packages present ($venv)"
+    return 0
+  fi
+  "$venv/bin/python" -c '' 2>/dev/null || { rm -rf "$venv"; /usr/bin/python3 -m venv "$venv"; }
+  echo "install-deps: pip install -r $lock into $venv"
+  PIP_FIND_LINKS= "$venv/bin/pip" install --quiet --disable-pip-version-check --require-hashes --no-deps -r "$lock"
+  if [ -f engine-adapters/python/pyproject.toml ]; then
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+      --no-index -e engine-adapters/python
+  fi
+  "$venv/bin/pip" check --disable-pip-version-check >/dev/null
+  echo "$want" > "$stamp"
+}
+
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
   case "$p" in \#*) continue ;; esac
@@ -60,6 +81,7 @@ command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#DEB_PACKAGES[@]} Debian packages present"
   console_deps
+  python_deps
   exit 0
 fi
 
@@ -83,4 +105,5 @@ if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"; then
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 console_deps
+python_deps
 echo "install-deps: done"

@@ -16,7 +16,7 @@ changes only to a candidate whose own cross-validated score is higher than the c
 defaults'.
 
 Usage (from the repository root, after `make build`):
-    /usr/bin/python3 bench/nab/loco.py [--build build] [--data ../shared/data/nab]
+    .venv/bin/python bench/nab/loco.py [--build build] [--data ../shared/data/nab]
         [--scorer ../shared/tools/nab] [--grid bench/nab/grid.json] [--work /tmp/diaspora-loco]
         [--json OUT.json]
 """

@@ -18,7 +18,7 @@ heartbeat threshold would notice) minus the first detection at or after the faul
 window opened. Positive: the detector fired before the harm.
 
 Usage (from the repository root, after `make build`):
-    /usr/bin/python3 bench/nab/workflow_traces.py [--build build] [--scorer ../shared/tools/nab]
+    .venv/bin/python bench/nab/workflow_traces.py [--build build] [--scorer ../shared/tools/nab]
         [--configs bench/nab/workflow_configs.json] [--work /tmp/diaspora-traces]
         [--nab-config FILE] [--json OUT.json]
 """

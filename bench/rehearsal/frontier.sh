@@ -22,6 +22,8 @@
 set -euo pipefail
 BUILD_DIR=${1:-build}  # as for run.sh: relative to the repository root
 HERE="$(cd "$(dirname "$0")" && pwd)"
+# The project's Python (.venv from scripts/install-deps.sh), unless DIASPORA_PYTHON names another.
+PY="${DIASPORA_PYTHON:-$HERE/../../.venv/bin/python}"
 OUT=$(realpath -m -- "${OUT:-/tmp/diaspora-bench-frontier}")  # run.sh works from the repository root
 read -r -a R_LIST <<<"${REPS:-2 4 8 16}"
 read -r -a SEED_LIST <<<"${SEEDS:-0 1 2 3 4}"
@@ -77,4 +79,4 @@ for si in "${!SEED_LIST[@]}"; do
     fi
   done
 done
-/usr/bin/python3 "$HERE/frontier.py" "$OUT"
+"$PY" "$HERE/frontier.py" "$OUT"

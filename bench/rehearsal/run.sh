@@ -20,6 +20,8 @@
 set -euo pipefail
 BUILD_DIR=${1:-build}
 cd "$(dirname "$0")/../.."
+# The project's Python (.venv from scripts/install-deps.sh), unless DIASPORA_PYTHON names another.
+PY="${DIASPORA_PYTHON:-$PWD/.venv/bin/python}"
 OUT=${OUT:-/tmp/diaspora-bench-rehearsal}
 SEED=${SEED:-0}
 TRAIN="$BUILD_DIR/bin/diaspora-train"
@@ -125,7 +127,7 @@ PAIRS=${PAIRS:-concurrent}
 case "$PAIRS" in concurrent|sequential) ;; *) echo "PAIRS must be concurrent or sequential, not '$PAIRS'"; exit 2;; esac
 CPUS=()
 if [ "$PAIRS" = concurrent ]; then  # the first two CPUs this process may run on
-  read -r -a CPUS < <(/usr/bin/python3 -c 'import os; print(*sorted(os.sched_getaffinity(0))[:2])')
+  read -r -a CPUS < <("$PY" -c 'import os; print(*sorted(os.sched_getaffinity(0))[:2])')
   if [ "${#CPUS[@]}" -lt 2 ] || ! command -v taskset >/dev/null; then
     echo "concurrent pairs need two CPUs and taskset (util-linux): running them one after the other"
     PAIRS=sequential
@@ -165,4 +167,4 @@ for w in $PT_RANKS; do  # the same grid on ptycho-sim
     for s in $STRATEGIES; do cell "pt-$s-b$b-w$w" "$w" "$PT" --world-size "$w" --set strategy=$s --set buffer_size="$b"; done
   done
 done
-/usr/bin/python3 bench/rehearsal/table.py "$OUT"
+"$PY" bench/rehearsal/table.py "$OUT"

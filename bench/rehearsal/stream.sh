@@ -23,6 +23,8 @@
 set -euo pipefail
 BUILD_DIR=${1:-build}
 cd "$(dirname "$0")/../.."
+# The project's Python (.venv from scripts/install-deps.sh), unless DIASPORA_PYTHON names another.
+PY="${DIASPORA_PYTHON:-$PWD/.venv/bin/python}"
 OUT=$(realpath -m -- "${OUT:-/tmp/diaspora-bench-stream}")
 CONFIG=${CONFIG:-rehearsal/configs/ptycho-sim-10.yaml}
 read -r -a SEED_LIST <<<"${SEEDS:-0 1 2 3 4}"
@@ -37,7 +39,7 @@ NICE=${NICE:-3}
 [[ "$NICE" =~ ^[0-9]+$ ]] && [ "$NICE" -le 19 ] || { echo "NICE takes 0-19, not '$NICE'"; exit 2; }
 TRAIN="$BUILD_DIR/bin/diaspora-train"
 [ -x "$TRAIN" ] || { echo "no $TRAIN (configure with -DDIASPORA_WITH_TORCH=ON)"; exit 1; }
-read -r -a CPUS < <(/usr/bin/python3 -c 'import os; print(*sorted(os.sched_getaffinity(0))[:2])')
+read -r -a CPUS < <("$PY" -c 'import os; print(*sorted(os.sched_getaffinity(0))[:2])')
 PIN=(taskset -c)
 if [ "${#CPUS[@]}" -lt 2 ] || ! command -v taskset >/dev/null; then
   echo "no two CPUs or no taskset: the jobs run unpinned, at the same time"; PIN=(); CPUS=("" "")
@@ -83,7 +85,7 @@ if [ "$MODE" = shared ]; then
   for p in $PIDS; do wait "$p" || status=1; done
   PIDS=""
   [ "$status" = 0 ] || exit 1
-  /usr/bin/python3 bench/rehearsal/stream.py "$OUT"
+  "$PY" bench/rehearsal/stream.py "$OUT"
   exit
 fi
 for seed in "${SEED_LIST[@]}"; do
@@ -98,4 +100,4 @@ for seed in "${SEED_LIST[@]}"; do
     PIDS=""
   fi
 done
-/usr/bin/python3 bench/rehearsal/stream.py "$OUT"
+"$PY" bench/rehearsal/stream.py "$OUT"

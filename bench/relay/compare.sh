@@ -4,9 +4,10 @@
 # on the same workloads, with the ratio. Prints a Markdown table.
 #   bench/relay/compare.sh [BUILD_DIR]        QUICK=1 for a short run
 set -euo pipefail
+# The project's Python (.venv from scripts/install-deps.sh), unless DIASPORA_PYTHON names another.
+PY="${DIASPORA_PYTHON:-$(cd "$(dirname "$0")/../.." && pwd)/.venv/bin/python}"
 BUILD_DIR=${1:-build}
 BIN="$BUILD_DIR/bin"
-PY=/usr/bin/python3
 EVENTS=${EVENTS:-400000}
 [ "${QUICK:-0}" = 1 ] && EVENTS=100000 && EVENTS_256=100000
 work=$(mktemp -d "${TMPDIR:-/tmp}/diaspora-compare.XXXXXX")

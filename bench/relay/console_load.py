@@ -10,7 +10,7 @@ prints the publish ack latency (each publish from sent to its ack) and the acked
 medians of the rounds, and their ratio. Target: the p99 ack latency with the reloads is
 within 10 % of without (issue 37).
 
-    /usr/bin/python3 bench/relay/console_load.py [BUILD_DIR]    ROUNDS=3 EVENTS=400000 PAUSE=0.1
+    .venv/bin/python bench/relay/console_load.py [BUILD_DIR]    ROUNDS=3 EVENTS=400000 PAUSE=0.1
 """
 
 from __future__ import annotations

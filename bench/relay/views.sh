@@ -6,9 +6,10 @@
 # and the query latency (target: <= 50 ms).
 #   bench/relay/views.sh [BUILD_DIR]        QUICK=1 for a short run
 set -euo pipefail
+# The project's Python (.venv from scripts/install-deps.sh), unless DIASPORA_PYTHON names another.
+PY="${DIASPORA_PYTHON:-$(cd "$(dirname "$0")/../.." && pwd)/.venv/bin/python}"
 BUILD_DIR=${1:-build}
 BIN="$BUILD_DIR/bin"
-PY=/usr/bin/python3
 EVENTS=${EVENTS:-1000000}
 ROUNDS=${ROUNDS:-3}
 [ "${QUICK:-0}" = 1 ] && EVENTS=200000 && ROUNDS=2

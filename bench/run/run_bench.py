@@ -13,7 +13,7 @@
    knows only the declared speeds, misses most).
 3. Throughput: N no-op task instances through one local site of W workers, every lifecycle
    event acked by the relay (the plugin's counters checked), side by side with a Dask
-   LocalCluster (python3-distributed, W worker processes, 1 thread each) running N no-op
+   LocalCluster (distributed from requirements.lock, W worker processes, 1 thread each) running N no-op
    tasks in the same script. Printed: tasks/s of each, and the runner's CPU per task.
 
 Usage: bench/run/run_bench.py [--build build] [--retry-after 120s] [--tasks 2000] [--workers 2]
@@ -143,7 +143,7 @@ if __name__ == "__main__":
         client.gather(futures)
         print(time.monotonic() - t0)
 """
-    p = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, timeout=600)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
         sys.exit(f"dask failed:\n{p.stderr[-2000:]}")
     return tasks / float(p.stdout.strip().splitlines()[-1])

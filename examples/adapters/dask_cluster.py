@@ -1,6 +1,6 @@
 """Diaspora inside a Dask LocalCluster: two sites of one cluster, one call to register.
 
-    PYTHONPATH=engine-adapters/python python3 examples/adapters/dask_cluster.py workflow.yaml
+    .venv/bin/python examples/adapters/dask_cluster.py workflow.yaml
 """
 import sys
 

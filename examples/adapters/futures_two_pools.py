@@ -1,6 +1,6 @@
 """Two process pools as two sites of one resilient executor.
 
-    PYTHONPATH=engine-adapters/python python3 examples/adapters/futures_two_pools.py workflow.yaml
+    .venv/bin/python examples/adapters/futures_two_pools.py workflow.yaml
 """
 import sys
 import time

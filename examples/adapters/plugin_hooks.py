@@ -1,6 +1,6 @@
 """Report a task's lifecycle from Python and act on the plugin's actions.
 
-    PYTHONPATH=engine-adapters/python python3 examples/adapters/plugin_hooks.py workflow.yaml
+    .venv/bin/python examples/adapters/plugin_hooks.py workflow.yaml
 """
 import sys
 

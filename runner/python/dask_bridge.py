@@ -2,7 +2,7 @@
 
 The runner (C++) starts one bridge per Dask site:
 
-    python3 runner/python/dask_bridge.py --site NAME --endpoint local|tcp://HOST:PORT
+    .venv/bin/python runner/python/dask_bridge.py --site NAME --endpoint local|tcp://HOST:PORT
                                     --workers N --fd 3 [--restrict ADDR,ADDR...]
                                     [--connect-timeout SECONDS]
 
@@ -57,7 +57,29 @@ def run_worker(argv: list[str], env: list[str]) -> int:
     return p.wait()
 
 
+def start(ap: argparse.ArgumentParser, argv: list[str] | None):
+    """Parses a bridge's arguments (--site, --workers, --fd and the engine's own `ap` has)
+    and opens the runner's socket; SIGTERM then exits through the callers' finally."""
+    ap.add_argument("--site", required=True)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--fd", type=int, default=3)
+    a = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    return a, socket.socket(fileno=a.fd)
+
+
+def send_error(sock: socket.socket, reason: str) -> int:
+    """Tells the runner the engine could not start ({"op":"error"}); returns the exit status 1."""
+    sock.sendall((json.dumps({"op": "error", "reason": reason}) + "\n").encode())
+    return 1
+
+
 class Bridge:
+    """The runner's side of the protocol over one engine (parsl_bridge.py subclasses it):
+    launch() submits with submit(), ended() reports each end once, cancel() drops a launch."""
+
+    engine = "Dask"
+
     def __init__(self, sock: socket.socket, client, restrict: list[str] | None):
         self.sock = sock
         self.client = client
@@ -78,20 +100,24 @@ class Bridge:
             if self.futures.pop(key, None) is None:
                 return  # cancelled by the runner: it knows
         if fut.cancelled():
-            reason = "the Dask task was cancelled"
+            reason = f"the {self.engine} task was cancelled"
         elif fut.exception() is not None:
-            reason = f"the Dask task failed: {type(fut.exception()).__name__}: {fut.exception()}"
+            reason = f"the {self.engine} task failed: {type(fut.exception()).__name__}: {fut.exception()}"
         else:
             rc = fut.result()
             reason = ("the worker exited with status %d" % rc) if rc >= 0 else \
                 ("the worker was killed by signal %d (%s)" % (-rc, signal.Signals(-rc).name))
         self.send({"op": "ended", "key": key, "reason": reason})
 
+    def submit(self, msg: dict):
+        """The engine's Future of one launch."""
+        dask_key = f"diaspora-{msg.get('name', 'attempt')}-{msg['key'][:8]}"
+        return self.client.submit(run_worker, list(msg["argv"]), list(msg.get("env", [])), key=dask_key, pure=False,
+                                  retries=0, workers=self.restrict, allow_other_workers=False)
+
     def launch(self, msg: dict) -> None:
         key = msg["key"]
-        dask_key = f"diaspora-{msg.get('name', 'attempt')}-{key[:8]}"
-        fut = self.client.submit(run_worker, list(msg["argv"]), list(msg.get("env", [])), key=dask_key, pure=False,
-                                 retries=0, workers=self.restrict, allow_other_workers=False)
+        fut = self.submit(msg)
         with self.lock:
             self.futures[key] = fut
         fut.add_done_callback(lambda f, k=key: self.ended(k, f))
@@ -120,31 +146,27 @@ class Bridge:
                     try:
                         self.launch(msg)
                     except Exception as e:  # noqa: BLE001 -- reported to the runner as the launch's end
-                        self.send({"op": "ended", "key": msg.get("key", ""), "reason": f"Dask refused the task: {e}"})
+                        self.send({"op": "ended", "key": msg.get("key", ""),
+                                   "reason": f"{self.engine} refused the task: {e}"})
                 elif op == "cancel":
                     self.cancel(msg.get("key", ""))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dask_bridge.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--site", required=True)
     ap.add_argument("--endpoint", default="local")
-    ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--fd", type=int, default=3)
     ap.add_argument("--restrict", default="")
     ap.add_argument("--connect-timeout", type=float, default=30)
-    a = ap.parse_args(argv)
-    sock = socket.socket(fileno=a.fd)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # runs the finally below
+    a, sock = start(ap, argv)
 
     def error(reason: str) -> int:
-        (sock.sendall((json.dumps({"op": "error", "reason": reason}) + "\n").encode()))
-        return 1
+        return send_error(sock, reason)
 
     try:
         from distributed import Client, LocalCluster
     except ImportError as e:
-        return error(f"python3-distributed is not installed ({e}); scripts/install-deps.sh installs it")
+        return error(f"distributed is not installed for {sys.executable} ({e}); scripts/install-deps.sh installs it "
+                     "into .venv, DIASPORA_PYTHON names another Python")
     cluster = client = None
     bridge = None
     try:

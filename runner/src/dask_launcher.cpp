@@ -1,5 +1,5 @@
-// The Dask site's launcher: one bridge process per site (runner/python/dask_bridge.py),
-// each attempt one Dask task (remote.hpp).
+// The Dask and Parsl sites' launcher: one bridge process per site (runner/python/
+// dask_bridge.py, parsl_bridge.py), each attempt one Dask or HTEX task (remote.hpp).
 #include "remote.hpp"
 
 #include <arpa/inet.h>
@@ -29,6 +29,9 @@
 #ifndef DIASPORA_RUNNER_PYTHON_DIR
 #define DIASPORA_RUNNER_PYTHON_DIR ""
 #endif
+#ifndef DIASPORA_VENV_PYTHON
+#define DIASPORA_VENV_PYTHON ""
+#endif
 
 namespace diaspora::runner {
 
@@ -37,40 +40,59 @@ namespace json = boost::json;
 
 namespace {
 
-// ---- Dask: the bridge process (runner/python/dask_bridge.py) -----------------------------
+// ---- the bridge process (runner/python/<engine>_bridge.py) -------------------------------
 
-// The runner's Dask bridge script: in the source tree this binary was built from, or the
-// installed share/diaspora/runner. It imports nothing of Diaspora's (run as a script, its
-// Dask task is pickled by value: Dask workers need diaspora-run, not a Python package).
-std::string bridge_script() {
-  const fs::path c[] = {fs::path(DIASPORA_RUNNER_PYTHON_DIR) / "dask_bridge.py",
-                        self_executable().parent_path().parent_path() / "share" / "diaspora" / "runner" / "dask_bridge.py"};
+// A bridge script of the runner (dask_bridge.py, parsl_bridge.py): in the source tree this
+// binary was built from, or the installed share/diaspora/runner. They import nothing of
+// Diaspora's (the Dask task is pickled by value: Dask workers need diaspora-run, not a
+// Python package).
+std::string bridge_script(const std::string& file) {
+  const fs::path c[] = {fs::path(DIASPORA_RUNNER_PYTHON_DIR) / file,
+                        self_executable().parent_path().parent_path() / "share" / "diaspora" / "runner" / file};
   for (const auto& p : c)
     if (fs::exists(p)) return p.string();
-  throw Error("diaspora-run's Dask bridge (dask_bridge.py) is neither in the source tree (" + c[0].string() +
+  throw Error("diaspora-run's bridge " + file + " is neither in the source tree (" + c[0].string() +
               ") nor installed (" + c[1].string() + "): reinstall diaspora-run");
 }
 
-class DaskLauncher final : public Launcher {
+}  // namespace
+
+std::string site_python(const std::string& site) {
+  const char* py = std::getenv("DIASPORA_PYTHON");
+  std::string python = py && *py ? py : DIASPORA_VENV_PYTHON;
+  if (python.empty() || (!(py && *py) && ::access(python.c_str(), X_OK) != 0)) python = "/usr/bin/python3";
+  if (::access(python.c_str(), X_OK) != 0)
+    throw Error("site '" + site + "': no Python at " + python + " (scripts/install-deps.sh makes the project's "
+                ".venv; DIASPORA_PYTHON names another Python with the engine's packages)");
+  return python;
+}
+
+namespace {
+
+// A Dask site (a LocalCluster or a running scheduler) or a Parsl site (an HTEX on a
+// LocalProvider): the bridge speaks the same line protocol for both.
+class BridgeLauncher final : public Launcher {
  public:
-  DaskLauncher(const SiteSpec& site, const LaunchContext& ctx) : site_(site.name) {
+  BridgeLauncher(const SiteSpec& site, const LaunchContext& ctx) : site_(site.name), parsl_(site.engine == Engine::parsl) {
+    engine_ = parsl_ ? "Parsl" : "Dask";
     endpoint_ = site.endpoint.value_or("local");
-    const char* py = std::getenv("DIASPORA_PYTHON");
-    const std::string python = py && *py ? py : "/usr/bin/python3";
-    if (::access(python.c_str(), X_OK) != 0)
-      throw Error("site '" + site_ + "': no Python at " + python + " (scripts/install-deps.sh installs Debian's; "
-                  "DIASPORA_PYTHON names another)");
+    const std::string python = site_python(site_);
     fs::create_directories(ctx.out_dir / "engines");
     log_ = ctx.out_dir / "engines" / (site_ + ".log");
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) throw Error("socketpair failed");
     SpawnSpec sp;
-    sp.argv = {python, bridge_script(), "--site", site_, "--endpoint", endpoint_,
-               "--workers", std::to_string(site.workers), "--fd", "3"};
-    if (auto it = site.attributes.find("dask_workers"); it != site.attributes.end() && it->second.is_string())
-      sp.argv.insert(sp.argv.end(), {"--restrict", std::string(it->second.get_string())});
-    if (auto it = site.attributes.find("connect_timeout"); it != site.attributes.end() && it->second.is_number())
-      sp.argv.insert(sp.argv.end(), {"--connect-timeout", std::to_string(it->second.to_number<double>())});
+    if (parsl_) {
+      sp.argv = {python, bridge_script("parsl_bridge.py"), "--site", site_, "--workers", std::to_string(site.workers),
+                 "--fd", "3", "--run-dir", (ctx.out_dir / "engines" / (site_ + ".parsl")).string()};
+    } else {
+      sp.argv = {python, bridge_script("dask_bridge.py"), "--site", site_, "--endpoint", endpoint_,
+                 "--workers", std::to_string(site.workers), "--fd", "3"};
+      if (auto it = site.attributes.find("dask_workers"); it != site.attributes.end() && it->second.is_string())
+        sp.argv.insert(sp.argv.end(), {"--restrict", std::string(it->second.get_string())});
+      if (auto it = site.attributes.find("connect_timeout"); it != site.attributes.end() && it->second.is_number())
+        sp.argv.insert(sp.argv.end(), {"--connect-timeout", std::to_string(it->second.to_number<double>())});
+    }
     sp.env_extra = {"PYTHONUNBUFFERED=1"};
     sp.fds = {{sv[1], 3}};
     sp.stdout_file = log_;
@@ -79,7 +101,7 @@ class DaskLauncher final : public Launcher {
     pid_ = spawn(sp);
     ::close(sv[1]);
     ch_ = LineChannel(sv[0]);
-    // Wait for the bridge's "ready" (a LocalCluster takes a few seconds to start).
+    // Wait for the bridge's "ready" (a LocalCluster or an HTEX takes a few seconds to start).
     for (const double until = monotonic_s() + 90;;) {
       pollfd p{ch_.fd(), POLLIN, 0};
       ::poll(&p, 1, 200);
@@ -95,12 +117,12 @@ class DaskLauncher final : public Launcher {
           fail(r && r->is_string() ? std::string(r->get_string()) : "the bridge failed");
         }
       }
-      if (!open) fail("the Dask bridge exited (" + last_line(log_) + ")");
-      if (monotonic_s() > until) fail("the Dask scheduler did not answer within 90 s");
+      if (!open) fail("the " + engine_ + " bridge exited (" + last_line(log_) + ")");
+      if (monotonic_s() > until) fail(parsl_ ? "the HTEX did not start within 90 s" : "the Dask scheduler did not answer within 90 s");
     }
   }
 
-  ~DaskLauncher() override { shutdown(10); }
+  ~BridgeLauncher() override { shutdown(10); }
 
   void launch(const std::string& key, const std::string& name, const std::vector<std::string>& argv,
               const std::vector<std::string>& env) override {
@@ -108,7 +130,7 @@ class DaskLauncher final : public Launcher {
     for (const auto& x : argv) a.emplace_back(x);
     for (const auto& x : env) e.emplace_back(x);
     if (!ch_.send({{"op", "launch"}, {"key", key}, {"name", name}, {"argv", a}, {"env", e}}))
-      throw Error("the Dask bridge of site '" + site_ + "' is gone (" + last_line(log_) + ")");
+      throw Error("the " + engine_ + " bridge of site '" + site_ + "' is gone (" + last_line(log_) + ")");
     out_.insert(key);
   }
   void connected(const std::string&) override {}
@@ -130,12 +152,12 @@ class DaskLauncher final : public Launcher {
     }
     if (!open) {
       ch_.close();
-      for (const auto& key : out_) ended.push_back({key, "the Dask bridge exited (" + last_line(log_) + ")"});
+      for (const auto& key : out_) ended.push_back({key, "the " + engine_ + " bridge exited (" + last_line(log_) + ")"});
       out_.clear();
     }
     return ended;
   }
-  std::string describe() const override { return "Dask scheduler " + scheduler_; }
+  std::string describe() const override { return parsl_ ? scheduler_ : "Dask scheduler " + scheduler_; }
   void shutdown(double timeout_s) noexcept override {
     ch_.close();  // the bridge cancels what is out, closes its client (and cluster) and exits
     if (pid_ <= 0) return;
@@ -153,10 +175,12 @@ class DaskLauncher final : public Launcher {
  private:
   [[noreturn]] void fail(const std::string& why) {
     shutdown(2);
-    throw Error("site '" + site_ + "' (engine: dask, endpoint " + endpoint_ + "): " + why + "; its log: " + log_.string());
+    throw Error("site '" + site_ + "' (engine: " + (parsl_ ? "parsl" : "dask, endpoint " + endpoint_) + "): " + why +
+                "; its log: " + log_.string());
   }
 
-  std::string site_, endpoint_, scheduler_;
+  std::string site_, engine_, endpoint_, scheduler_;
+  bool parsl_;
   fs::path log_;
   pid_t pid_ = -1;
   LineChannel ch_;
@@ -165,8 +189,8 @@ class DaskLauncher final : public Launcher {
 
 }  // namespace
 
-std::unique_ptr<Launcher> make_dask_launcher(const SiteSpec& site, const LaunchContext& ctx) {
-  return std::make_unique<DaskLauncher>(site, ctx);
+std::unique_ptr<Launcher> make_bridge_launcher(const SiteSpec& site, const LaunchContext& ctx) {
+  return std::make_unique<BridgeLauncher>(site, ctx);
 }
 
 }  // namespace diaspora::runner

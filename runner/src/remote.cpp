@@ -41,8 +41,9 @@ std::string host_name() {
 }
 
 std::unique_ptr<Launcher> make_launcher(const SiteSpec& site, const LaunchContext& ctx) {
-  if (site.engine == Engine::dask) return make_dask_launcher(site, ctx);
+  if (site.engine == Engine::dask || site.engine == Engine::parsl) return make_bridge_launcher(site, ctx);
   if (site.engine == Engine::slurm) return make_slurm_launcher(site, ctx);
-  throw Error("site '" + site.name + "': `diaspora run` drives local, dask and slurm sites, not " + std::string(to_string(site.engine)));
+  throw Error("site '" + site.name + "': `diaspora run` drives local, dask, parsl and slurm sites, not " +
+              std::string(to_string(site.engine)));
 }
 }  // namespace diaspora::runner

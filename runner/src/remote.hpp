@@ -101,15 +101,24 @@ struct LaunchContext {
   std::filesystem::path spank_spec;  ///< the spec given to `sbatch --diaspora=` (empty: not used)
 };
 
-/// The launcher for an `engine: dask` or `engine: slurm` site. A Dask site starts its
-/// bridge (`python3 -m diaspora.dask_bridge`) and waits until the scheduler (or the
-/// LocalCluster it starts) answers, up to 90 s. Throws diaspora::Error (no Python, no
-/// `distributed`, scheduler unreachable, no `sbatch`) with what to do about it.
+/// The launcher for an `engine: dask`, `parsl` or `slurm` site. A Dask site starts its
+/// bridge (runner/python/dask_bridge.py) and waits until the scheduler (or the
+/// LocalCluster it starts) answers, up to 90 s; a Parsl site starts parsl_bridge.py, which
+/// starts an HTEX on a LocalProvider, and waits for it the same way. Throws diaspora::Error
+/// (no Python, no `distributed` or `parsl`, scheduler unreachable, no `sbatch`) with what to
+/// do about it.
 std::unique_ptr<Launcher> make_launcher(const SiteSpec& site, const LaunchContext& ctx);
 
-/// The launchers behind make_launcher() (dask_launcher.cpp, slurm_launcher.cpp).
-std::unique_ptr<Launcher> make_dask_launcher(const SiteSpec& site, const LaunchContext& ctx);
+/// The launchers behind make_launcher() (dask_launcher.cpp: Dask and Parsl sites, through
+/// their bridge scripts; slurm_launcher.cpp).
+std::unique_ptr<Launcher> make_bridge_launcher(const SiteSpec& site, const LaunchContext& ctx);
 std::unique_ptr<Launcher> make_slurm_launcher(const SiteSpec& site, const LaunchContext& ctx);
+
+/// The Python a site's bridge runs under: $DIASPORA_PYTHON, else the virtual environment of
+/// the source tree this binary was built from (.venv, made by scripts/install-deps.sh), else
+/// /usr/bin/python3. Throws diaspora::Error naming `site` when that file is not executable.
+/// Any thread.
+std::string site_python(const std::string& site);
 
 /// Seconds of the steady clock (for the remote parts' timeouts). Any thread.
 double monotonic_s();

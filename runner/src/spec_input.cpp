@@ -118,11 +118,17 @@ void check_runnable(const WorkflowSpec& spec, const YamlDocument& doc, std::vect
   };
   for (std::size_t i = 0; i < spec.sites.size(); ++i) {
     const SiteSpec& s = spec.sites[i];
-    if (s.engine != Engine::local && s.engine != Engine::dask && s.engine != Engine::slurm) {
+    if (s.engine != Engine::local && s.engine != Engine::dask && s.engine != Engine::parsl && s.engine != Engine::slurm) {
       const std::string p = "sites[" + std::to_string(i) + "].engine";
       add(p, at(p, s.location),
           "'" + std::string(to_string(s.engine)) + "' sites are driven by the engine adapters (docs/adapters.md), "
-          "not by `diaspora run`; use engine: local, dask or slurm (comment this site out to run the rest)");
+          "not by `diaspora run`; use engine: local, dask, parsl or slurm (comment this site out to run the rest)");
+    }
+    if (s.engine == Engine::parsl && s.endpoint && *s.endpoint != "local") {
+      const std::string p = "sites[" + std::to_string(i) + "].endpoint";
+      add(p, at(p, s.location), "a Parsl site of `diaspora run` is an HTEX on a LocalProvider of this host: its "
+                                "endpoint is `local` (or left out); for HTEX on a cluster's provider use "
+                                "diaspora.parsl.DiasporaExecutor (docs/adapters.md)");
     }
     if (s.engine == Engine::dask && s.endpoint && *s.endpoint != "local" && !s.endpoint->starts_with("tcp://")) {
       const std::string p = "sites[" + std::to_string(i) + "].endpoint";

@@ -13,7 +13,7 @@ loader's: ``FILE:LINE:COL: error: <key path>: <message>`` (1-based positions of
 the offending YAML node), so the ``# expect:`` lines of the bad corpus can be
 checked against this module too.
 
-CLI:  /usr/bin/python3 tests/python/spec_check.py FILE...
+CLI:  .venv/bin/python tests/python/spec_check.py FILE...
       (*.json files are checked as events, everything else as specs;
        exit status 1 if any file has errors)
 """

@@ -1,4 +1,4 @@
-"""diaspora.dask against a real Dask LocalCluster (python3-distributed 2022.12, worker
+"""diaspora.dask against a real Dask LocalCluster (distributed from requirements.lock, worker
 processes) and a real relay: transitions reported once and in order, worker changes,
 heartbeats from the worker plugin, a SIGKILLed worker, a slowed site migrated off by the
 policy, an operator's drain of a site, a relay that cannot be reached, a bad spec."""
@@ -23,7 +23,7 @@ import adapter_tasks as at  # noqa: E402
 import diaspora  # noqa: E402
 import diaspora.dask as dd  # noqa: E402
 
-distributed = pytest.importorskip("distributed")  # python3-distributed is in scripts/install-deps.sh
+import distributed  # noqa: E402  (requirements.lock: scripts/install-deps.sh installs it into .venv)
 from distributed import Client, LocalCluster  # noqa: E402
 
 SITES = [{"name": "a", "engine": "dask", "endpoint": "local"}, {"name": "b", "engine": "dask", "endpoint": "local"}]

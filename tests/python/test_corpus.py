@@ -1,6 +1,6 @@
 """Checks the schemas and the test corpus with the reference checker (spec_check.py).
 
-    cd <repo> && /usr/bin/python3 -m pytest -q tests/python
+    cd <repo> && .venv/bin/python -m pytest -q tests/python
 
 * every schema under schemas/ is a valid draft 2020-12 schema;
 * tests/data/specs/good/*.yaml and examples/workflows/*.yaml have no errors;

@@ -1,4 +1,4 @@
-"""`diaspora run` with `engine: dask` sites (python3-distributed 2022.12): a LocalCluster the
+"""`diaspora run` with `engine: dask` sites (distributed from requirements.lock): a LocalCluster the
 runner starts (`endpoint: local`) and a running scheduler it joins (`endpoint: tcp://`).
 Each attempt is a Dask task running a one-shot worker that connects back to the runner.
 Real faults: a Dask worker process SIGKILLed mid-task (its nanny starts another; the
@@ -20,7 +20,7 @@ import pytest
 import run_harness as rn
 from relay_harness import wait_until
 
-distributed = pytest.importorskip("distributed", reason="python3-distributed (scripts/install-deps.sh installs it)")
+import distributed  # noqa: E402,F401  (requirements.lock: scripts/install-deps.sh installs it into .venv)
 
 
 def remote_leftovers(stdout: str, site: str) -> list[str]:
@@ -122,7 +122,9 @@ def closed_port() -> int:
 
 
 @pytest.mark.parametrize("site,tasks,error", [
-    ("{name: p, engine: parsl}", "", "sites[0].engine: 'parsl' sites are driven by the engine adapters"),
+    ("{name: g, engine: globus-compute}", "", "sites[0].engine: 'globus-compute' sites are driven by the engine adapters"),
+    ("{name: p, engine: parsl, endpoint: 'tcp://10.0.0.5:8786'}", "",
+     "sites[0].endpoint: a Parsl site of `diaspora run` is an HTEX on a LocalProvider"),
     ("{name: d, engine: dask, endpoint: 'dask.example:8786'}", "",
      "sites[0].endpoint: a Dask site's endpoint is `local`"),
     ("{name: d, engine: dask}", "  - {name: c, command: 'true'}\n",

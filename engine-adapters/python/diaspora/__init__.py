@@ -4,11 +4,13 @@
 - `diaspora.Plugin`: open a handle from a workflow spec, report task lifecycles, receive
   and acknowledge the plugin's actions (docs/adapters.md, "Python").
 - `diaspora.futures.ResilientExecutor`: any `concurrent.futures` executors as sites.
+- `diaspora.parsl.DiasporaExecutor`: a Parsl executor over real HighThroughputExecutors.
 - `diaspora.dask`: `DiasporaSchedulerPlugin` and `DiasporaWorkerPlugin` for Dask.
 - `diaspora.task`: what a task's own code calls to report steps, progress and metrics.
 
-Only the standard library and Debian packages (python3-yaml; python3-distributed for the
-Dask adapter) are used. With a source checkout: `PYTHONPATH=engine-adapters/python`.
+The package needs only the standard library; each engine adapter needs its engine (the
+versions tested are pinned in requirements.lock). `pip install -e engine-adapters/python`
+(scripts/install-deps.sh does so into the project's .venv).
 """
 
 from .errors import AbiError, ClosedError, DiasporaError, LibraryError, SpecError

@@ -1,4 +1,4 @@
-"""Diaspora inside Dask (python3-distributed 2022.12): a scheduler plugin that reports every
+"""Diaspora inside Dask (distributed 2026.8 from PyPI, tested; 2022.12 works too): a scheduler plugin that reports every
 task transition and worker change through the engine plugin and carries out its actions
 with Dask's own means, and a worker plugin that sends per-task heartbeats with the
 worker's CPU and memory.
@@ -153,10 +153,10 @@ class DiasporaSchedulerPlugin(SchedulerPlugin):
 
     # ---- scheduler hooks (the scheduler's event loop) ------------------------------------------
 
-    def add_worker(self, scheduler, worker: str) -> None:
+    def add_worker(self, scheduler, worker: str, **kwargs) -> None:
         self._worker_status(worker, scheduler.workers.get(worker), "up")
 
-    def remove_worker(self, scheduler, worker: str) -> None:
+    def remove_worker(self, scheduler, worker: str, **kwargs) -> None:  # kwargs: stimulus_id, ...
         self._worker_status(worker, None, "down")
 
     def _worker_status(self, address: str, ws, state: str) -> None:
@@ -398,8 +398,12 @@ def register(client_or_scheduler, spec=None, *, plugin: Plugin | None = None, he
 
     if isinstance(client_or_scheduler, Client):
         client = client_or_scheduler
-        client.register_scheduler_plugin(sp, name=sp.name)
-        client.register_worker_plugin(wp, name=wp.name)
+        if hasattr(client, "register_plugin"):  # distributed >= 2023.9
+            client.register_plugin(sp, name=sp.name)
+            client.register_plugin(wp, name=wp.name)
+        else:
+            client.register_scheduler_plugin(sp, name=sp.name)
+            client.register_worker_plugin(wp, name=wp.name)
         return sp
     from distributed.utils import sync
 
@@ -411,5 +415,9 @@ def register(client_or_scheduler, spec=None, *, plugin: Plugin | None = None, he
 async def _register_on_scheduler(scheduler, sp: DiasporaSchedulerPlugin, wp: DiasporaWorkerPlugin) -> None:
     from distributed.protocol.pickle import dumps
 
-    await scheduler.register_scheduler_plugin(sp, name=sp.name)  # calls sp.start(scheduler)
-    await scheduler.register_worker_plugin(None, dumps(wp), name=wp.name)
+    import inspect
+
+    # distributed >= 2023.9 wants `idempotent` (keyword-only, no default) on both.
+    kw = {"idempotent": False} if "idempotent" in inspect.signature(scheduler.register_scheduler_plugin).parameters else {}
+    await scheduler.register_scheduler_plugin(sp, name=sp.name, **kw)  # calls sp.start(scheduler)
+    await scheduler.register_worker_plugin(None, dumps(wp), name=wp.name, **kw)

@@ -32,7 +32,10 @@ from __future__ import annotations
 import concurrent.futures as cf
 import itertools
 import logging
+import os
 import queue
+import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -55,6 +58,8 @@ class _Attempt:
     inner: cf.Future | None = None
     state: str = "pending"  # pending | running | done | failed | stopped
     ctl: str | None = None  # the attempt's control address (from its "started" report)
+    pid: int = 0  # its worker process and that process's parent (the engine's manager), when
+    ppid: int = 0  # the worker runs on this host (from its "started" report)
 
     @property
     def live(self) -> bool:
@@ -74,11 +79,31 @@ class _Task:
     attempts: list[_Attempt] = field(default_factory=list)
     copies: int = 0
     failed_at: float | None = None
+    grace: float = 0.0  # how long the failure at failed_at waits for a restart or migrate
     last_exc: BaseException | None = None
     resolved: bool = False
 
     def live(self) -> list[_Attempt]:
         return [a for a in self.attempts if a.live]
+
+
+class LostAttempt(Exception):
+    """An attempt lost with its worker or its worker's manager (process_control), or to
+    what `classify` calls lost: the last failure of a task whose attempts were all lost."""
+
+
+def _proc_state(pid: int) -> str:
+    """The state letter of a process of this host (R, S, D, T, t, Z, ...), "" when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def default_classify(exc: BaseException) -> str:
+    """A broken pool lost the attempt; any other exception is the task's own."""
+    return "lost" if isinstance(exc, cf.BrokenExecutor) else "error"
 
 
 class ResilientExecutor(cf.Executor):
@@ -89,11 +114,26 @@ class ResilientExecutor(cf.Executor):
     heartbeat_s: heartbeat period of a running attempt (its worker sends them).
     failure_grace: seconds a failed attempt waits for a restart or migrate action before
         its Future fails.
+    error_grace: the same for an attempt that failed with the task's own error (classify:
+        "error"); default failure_grace. 0: the Future fails at once (the default protection
+        never retries a task's own error; only a policy of the spec could).
     max_attempts: attempts per task (restarts and migrations included; copies not counted).
+    classify: exception of a failed attempt → "lost" (its worker, node or pool died; the
+        default protection restarts it) or "error" (the task's own; not retried).
+    outcome: inner Future → (result, exception), for engines whose Futures carry a failure
+        as a result (Parsl's RemoteExceptionWrapper).
+    process_control: the workers run on this host and the engine replaces a worker process
+        that dies (Parsl's HighThroughputExecutor): a stopped attempt's worker is killed
+        (SIGKILL) so a hung attempt gives its slot back; every 0.25 s the worker process and
+        its parent (the engine's manager) of each running attempt are looked at, and an
+        attempt whose worker or manager died, or whose manager is stopped (SIGSTOP), is
+        reported lost at once; its site is out of use while none of its managers runs.
     """
 
     def __init__(self, sites: Mapping[str, cf.Executor], spec=None, *, plugin: Plugin | None = None,
-                 heartbeat_s: float = 1.0, failure_grace: float = 3.0, max_attempts: int = 5):
+                 heartbeat_s: float = 1.0, failure_grace: float = 3.0, max_attempts: int = 5,
+                 error_grace: float | None = None, classify: Callable[[BaseException], str] = default_classify,
+                 outcome: Callable[[cf.Future], tuple] | None = None, process_control: bool = False):
         if not sites:
             raise ValueError("ResilientExecutor needs at least one site")
         for name, ex in sites.items():
@@ -107,7 +147,15 @@ class ResilientExecutor(cf.Executor):
         self._own_plugin = plugin is None
         self._heartbeat_s = heartbeat_s
         self._failure_grace = failure_grace
+        self._error_grace = failure_grace if error_grace is None else error_grace
         self._max_attempts = max_attempts
+        self._classify = classify
+        self._outcome = outcome
+        self._process_control = process_control
+        self._host = socket.gethostname()
+        self._managers: dict[int, str] = {}  # manager pid (process_control) → its site
+        self._pid_owner: dict[int, tuple[str, int]] = {}  # worker pid → the attempt it runs
+        self._next_watch = 0.0
         self._down: dict[str, str] = {}  # site → why it is out of use
         self._tasks: dict[str, _Task] = {}
         self._by_hook: dict[tuple[str, int], tuple[_Task, _Attempt]] = {}
@@ -192,6 +240,9 @@ class ResilientExecutor(cf.Executor):
                         return
                     getattr(self, "_on_" + ev[0])(*ev[1:])
                 self._expire_failures()
+                if self._process_control and time.monotonic() >= self._next_watch:
+                    self._next_watch = time.monotonic() + 0.25
+                    self._watch_processes()
             except Exception:
                 log.exception("ResilientExecutor: handling %r failed", ev and ev[0])
 
@@ -271,13 +322,19 @@ class ResilientExecutor(cf.Executor):
         kind = m.get("k")
         if kind == "started":
             att.ctl = m.get("ctl") if isinstance(m.get("ctl"), str) else None
+            self._note_processes(att, m)
             if att.state == "stopped":  # stopped before it began: tell it at once
                 self._tell(att, "stop")
+                self._kill_worker(att)
                 return
             if att.state == "pending":
                 att.state = "running"
                 self._plugin.started(att.hook_id, site=att.site, worker=str(m.get("w", ""))[:255] or None,
                                      attempt=att.number)
+            return
+        if kind == "ended":
+            if self._pid_owner.get(att.pid) == (att.hook_id, att.number):
+                del self._pid_owner[att.pid]
             return
         if att.state != "running":
             return
@@ -295,15 +352,24 @@ class ResilientExecutor(cf.Executor):
 
     def _on_done(self, task: _Task, att: _Attempt, f: cf.Future) -> None:
         self._by_hook.pop((att.hook_id, att.number), None)
-        if att.state == "stopped":
-            return  # reported when it was stopped
+        if self._pid_owner.get(att.pid) == (att.hook_id, att.number):
+            del self._pid_owner[att.pid]
+        if att.state in ("stopped", "failed"):
+            return  # reported when it was stopped, or lost (process_control)
         if att.state == "pending":  # it never reported (another host, or too short): keep the lifecycle whole
             self._plugin.started(att.hook_id, site=att.site, attempt=att.number)
-        exc = None if f.cancelled() else f.exception()
+        if f.cancelled():
+            result, exc = None, None
+        elif self._outcome is not None:
+            result, exc = self._outcome(f)
+        else:
+            exc = f.exception()
+            result = None if exc is not None else f.result()
         if f.cancelled() or isinstance(exc, AttemptStopped):
             att.state = "stopped"
             self._plugin.cancelled(att.hook_id, "cancelled by the wrapped executor", site=att.site, attempt=att.number)
             exc = cf.CancelledError(f"attempt {att.number} of {task.id} was cancelled by site {att.site}")
+            task.grace = self._failure_grace
         elif exc is None:
             att.state = "done"
             self._plugin.completed(att.hook_id, site=att.site, attempt=att.number)
@@ -311,16 +377,16 @@ class ResilientExecutor(cf.Executor):
                 task.resolved = True
                 for other in task.live():
                     self._stop(other, f"attempt {att.number} on {att.site} finished first")
-                task.outer.set_result(f.result())
+                task.outer.set_result(result)
             return
         else:
             att.state = "failed"
             if isinstance(exc, cf.BrokenExecutor):
                 self._site_down(att.site, f"{type(exc).__name__}: {exc}")
-            # A broken pool lost the attempt; any other exception is the task's own.
+            kind = self._classify(exc)
             self._plugin.failed(att.hook_id, f"{type(exc).__name__}: {exc}" or type(exc).__name__, retryable=False,
-                                failure="lost" if isinstance(exc, cf.BrokenExecutor) else "error", site=att.site,
-                                attempt=att.number)
+                                failure="lost" if kind == "lost" else "error", site=att.site, attempt=att.number)
+            task.grace = self._failure_grace if kind == "lost" else self._error_grace
         task.last_exc = exc
         if not task.resolved and not task.live():
             task.failed_at = time.monotonic()  # the policies may still restart it
@@ -328,7 +394,7 @@ class ResilientExecutor(cf.Executor):
     def _expire_failures(self) -> None:
         now = time.monotonic()
         for task in list(self._tasks.values()):
-            if task.failed_at is not None and not task.resolved and now - task.failed_at >= self._failure_grace:
+            if task.failed_at is not None and not task.resolved and now - task.failed_at >= task.grace:
                 self._resolve_error(task, task.last_exc or RuntimeError(f"task {task.id} failed"))
 
     def _resolve_error(self, task: _Task, exc: BaseException) -> None:
@@ -350,7 +416,78 @@ class ResilientExecutor(cf.Executor):
         if att.inner is not None:
             att.inner.cancel()
         self._tell(att, "stop")
+        self._kill_worker(att)
         self._plugin.cancelled(att.hook_id, why[:4095], site=att.site, attempt=att.number)
+
+    # ---- process_control: the workers and managers of this host ----------------------------
+
+    def _note_processes(self, att: _Attempt, m: dict) -> None:
+        host, _, pid = str(m.get("w", "")).rpartition(":")
+        if not self._process_control or host != self._host or not pid.isdigit():
+            return
+        att.pid = int(pid)
+        att.ppid = int(m["pp"]) if isinstance(m.get("pp"), int) and m["pp"] > 1 else 0
+        self._pid_owner[att.pid] = (att.hook_id, att.number)
+        if att.ppid and att.ppid != os.getpid():
+            self._managers[att.ppid] = att.site
+
+    def _kill_worker(self, att: _Attempt) -> None:
+        """Kills the worker process of a stopped attempt if it still runs that attempt (the
+        engine starts a fresh worker), so a hung or losing attempt frees its slot."""
+        if not self._process_control or not att.pid or self._pid_owner.get(att.pid) != (att.hook_id, att.number):
+            return
+        del self._pid_owner[att.pid]
+        try:
+            os.kill(att.pid, signal.SIGKILL)
+            log.info("killed worker %d of %s attempt %d", att.pid, att.hook_id, att.number)
+        except OSError:
+            pass
+
+    def _watch_processes(self) -> None:
+        managers = {pid: _proc_state(pid) for pid in self._managers}
+        for pid, state in managers.items():
+            if state == "" or state in "ZX":
+                del self._managers[pid]
+        for site in set(self._managers.values()) | set(self._down):
+            mine = [managers.get(p, "") for p, s in self._managers.items() if s == site]
+            if site in self._down and self._down[site].startswith("manager") and any(st not in "TtZX" for st in mine):
+                del self._down[site]
+                log.warning("site %s is usable again: a manager runs", site)
+                self._plugin.resource_status(site, "site", "up", site=site)
+        for pid, state in managers.items():
+            if state in ("", "Z", "X", "T", "t"):
+                site = self._managers.get(pid) or next((a.site for t in self._tasks.values() for a in t.attempts
+                                                        if a.ppid == pid), "")
+                rest = [managers.get(p, "") for p, s in self._managers.items() if s == site and p != pid]
+                if site and not any(st and st not in "TtZX" for st in rest):
+                    self._site_down(site, f"manager process {pid} {'is stopped' if state in 'Tt' else 'exited'}")
+        for task in list(self._tasks.values()):
+            for att in task.attempts:
+                if att.state != "running" or not att.pid:
+                    continue
+                w = _proc_state(att.pid)
+                mgr = managers.get(att.ppid, "R") if att.ppid else "R"
+                why = None
+                if w in ("", "Z", "X"):
+                    why = f"its worker process {att.pid} exited"
+                elif mgr in ("", "Z", "X"):
+                    why = f"its manager process {att.ppid} exited"
+                elif mgr in ("T", "t"):
+                    why = f"its manager process {att.ppid} is stopped"
+                if why:
+                    self._lose(task, att, why)
+
+    def _lose(self, task: _Task, att: _Attempt, why: str) -> None:
+        """Reports a running attempt lost now (process_control); what its engine says of it
+        later is ignored."""
+        att.state = "failed"
+        self._pid_owner.pop(att.pid, None)
+        self._plugin.failed(att.hook_id, f"attempt {att.number} on {att.site} was lost: {why}", retryable=False,
+                            failure="lost", site=att.site, attempt=att.number)
+        task.grace = self._failure_grace
+        task.last_exc = LostAttempt(f"task {task.id}: attempt {att.number} on site {att.site} was lost: {why}")
+        if not task.resolved and not task.live():
+            task.failed_at = time.monotonic()
 
     def _on_cancelled(self, task: _Task) -> None:
         task.resolved = True

@@ -189,7 +189,7 @@ class Call:
 
         outer = getattr(_local, "ctx", None)
         _local.ctx = ctx
-        ctx.send("started", w=f"{socket.gethostname()}:{os.getpid()}", ctl=control.address)
+        ctx.send("started", w=f"{socket.gethostname()}:{os.getpid()}", pp=os.getppid(), ctl=control.address)
         hb = threading.Thread(target=beat, name="diaspora-heartbeat", daemon=True)
         hb.start()
         try:
@@ -199,6 +199,7 @@ class Call:
             hb.join(timeout=2)
             _local.ctx = outer
             control.close()
+            ctx.send("ended")  # the worker process is free of this attempt (process_control)
 
     def __repr__(self) -> str:
         return f"diaspora.task.Call({getattr(self.fn, '__name__', self.fn)!r}, {self.task_id!r}, attempt {self.attempt})"

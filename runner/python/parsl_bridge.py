@@ -1,0 +1,97 @@
+"""`diaspora run`'s bridge to Parsl: how an `engine: parsl` site runs its attempts.
+
+The runner (C++) starts one bridge per Parsl site:
+
+    .venv/bin/python runner/python/parsl_bridge.py --site NAME --workers N --fd 3 --run-dir DIR
+
+It starts a real Parsl HighThroughputExecutor (an interchange, a LocalProvider block of one
+manager with N workers on 127.0.0.1, encrypted, usage tracking off), as Globus Compute's
+engine starts one: its run directory DIR, Parsl's JobStatusPoller for the block. Each
+attempt the runner places on the site becomes one HTEX task that runs the one-shot worker
+`diaspora-run __worker --connect ... --key ...` as a child of the HTEX worker process (the
+function `run_worker` of dask_bridge.py, beside this file). That child connects back to the
+runner and runs the attempt; the HTEX task returns its exit status.
+
+The protocol on the socket at `--fd` is dask_bridge.py's (launch, cancel; ready, error,
+ended). HTEX cannot cancel a task: a cancelled launch is forgotten here (no "ended"), and if
+it starts later its one-shot worker finds its key unknown to the runner and exits. The
+runner closing the socket ends the bridge: the block is scaled in and the executor shut
+down. A killed HTEX worker (the runner's kill-worker fault: DIASPORA_ENGINE_WORKER_PID) is
+replaced by its manager; its task ends with Parsl's WorkerLost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from dask_bridge import Bridge, run_worker, send_error, start  # noqa: E402  (the protocol; run_worker is pickled by reference)
+
+
+class ParslBridge(Bridge):
+    engine = "Parsl"
+
+    def __init__(self, sock: socket.socket, htex):
+        super().__init__(sock, None, None)
+        self.htex = htex
+
+    def submit(self, msg: dict):
+        return self.htex.submit(run_worker, {}, list(msg["argv"]), list(msg.get("env", [])))
+
+    def cancel(self, key: str) -> None:
+        with self.lock:
+            self.futures.pop(key, None)  # HTEX has no cancel: forgotten, its end is not reported
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="parsl_bridge.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--run-dir", required=True)
+    a, sock = start(ap, argv)
+
+    def error(reason: str) -> int:
+        return send_error(sock, reason)
+
+    try:
+        from parsl.executors import HighThroughputExecutor
+        from parsl.jobs.job_status_poller import JobStatusPoller
+        from parsl.providers import LocalProvider
+    except ImportError as e:
+        return error(f"Parsl is not installed for {sys.executable} ({e}); scripts/install-deps.sh installs it "
+                     "into .venv, DIASPORA_PYTHON names another Python")
+    # The HTEX processes: interchange.py and process_worker_pool.py are scripts of this
+    # Python's environment; its workers import run_worker from this folder.
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH", "")) if p)
+    htex = poller = bridge = None
+    try:
+        try:
+            htex = HighThroughputExecutor(label=a.site, address="127.0.0.1", max_workers_per_node=a.workers,
+                                          cores_per_worker=1.0 / max(1, a.workers),
+                                          provider=LocalProvider(init_blocks=1, min_blocks=1, max_blocks=1))
+            htex.run_dir = os.path.abspath(a.run_dir)
+            htex.provider.script_dir = os.path.join(htex.run_dir, "submit_scripts")
+            os.makedirs(htex.provider.script_dir, exist_ok=True)
+            htex.start()
+            poller = JobStatusPoller(strategy="none", max_idletime=120.0, strategy_period=5.0)
+            poller.add_executors([htex])
+        except Exception as e:  # noqa: BLE001 -- any failure to start HTEX is the site's error
+            return error(f"{type(e).__name__}: {e}")
+        bridge = ParslBridge(sock, htex)
+        bridge.send({"op": "ready", "scheduler": f"HTEX interchange (run dir {htex.run_dir})", "workers": a.workers})
+        print(f"parsl_bridge: site {a.site}, HTEX with {a.workers} workers, run dir {htex.run_dir}",
+              file=sys.stderr, flush=True)
+        bridge.serve()
+        return 0
+    finally:
+        if poller is not None:
+            poller.close()  # scales the block in (its manager and workers end)
+        if htex is not None:
+            htex.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""diaspora.parsl.DiasporaExecutor inside a real Parsl DataFlowKernel whose sites are real
+HighThroughputExecutors (LocalProvider, loopback only, usage tracking off), with a real
+relay and the plugin's default protection (no policy in the spec): a killed worker, a
+stopped (SIGSTOP) manager, a hung (SIGSTOP) attempt, a migrate between the two executors,
+a speculative copy, an app that raises (not retried) and bad configuration."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from relay_harness import REPO, relay_events, wait_until, write_spec  # noqa: E402
+
+sys.path.insert(0, str(REPO / "engine-adapters" / "python"))
+import adapter_tasks as at  # noqa: E402
+
+import parsl  # noqa: E402  (requirements.lock, installed into .venv by scripts/install-deps.sh)
+from parsl.config import Config  # noqa: E402
+from parsl.executors import HighThroughputExecutor  # noqa: E402
+from parsl.providers import LocalProvider  # noqa: E402
+
+from diaspora.parsl import ConfigError, DiasporaExecutor, retry_handler  # noqa: E402
+
+# The HTEX interchange and worker pool are scripts of this Python's environment (PATH); the
+# worker pools (LocalProvider: a child of this process) import the test tasks (PYTHONPATH).
+os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), str(REPO / "engine-adapters" / "python")])
+
+SITES = [{"name": "a", "engine": "local", "workers": 2}, {"name": "b", "engine": "local", "workers": 2}]
+
+
+def htex(label: str, workers: int = 2) -> HighThroughputExecutor:
+    # heartbeat_period 2 s: the inner HTEX's own loss detection is not what is tested here
+    # (Diaspora's is); its pool's stdout/stderr go to the run directory.
+    return HighThroughputExecutor(label=label, address="127.0.0.1", max_workers_per_node=workers,
+                                  cores_per_worker=0.1, heartbeat_period=2, heartbeat_threshold=120,
+                                  provider=LocalProvider(init_blocks=1, min_blocks=1, max_blocks=1))
+
+
+@contextlib.contextmanager
+def loaded(relay, token, tmp_path, policies=None):
+    """A loaded Parsl config with a DiasporaExecutor over sites a and b, whose spec has
+    `policies` (none: the default protection only); yields (dfk, executor); cleans up."""
+    extra = {"policies": policies} if policies else None
+    spec = write_spec(tmp_path, relay.creds, token[1], relay.port, name="parsl", sites=SITES, extra=extra)
+    ex = DiasporaExecutor(sites=[htex("a"), htex("b")], spec=spec, heartbeat_s=0.5, failure_grace=15)
+    d = parsl.load(Config(executors=[ex], run_dir=str(tmp_path / "runinfo"), usage_tracking=0,
+                          strategy="none", initialize_logging=False))
+    try:
+        wait_until(lambda: all(len(s.inner.connected_managers()) >= 1 for s in ex.resilient._sites.values()),
+                   60, "both HTEX managers to connect")
+        (tmp_path / "marks").mkdir()
+        yield d, ex
+    finally:
+        d.cleanup()
+        parsl.clear()
+
+
+@pytest.fixture
+def dfk(relay, token, tmp_path):
+    with loaded(relay, token, tmp_path) as x:
+        yield x
+
+
+step_app = parsl.python_app(at.stepper, executors=["diaspora"])
+explode_app = parsl.python_app(at.explode, executors=["diaspora"])
+
+
+def task_of(ex: DiasporaExecutor, fut) -> str:
+    """The Diaspora task id of an AppFuture (the app's name and Parsl's task id)."""
+    return f"stepper-{fut.tid}"
+
+
+def lifecycle(events: list[dict], task_id: str) -> list[tuple]:
+    return [(e["type"].rsplit(".", 1)[1], e["data"].get("site"), e["data"].get("attempt")) for e in events
+            if e["type"].startswith("org.diaspora.task.") and e["data"]["task_id"] == task_id
+            and not e["type"].endswith("heartbeat")]
+
+
+def first_marker(marks: Path, tid: str, attempt: int = 1, step: int = 0) -> dict:
+    return wait_until(lambda: at.reached(marks, f"{tid}.{attempt}", step), 60, f"attempt {attempt} of {tid} to run")
+
+
+def wait_gone(pid: int, what: str) -> None:
+    """Waits (10 s) until process `pid` has exited (gone, or a zombie)."""
+    from diaspora.futures import _proc_state
+
+    wait_until(lambda: _proc_state(pid) in ("", "Z", "X"), 10, what)
+
+
+def test_a_killed_worker_is_restarted_at_once_by_the_default_protection(dfk, relay, token, tmp_path):
+    d, ex = dfk
+    marks = tmp_path / "marks"
+    fut = step_app(40, 0.05, 21, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
+    tid = task_of(ex, fut)
+    m = first_marker(marks, tid)
+    t0 = time.monotonic()
+    os.kill(m["pid"], signal.SIGKILL)
+    second = wait_until(lambda: at.reached(marks, f"{tid}.2"), 30, "the restarted attempt to run")
+    reaction = time.monotonic() - t0
+    print(f"killed worker: the restarted attempt ran {reaction:.2f} s after the kill")
+    assert fut.result(timeout=60) == 42
+    assert second["pid"] != m["pid"]
+    assert reaction < 10, f"the restarted attempt ran {reaction:.1f} s after the kill"
+    t = ex.resilient._tasks[tid]
+    assert [x.state for x in t.attempts] == ["failed", "done"]
+    assert ex.plugin.wait_acked(30)
+    events = relay_events(relay, token[0], 1, topic="parsl.events",
+                          counted=lambda e: e["type"] == "org.diaspora.task.completed" and e["data"]["task_id"] == tid)
+    life = lifecycle(events, tid)
+    assert life[:3] == [("submitted", "a", 1), ("started", "a", 1), ("failed", "a", 1)], life
+    assert life[-1][0] == "completed" and life[-1][2] == 2, life
+    failed = next(e for e in events if e["type"] == "org.diaspora.task.failed" and e["data"]["task_id"] == tid)
+    assert failed["data"].get("failure") == "lost", failed["data"]
+    # seen by Diaspora's own watch of the worker process, not by HTEX's WorkerLost
+    assert "its worker process" in failed["data"]["reason"], failed["data"]
+
+
+def test_an_app_that_raises_is_not_retried_and_parsl_sees_its_exception(dfk):
+    d, ex = dfk
+    fut = explode_app("bad frame")
+    with pytest.raises(ValueError, match="bad frame"):
+        fut.result(timeout=60)
+    t = ex.resilient._tasks[f"explode-{fut.tid}"]
+    assert len(t.attempts) == 1 and t.attempts[0].state == "failed"
+
+
+def test_the_retry_handler_keeps_parsl_from_retrying_what_diaspora_owned():
+    from parsl.executors.high_throughput.errors import WorkerLost
+
+    assert retry_handler(WorkerLost(1, "h"), {}) == float("inf")
+    assert retry_handler(ValueError("x"), {}) == 1.0
+
+
+def test_bad_configuration_gets_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="distinct labels"):
+        DiasporaExecutor(sites=[htex("a"), htex("a")], spec="x")
+    with pytest.raises(ConfigError, match="not a Parsl executor"):
+        DiasporaExecutor(sites={"a": object()}, spec="x")
+    with pytest.raises(ConfigError, match="at least one site"):
+        DiasporaExecutor(sites=[], spec="x")
+
+
+def test_a_stopped_manager_loses_its_attempts_at_once_and_its_site_until_it_runs_again(dfk, relay, token, tmp_path):
+    d, ex = dfk
+    marks = tmp_path / "marks"
+    fut = step_app(60, 0.05, 5, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
+    tid = task_of(ex, fut)
+    first_marker(marks, tid)
+    manager = ex.resilient._tasks[tid].attempts[0].ppid
+    assert manager and manager != os.getpid()
+    t0 = time.monotonic()
+    os.kill(manager, signal.SIGSTOP)
+    try:
+        wait_until(lambda: at.reached(marks, f"{tid}.2"), 30, "the restarted attempt to run")
+        reaction = time.monotonic() - t0
+        print(f"stopped manager: the restarted attempt ran {reaction:.2f} s after the SIGSTOP")
+        assert "a" in ex.resilient._down and "stopped" in ex.resilient._down["a"]
+        assert fut.result(timeout=60) == 10
+        t = ex.resilient._tasks[tid]
+        assert [(x.site, x.state) for x in t.attempts] == [("a", "failed"), ("b", "done")]
+        assert reaction < 10, f"the restarted attempt ran {reaction:.1f} s after the manager stopped"
+    finally:
+        os.kill(manager, signal.SIGCONT)
+    wait_until(lambda: "a" not in ex.resilient._down, 10, "site a to be usable again")
+    assert step_app(1, 0.01, 1, parsl_resource_specification={"diaspora": {"site": "a"}}).result(timeout=60) == 2
+
+
+def test_a_hung_attempt_is_restarted_and_its_worker_killed_to_free_the_slot(dfk, relay, token, tmp_path):
+    d, ex = dfk
+    marks = tmp_path / "marks"
+    fut = step_app(40, 0.05, 4, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
+    tid = task_of(ex, fut)
+    m = first_marker(marks, tid, step=3)
+    t0 = time.monotonic()
+    os.kill(m["pid"], signal.SIGSTOP)  # a hang: no steps, no heartbeats
+    wait_until(lambda: at.reached(marks, f"{tid}.2"), 30, "the restarted attempt to run")
+    reaction = time.monotonic() - t0
+    print(f"hung attempt: the restarted attempt ran {reaction:.2f} s after the SIGSTOP")
+    assert fut.result(timeout=60) == 8
+    wait_gone(m["pid"], "the hung worker to be killed")
+    assert reaction < 15, f"the restarted attempt ran {reaction:.1f} s after the hang"
+    assert ex.plugin.wait_acked(30)
+    events = relay_events(relay, token[0], 1, topic="parsl.events",
+                          counted=lambda e: e["type"] == "org.diaspora.task.completed" and e["data"]["task_id"] == tid)
+    acts = [e["data"] for e in events if e["type"] == "org.diaspora.action.done" and e["data"].get("task_id") == tid]
+    assert [(a["action"], a["status"]) for a in acts][:1] == [("restart", "done")], acts
+    # the slot came back: both of a's workers run a task at once again
+    pair = [step_app(10, 0.05, k, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
+            for k in (100, 101)]
+    assert sorted(f.result(timeout=60) for f in pair) == [200, 202]
+
+
+SPECULATE = [{"name": "copy-silent", "signal": "task.heartbeat_gap", "detector": "phi-accrual", "threshold": 8,
+              "action": "speculate"}]
+
+
+def test_a_speculative_copy_wins_and_the_losers_worker_is_freed(relay, token, tmp_path):
+    marks = tmp_path / "marks"
+    with loaded(relay, token, tmp_path, SPECULATE) as (d, ex):
+        fut = step_app(30, 0.05, 7, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
+        tid = task_of(ex, fut)
+        m = first_marker(marks, tid, step=3)
+        os.kill(m["pid"], signal.SIGSTOP)
+        assert fut.result(timeout=90) == 14
+        t = ex.resilient._tasks[tid]
+        assert [(x.hook_id, x.site, x.state) for x in t.attempts] == [(tid, "a", "stopped"),
+                                                                        (f"{tid}@copy1", "b", "done")]
+        wait_gone(m["pid"], "the losing attempt's worker to be killed")
+
+
+SLOW_MIGRATE = [{"name": "move-off", "signal": "task.step_time", "detector": "ewma", "threshold": 15, "for": 3,
+                 "action": "migrate"}]
+
+
+def test_a_slowed_site_is_migrated_off_to_the_other_executor(relay, token, tmp_path):
+    marks = tmp_path / "marks"
+    with loaded(relay, token, tmp_path, SLOW_MIGRATE) as (d, ex):
+        fut = step_app(80, 0.05, 3, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
+        tid = task_of(ex, fut)
+        m = first_marker(marks, tid, step=10)
+        duty = at.DutyCycle([m["pid"]])
+        duty.start()
+        try:
+            assert fut.result(timeout=120) == 6
+        finally:
+            duty.stop()
+        t = ex.resilient._tasks[tid]
+        assert [(x.site, x.state) for x in t.attempts][-1] == ("b", "done")
+        assert t.attempts[0].state == "stopped"
