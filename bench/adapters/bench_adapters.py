@@ -30,7 +30,8 @@ sys.path.insert(0, str(REPO / "tests" / "python"))
 sys.path.insert(0, str(REPO / "engine-adapters" / "python"))
 
 
-def relay_and_spec(tmp: Path, build: Path):
+def relay_and_spec(tmp: Path, build: Path, sites: list[dict] | None = None):
+    """A relay on 127.0.0.1 (no fsync) and a spec for it with `sites` (two Dask sites)."""
     os.environ["DIASPORA_BIN_DIR"] = str((REPO / build / "bin").resolve())
     import relay_harness as rh  # reads DIASPORA_BIN_DIR at import
 
@@ -39,7 +40,7 @@ def relay_and_spec(tmp: Path, build: Path):
     tok = tmp / "token"
     tok.write_text(creds.token("publish:*", "subscribe:*") + "\n")
     spec = rh.write_spec(tmp, creds, tok, relay.port, name="bench", queue_size=262144,
-                         sites=[{"name": "a", "engine": "dask"}, {"name": "b", "engine": "dask"}])
+                         sites=sites or [{"name": "a", "engine": "dask"}, {"name": "b", "engine": "dask"}])
     return relay, spec
 
 

@@ -36,7 +36,7 @@ def test_what_local_sites_cannot_run_is_refused_with_its_place(tmp_path):
 name: refused
 sites:
   - {name: a, engine: local}
-  - {name: d, engine: parsl, endpoint: "htex"}
+  - {name: d, engine: globus-compute, endpoint: "ep"}
 tasks:
   - name: t
     kind: sleep
@@ -47,7 +47,7 @@ tasks:
 """)
     p = rn.run(spec, tmp_path / "out")
     assert p.returncode == 2
-    assert f"{spec}:5:23: error: sites[1].engine: 'parsl' sites are driven by the engine adapters" in p.stderr, p.stderr
+    assert f"{spec}:5:23: error: sites[1].engine: 'globus-compute' sites are driven by the engine adapters" in p.stderr, p.stderr
     assert f"{spec}:9:" in p.stderr and "args.secs: unknown argument of 'sleep' (known: seconds, step)" in p.stderr
     assert "tasks[1].resources.cpus: needs 4096" in p.stderr and "CPUs but this host has" in p.stderr
     assert not (tmp_path / "out").exists()
