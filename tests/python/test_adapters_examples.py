@@ -16,6 +16,7 @@ from relay_harness import BIN, REPO, Credentials, RelayProcess, relay_events, wr
 
 EXAMPLES = REPO / "examples" / "adapters"
 PARSL_EXAMPLES = REPO / "examples" / "parsl"
+GC_EXAMPLES = REPO / "examples" / "globus_compute"  # run by test_adapters_globus_compute.py
 DOC = REPO / "docs" / "adapters.md"
 
 
@@ -38,7 +39,7 @@ def run(args, env, cwd) -> subprocess.CompletedProcess:
     return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=240)
 
 
-@pytest.mark.parametrize("path", sorted([*EXAMPLES.iterdir(), *PARSL_EXAMPLES.iterdir()]), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted([*EXAMPLES.iterdir(), *PARSL_EXAMPLES.iterdir(), *GC_EXAMPLES.iterdir()]), ids=lambda p: p.name)
 def test_each_example_is_in_the_docs_verbatim(path):
     code = path.read_text()
     blocks = re.findall(r"```(?:python|sh)\n(.*?)```", DOC.read_text(), re.S)

@@ -92,6 +92,9 @@ class LostAttempt(Exception):
     what `classify` calls lost: the last failure of a task whose attempts were all lost."""
 
 
+_NOT_RUNNING = ("", "Z", "X", "T", "t")  # gone, zombie, dead, stopped, traced
+
+
 def _proc_state(pid: int) -> str:
     """The state letter of a process of this host (R, S, D, T, t, Z, ...), "" when gone."""
     try:
@@ -293,10 +296,9 @@ class ResilientExecutor(cf.Executor):
         """The allowed site in use with the lowest load (live attempts per worker), in the
         order the sites were given when loads tie."""
         load: dict[str, int] = {}
-        for t in self._tasks.values():
-            for a in t.attempts:
-                if a.live:
-                    load[a.site] = load.get(a.site, 0) + 1
+        for _, a in self._by_hook.values():  # the attempts not ended yet
+            if a.live:
+                load[a.site] = load.get(a.site, 0) + 1
         best = None
         for i, s in enumerate(self._order):
             if s not in task.allowed or s in self._down or s in exclude:
@@ -444,38 +446,35 @@ class ResilientExecutor(cf.Executor):
             pass
 
     def _watch_processes(self) -> None:
-        managers = {pid: _proc_state(pid) for pid in self._managers}
-        for pid, state in managers.items():
-            if state == "" or state in "ZX":
-                del self._managers[pid]
-        for site in set(self._managers.values()) | set(self._down):
-            mine = [managers.get(p, "") for p, s in self._managers.items() if s == site]
-            if site in self._down and self._down[site].startswith("manager") and any(st not in "TtZX" for st in mine):
-                del self._down[site]
-                log.warning("site %s is usable again: a manager runs", site)
-                self._plugin.resource_status(site, "site", "up", site=site)
-        for pid, state in managers.items():
-            if state in ("", "Z", "X", "T", "t"):
-                site = self._managers.get(pid) or next((a.site for t in self._tasks.values() for a in t.attempts
-                                                        if a.ppid == pid), "")
-                rest = [managers.get(p, "") for p, s in self._managers.items() if s == site and p != pid]
-                if site and not any(st and st not in "TtZX" for st in rest):
-                    self._site_down(site, f"manager process {pid} {'is stopped' if state in 'Tt' else 'exited'}")
-        for task in list(self._tasks.values()):
-            for att in task.attempts:
-                if att.state != "running" or not att.pid:
-                    continue
-                w = _proc_state(att.pid)
-                mgr = managers.get(att.ppid, "R") if att.ppid else "R"
-                why = None
-                if w in ("", "Z", "X"):
-                    why = f"its worker process {att.pid} exited"
-                elif mgr in ("", "Z", "X"):
-                    why = f"its manager process {att.ppid} exited"
-                elif mgr in ("T", "t"):
-                    why = f"its manager process {att.ppid} is stopped"
-                if why:
-                    self._lose(task, att, why)
+        """Sites whose managers are all stopped or gone go out of use (back in use when one
+        runs again); running attempts whose worker or manager is gone or stopped are lost."""
+        state = {pid: _proc_state(pid) for pid in self._managers}
+        by_site: dict[str, list[int]] = {}
+        for pid, site in self._managers.items():
+            by_site.setdefault(site, []).append(pid)
+        for site, pids in by_site.items():
+            if any(state[p] not in _NOT_RUNNING for p in pids):
+                if self._down.get(site, "").startswith("manager"):
+                    del self._down[site]
+                    log.warning("site %s is usable again: a manager of it runs", site)
+                    self._plugin.resource_status(site, "site", "up", site=site)
+            else:
+                stopped = [p for p in pids if state[p] in ("T", "t")]
+                self._site_down(site, f"manager process {stopped[0]} is stopped" if stopped
+                                else f"manager process {pids[0]} exited")
+        for pid in [p for p, st in state.items() if st in ("", "Z", "X")]:
+            del self._managers[pid]  # gone for good; its site stays out of use until another reports
+        for task, att in list(self._by_hook.values()):  # the attempts not ended yet
+            if att.state != "running" or not att.pid:
+                continue
+            w = _proc_state(att.pid)
+            mgr = state.get(att.ppid, "R") if att.ppid else "R"
+            if w in ("", "Z", "X"):
+                self._lose(task, att, f"its worker process {att.pid} exited")
+            elif mgr in ("", "Z", "X"):
+                self._lose(task, att, f"its manager process {att.ppid} exited")
+            elif mgr in ("T", "t"):
+                self._lose(task, att, f"its manager process {att.ppid} is stopped")
 
     def _lose(self, task: _Task, att: _Attempt, why: str) -> None:
         """Reports a running attempt lost now (process_control); what its engine says of it
@@ -532,6 +531,8 @@ class ResilientExecutor(cf.Executor):
             err = self._unusable(task, target)
             if err:
                 return a.failed(err)
+        elif a.target_site and not self._unusable(task, a.target_site):
+            target = a.target_site  # a restart off a suspect site (the default protection)
         else:
             current = next((x.site for x in reversed(task.attempts) if not x.copy), None)
             target = current if current and current not in self._down else self._pick(task)

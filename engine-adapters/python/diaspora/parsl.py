@@ -116,7 +116,7 @@ class _Site:
     def submit(self, fn: Callable, *args, **kwargs) -> cf.Future:
         """A Future of its own, fed by the inner one: ResilientExecutor may cancel it while
         the inner executor still owns (and later sets) its Future."""
-        inner = self.inner.submit(fn, {}, *args, **kwargs)
+        inner = self.inner.submit(fn, self._recovery_first(fn), *args, **kwargs)
         mine: cf.Future = cf.Future()
         mine.parsl_executor_task_id = getattr(inner, "parsl_executor_task_id", None)
 
@@ -131,6 +131,15 @@ class _Site:
 
         inner.add_done_callback(copy)
         return mine
+
+    def _recovery_first(self, fn: Callable) -> dict:
+        """A restart, migration or copy goes before the tasks queued in an HTEX interchange
+        (HTEX's `priority`: lower first; tasks without one go last), so the work a fault
+        interrupted does not wait behind work that never started."""
+        from parsl.executors import HighThroughputExecutor
+
+        again = getattr(fn, "attempt", 1) > 1 or "@copy" in str(getattr(fn, "task_id", ""))
+        return {"priority": 0} if again and isinstance(self.inner, HighThroughputExecutor) else {}
 
     @property
     def _max_workers(self) -> int:
@@ -183,6 +192,11 @@ class DiasporaExecutor(ParslExecutor):
             if name in self.sites:
                 raise ConfigError(f"site {name!r} is given twice: inner executors need distinct labels")
             self.sites[name] = ex
+            if getattr(ex, "heartbeat_period", None) == 30 and getattr(ex, "heartbeat_threshold", 0) > 2:
+                # HTEX's manager looks for dead workers (and starts new ones) every
+                # heartbeat_period: Diaspora kills the workers of hung and losing attempts, so
+                # Parsl's default 30 s would leave such a slot dead for up to 30 s.
+                ex.heartbeat_period = 2
         if (spec is None) == (plugin is None):
             raise ConfigError("give either spec= (a workflow spec: path or YAML text) or plugin= (an open "
                               "diaspora.Plugin)")
