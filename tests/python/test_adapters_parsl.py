@@ -148,12 +148,16 @@ def test_bad_configuration_gets_a_clear_error(tmp_path):
         DiasporaExecutor(sites=[], spec="x")
 
 
-def test_a_stopped_manager_loses_its_attempts_at_once_and_its_site_until_it_runs_again(dfk, relay, token, tmp_path):
+def test_a_stopped_manager_loses_its_attempts_at_once_and_its_queue_and_site_until_it_runs_again(dfk, relay, token, tmp_path):
     d, ex = dfk
     marks = tmp_path / "marks"
     fut = step_app(60, 0.05, 5, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
     tid = task_of(ex, fut)
     first_marker(marks, tid)
+    # a second task keeps a's other worker busy, a third waits in a's queue
+    others = [step_app(60, 0.05, k, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
+              for k in (6, 7)]
+    first_marker(marks, task_of(ex, others[0]))
     manager = ex.resilient._tasks[tid].attempts[0].ppid
     assert manager and manager != os.getpid()
     t0 = time.monotonic()
@@ -167,6 +171,9 @@ def test_a_stopped_manager_loses_its_attempts_at_once_and_its_site_until_it_runs
         t = ex.resilient._tasks[tid]
         assert [(x.site, x.state) for x in t.attempts] == [("a", "failed"), ("b", "done")]
         assert reaction < 10, f"the restarted attempt ran {reaction:.1f} s after the manager stopped"
+        assert [f.result(timeout=60) for f in others] == [12, 14]
+        queued = ex.resilient._tasks[task_of(ex, others[1])]  # it never ran on a: placed again on b
+        assert [(x.site, x.state) for x in queued.attempts] == [("a", "stopped"), ("b", "done")]
     finally:
         os.kill(manager, signal.SIGCONT)
     wait_until(lambda: "a" not in ex.resilient._down, 10, "site a to be usable again")

@@ -49,6 +49,9 @@ from .task import AttemptStopped, Call
 log = logging.getLogger("diaspora.futures")
 
 
+_LIVE = ("pending", "running")
+
+
 @dataclass
 class _Attempt:
     number: int
@@ -56,17 +59,32 @@ class _Attempt:
     hook_id: str  # the task id reported to the plugin: the task's, or ID@copyN for a copy
     copy: bool = False
     inner: cf.Future | None = None
-    state: str = "pending"  # pending | running | done | failed | stopped
+    _state: str = "pending"  # pending | running | done | failed | stopped
     ctl: str | None = None  # the attempt's control address (from its "started" report)
     pid: int = 0  # its worker process and that process's parent (the engine's manager), when
     ppid: int = 0  # the worker runs on this host (from its "started" report)
+    loads: dict | None = None  # site → its live attempts, kept up to date by the state setter
+
+    def __post_init__(self):
+        if self.loads is not None:
+            self.loads[self.site] = self.loads.get(self.site, 0) + 1
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @state.setter
+    def state(self, v: str) -> None:
+        if self.loads is not None and (self._state in _LIVE) != (v in _LIVE):
+            self.loads[self.site] += 1 if v in _LIVE else -1
+        self._state = v
 
     @property
     def live(self) -> bool:
-        return self.state in ("pending", "running")
+        return self._state in _LIVE
 
 
-@dataclass
+@dataclass(eq=False)  # identity: tasks are kept in sets
 class _Task:
     id: str
     name: str
@@ -160,6 +178,8 @@ class ResilientExecutor(cf.Executor):
         self._pid_owner: dict[int, tuple[str, int]] = {}  # worker pid → the attempt it runs
         self._next_watch = 0.0
         self._down: dict[str, str] = {}  # site → why it is out of use
+        self._loads: dict[str, int] = {}  # site → live attempts (pending or running)
+        self._failing: set[_Task] = set()  # tasks whose last attempt failed (failed_at set)
         self._tasks: dict[str, _Task] = {}
         self._by_hook: dict[tuple[str, int], tuple[_Task, _Attempt]] = {}
         self._ids = itertools.count()
@@ -273,9 +293,9 @@ class ResilientExecutor(cf.Executor):
     def _launch(self, task: _Task, site: str, copy: bool) -> _Attempt | None:
         if copy:
             task.copies += 1
-            att = _Attempt(1, site, f"{task.id}@copy{task.copies}", copy=True)
+            att = _Attempt(1, site, f"{task.id}@copy{task.copies}", copy=True, loads=self._loads)
         else:
-            att = _Attempt(1 + sum(1 for a in task.attempts if not a.copy), site, task.id)
+            att = _Attempt(1 + sum(1 for a in task.attempts if not a.copy), site, task.id, loads=self._loads)
         task.attempts.append(att)
         self._by_hook[(att.hook_id, att.number)] = (task, att)
         self._plugin.submitted(att.hook_id, site=site, name=task.name, attempt=att.number, deadline_s=task.deadline_s)
@@ -295,10 +315,7 @@ class ResilientExecutor(cf.Executor):
     def _pick(self, task: _Task, exclude: Iterable[str] = ()) -> str | None:
         """The allowed site in use with the lowest load (live attempts per worker), in the
         order the sites were given when loads tie."""
-        load: dict[str, int] = {}
-        for _, a in self._by_hook.values():  # the attempts not ended yet
-            if a.live:
-                load[a.site] = load.get(a.site, 0) + 1
+        load = self._loads
         best = None
         for i, s in enumerate(self._order):
             if s not in task.allowed or s in self._down or s in exclude:
@@ -392,11 +409,19 @@ class ResilientExecutor(cf.Executor):
         task.last_exc = exc
         if not task.resolved and not task.live():
             task.failed_at = time.monotonic()  # the policies may still restart it
+            self._failing.add(task)
 
     def _expire_failures(self) -> None:
+        """Fails the Futures of the tasks whose failure waited its grace with no restart (only
+        the tasks that failed are looked at: this runs after every event)."""
+        if not self._failing:
+            return
         now = time.monotonic()
-        for task in list(self._tasks.values()):
-            if task.failed_at is not None and not task.resolved and now - task.failed_at >= task.grace:
+        for task in list(self._failing):
+            if task.failed_at is None or task.resolved:
+                self._failing.discard(task)
+            elif now - task.failed_at >= task.grace:
+                self._failing.discard(task)
                 self._resolve_error(task, task.last_exc or RuntimeError(f"task {task.id} failed"))
 
     def _resolve_error(self, task: _Task, exc: BaseException) -> None:
@@ -458,10 +483,11 @@ class ResilientExecutor(cf.Executor):
                     del self._down[site]
                     log.warning("site %s is usable again: a manager of it runs", site)
                     self._plugin.resource_status(site, "site", "up", site=site)
-            else:
+            elif site not in self._down:
                 stopped = [p for p in pids if state[p] in ("T", "t")]
                 self._site_down(site, f"manager process {stopped[0]} is stopped" if stopped
                                 else f"manager process {pids[0]} exited")
+                self._replace_pending(site)
         for pid in [p for p, st in state.items() if st in ("", "Z", "X")]:
             del self._managers[pid]  # gone for good; its site stays out of use until another reports
         for task, att in list(self._by_hook.values()):  # the attempts not ended yet
@@ -476,6 +502,15 @@ class ResilientExecutor(cf.Executor):
             elif mgr in ("T", "t"):
                 self._lose(task, att, f"its manager process {att.ppid} is stopped")
 
+    def _replace_pending(self, site: str) -> None:
+        """The attempts waiting in the queue of a site that went out of use start again on
+        another site (they never ran: no retry is spent); the old ones are stopped (if one
+        starts later, its worker is killed)."""
+        for task, att in list(self._by_hook.values()):
+            if att.site == site and att.state == "pending" and not task.resolved:
+                self._stop(att, f"site {site} is out of use: {self._down.get(site, '')}; placed again")
+                self._start(task, None, copy=att.copy)
+
     def _lose(self, task: _Task, att: _Attempt, why: str) -> None:
         """Reports a running attempt lost now (process_control); what its engine says of it
         later is ignored."""
@@ -487,6 +522,7 @@ class ResilientExecutor(cf.Executor):
         task.last_exc = LostAttempt(f"task {task.id}: attempt {att.number} on site {att.site} was lost: {why}")
         if not task.resolved and not task.live():
             task.failed_at = time.monotonic()
+            self._failing.add(task)
 
     def _on_cancelled(self, task: _Task) -> None:
         task.resolved = True

@@ -162,10 +162,53 @@ def resource_sample(prev: list[float]) -> dict[str, float]:
     return {"cpu_cores": max(0.0, cores), "rss_mib": rss / 2**20}
 
 
+class _Agent:
+    """What one worker process keeps for every attempt it runs (made on the first Call in
+    the process, again after a fork): one control listener that hands "stop" and
+    "checkpoint" to the attempt named, and one heartbeat thread that sends a heartbeat with
+    the process's CPU and memory for each attempt running, every `heartbeat_s`. So an
+    attempt costs two datagrams (started, ended), not a socket and a thread."""
+
+    _lock = threading.Lock()
+    _current: "_Agent | None" = None
+
+    def __init__(self, heartbeat_s: float):
+        self.pid = os.getpid()
+        self.heartbeat_s = heartbeat_s
+        self.running: dict[tuple[str, int], _Context] = {}
+        self.control = Listener(self._on_control, tag="attempt")
+        self._prev = [0.0, time.monotonic()]
+        resource_sample(self._prev)
+        threading.Thread(target=self._beat, name="diaspora-heartbeat", daemon=True).start()
+
+    @classmethod
+    def get(cls, heartbeat_s: float) -> "_Agent":
+        with cls._lock:
+            a = cls._current
+            if a is None or a.pid != os.getpid():
+                a = cls._current = _Agent(heartbeat_s)
+            a.heartbeat_s = min(a.heartbeat_s, heartbeat_s)
+            return a
+
+    def _on_control(self, msg: dict) -> None:
+        ctx = self.running.get((msg.get("t"), msg.get("a")))
+        if ctx is not None:
+            ctx.on_control(msg)
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(self.heartbeat_s)
+            running = list(self.running.values())
+            if running:
+                m = resource_sample(self._prev)
+                for ctx in running:
+                    ctx.send("hb", m=m)
+
+
 class Call:
     """The attempt wrapper an adapter submits instead of `fn` (picklable when `fn` is).
-    In the worker it reports started / heartbeats, runs fn(*args, **kwargs) with this
-    module's functions bound to the attempt, and returns its result."""
+    In the worker it reports started / heartbeats / ended, runs fn(*args, **kwargs) with
+    this module's functions bound to the attempt, and returns its result."""
 
     def __init__(self, fn, task_id: str, attempt: int, address: str | None, heartbeat_s: float = 1.0):
         self.fn = fn
@@ -177,28 +220,18 @@ class Call:
     def __call__(self, *args, **kwargs):
         if not self.address:
             return self.fn(*args, **kwargs)
+        agent = _Agent.get(self.heartbeat_s)
         ctx = _Context(self.task_id, self.attempt, self.address)
-        control = Listener(ctx.on_control, tag="attempt")
-        done = threading.Event()
-        prev = [0.0, time.monotonic()]
-        resource_sample(prev)
-
-        def beat():
-            while not done.wait(self.heartbeat_s):
-                ctx.send("hb", m=resource_sample(prev))
-
+        key = (self.task_id, self.attempt)
         outer = getattr(_local, "ctx", None)
         _local.ctx = ctx
-        ctx.send("started", w=f"{socket.gethostname()}:{os.getpid()}", pp=os.getppid(), ctl=control.address)
-        hb = threading.Thread(target=beat, name="diaspora-heartbeat", daemon=True)
-        hb.start()
+        agent.running[key] = ctx
+        ctx.send("started", w=f"{socket.gethostname()}:{os.getpid()}", pp=os.getppid(), ctl=agent.control.address)
         try:
             return self.fn(*args, **kwargs)
         finally:
-            done.set()
-            hb.join(timeout=2)
+            agent.running.pop(key, None)
             _local.ctx = outer
-            control.close()
             ctx.send("ended")  # the worker process is free of this attempt (process_control)
 
     def __repr__(self) -> str:
