@@ -36,6 +36,9 @@ echo
 echo "== engine adapters: Python hook cost, Dask with and without the plugins (bench/adapters)"
 "$PY" bench/adapters/bench_adapters.py --build "$BUILD_DIR"
 echo
+echo "== Parsl: Diaspora beside plain Parsl (retries 0 and 3) and Ray under faults, no-op throughput (bench/parsl; about 15 minutes)"
+"$PY" bench/parsl/bench_parsl.py --build "$BUILD_DIR"
+echo
 if [ -x "$BUILD_DIR/bin/diaspora-train" ]; then
   echo "== continual learning: strategies x buffers x ranks (bench/rehearsal/run.sh; QUICK=1 for a short run)"
   bash bench/rehearsal/run.sh "$BUILD_DIR"

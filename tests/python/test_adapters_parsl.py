@@ -130,6 +130,10 @@ def test_an_app_that_raises_is_not_retried_and_parsl_sees_its_exception(dfk):
         fut.result(timeout=60)
     t = ex.resilient._tasks[f"explode-{fut.tid}"]
     assert len(t.attempts) == 1 and t.attempts[0].state == "failed"
+    # a site the executor does not have: the app fails with the reason, nothing is submitted
+    bad = step_app(1, 0.01, 1, parsl_resource_specification={"diaspora": {"site": "zz"}})
+    with pytest.raises(ConfigError, match="unknown site 'zz'; the sites are a, b"):
+        bad.result(timeout=30)
 
 
 def test_the_retry_handler_keeps_parsl_from_retrying_what_diaspora_owned():
@@ -137,6 +141,19 @@ def test_the_retry_handler_keeps_parsl_from_retrying_what_diaspora_owned():
 
     assert retry_handler(WorkerLost(1, "h"), {}) == float("inf")
     assert retry_handler(ValueError("x"), {}) == 1.0
+
+
+def test_a_plugin_library_that_is_not_there_stops_parsl_load_with_each_path_tried(relay, token, tmp_path):
+    from diaspora import LibraryError
+
+    spec = write_spec(tmp_path, relay.creds, token[1], relay.port, name="parsl", sites=SITES,
+                      library=str(tmp_path / "nowhere" / "libdiaspora_plugin.so"))
+    ex = DiasporaExecutor(sites=[htex("a"), htex("b")], spec=spec)
+    with pytest.raises(LibraryError, match="nowhere/libdiaspora_plugin.so"):
+        parsl.load(Config(executors=[ex], run_dir=str(tmp_path / "runinfo"), usage_tracking=0, strategy="none",
+                          initialize_logging=False))
+    parsl.clear()
+    assert ex.resilient is None and not ex._started  # no HTEX was started
 
 
 def test_bad_configuration_gets_a_clear_error(tmp_path):
@@ -223,6 +240,19 @@ def test_a_speculative_copy_wins_and_the_losers_worker_is_freed(relay, token, tm
         wait_gone(m["pid"], "the losing attempt's worker to be killed")
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (an HTEX manager's workers)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
 SLOW_MIGRATE = [{"name": "move-off", "signal": "task.step_time", "detector": "ewma", "threshold": 15, "for": 3,
                  "action": "migrate"}]
 
@@ -233,7 +263,8 @@ def test_a_slowed_site_is_migrated_off_to_the_other_executor(relay, token, tmp_p
         fut = step_app(80, 0.05, 3, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
         tid = task_of(ex, fut)
         m = first_marker(marks, tid, step=10)
-        duty = at.DutyCycle([m["pid"]])
+        manager = ex.resilient._tasks[tid].attempts[0].ppid
+        duty = at.DutyCycle(children(manager))  # every worker of site a: the site is slow
         duty.start()
         try:
             assert fut.result(timeout=120) == 6
