@@ -11,8 +11,9 @@ The same workload and faults on:
               Ray has no sites to stop a manager of or slow
 
 Workload ("none": no fault, the reference makespan): 8 tasks of 30 steps of 0.1 s (3 s each;
-2 waves on 4 workers), a deadline of 20 s after submission; plain Parsl places each try on a
-random one of the two executors (its default for an app that lists both), Diaspora alternates
+2 waves on 4 workers), a deadline of 20 s after submission; plain Parsl sends each task to a
+random one of the two executors (its default for an app that lists both; its retries go to
+the same one), Diaspora alternates
 the first attempts between a and b and places the rest itself. Faults, 1.5 s in, on site a:
   kill-worker   SIGKILL of a worker process running a task
   stop-manager  SIGSTOP of site a's HTEX manager (SIGCONT after the run)
@@ -172,7 +173,8 @@ def run_parsl(system: str, fault: str, tmp: Path, spec: Path | None) -> dict:
         submitted = time.monotonic()
         futs = {}
         # Plain Parsl spreads the apps over both executors as it does by default (a random
-        # executor per try); with Diaspora, the first attempts alternate between a and b.
+        # executor per task, kept for its retries); with Diaspora, the first attempts
+        # alternate between a and b.
         app = parsl.python_app(bench_tasks.work, executors=labels)
         for k in range(TASKS):
             if system == "diaspora":
