@@ -13,8 +13,9 @@
    knows only the declared speeds, misses most).
 3. Throughput: N no-op task instances through one local site of W workers, every lifecycle
    event acked by the relay (the plugin's counters checked), side by side with a Dask
-   LocalCluster (distributed from requirements.lock, W worker processes, 1 thread each) running N no-op
-   tasks in the same script. Printed: tasks/s of each, and the runner's CPU per task.
+   LocalCluster (distributed from requirements.lock, W worker processes, 1 thread each) and
+   Ray (a local instance of W CPUs, requirements.lock) running N no-op tasks in the same
+   script. Printed: tasks/s of each, and the runner's CPU per task.
 
 Usage: bench/run/run_bench.py [--build build] [--retry-after 120s] [--tasks 2000] [--workers 2]
        [--only recovery,slow,throughput] [--json]
@@ -149,6 +150,27 @@ if __name__ == "__main__":
     return tasks / float(p.stdout.strip().splitlines()[-1])
 
 
+def ray_noop(tasks: int, workers: int) -> float:
+    """Tasks per second of Ray (a local instance of `workers` CPUs) running `tasks` no-op tasks."""
+    code = f"""
+import time
+import ray
+ray.init(num_cpus={workers}, include_dashboard=False, log_to_driver=False)
+@ray.remote
+def noop(i):
+    return i
+ray.get([noop.remote(-k) for k in range(1, {workers} + 1)])  # warm: the workers up
+t0 = time.monotonic()
+ray.get([noop.remote(i) for i in range({tasks})])
+print(time.monotonic() - t0)
+ray.shutdown()
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        sys.exit(f"ray failed:\n{p.stderr[-2000:]}")
+    return tasks / float(p.stdout.strip().splitlines()[-1])
+
+
 def figures_json(build: Path, tasks: int, workers: int) -> None:
     """One line of this build's figures (recovery with the policies, then throughput)."""
     with tempfile.TemporaryDirectory(prefix="diaspora-bench-run.") as tmp:
@@ -204,9 +226,11 @@ def main() -> None:
             acked = st["events_acked"] >= st["events_accepted"] and st["events_lost"] == 0
             ours = args.tasks / rep["duration_s"]
             theirs = dask_noop(args.tasks, args.workers)
+            ray_rate = ray_noop(args.tasks, args.workers)
             print(f"\n3. throughput: {args.tasks} no-op tasks, {args.workers} worker processes")
             print(f"{'':34} {'diaspora run':>14} {'Dask LocalCluster':>22} {'ratio':>8}")
             print(f"{'tasks/s':34} {ours:>14.0f} {theirs:>22.0f} {ours / theirs:>7.2f}x")
+            print(f"{'Ray (local, same CPUs), tasks/s':34} {'':>14} {ray_rate:>22.0f} {ours / ray_rate:>7.2f}x")
             print(f"{'runner CPU per task':34} {cpu / args.tasks * 1e6:>11.0f} us {'':>22}")
             print(f"{'lifecycle events acked':34} {str(st['events_acked']) + ('' if acked else ' (NOT ALL)'):>14} "
                   f"{'(none: no events)':>22}")
