@@ -82,8 +82,9 @@ class Marks:
         return out
 
     def running_on(self, site: str) -> list[dict]:
-        ends = {(m["task"], m["pid"]) for m in self.all() if m.get("end")}
-        return [m for m in self.all() if not m.get("end") and m["site"] == site and (m["task"], m["pid"]) not in ends]
+        ms = self.all()
+        ends = {(m["task"], m["pid"]) for m in ms if m.get("end")}
+        return [m for m in ms if not m.get("end") and m["site"] == site and (m["task"], m["pid"]) not in ends]
 
 
 def wait_for(cond, timeout: float):
@@ -124,21 +125,18 @@ def inject(fault: str, marks: Marks, site_pids) -> tuple[float, set, callable]:
     raise ValueError(fault)
 
 
-def outcome(marks: Marks, futs, submitted: float, t_fault: float, hit: set) -> dict:
-    done = {}
-    for k, f in futs.items():
-        if f.done() and f.exception() is None:
-            done[k] = getattr(f, "_bench_done", None)
+def outcome(marks: Marks, tasks: int, done: dict, submitted: float, t_fault: float, hit: set) -> dict:
+    """A run's row: `done` maps each task completed to when its result arrived."""
     ms = marks.all()
     reactions = []
     for k in hit:
         later = [m["t"] for m in ms if m["task"] == k and not m.get("end") and m["t"] > t_fault]
         reactions.append(min(later) - t_fault if later else None)
     ends = [m["t"] for m in ms if m.get("end")]
-    misses = sum(1 for k in futs if k not in done or done[k] is None or done[k] - submitted > DEADLINE_S)
+    misses = sum(1 for k in range(tasks) if k not in done or done[k] - submitted > DEADLINE_S)
     return {"completed": len(done), "misses": misses,
             "reaction_s": (None if any(r is None for r in reactions) or not reactions else max(reactions)),
-            "makespan_s": (max(ends) - submitted) if len(done) == len(futs) and ends else None}
+            "makespan_s": (max(ends) - submitted) if len(done) == tasks and ends else None}
 
 
 def run_parsl(system: str, fault: str, tmp: Path, spec: Path | None) -> dict:
@@ -164,14 +162,13 @@ def run_parsl(system: str, fault: str, tmp: Path, spec: Path | None) -> dict:
     dfk = parsl.load(cfg)
     undo = lambda: None  # noqa: E731
     try:
-        htexes = sites
-        wait_for(lambda: all(len(h.connected_managers()) >= 1 for h in htexes), 60)
+        wait_for(lambda: all(len(h.connected_managers()) >= 1 for h in sites), 60)
 
         def site_pids(label):
             return [m["pid"] for m in marks.all() if m["site"] == label and not m.get("end")]
 
         submitted = time.monotonic()
-        futs = {}
+        futs, done = {}, {}  # task → its AppFuture; task → when its result arrived
         # Plain Parsl spreads the apps over both executors as it does by default (a random
         # executor per task, kept for its retries); with Diaspora, the first attempts
         # alternate between a and b.
@@ -182,14 +179,14 @@ def run_parsl(system: str, fault: str, tmp: Path, spec: Path | None) -> dict:
                         parsl_resource_specification={"diaspora": {"site": "ab"[k % 2]}})
             else:
                 f = app(k, STEPS, STEP_S, str(marks.folder))
-            f.add_done_callback(lambda fut: setattr(fut, "_bench_done", time.monotonic()))
+            f.add_done_callback(lambda fut, k=k: fut.exception() is None and done.__setitem__(k, time.monotonic()))
             futs[k] = f
         time.sleep(FAULT_AT)
         t_fault, hit, undo = inject(fault, marks, site_pids)
         end = submitted + RUN_BOUND
         while time.monotonic() < end and not all(f.done() for f in futs.values()):
             time.sleep(0.1)
-        return outcome(marks, futs, submitted, t_fault, hit)
+        return outcome(marks, TASKS, done, submitted, t_fault, hit)
     finally:
         undo()
         dfk.cleanup()
@@ -226,26 +223,9 @@ def run_ray(tmp: Path) -> dict:
                     done_at[k] = time.monotonic()
                 except Exception:  # noqa: BLE001 - a task Ray gave up on
                     pass
-
-        class F:
-            def __init__(self, t):
-                self._bench_done = t
-
-            def done(self):
-                return True
-
-            def exception(self):
-                return None
-
-        return outcome(marks, {k: F(done_at[k]) for k in done_at} | {k: _Missing() for k in refs if k not in done_at},
-                       submitted, t_fault, hit)
+        return outcome(marks, TASKS, done_at, submitted, t_fault, hit)
     finally:
         ray.shutdown()
-
-
-class _Missing:
-    def done(self):
-        return False
 
 
 def noop_throughput(tmp: Path, spec: Path, n: int, rounds: int) -> dict:

@@ -74,6 +74,12 @@ def send_error(sock: socket.socket, reason: str) -> int:
     return 1
 
 
+def send_missing(sock: socket.socket, package: str, e: ImportError) -> int:
+    """send_error for an engine this Python cannot import."""
+    return send_error(sock, f"{package} is not installed for {sys.executable} ({e}); scripts/install-deps.sh installs "
+                            "it into .venv, DIASPORA_PYTHON names another Python")
+
+
 class Bridge:
     """The runner's side of the protocol over one engine (parsl_bridge.py subclasses it):
     launch() submits with submit(), ended() reports each end once, cancel() drops a launch."""
@@ -159,14 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--connect-timeout", type=float, default=30)
     a, sock = start(ap, argv)
 
-    def error(reason: str) -> int:
-        return send_error(sock, reason)
-
     try:
         from distributed import Client, LocalCluster
     except ImportError as e:
-        return error(f"distributed is not installed for {sys.executable} ({e}); scripts/install-deps.sh installs it "
-                     "into .venv, DIASPORA_PYTHON names another Python")
+        return send_missing(sock, "distributed", e)
     cluster = client = None
     bridge = None
     try:
@@ -178,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 client = Client(a.endpoint, timeout=a.connect_timeout)
         except Exception as e:  # noqa: BLE001 -- any failure to reach Dask is the site's error
-            return error(f"{type(e).__name__}: {e}")
+            return send_error(sock, f"{type(e).__name__}: {e}")
         restrict = [w for w in a.restrict.split(",") if w] or None
         bridge = Bridge(sock, client, restrict)
         info = client.scheduler_info()

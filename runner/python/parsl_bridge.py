@@ -29,7 +29,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from dask_bridge import Bridge, run_worker, send_error, start  # noqa: E402  (the protocol; run_worker is pickled by reference)
+from dask_bridge import Bridge, run_worker, send_error, send_missing, start  # noqa: E402  (the protocol; run_worker is pickled by reference)
 
 
 class ParslBridge(Bridge):
@@ -52,16 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-dir", required=True)
     a, sock = start(ap, argv)
 
-    def error(reason: str) -> int:
-        return send_error(sock, reason)
-
     try:
         from parsl.executors import HighThroughputExecutor
         from parsl.jobs.job_status_poller import JobStatusPoller
         from parsl.providers import LocalProvider
     except ImportError as e:
-        return error(f"Parsl is not installed for {sys.executable} ({e}); scripts/install-deps.sh installs it "
-                     "into .venv, DIASPORA_PYTHON names another Python")
+        return send_missing(sock, "Parsl", e)
     # The HTEX processes: interchange.py and process_worker_pool.py are scripts of this
     # Python's environment; its workers import run_worker from this folder.
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
@@ -79,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             poller = JobStatusPoller(strategy="none", max_idletime=120.0, strategy_period=5.0)
             poller.add_executors([htex])
         except Exception as e:  # noqa: BLE001 -- any failure to start HTEX is the site's error
-            return error(f"{type(e).__name__}: {e}")
+            return send_error(sock, f"{type(e).__name__}: {e}")
         bridge = ParslBridge(sock, htex)
         bridge.send({"op": "ready", "scheduler": f"HTEX interchange (run dir {htex.run_dir})", "workers": a.workers})
         print(f"parsl_bridge: site {a.site}, HTEX with {a.workers} workers, run dir {htex.run_dir}",

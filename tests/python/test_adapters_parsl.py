@@ -90,9 +90,9 @@ def first_marker(marks: Path, tid: str, attempt: int = 1, step: int = 0) -> dict
 
 def wait_gone(pid: int, what: str) -> None:
     """Waits (10 s) until process `pid` has exited (gone, or a zombie)."""
-    from diaspora.futures import _proc_state
+    from diaspora.futures import _GONE, _proc_state
 
-    wait_until(lambda: _proc_state(pid) in ("", "Z", "X"), 10, what)
+    wait_until(lambda: _proc_state(pid) in _GONE, 10, what)
 
 
 def test_a_killed_worker_is_restarted_at_once_by_the_default_protection(dfk, relay, token, tmp_path):

@@ -110,7 +110,8 @@ class LostAttempt(Exception):
     what `classify` calls lost: the last failure of a task whose attempts were all lost."""
 
 
-_NOT_RUNNING = ("", "Z", "X", "T", "t")  # gone, zombie, dead, stopped, traced
+_GONE = ("", "Z", "X")  # process states (_proc_state): gone, zombie, dead
+_STOPPED = ("T", "t")  # stopped (SIGSTOP), traced
 
 
 def _proc_state(pid: int) -> str:
@@ -143,6 +144,8 @@ class ResilientExecutor(cf.Executor):
         default protection restarts it) or "error" (the task's own; not retried).
     outcome: inner Future → (result, exception), for engines whose Futures carry a failure
         as a result (Parsl's RemoteExceptionWrapper).
+    close_plugin: whether shutdown() closes the plugin (default: when it was opened from
+        `spec` here; an adapter that opened `plugin` itself for the executor says True).
     process_control: the workers run on this host and the engine replaces a worker process
         that dies (Parsl's HighThroughputExecutor): a stopped attempt's worker is killed
         (SIGKILL) so a hung attempt gives its slot back; every 0.25 s the worker process and
@@ -154,7 +157,8 @@ class ResilientExecutor(cf.Executor):
     def __init__(self, sites: Mapping[str, cf.Executor], spec=None, *, plugin: Plugin | None = None,
                  heartbeat_s: float = 1.0, failure_grace: float = 3.0, max_attempts: int = 5,
                  error_grace: float | None = None, classify: Callable[[BaseException], str] = default_classify,
-                 outcome: Callable[[cf.Future], tuple] | None = None, process_control: bool = False):
+                 outcome: Callable[[cf.Future], tuple] | None = None, process_control: bool = False,
+                 close_plugin: bool | None = None):
         if not sites:
             raise ValueError("ResilientExecutor needs at least one site")
         for name, ex in sites.items():
@@ -165,7 +169,7 @@ class ResilientExecutor(cf.Executor):
         self._sites = dict(sites)
         self._order = list(self._sites)
         self._plugin = plugin if plugin is not None else Plugin.open(spec)
-        self._own_plugin = plugin is None
+        self._own_plugin = plugin is None if close_plugin is None else close_plugin
         self._heartbeat_s = heartbeat_s
         self._failure_grace = failure_grace
         self._error_grace = failure_grace if error_grace is None else error_grace
@@ -352,8 +356,7 @@ class ResilientExecutor(cf.Executor):
                                      attempt=att.number)
             return
         if kind == "ended":
-            if self._pid_owner.get(att.pid) == (att.hook_id, att.number):
-                del self._pid_owner[att.pid]
+            self._release(att)
             return
         if att.state != "running":
             return
@@ -371,8 +374,7 @@ class ResilientExecutor(cf.Executor):
 
     def _on_done(self, task: _Task, att: _Attempt, f: cf.Future) -> None:
         self._by_hook.pop((att.hook_id, att.number), None)
-        if self._pid_owner.get(att.pid) == (att.hook_id, att.number):
-            del self._pid_owner[att.pid]
+        self._release(att)
         if att.state in ("stopped", "failed"):
             return  # reported when it was stopped, or lost (process_control)
         if att.state == "pending":  # it never reported (another host, or too short): keep the lifecycle whole
@@ -388,7 +390,7 @@ class ResilientExecutor(cf.Executor):
             att.state = "stopped"
             self._plugin.cancelled(att.hook_id, "cancelled by the wrapped executor", site=att.site, attempt=att.number)
             exc = cf.CancelledError(f"attempt {att.number} of {task.id} was cancelled by site {att.site}")
-            task.grace = self._failure_grace
+            grace = self._failure_grace
         elif exc is None:
             att.state = "done"
             self._plugin.completed(att.hook_id, site=att.site, attempt=att.number)
@@ -405,7 +407,13 @@ class ResilientExecutor(cf.Executor):
             kind = self._classify(exc)
             self._plugin.failed(att.hook_id, f"{type(exc).__name__}: {exc}" or type(exc).__name__, retryable=False,
                                 failure="lost" if kind == "lost" else "error", site=att.site, attempt=att.number)
-            task.grace = self._failure_grace if kind == "lost" else self._error_grace
+            grace = self._failure_grace if kind == "lost" else self._error_grace
+        self._attempt_failed(task, exc, grace)
+
+    def _attempt_failed(self, task: _Task, exc: BaseException, grace: float) -> None:
+        """An attempt ended without a result: with no other attempt left, the task waits
+        `grace` seconds for a restart or migrate before its Future fails (_expire_failures)."""
+        task.grace = grace
         task.last_exc = exc
         if not task.resolved and not task.live():
             task.failed_at = time.monotonic()  # the policies may still restart it
@@ -458,12 +466,18 @@ class ResilientExecutor(cf.Executor):
         if att.ppid and att.ppid != os.getpid():
             self._managers[att.ppid] = att.site
 
+    def _release(self, att: _Attempt) -> bool:
+        """Forgets that att's worker process runs att; False when it was not known to."""
+        if att.pid and self._pid_owner.get(att.pid) == (att.hook_id, att.number):
+            del self._pid_owner[att.pid]
+            return True
+        return False
+
     def _kill_worker(self, att: _Attempt) -> None:
         """Kills the worker process of a stopped attempt if it still runs that attempt (the
         engine starts a fresh worker), so a hung or losing attempt frees its slot."""
-        if not self._process_control or not att.pid or self._pid_owner.get(att.pid) != (att.hook_id, att.number):
+        if not self._process_control or not self._release(att):
             return
-        del self._pid_owner[att.pid]
         try:
             os.kill(att.pid, signal.SIGKILL)
             log.info("killed worker %d of %s attempt %d", att.pid, att.hook_id, att.number)
@@ -478,28 +492,28 @@ class ResilientExecutor(cf.Executor):
         for pid, site in self._managers.items():
             by_site.setdefault(site, []).append(pid)
         for site, pids in by_site.items():
-            if any(state[p] not in _NOT_RUNNING for p in pids):
+            if any(state[p] not in _GONE + _STOPPED for p in pids):
                 if self._down.get(site, "").startswith("manager"):
                     del self._down[site]
                     log.warning("site %s is usable again: a manager of it runs", site)
                     self._plugin.resource_status(site, "site", "up", site=site)
             elif site not in self._down:
-                stopped = [p for p in pids if state[p] in ("T", "t")]
+                stopped = [p for p in pids if state[p] in _STOPPED]
                 self._site_down(site, f"manager process {stopped[0]} is stopped" if stopped
                                 else f"manager process {pids[0]} exited")
                 self._replace_pending(site)
-        for pid in [p for p, st in state.items() if st in ("", "Z", "X")]:
+        for pid in [p for p, st in state.items() if st in _GONE]:
             del self._managers[pid]  # gone for good; its site stays out of use until another reports
         for task, att in list(self._by_hook.values()):  # the attempts not ended yet
             if att.state != "running" or not att.pid:
                 continue
             w = _proc_state(att.pid)
             mgr = state.get(att.ppid, "R") if att.ppid else "R"
-            if w in ("", "Z", "X"):
+            if w in _GONE:
                 self._lose(task, att, f"its worker process {att.pid} exited")
-            elif mgr in ("", "Z", "X"):
+            elif mgr in _GONE:
                 self._lose(task, att, f"its manager process {att.ppid} exited")
-            elif mgr in ("T", "t"):
+            elif mgr in _STOPPED:
                 self._lose(task, att, f"its manager process {att.ppid} is stopped")
 
     def _replace_pending(self, site: str) -> None:
@@ -515,14 +529,11 @@ class ResilientExecutor(cf.Executor):
         """Reports a running attempt lost now (process_control); what its engine says of it
         later is ignored."""
         att.state = "failed"
-        self._pid_owner.pop(att.pid, None)
+        self._release(att)
         self._plugin.failed(att.hook_id, f"attempt {att.number} on {att.site} was lost: {why}", retryable=False,
                             failure="lost", site=att.site, attempt=att.number)
-        task.grace = self._failure_grace
-        task.last_exc = LostAttempt(f"task {task.id}: attempt {att.number} on site {att.site} was lost: {why}")
-        if not task.resolved and not task.live():
-            task.failed_at = time.monotonic()
-            self._failing.add(task)
+        self._attempt_failed(task, LostAttempt(f"task {task.id}: attempt {att.number} on site {att.site} was lost: "
+                                               f"{why}"), self._failure_grace)
 
     def _on_cancelled(self, task: _Task) -> None:
         task.resolved = True

@@ -66,8 +66,8 @@ class DiasporaEngine(GlobusComputeEngine):
         plugin = self._given_plugin if self._given_plugin is not None else Plugin.open(self.diaspora_spec)
         self._resilient = ResilientExecutor({self.site: _Site(self.site, self.executor)}, plugin=plugin,
                                             classify=classify, outcome=outcome, process_control=True,
-                                            error_grace=0.0, **self._options)
-        self._resilient._own_plugin = self._given_plugin is None
+                                            error_grace=0.0, close_plugin=self._given_plugin is None,
+                                            **self._options)
 
     def _submit(self, resource_specification: dict, func: t.Callable, packed_task: bytes,
                 args: tuple = (), kwargs: dict | None = None):

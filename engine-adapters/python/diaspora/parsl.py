@@ -51,6 +51,7 @@ import sys
 from typing import Any, Callable, Iterable, Mapping
 
 from parsl.app.errors import RemoteExceptionWrapper
+from parsl.executors import HighThroughputExecutor
 from parsl.executors.base import ParslExecutor
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
@@ -112,6 +113,7 @@ class _Site:
     def __init__(self, name: str, inner: ParslExecutor):
         self.name = name
         self.inner = inner
+        self._prioritised = isinstance(inner, HighThroughputExecutor)  # HTEX takes `priority`
 
     def submit(self, fn: Callable, *args, **kwargs) -> cf.Future:
         """A Future of its own, fed by the inner one: ResilientExecutor may cancel it while
@@ -136,10 +138,10 @@ class _Site:
         """A restart, migration or copy goes before the tasks queued in an HTEX interchange
         (HTEX's `priority`: lower first; tasks without one go last), so the work a fault
         interrupted does not wait behind work that never started."""
-        from parsl.executors import HighThroughputExecutor
-
+        if not self._prioritised:
+            return {}
         again = getattr(fn, "attempt", 1) > 1 or "@copy" in str(getattr(fn, "task_id", ""))
-        return {"priority": 0} if again and isinstance(self.inner, HighThroughputExecutor) else {}
+        return {"priority": 0} if again else {}
 
     @property
     def _max_workers(self) -> int:
@@ -236,8 +238,7 @@ class DiasporaExecutor(ParslExecutor):
             self._poller.add_executors([ex for ex in self._started if isinstance(ex, BlockProviderExecutor)])
             self._resilient = ResilientExecutor({n: _Site(n, ex) for n, ex in self.sites.items()}, plugin=plugin,
                                                 classify=classify, outcome=outcome, process_control=True,
-                                                **self._options)
-            self._resilient._own_plugin = self._given_plugin is None  # closed at shutdown when opened here
+                                                close_plugin=self._given_plugin is None, **self._options)
         except BaseException:
             self._stop_inner()
             if self._given_plugin is None:

@@ -174,6 +174,7 @@ class _Agent:
 
     def __init__(self, heartbeat_s: float):
         self.pid = os.getpid()
+        self.worker = f"{socket.gethostname()}:{self.pid}"  # what "started" says of this process
         self.heartbeat_s = heartbeat_s
         self.running: dict[tuple[str, int], _Context] = {}
         self.control = Listener(self._on_control, tag="attempt")
@@ -226,7 +227,7 @@ class Call:
         outer = getattr(_local, "ctx", None)
         _local.ctx = ctx
         agent.running[key] = ctx
-        ctx.send("started", w=f"{socket.gethostname()}:{os.getpid()}", pp=os.getppid(), ctl=agent.control.address)
+        ctx.send("started", w=agent.worker, pp=os.getppid(), ctl=agent.control.address)
         try:
             return self.fn(*args, **kwargs)
         finally:
