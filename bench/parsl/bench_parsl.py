@@ -236,6 +236,7 @@ def noop_throughput(tmp: Path, spec: Path, n: int, rounds: int) -> dict:
     from diaspora.parsl import DiasporaExecutor
 
     rates = {"parsl": [], "diaspora": []}
+    cpu = {"parsl": [], "diaspora": []}  # CPU of this (the submitting) process per task, µs
     for r in range(rounds):
         for system in ("parsl", "diaspora"):
             h = htex("a")
@@ -246,16 +247,19 @@ def noop_throughput(tmp: Path, spec: Path, n: int, rounds: int) -> dict:
                 wait_for(lambda: len(h.connected_managers()) >= 1, 60)
                 app = parsl.python_app(bench_tasks.noop, executors=[ex.label])
                 [f.result() for f in [app(i) for i in range(50)]]  # warm
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 futs = [app(i) for i in range(n)]
                 [f.result() for f in futs]
                 rates[system].append(n / (time.perf_counter() - t0))
+                cpu[system].append((time.process_time() - c0) / n * 1e6)
             finally:
                 dfk.cleanup()
                 parsl.clear()
     med = {k: sorted(v)[len(v) // 2] for k, v in rates.items()}
+    us = {k: sorted(v)[len(v) // 2] for k, v in cpu.items()}
     return {"tasks": n, "rounds": rounds, "parsl_tasks_per_s": med["parsl"], "diaspora_tasks_per_s": med["diaspora"],
-            "ratio": med["diaspora"] / med["parsl"], "all": rates}
+            "ratio": med["diaspora"] / med["parsl"], "all": rates, "parsl_cpu_us_per_task": us["parsl"],
+            "diaspora_cpu_us_per_task": us["diaspora"]}
 
 
 def fmt(x, unit="s"):
@@ -299,7 +303,8 @@ def main() -> int:
                 out["noop"] = n
                 print(f"\nno-op throughput, one HTEX of 2 workers, {n['tasks']} tasks, median of {n['rounds']}: "
                       f"Parsl {n['parsl_tasks_per_s']:.0f}/s, with Diaspora {n['diaspora_tasks_per_s']:.0f}/s, "
-                      f"ratio {n['ratio']:.2f}")
+                      f"ratio {n['ratio']:.2f}; CPU of the submitting process per task: Parsl "
+                      f"{n['parsl_cpu_us_per_task']:.0f} us, with Diaspora {n['diaspora_cpu_us_per_task']:.0f} us")
         finally:
             relay.stop()
     if a.json:

@@ -10,7 +10,9 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -211,3 +213,67 @@ def test_a_dask_executor_and_a_process_pool_as_two_sites(relay, token, tmp_path)
                 assert at.markers(marks)["kill.2"]["pid"] == dask_pid
         finally:
             b.shutdown(wait=False, cancel_futures=True)
+
+
+class Recording(ThreadPoolExecutor):
+    """A thread pool that records which thread submitted each call, and what it was given."""
+
+    def __init__(self):
+        super().__init__(4)
+        self.calls: list[tuple[int, object]] = []
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.calls.append((threading.get_ident(), fn))
+        return super().submit(fn, *args, **kwargs)
+
+
+def _event_time(e: dict) -> float:
+    return datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp()
+
+
+def test_submit_places_at_once_callbacks_may_submit_again_starts_are_stamped_and_memory_is_bounded(relay, token,
+                                                                                                  tmp_path):
+    spec = write_spec(tmp_path, relay.creds, token[1], relay.port, name="futs", sites=SITES[:1])
+    site = Recording()
+    with site, ResilientExecutor({"a": site}, spec=spec) as ex:
+        ex.KEEP_FINISHED = 50  # of the ~300 tasks below, only the last 50 finished are remembered
+        # The attempt is handed to the site on the submitting thread, before submit() returns.
+        f = ex.submit(at.stepper, 0, 0.0, 1)
+        assert [t for t, _ in site.calls] == [threading.get_ident()]
+        assert f.result(timeout=30) == 2
+        # Each task's done callback submits the next, as Parsl's DataFlowKernel does with a
+        # dependent task, while other threads submit too: nothing waits on anything.
+        results, done = [], threading.Event()
+
+        def link(fut, k):
+            results.append(fut.result())
+            if k < 100:
+                ex.submit(at.stepper, 0, 0.0, k + 1).add_done_callback(lambda g: link(g, k + 1))
+            else:
+                done.set()
+
+        ex.submit(at.stepper, 0, 0.0, 0).add_done_callback(lambda g: link(g, 0))
+        with ThreadPoolExecutor(4) as others:
+            side = list(others.map(lambda k: ex.submit(at.stepper, 0, 0.0, k), range(200)))
+        assert done.wait(60), f"the chain stopped after {len(results)} links"
+        assert results == [2 * k for k in range(101)]
+        assert [g.result(timeout=30) for g in side] == [2 * k for k in range(200)]
+        # Every attempt of stepper got the same wrapper object: an engine that caches a
+        # callable's serialisation (Parsl) pickles it once.
+        assert len({id(fn) for _, fn in site.calls}) == 1
+        # A longer attempt is announced while it runs, stamped with the time it began.
+        slow = ex.submit_task(at.stepper, (10, 0.05, 7), task_id="slow")
+        wait_until(lambda: ex._tasks["slow"].attempts[0].state == "running", 5, "the slow attempt to be announced")
+        assert slow.result(timeout=30) == 14
+        assert len(ex._tasks) == 50 and "slow" in ex._tasks
+        assert ex.plugin.wait_acked(30)
+    events = relay_events(relay, token[0], 1, topic="futs.events",
+                          counted=lambda e: e["type"] == "org.diaspora.task.completed" and e["data"]["task_id"] == "slow")
+    for tid in ("slow", next(e["data"]["task_id"] for e in events if e["data"].get("task_id", "").startswith("stepper"))):
+        mine = {e["type"].rsplit(".", 1)[1]: e for e in events if e["data"].get("task_id") == tid
+                and e["type"] != "org.diaspora.task.heartbeat"}
+        assert list(mine) == ["submitted", "started", "completed"], (tid, list(mine))
+        t_sub, t_start, t_end = (_event_time(mine[k]) for k in ("submitted", "started", "completed"))
+        assert t_sub <= t_start <= t_end, (tid, t_sub, t_start, t_end)
+        if tid == "slow":  # it ran 0.5 s: started is when it began, not when it was announced or ended
+            assert t_end - t_start >= 0.45 and t_start - t_sub < 0.2, (t_sub, t_start, t_end)

@@ -27,6 +27,8 @@ from parsl.executors import HighThroughputExecutor  # noqa: E402
 from parsl.providers import LocalProvider  # noqa: E402
 
 from diaspora.parsl import ConfigError, DiasporaExecutor, retry_handler  # noqa: E402
+from diaspora.channel import Sender  # noqa: E402
+from diaspora.futures import NEW, RECOVER, REPLACED  # noqa: E402
 
 # The HTEX interchange and worker pool are scripts of this Python's environment (PATH); the
 # worker pools (LocalProvider: a child of this process) import the test tasks (PYTHONPATH).
@@ -36,21 +38,23 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), str(REPO
 SITES = [{"name": "a", "engine": "local", "workers": 2}, {"name": "b", "engine": "local", "workers": 2}]
 
 
-def htex(label: str, workers: int = 2) -> HighThroughputExecutor:
+def htex(label: str, workers: int = 2, worker_init: str = "", **options) -> HighThroughputExecutor:
     # heartbeat_period 2 s: the inner HTEX's own loss detection is not what is tested here
     # (Diaspora's is); its pool's stdout/stderr go to the run directory.
     return HighThroughputExecutor(label=label, address="127.0.0.1", max_workers_per_node=workers,
                                   cores_per_worker=0.1, heartbeat_period=2, heartbeat_threshold=120,
-                                  provider=LocalProvider(init_blocks=1, min_blocks=1, max_blocks=1))
+                                  provider=LocalProvider(init_blocks=1, min_blocks=1, max_blocks=1,
+                                                         worker_init=worker_init), **options)
 
 
 @contextlib.contextmanager
-def loaded(relay, token, tmp_path, policies=None):
+def loaded(relay, token, tmp_path, policies=None, worker_init="", htex_options=None, **options):
     """A loaded Parsl config with a DiasporaExecutor over sites a and b, whose spec has
     `policies` (none: the default protection only); yields (dfk, executor); cleans up."""
     extra = {"policies": policies} if policies else None
     spec = write_spec(tmp_path, relay.creds, token[1], relay.port, name="parsl", sites=SITES, extra=extra)
-    ex = DiasporaExecutor(sites=[htex("a"), htex("b")], spec=spec, heartbeat_s=0.5, failure_grace=15)
+    inner = [htex(x, worker_init=worker_init, **(htex_options or {})) for x in ("a", "b")]
+    ex = DiasporaExecutor(sites=inner, spec=spec, heartbeat_s=0.5, failure_grace=15, **options)
     d = parsl.load(Config(executors=[ex], run_dir=str(tmp_path / "runinfo"), usage_tracking=0,
                           strategy="none", initialize_logging=False))
     try:
@@ -187,14 +191,40 @@ def test_a_stopped_manager_loses_its_attempts_at_once_and_its_queue_and_site_unt
         assert fut.result(timeout=60) == 10
         t = ex.resilient._tasks[tid]
         assert [(x.site, x.state) for x in t.attempts] == [("a", "failed"), ("b", "done")]
+        assert [x.turn for x in t.attempts] == [NEW, RECOVER]  # the restart goes first in b's queue
         assert reaction < 10, f"the restarted attempt ran {reaction:.1f} s after the manager stopped"
         assert [f.result(timeout=60) for f in others] == [12, 14]
         queued = ex.resilient._tasks[task_of(ex, others[1])]  # it never ran on a: placed again on b
         assert [(x.site, x.state) for x in queued.attempts] == [("a", "stopped"), ("b", "done")]
+        assert [x.turn for x in queued.attempts] == [NEW, REPLACED]  # after restarts, before new work
     finally:
         os.kill(manager, signal.SIGCONT)
     wait_until(lambda: "a" not in ex.resilient._down, 10, "site a to be usable again")
     assert step_app(1, 0.01, 1, parsl_resource_specification={"diaspora": {"site": "a"}}).result(timeout=60) == 2
+
+
+def test_a_killed_manager_takes_its_site_out_of_use_until_parsl_starts_a_new_block(relay, token, tmp_path):
+    # block_error_handler=False: with Parsl's default, the one block's failure puts the HTEX
+    # in a bad state for good (Parsl fails its tasks; Diaspora keeps the site out of use).
+    marks = tmp_path / "marks"
+    with loaded(relay, token, tmp_path, htex_options={"block_error_handler": False}, strategy_period=1) as (d, ex):
+        fut = step_app(60, 0.05, 3, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
+        tid = task_of(ex, fut)
+        first_marker(marks, tid)
+        manager = ex.resilient._tasks[tid].attempts[0].ppid
+        before = ex.resilient._sites["a"].managers()
+        assert manager and len(before) == 1
+        os.kill(manager, signal.SIGKILL)
+        wait_until(lambda: at.reached(marks, f"{tid}.2"), 30, "the restarted attempt to run")
+        assert "exited" in ex.resilient._down.get("a", ""), ex.resilient._down
+        assert fut.result(timeout=60) == 6
+        assert [(x.site, x.state) for x in ex.resilient._tasks[tid].attempts] == [("a", "failed"), ("b", "done")]
+        # Parsl's JobStatusPoller (min_blocks 1) starts a new block; its manager joins: a is back.
+        wait_until(lambda: "a" not in ex.resilient._down, 60, "site a to be usable again")
+        assert ex.resilient._sites["a"].managers() - before
+        again = step_app(1, 0.01, 9, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
+        assert again.result(timeout=60) == 18
+        assert [x.site for x in ex.resilient._tasks[task_of(ex, again)].attempts] == ["a"]
 
 
 def test_a_hung_attempt_is_restarted_and_its_worker_killed_to_free_the_slot(dfk, relay, token, tmp_path):
@@ -220,6 +250,50 @@ def test_a_hung_attempt_is_restarted_and_its_worker_killed_to_free_the_slot(dfk,
     pair = [step_app(10, 0.05, k, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
             for k in (100, 101)]
     assert sorted(f.result(timeout=60) for f in pair) == [200, 202]
+
+
+def test_workers_on_another_host_report_over_signed_udp_and_a_stopped_attempts_worker_ends_itself(relay, token,
+                                                                                                  tmp_path):
+    # The workers report another host name (DIASPORA_HOST, set in the pools' worker_init): the
+    # executor has no process control over them. Their reports come over UDP, signed with the
+    # run's key; a hang is seen by its silence; the hung attempt's worker is asked to end itself.
+    marks = tmp_path / "marks"
+    with loaded(relay, token, tmp_path, worker_init="export DIASPORA_HOST=node-7",
+                report_address="udp://127.0.0.1") as (d, ex):
+        assert ex.resilient._listener.address.startswith("udp://127.0.0.1:")
+        fut = step_app(40, 0.05, 4, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
+        tid = task_of(ex, fut)
+        m = first_marker(marks, tid, step=3)
+        att = ex.resilient._tasks[tid].attempts[0]
+        assert att.remote and att.pid == 0 and att.ctl.startswith("udp://127.0.0.1:"), att
+        t0 = time.monotonic()
+        os.kill(m["pid"], signal.SIGSTOP)  # a hang: no steps, no heartbeats
+        try:
+            wait_until(lambda: at.reached(marks, f"{tid}.2"), 30, "the restarted attempt to run")
+            reaction = time.monotonic() - t0
+            print(f"hung attempt on another host: the restarted attempt ran {reaction:.2f} s after the SIGSTOP")
+            assert fut.result(timeout=60) == 8
+            assert att.state == "stopped", att  # restarted for its silence, not lost by a look at /proc
+            assert reaction < 15, f"the restarted attempt ran {reaction:.1f} s after the hang"
+        finally:
+            os.kill(m["pid"], signal.SIGCONT)  # the "kill" waiting in its socket now ends it
+        wait_gone(m["pid"], "the hung worker to end itself")
+        # A datagram signed with another key is dropped and changes nothing.
+        before = ex.resilient._listener.dropped
+        forged = ex.resilient._listener.address.rsplit("/", 1)[0] + "/" + "ab" * 32
+        assert Sender.send(forged, {"t": tid, "a": 1, "k": "started", "w": "evil:1"})
+        wait_until(lambda: ex.resilient._listener.dropped == before + 1, 5, "the forged datagram to be dropped")
+        assert att.state == "stopped"
+
+
+def test_report_address_auto_is_a_unix_socket_for_local_workers_and_udp_for_a_batch_provider(tmp_path):
+    from parsl.providers import SlurmProvider
+
+    assert DiasporaExecutor(sites=[htex("a")], spec="x").report_address is None
+    remote = HighThroughputExecutor(label="hpc", address="10.1.2.3", provider=SlurmProvider(partition="p"))
+    assert DiasporaExecutor(sites=[htex("a"), remote], spec="x").report_address == "udp://10.1.2.3:0"
+    with pytest.raises(ConfigError, match="report_address"):
+        DiasporaExecutor(sites=[htex("a")], spec="x", report_address="tcp://host:1")
 
 
 SPECULATE = [{"name": "copy-silent", "signal": "task.heartbeat_gap", "detector": "phi-accrual", "threshold": 8,

@@ -223,7 +223,7 @@ def test_task_knows_no_engine_and_reports_through_an_adapters_context_hook():
             task.progress(0.5, step=1)
         finally:
             task.set_context_hook(None)
-        task.step()  # no hook, no Call: a no-op
+        task.step()  # no hook, no Runner: a no-op
         deadline = time.monotonic() + 5
         while len(got) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -232,3 +232,28 @@ def test_task_knows_no_engine_and_reports_through_an_adapters_context_hook():
     kinds = [(m["t"], m["k"]) for m in got]
     assert kinds == [("k.0", "hb"), ("k.0", "progress")], got
     assert got[0]["m"]["rows"] == 3.0 and got[0]["m"]["step_time_s"] >= 0
+
+
+def test_the_udp_channel_takes_only_datagrams_signed_with_its_key_and_refuses_bad_addresses():
+    from diaspora.channel import Listener, Sender, new_udp_address, parse_udp, route_to
+
+    got = []
+    listener = Listener(got.append, address=new_udp_address("127.0.0.1"))
+    try:
+        host, port, key = parse_udp(listener.address)
+        assert host == "127.0.0.1" and port > 0 and len(key) == 32
+        assert route_to(listener.address) == "127.0.0.1"
+        other_key = listener.address.rsplit("/", 1)[0] + "/" + "cd" * 32
+        assert Sender.send(other_key, {"t": "forged", "k": "hb"})
+        assert Sender.send(listener.address, {"t": "real", "k": "hb"})
+        deadline = time.monotonic() + 5
+        while (not got or listener.dropped < 1) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [m["t"] for m in got] == ["real"] and listener.dropped == 1
+    finally:
+        listener.close()
+    for bad, what in (("udp://127.0.0.1/" + "ab" * 32, "expected udp://HOST:PORT/KEY"),
+                      ("udp://127.0.0.1:5/abc", "at least 32 hex digits")):
+        with pytest.raises(ValueError, match=what):
+            parse_udp(bad)
+        assert Sender.send(bad, {"t": "x"}) is False  # a bad address is a failed send, never an exception

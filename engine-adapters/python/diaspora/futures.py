@@ -22,34 +22,52 @@ no action follows within `failure_grace` seconds fails the Future with its excep
 as the wrapped executor would have. Stopped attempts end at their next
 diaspora.task.step() (Python cannot interrupt a running function).
 
-Threads: submit() and shutdown() from any thread. One internal thread carries out every
-state change (attempt ends, actions, reports from the workers), so the executor holds no
-lock while it calls a wrapped executor or the plugin.
+Threads: submit() and shutdown() from any thread. Every state change (a submit, an
+attempt's end, a report from a worker, an action) is an event, handled one at a time on
+the thread that posts it, or by the thread already handling events, which then handles it
+too: nobody waits on anybody, submit() hands the first attempt to its site before it
+returns, and an engine's completion is handled on the engine's own thread. The outer
+Futures are set after the state is let go, so their callbacks may submit again. An
+internal thread hands the plugin's actions in and, every 0.1 s, fails the attempts whose
+grace ran out and looks at the worker processes (process_control).
+
+Sites: an executor with submit(fn, *args, **kwargs) -> Future is called with a wrapper
+diaspora.task.Runner (one per function: engines that cache a callable's serialisation
+pickle it once) and the attempt as the first argument. A site may instead offer
+submit_attempt(fn, attempt, turn, args, kwargs), told the attempt's turn (RECOVER,
+REPLACED, NEW) to order its queue by; one whose `cancellable` is False never has its
+Futures cancelled (a stopped attempt's result is dropped instead).
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import itertools
 import logging
 import os
 import queue
 import signal
-import socket
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
-from .channel import Listener, Sender
+from .channel import Listener, Sender, host_name, new_udp_address
 from .errors import DiasporaError
 from .plugin import Action, Plugin
-from .task import AttemptStopped, Call
+from .task import AttemptStopped, Runner
 
 log = logging.getLogger("diaspora.futures")
 
 
 _LIVE = ("pending", "running")
+
+# An attempt's turn in a site's queue, for sites that order their queue (submit_attempt):
+RECOVER = 0  # a restart, migration or copy: work a fault interrupted goes first
+REPLACED = 1  # a first attempt placed again before it ran (its site went out of use)
+NEW = 2  # a first attempt
 
 
 @dataclass
@@ -64,6 +82,8 @@ class _Attempt:
     pid: int = 0  # its worker process and that process's parent (the engine's manager), when
     ppid: int = 0  # the worker runs on this host (from its "started" report)
     loads: dict | None = None  # site → its live attempts, kept up to date by the state setter
+    turn: int = 2  # RECOVER, REPLACED or NEW: its place in a site's queue (submit_attempt)
+    remote: bool = False  # its worker runs on another host (from its "started" report)
 
     def __post_init__(self):
         if self.loads is not None:
@@ -123,6 +143,22 @@ def _proc_state(pid: int) -> str:
         return ""
 
 
+def _ancestors(pid: int, depth: int = 6) -> tuple[int, ...]:
+    """The pids above `pid` (its parent, grandparent, ...; at most `depth`, not init): an
+    engine's block (a LocalProvider job is the pid of a shell above the manager)."""
+    out = []
+    for _ in range(depth):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+        if pid <= 1:
+            break
+        out.append(pid)
+    return tuple(out)
+
+
 def default_classify(exc: BaseException) -> str:
     """A broken pool lost the attempt; any other exception is the task's own."""
     return "lost" if isinstance(exc, cf.BrokenExecutor) else "error"
@@ -144,6 +180,11 @@ class ResilientExecutor(cf.Executor):
         default protection restarts it) or "error" (the task's own; not retried).
     outcome: inner Future → (result, exception), for engines whose Futures carry a failure
         as a result (Parsl's RemoteExceptionWrapper).
+    report_address: where the workers send their reports: None, a UNIX datagram socket of
+        this process (workers on this host); "udp://HOST[:PORT]", UDP on HOST (an address of
+        this machine the workers can reach), each datagram signed under a fresh key that the
+        workers get inside the task wrapper (workers on other hosts; no process control over
+        those: a stopped attempt's worker is asked to end itself).
     close_plugin: whether shutdown() closes the plugin (default: when it was opened from
         `spec` here; an adapter that opened `plugin` itself for the executor says True).
     process_control: the workers run on this host and the engine replaces a worker process
@@ -151,18 +192,22 @@ class ResilientExecutor(cf.Executor):
         (SIGKILL) so a hung attempt gives its slot back; every 0.25 s the worker process and
         its parent (the engine's manager) of each running attempt are looked at, and an
         attempt whose worker or manager died, or whose manager is stopped (SIGSTOP), is
-        reported lost at once; its site is out of use while none of its managers runs.
+        reported lost at once; its site is out of use while none of its managers runs (a
+        site with managers() -> ids is asked every second, and is back in use when a new
+        manager joins it).
     """
+
+    KEEP_FINISHED = 10_000  # finished tasks remembered (their attempts, for actions and operators)
 
     def __init__(self, sites: Mapping[str, cf.Executor], spec=None, *, plugin: Plugin | None = None,
                  heartbeat_s: float = 1.0, failure_grace: float = 3.0, max_attempts: int = 5,
                  error_grace: float | None = None, classify: Callable[[BaseException], str] = default_classify,
                  outcome: Callable[[cf.Future], tuple] | None = None, process_control: bool = False,
-                 close_plugin: bool | None = None):
+                 close_plugin: bool | None = None, report_address: str | None = None):
         if not sites:
             raise ValueError("ResilientExecutor needs at least one site")
         for name, ex in sites.items():
-            if not callable(getattr(ex, "submit", None)):
+            if not callable(getattr(ex, "submit", None)) and not callable(getattr(ex, "submit_attempt", None)):
                 raise TypeError(f"site {name!r}: {type(ex).__name__} has no submit()")
         if (spec is None) == (plugin is None):
             raise ValueError("give either spec= (a path or YAML text) or plugin= (an open diaspora.Plugin)")
@@ -177,20 +222,34 @@ class ResilientExecutor(cf.Executor):
         self._classify = classify
         self._outcome = outcome
         self._process_control = process_control
-        self._host = socket.gethostname()
+        self._host = host_name()
         self._managers: dict[int, str] = {}  # manager pid (process_control) → its site
+        self._manager_line: dict[int, tuple[int, ...]] = {}  # manager pid → its ancestors' pids
+        self._dead_lines: dict[str, set[int]] = {}  # site → ancestors' pids of its managers that died
         self._pid_owner: dict[int, tuple[str, int]] = {}  # worker pid → the attempt it runs
         self._next_watch = 0.0
         self._down: dict[str, str] = {}  # site → why it is out of use
+        self._awaiting: dict[str, frozenset | None] = {}  # site whose managers exited → the ones it had
+        self._next_probe = 0.0
+        self._prober: threading.Thread | None = None
         self._loads: dict[str, int] = {}  # site → live attempts (pending or running)
         self._failing: set[_Task] = set()  # tasks whose last attempt failed (failed_at set)
-        self._tasks: dict[str, _Task] = {}
+        self._tasks: dict[str, _Task] = {}  # live tasks, and the last KEEP_FINISHED finished ones
+        self._finished: collections.deque = collections.deque()
         self._by_hook: dict[tuple[str, int], tuple[_Task, _Attempt]] = {}
         self._ids = itertools.count()
-        self._q: queue.Queue = queue.Queue()
+        self._runners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # fn → its Runner
+        self._q: queue.Queue = queue.Queue()  # actions, sync and exit, for the executor's thread
+        self._lock = threading.Lock()  # the state: held by whichever thread handles events
+        self._events: collections.deque = collections.deque()  # posted, not handled yet
+        self._draining = threading.local()  # .on: this thread is in _post
+        self._outcomes: collections.deque = collections.deque()  # (outer Future, how, value): set unlocked
         self._closed = False
         self._shutdown_lock = threading.Lock()
-        self._listener = Listener(lambda m: self._q.put(("msg", m)), tag="executor")
+        if report_address and report_address.startswith("udp://") and report_address.count("/") < 3:
+            host, _, port = report_address[len("udp://"):].partition(":")
+            report_address = new_udp_address(host, int(port or 0))  # a fresh key
+        self._listener = Listener(lambda m: self._post("msg", m), address=report_address, tag="executor")
         self._thread = threading.Thread(target=self._loop, name="diaspora-executor", daemon=True)
         self._thread.start()
         for s in self._order:
@@ -217,8 +276,8 @@ class ResilientExecutor(cf.Executor):
                 raise RuntimeError("cannot submit after shutdown")
             name = name or getattr(fn, "__name__", "task")
             tid = task_id or f"{name}-{next(self._ids)}"
-            allowed = list(allowed_sites) if allowed_sites is not None else list(self._order)
-            for s in allowed + ([site] if site else []):
+            allowed = list(allowed_sites) if allowed_sites is not None else self._order  # never changed
+            for s in (allowed if allowed is not self._order else []) + ([site] if site else []):
                 if s not in self._sites:
                     raise ValueError(f"unknown site {s!r}; the sites are {', '.join(self._order)}")
             if tid in self._tasks:
@@ -226,9 +285,9 @@ class ResilientExecutor(cf.Executor):
             outer: cf.Future = cf.Future()
             task = _Task(tid, name, fn, tuple(args), dict(kwargs or {}), outer, allowed, float(deadline_s))
             self._tasks[tid] = task
-            outer.add_done_callback(lambda f, t=task: f.cancelled() and self._q.put(("cancelled", t)))
-            self._q.put(("start", task, site))
-            return outer
+            outer.add_done_callback(lambda f, t=task: f.cancelled() and self._post("cancelled", t))
+        self._post("start", task, site)  # not under _shutdown_lock: outer callbacks it runs may submit
+        return outer
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stops taking tasks; with cancel_futures cancels those not finished; with wait
@@ -256,22 +315,103 @@ class ResilientExecutor(cf.Executor):
     # ---- the executor's thread ----------------------------------------------------------------
 
     def _loop(self) -> None:
+        """The executor's thread: hands the plugin's actions in, and every 0.1 s (or after an
+        action) lets the failures that waited their grace fail and looks at the processes."""
         while True:
             try:
                 ev = self._q.get(timeout=0.1)
             except queue.Empty:
                 ev = None
+            if ev is not None and ev[0] == "exit":
+                return
+            if ev is not None:
+                self._post(*ev)
+            self._post("tick")
+            if self._awaiting and time.monotonic() >= self._next_probe and not (
+                    self._prober and self._prober.is_alive()):
+                self._next_probe = time.monotonic() + 1.0
+                self._prober = threading.Thread(target=self._probe_managers, args=(list(self._awaiting),),
+                                                name="diaspora-probe", daemon=True)
+                self._prober.start()
+
+    def _probe_managers(self, sites: list[str]) -> None:
+        """Tells each site whose managers all exited which of its processes died (a site with
+        hold_dead(pids) stops sending work to those managers: an engine may list a dead one,
+        and give it tasks, until it times it out), then asks which managers it has now. Off
+        the executor's thread: an engine may take its time to answer."""
+        for site in sites:
+            ex = self._sites[site]
             try:
-                if ev is not None:
-                    if ev[0] == "exit":
-                        return
-                    getattr(self, "_on_" + ev[0])(*ev[1:])
-                self._expire_failures()
-                if self._process_control and time.monotonic() >= self._next_watch:
-                    self._next_watch = time.monotonic() + 0.25
-                    self._watch_processes()
-            except Exception:
-                log.exception("ResilientExecutor: handling %r failed", ev and ev[0])
+                if callable(getattr(ex, "hold_dead", None)) and self._dead_lines.get(site):
+                    ex.hold_dead(set(self._dead_lines[site]))
+                ids = frozenset(ex.managers())
+            except Exception as e:  # noqa: BLE001 - an engine that cannot answer now: ask again later
+                log.debug("site %s: no list of managers: %s", site, e)
+                continue
+            self._post("managers", site, ids)
+
+    def _on_managers(self, site: str, ids: frozenset) -> None:
+        """The first answer after a site's managers exited is what it had then (an engine
+        lists a dead manager until it times it out); a manager not in it is a new one (the
+        engine started a new block): the site is usable again."""
+        if site not in self._awaiting:
+            return
+        before = self._awaiting[site]
+        if before is None:
+            self._awaiting[site] = ids
+        elif ids - before:
+            del self._awaiting[site]
+            if site in self._down:
+                del self._down[site]
+                log.warning("site %s is usable again: a new manager joined it", site)
+                self._plugin.resource_status(site, "site", "up", site=site)
+
+    def _post(self, kind: str, *args) -> None:
+        """Handles an event on the calling thread, or leaves it to the thread that holds the
+        state (it handles every event posted before it lets go), so no caller ever waits for
+        another: submit() starts the attempt on the submitting thread, an engine's completion
+        is handled on the engine's thread. Events are handled one at a time, in the order
+        posted. The outer Futures are set after the state is let go: their callbacks (the
+        DataFlowKernel's, a caller's) may submit again, or take locks of their own."""
+        self._events.append((kind, args))
+        if getattr(self._draining, "on", False):
+            return  # posted from a callback of this thread's own _post: its loop handles it (no recursion)
+        self._draining.on = True
+        try:
+            self._drain()
+        finally:
+            self._draining.on = False
+
+    def _drain(self) -> None:
+        while self._events and self._lock.acquire(blocking=False):
+            try:
+                while self._events:
+                    kind, args = self._events.popleft()
+                    try:
+                        getattr(self, "_on_" + kind)(*args)
+                        if self._failing:
+                            self._expire_failures()
+                    except Exception:
+                        log.exception("ResilientExecutor: handling %r failed", kind)
+            finally:
+                self._lock.release()
+            while self._outcomes:
+                fut, kind, value = self._outcomes.popleft()
+                try:
+                    if kind == "cancel":
+                        fut.cancel()
+                    elif kind == "exception":
+                        fut.set_exception(value)
+                    else:
+                        fut.set_result(value)
+                except cf.InvalidStateError:  # cancelled meanwhile
+                    pass
+
+    def _on_tick(self) -> None:
+        self._expire_failures()
+        if self._process_control and time.monotonic() >= self._next_watch:
+            self._next_watch = time.monotonic() + 0.25
+            self._watch_processes()
 
     def _on_sync(self, done: threading.Event) -> None:
         done.set()
@@ -279,7 +419,7 @@ class ResilientExecutor(cf.Executor):
     def _on_start(self, task: _Task, site: str | None) -> None:
         self._start(task, site, copy=False)
 
-    def _start(self, task: _Task, site: str | None, *, copy: bool) -> _Attempt | None:
+    def _start(self, task: _Task, site: str | None, *, copy: bool, turn: int = NEW) -> _Attempt | None:
         """Starts an attempt on `site` (or the best site); tries the others when a site
         refuses it. Returns the attempt, or None when no site took it (the Future fails)."""
         tried: list[str] = []
@@ -290,11 +430,14 @@ class ResilientExecutor(cf.Executor):
                 self._resolve_error(task, task.last_exc or RuntimeError(f"task {task.id}: no site can run it ({why})"))
                 return None
             tried.append(s)
-            att = self._launch(task, s, copy)
+            att = self._launch(task, s, copy, turn)
             if att is not None:
                 return att
 
-    def _launch(self, task: _Task, site: str, copy: bool) -> _Attempt | None:
+    def _launch(self, task: _Task, site: str, copy: bool, turn: int = NEW) -> _Attempt | None:
+        """Submits an attempt to `site`. A site with `submit_attempt` is told the attempt's
+        turn: RECOVER (a restart, migration or copy: work a fault interrupted), REPLACED (a
+        first attempt placed again before it ran: its site went out of use) or NEW."""
         if copy:
             task.copies += 1
             att = _Attempt(1, site, f"{task.id}@copy{task.copies}", copy=True, loads=self._loads)
@@ -303,9 +446,14 @@ class ResilientExecutor(cf.Executor):
         task.attempts.append(att)
         self._by_hook[(att.hook_id, att.number)] = (task, att)
         self._plugin.submitted(att.hook_id, site=site, name=task.name, attempt=att.number, deadline_s=task.deadline_s)
-        call = Call(task.fn, att.hook_id, att.number, self._listener.address, self._heartbeat_s)
+        att.turn = turn
+        ex = self._sites[site]
         try:
-            att.inner = self._sites[site].submit(call, *task.args, **task.kwargs)
+            if hasattr(ex, "submit_attempt"):
+                att.inner = ex.submit_attempt(self._runner(task.fn), (att.hook_id, att.number), turn, task.args,
+                                              task.kwargs)
+            else:
+                att.inner = ex.submit(self._runner(task.fn), (att.hook_id, att.number), *task.args, **task.kwargs)
         except Exception as e:  # a broken pool, an executor that was shut down, ...
             att.state = "failed"
             self._site_down(site, f"{type(e).__name__}: {e}")
@@ -313,8 +461,18 @@ class ResilientExecutor(cf.Executor):
                                 retryable=True, failure="lost", site=site, attempt=att.number)
             return None
         task.failed_at = None
-        att.inner.add_done_callback(lambda f, t=task, a=att: self._q.put(("done", t, a, f)))
+        att.inner.add_done_callback(lambda f, t=task, a=att: self._post("done", t, a, f))
         return att
+
+    def _runner(self, fn: Callable) -> Runner:
+        """The one Runner of `fn` (a new one for a callable that cannot be weakly referenced)."""
+        try:
+            r = self._runners.get(fn)
+        except TypeError:  # not hashable or not weakly referenceable
+            return Runner(fn, self._listener.address, self._heartbeat_s)
+        if r is None:
+            r = self._runners[fn] = Runner(fn, self._listener.address, self._heartbeat_s)
+        return r
 
     def _pick(self, task: _Task, exclude: Iterable[str] = ()) -> str | None:
         """The allowed site in use with the lowest load (live attempts per worker), in the
@@ -352,8 +510,11 @@ class ResilientExecutor(cf.Executor):
                 return
             if att.state == "pending":
                 att.state = "running"
+                began = m.get("s")  # when it began (µs since the epoch): announced up to 20 ms later
+                now_us = time.time_ns() // 1000
+                began = began if type(began) is int and now_us - 3_600_000_000 < began <= now_us else 0
                 self._plugin.started(att.hook_id, site=att.site, worker=str(m.get("w", ""))[:255] or None,
-                                     attempt=att.number)
+                                     attempt=att.number, timestamp_us=began)
             return
         if kind == "ended":
             self._release(att)
@@ -395,10 +556,10 @@ class ResilientExecutor(cf.Executor):
             att.state = "done"
             self._plugin.completed(att.hook_id, site=att.site, attempt=att.number)
             if not task.resolved:
-                task.resolved = True
+                self._finish(task)
                 for other in task.live():
                     self._stop(other, f"attempt {att.number} on {att.site} finished first")
-                task.outer.set_result(result)
+                self._outcomes.append((task.outer, "result", result))
             return
         else:
             att.state = "failed"
@@ -436,11 +597,20 @@ class ResilientExecutor(cf.Executor):
         task.failed_at = None
         if task.resolved:
             return
-        task.resolved = True
+        self._finish(task)
         for a in task.live():
             self._stop(a, "the task failed")
-        if not task.outer.done():
-            task.outer.set_exception(exc)
+        self._outcomes.append((task.outer, "exception", exc))
+
+    def _finish(self, task: _Task) -> None:
+        """Marks the task resolved; only the last KEEP_FINISHED finished tasks are kept (for
+        actions on them, operators and tests), so a long run's memory stays bounded."""
+        task.resolved = True
+        self._finished.append(task)
+        while len(self._finished) > self.KEEP_FINISHED:
+            old = self._finished.popleft()
+            if self._tasks.get(old.id) is old:
+                del self._tasks[old.id]
 
     def _stop(self, att: _Attempt, why: str) -> None:
         """Stops a live attempt: cancelled if it has not started, else asked to stop at its
@@ -448,7 +618,7 @@ class ResilientExecutor(cf.Executor):
         if not att.live:
             return
         att.state = "stopped"
-        if att.inner is not None:
+        if att.inner is not None and getattr(self._sites[att.site], "cancellable", True):
             att.inner.cancel()
         self._tell(att, "stop")
         self._kill_worker(att)
@@ -458,13 +628,15 @@ class ResilientExecutor(cf.Executor):
 
     def _note_processes(self, att: _Attempt, m: dict) -> None:
         host, _, pid = str(m.get("w", "")).rpartition(":")
-        if not self._process_control or host != self._host or not pid.isdigit():
+        att.remote = host != self._host
+        if not self._process_control or att.remote or not pid.isdigit():
             return
         att.pid = int(pid)
         att.ppid = int(m["pp"]) if isinstance(m.get("pp"), int) and m["pp"] > 1 else 0
         self._pid_owner[att.pid] = (att.hook_id, att.number)
-        if att.ppid and att.ppid != os.getpid():
+        if att.ppid and att.ppid != os.getpid() and att.ppid not in self._managers:
             self._managers[att.ppid] = att.site
+            self._manager_line[att.ppid] = _ancestors(att.ppid)
 
     def _release(self, att: _Attempt) -> bool:
         """Forgets that att's worker process runs att; False when it was not known to."""
@@ -475,8 +647,14 @@ class ResilientExecutor(cf.Executor):
 
     def _kill_worker(self, att: _Attempt) -> None:
         """Kills the worker process of a stopped attempt if it still runs that attempt (the
-        engine starts a fresh worker), so a hung or losing attempt frees its slot."""
-        if not self._process_control or not self._release(att):
+        engine starts a fresh worker), so a hung or losing attempt frees its slot: on this
+        host with SIGKILL, on another by asking its worker to end itself ("kill")."""
+        if not self._process_control:
+            return
+        if att.remote:
+            self._tell(att, "kill")
+            return
+        if not self._release(att):
             return
         try:
             os.kill(att.pid, signal.SIGKILL)
@@ -495,6 +673,7 @@ class ResilientExecutor(cf.Executor):
             if any(state[p] not in _GONE + _STOPPED for p in pids):
                 if self._down.get(site, "").startswith("manager"):
                     del self._down[site]
+                    self._awaiting.pop(site, None)
                     log.warning("site %s is usable again: a manager of it runs", site)
                     self._plugin.resource_status(site, "site", "up", site=site)
             elif site not in self._down:
@@ -503,7 +682,12 @@ class ResilientExecutor(cf.Executor):
                                 else f"manager process {pids[0]} exited")
                 self._replace_pending(site)
         for pid in [p for p, st in state.items() if st in _GONE]:
-            del self._managers[pid]  # gone for good; its site stays out of use until another reports
+            site = self._managers.pop(pid)  # gone for good; the engine is told to send it nothing more
+            self._dead_lines.setdefault(site, set()).update(self._manager_line.pop(pid, ()))
+        for site, why in self._down.items():  # no manager of it left: back in use when a new one joins
+            if (why.startswith("manager") and site not in self._awaiting and site not in self._managers.values()
+                    and callable(getattr(self._sites[site], "managers", None))):
+                self._awaiting[site] = None  # (_on_managers)
         for task, att in list(self._by_hook.values()):  # the attempts not ended yet
             if att.state != "running" or not att.pid:
                 continue
@@ -523,7 +707,7 @@ class ResilientExecutor(cf.Executor):
         for task, att in list(self._by_hook.values()):
             if att.site == site and att.state == "pending" and not task.resolved:
                 self._stop(att, f"site {site} is out of use: {self._down.get(site, '')}; placed again")
-                self._start(task, None, copy=att.copy)
+                self._start(task, None, copy=att.copy, turn=min(att.turn, REPLACED))
 
     def _lose(self, task: _Task, att: _Attempt, why: str) -> None:
         """Reports a running attempt lost now (process_control); what its engine says of it
@@ -536,7 +720,8 @@ class ResilientExecutor(cf.Executor):
                                                f"{why}"), self._failure_grace)
 
     def _on_cancelled(self, task: _Task) -> None:
-        task.resolved = True
+        if not task.resolved:
+            self._finish(task)
         task.failed_at = None
         for a in task.live():
             self._stop(a, "the task's Future was cancelled")
@@ -549,7 +734,8 @@ class ResilientExecutor(cf.Executor):
         if a.kind in ("drain", "undrain"):
             return a.failed(f"ResilientExecutor does not {a.kind} sites: its sites are the executors it wraps")
         if task is None:
-            return a.failed(f"unknown task {a.task_id!r}")
+            return a.failed(f"unknown task {a.task_id!r} (or one that finished before the last "
+                            f"{self.KEEP_FINISHED} finished)")
         if task.resolved:
             return a.failed(f"not needed: task {task.id} has already finished")
         live = task.live()
@@ -557,7 +743,7 @@ class ResilientExecutor(cf.Executor):
             told = [x for x in live if self._tell(x, "checkpoint")]
             return a.done(f"asked {len(told)} attempt(s)") if told else a.failed("no running attempt to ask")
         if a.kind == "cancel":
-            task.outer.cancel()  # the callback stops the attempts
+            self._outcomes.append((task.outer, "cancel", None))
             self._on_cancelled(task)
             return a.done("cancelled")
         if a.kind == "speculate":
@@ -566,7 +752,7 @@ class ResilientExecutor(cf.Executor):
             err = self._unusable(task, target)
             if err:
                 return a.failed(err)
-            att = self._launch(task, target, copy=True)
+            att = self._launch(task, target, copy=True, turn=RECOVER)
             return a.done(f"copy {att.hook_id} on {target}") if att else a.failed(f"site {target} refused the copy")
         if a.kind not in ("restart", "migrate"):
             return a.failed(f"unsupported action {a.kind!r}")
@@ -588,7 +774,7 @@ class ResilientExecutor(cf.Executor):
         for x in live:
             self._stop(x, f"stopped for {a.kind} (action {a.id})" if a.kind == "restart"
                        else f"stopped for migration to {target} (action {a.id})")
-        att = self._start(task, target, copy=False)
+        att = self._start(task, target, copy=False, turn=RECOVER)
         if att is None:
             return a.failed(f"no site took the new attempt of {task.id}")
         return a.done(f"attempt {att.number} of {task.id} on {att.site}")

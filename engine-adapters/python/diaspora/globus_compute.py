@@ -35,7 +35,7 @@ import typing as t
 from globus_compute_endpoint.engines import GlobusComputeEngine
 
 from .futures import ResilientExecutor
-from .parsl import _Site, classify, outcome
+from .parsl import _Site, classify, outcome, report_address_for
 from .plugin import Plugin
 
 
@@ -43,12 +43,14 @@ class DiasporaEngine(GlobusComputeEngine):
     """A GlobusComputeEngine with Diaspora. `spec` (a workflow spec: path or YAML text) or
     `plugin` (an open diaspora.Plugin, left open) is required; `site` names the endpoint's
     site in the spec; `heartbeat_s`, `failure_grace`, `max_attempts` are
-    diaspora.futures.ResilientExecutor's. Every other keyword is GlobusComputeEngine's.
+    diaspora.futures.ResilientExecutor's; `report_address` is diaspora.parsl.DiasporaExecutor's
+    ("auto": UDP for workers of a batch provider, on the engine's HTEX `address`). Every other keyword is GlobusComputeEngine's.
     The endpoint calls start(), submit() (from its task thread) and shutdown(). Raises
     ValueError without a spec; the plugin's SpecError / LibraryError at start()."""
 
     def __init__(self, *args, spec=None, plugin: Plugin | None = None, site: str = "endpoint",
-                 heartbeat_s: float = 1.0, failure_grace: float = 3.0, max_attempts: int = 5, **kwargs):
+                 heartbeat_s: float = 1.0, failure_grace: float = 3.0, max_attempts: int = 5,
+                 report_address: str | None = "auto", **kwargs):
         if (spec is None) == (plugin is None):
             raise ValueError("DiasporaEngine needs spec= (a workflow spec: path or YAML text) or plugin= (an open "
                              "diaspora.Plugin)")
@@ -57,6 +59,7 @@ class DiasporaEngine(GlobusComputeEngine):
         self._given_plugin = plugin
         self.site = site
         self._options = dict(heartbeat_s=heartbeat_s, failure_grace=failure_grace, max_attempts=max_attempts)
+        self._report_address = report_address
         self._resilient: ResilientExecutor | None = None
         self._ids = itertools.count(1)
 
@@ -64,10 +67,12 @@ class DiasporaEngine(GlobusComputeEngine):
         """Starts the engine (its HTEX and JobStatusPoller), then opens the plugin."""
         super().start(*args, **kwargs)
         plugin = self._given_plugin if self._given_plugin is not None else Plugin.open(self.diaspora_spec)
+        where = self._report_address
+        where = report_address_for({self.site: self.executor}) if where == "auto" else where
         self._resilient = ResilientExecutor({self.site: _Site(self.site, self.executor)}, plugin=plugin,
                                             classify=classify, outcome=outcome, process_control=True,
                                             error_grace=0.0, close_plugin=self._given_plugin is None,
-                                            **self._options)
+                                            report_address=where, **self._options)
 
     def _submit(self, resource_specification: dict, func: t.Callable, packed_task: bytes,
                 args: tuple = (), kwargs: dict | None = None):

@@ -47,6 +47,7 @@ import concurrent.futures as cf
 import itertools
 import logging
 import os
+import socket
 import sys
 from typing import Any, Callable, Iterable, Mapping
 
@@ -55,7 +56,7 @@ from parsl.executors import HighThroughputExecutor
 from parsl.executors.base import ParslExecutor
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
-from .futures import LostAttempt, ResilientExecutor
+from .futures import NEW, LostAttempt, ResilientExecutor
 from .plugin import Plugin
 
 log = logging.getLogger("diaspora.parsl")
@@ -107,41 +108,65 @@ def _takes(func: Callable, param: str) -> bool:
     return param in ps or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in ps.values())
 
 
+def report_address_for(sites: Mapping[str, ParslExecutor]) -> str | None:
+    """Where the workers of `sites` report: a UNIX socket when every site runs its workers
+    on this host (a LocalProvider, or no provider), else UDP on the address the workers use
+    to reach this process (the first HTEX `address` given, else this host's name)."""
+    from parsl.providers import LocalProvider
+
+    remote = [ex for ex in sites.values()
+              if getattr(ex, "provider", None) is not None and not isinstance(ex.provider, LocalProvider)]
+    if not remote:
+        return None
+    given = [ex.address for ex in remote if isinstance(getattr(ex, "address", None), str) and ex.address]
+    return f"udp://{given[0] if given else socket.getfqdn()}:0"
+
+
 class _Site:
-    """One inner Parsl executor seen as a `concurrent.futures` executor by ResilientExecutor."""
+    """One inner Parsl executor seen as a `concurrent.futures` executor by ResilientExecutor.
+    Its Futures are the inner executor's own, which it sets itself: ResilientExecutor never
+    cancels them (`cancellable`); a stopped attempt's result is dropped."""
+
+    cancellable = False
 
     def __init__(self, name: str, inner: ParslExecutor):
         self.name = name
         self.inner = inner
         self._prioritised = isinstance(inner, HighThroughputExecutor)  # HTEX takes `priority`
+        self._held: set[str] = set()  # blocks put on hold (hold_dead)
 
-    def submit(self, fn: Callable, *args, **kwargs) -> cf.Future:
-        """A Future of its own, fed by the inner one: ResilientExecutor may cancel it while
-        the inner executor still owns (and later sets) its Future."""
-        inner = self.inner.submit(fn, self._recovery_first(fn), *args, **kwargs)
-        mine: cf.Future = cf.Future()
-        mine.parsl_executor_task_id = getattr(inner, "parsl_executor_task_id", None)
+    def submit_attempt(self, fn: Callable, attempt: tuple[str, int], turn: int, args: tuple,
+                       kwargs: dict) -> cf.Future:
+        """Submits one attempt. In an HTEX interchange (HTEX's `priority`: lower first; tasks
+        without one go last) a restart, migration or copy (RECOVER: work a fault interrupted)
+        goes first, then the first attempts placed again because their site went out of use
+        before they ran (REPLACED), then new work: recovery never waits behind work that never
+        started."""
+        spec = {"priority": turn} if turn != NEW and self._prioritised else {}
+        return self.inner.submit(fn, spec, attempt, *args, **kwargs)
 
-        def copy(f: cf.Future) -> None:
-            if not mine.set_running_or_notify_cancel():
-                return  # cancelled here: the inner result is dropped
-            exc = f.exception()
-            if exc is not None:
-                mine.set_exception(exc)
-            else:
-                mine.set_result(f.result())
+    def managers(self) -> set[str]:
+        """The ids of the managers connected to the inner executor now that take work (HTEX's
+        interchange lists a manager that died until its heartbeat_threshold passes)."""
+        if not callable(getattr(self.inner, "connected_managers", None)):
+            return set()
+        return {str(m["manager"]) for m in self.inner.connected_managers()
+                if isinstance(m, dict) and "manager" in m and m.get("active", True)}
 
-        inner.add_done_callback(copy)
-        return mine
-
-    def _recovery_first(self, fn: Callable) -> dict:
-        """A restart, migration or copy goes before the tasks queued in an HTEX interchange
-        (HTEX's `priority`: lower first; tasks without one go last), so the work a fault
-        interrupted does not wait behind work that never started."""
-        if not self._prioritised:
-            return {}
-        again = getattr(fn, "attempt", 1) > 1 or "@copy" in str(getattr(fn, "task_id", ""))
-        return {"priority": 0} if again else {}
+    def hold_dead(self, pids: set[int]) -> None:
+        """Puts on hold (HTEX: no more tasks to them) the managers of every block whose job is
+        one of `pids`: processes above a manager that died (a LocalProvider job id is the pid
+        of the shell that runs the block). Without this the interchange would send new tasks
+        to the dead manager until its heartbeat_threshold (120 s) passed."""
+        blocks = getattr(self.inner, "blocks_to_job_id", None)
+        hold = getattr(self.inner, "_hold_block", None)
+        if not isinstance(blocks, dict) or not callable(hold):
+            return
+        wanted = {str(p) for p in pids}
+        for block, job in list(blocks.items()):
+            if str(job) in wanted and block not in self._held:
+                hold(block)
+                self._held.add(block)
 
     @property
     def _max_workers(self) -> int:
@@ -165,7 +190,10 @@ class DiasporaExecutor(ParslExecutor):
     (error_grace 0: an app's own exception reaches Parsl at once; give the seconds a policy of
     the spec needs to restart it when the spec has one on task errors).
     `strategy`, `max_idletime`, `strategy_period`: Parsl's JobStatusPoller for the inner
-    executors (Parsl's defaults: "simple", 120 s, 5 s).
+    executors (Parsl's defaults: "simple", 120 s, 5 s). `report_address`: where the workers
+    report ("auto": a UNIX socket when every site's provider is a LocalProvider, else
+    "udp://HOST:0" on the first HTEX `address` given, else this host's name; None; or
+    "udp://HOST[:PORT]" with HOST an address of this machine the workers can reach).
 
     The DataFlowKernel calls start(), submit() (from its submitting thread) and shutdown();
     submit() may be called from any thread. Raises ConfigError for an empty or duplicated
@@ -175,7 +203,7 @@ class DiasporaExecutor(ParslExecutor):
     def __init__(self, sites: Iterable[ParslExecutor] | Mapping[str, ParslExecutor], spec=None, *,
                  plugin: Plugin | None = None, label: str = "diaspora", heartbeat_s: float = 1.0,
                  failure_grace: float = 3.0, error_grace: float = 0.0, max_attempts: int = 5, strategy: str = "simple",
-                 max_idletime: float = 120.0, strategy_period: float = 5.0):
+                 max_idletime: float = 120.0, strategy_period: float = 5.0, report_address: str | None = "auto"):
         super().__init__()
         if isinstance(sites, Mapping):
             named = list(sites.items())
@@ -205,8 +233,12 @@ class DiasporaExecutor(ParslExecutor):
         self.label = label
         self.spec = spec
         self._given_plugin = plugin
+        self.report_address = report_address_for(self.sites) if report_address == "auto" else report_address
+        if self.report_address is not None and not self.report_address.startswith("udp://"):
+            raise ConfigError(f"report_address {report_address!r}: give \"auto\", None (workers on this host) or "
+                              "\"udp://HOST[:PORT]\" (an address of this machine the workers can reach)")
         self._options = dict(heartbeat_s=heartbeat_s, failure_grace=failure_grace, error_grace=error_grace,
-                             max_attempts=max_attempts)
+                             max_attempts=max_attempts, report_address=self.report_address)
         self._poller_kwargs = dict(strategy=strategy, max_idletime=max_idletime, strategy_period=strategy_period)
         self._poller = None
         self._started: list[ParslExecutor] = []

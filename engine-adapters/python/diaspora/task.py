@@ -14,7 +14,7 @@ anywhere.
             if task.checkpoint_requested():
                 save_state()
 
-The adapter wraps each attempt in `Call`, which reports "started" (with the worker's
+The adapter wraps each attempt in `Runner`, which reports "started" (with the worker's
 host:pid), sends a heartbeat with the process's CPU use and memory every `heartbeat_s`
 while the function runs, and listens for "stop" and "checkpoint" requests. Python cannot
 interrupt a running function: an attempt that was stopped (restarted elsewhere, lost a
@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import os
 import resource
-import socket
+import signal
 import threading
 import time
 
-from .channel import Listener, Sender
+from .channel import Listener, Sender, host_name, new_udp_address, parse_udp, route_to
 
 _local = threading.local()
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -41,28 +41,36 @@ class AttemptStopped(Exception):
 
 
 class _Context:
-    def __init__(self, task_id: str, attempt: int, address: str):
+    """One attempt running in this process (made by Runner)."""
+
+    def __init__(self, task_id: str, attempt: int, address: str, agent: "_Agent"):
         self.task_id = task_id
         self.attempt = attempt
         self.address = address
-        self.last_step = time.monotonic()
-        self.stop = threading.Event()
-        self.checkpoint = threading.Event()
+        self.agent = agent
+        self.began = time.monotonic()
+        self.began_us = time.time_ns() // 1000
+        self.last_step = self.began
+        self.announced = False  # "started" sent (by the agent, or by the first report)
+        self.stopped = False  # set by the control listener's thread, read by step()
+        self.checkpoint_asked = False
 
     def send(self, kind: str, **fields) -> None:
+        if not self.announced:
+            self.agent.announce(self)
         Sender.send(self.address, {"t": self.task_id, "a": self.attempt, "k": kind, **fields})
 
     def on_control(self, msg: dict) -> None:
         if msg.get("a") != self.attempt:
             return
         if msg.get("k") == "stop":
-            self.stop.set()
+            self.stopped = True
         elif msg.get("k") == "checkpoint":
-            self.checkpoint.set()
+            self.checkpoint_asked = True
 
 
 class EngineContext:
-    """A task's reporting context where an engine runs the task itself (no `Call` around it,
+    """A task's reporting context where an engine runs the task itself (no `Runner` around it,
     as in a Dask task): reports go to `address` under the task id; no stop or checkpoint
     channel. Engine adapters make these in their context hooks (set_context_hook)."""
 
@@ -71,8 +79,8 @@ class EngineContext:
         self.attempt = 0
         self.address = address
         self.last_step = time.monotonic()
-        self.stop = threading.Event()
-        self.checkpoint = threading.Event()
+        self.stopped = False  # set by the control listener's thread, read by step()
+        self.checkpoint_asked = False
 
     def send(self, kind: str, **fields) -> None:
         Sender.send(self.address, {"t": self.task_id, "k": kind, **fields})
@@ -86,7 +94,7 @@ _context_hook = None
 
 def set_context_hook(hook) -> None:
     """Registers `hook() -> EngineContext | None`, asked by step(), progress() and metric()
-    on threads no `Call` runs on; None removes it. For engine adapters (one per process)."""
+    on threads no `Runner` runs on; None removes it. For engine adapters (one per process)."""
     global _context_hook
     _context_hook = hook
 
@@ -117,7 +125,7 @@ def step(**metrics: float) -> None:
     ctx.last_step = now
     m.update({k: float(v) for k, v in metrics.items()})
     ctx.send("hb", m=m)
-    if ctx.stop.is_set():
+    if ctx.stopped:
         raise AttemptStopped(f"attempt {ctx.attempt} of {ctx.task_id} was stopped by the adapter")
 
 
@@ -139,9 +147,9 @@ def metric(name: str, value: float) -> None:
 def checkpoint_requested() -> bool:
     """True once after the adapter received a `checkpoint` action for this task."""
     ctx = getattr(_local, "ctx", None)
-    if ctx is None or not ctx.checkpoint.is_set():
+    if ctx is None or not ctx.checkpoint_asked:
         return False
-    ctx.checkpoint.clear()
+    ctx.checkpoint_asked = False
     return True
 
 
@@ -162,78 +170,147 @@ def resource_sample(prev: list[float]) -> dict[str, float]:
     return {"cpu_cores": max(0.0, cores), "rss_mib": rss / 2**20}
 
 
+ANNOUNCE_AFTER_S = 0.02
+
+
 class _Agent:
-    """What one worker process keeps for every attempt it runs (made on the first Call in
+    """What one worker process keeps for every attempt it runs (made on the first Runner call in
     the process, again after a fork): one control listener that hands "stop" and
-    "checkpoint" to the attempt named, and one heartbeat thread that sends a heartbeat with
-    the process's CPU and memory for each attempt running, every `heartbeat_s`. So an
-    attempt costs two datagrams (started, ended), not a socket and a thread."""
+    "checkpoint" to the attempt named, and one thread that reports. An attempt is announced
+    ("started", with the worker, its manager, the control address and the time it began)
+    ANNOUNCE_AFTER_S after it began, or at its first report if that comes sooner; an attempt
+    that ends before that is never announced here and costs no datagram at all (the adapter
+    reports it started when its result arrives). An announced attempt gets a heartbeat with
+    the process's CPU and memory every `heartbeat_s`, and "ended" when it ends. A "kill" for
+    an attempt still running here ends the process (SIGKILL; the engine starts a new worker):
+    how an adapter frees the slot of a hung attempt on another host.
+
+    One agent per transport: reports to a UNIX address get a UNIX control listener; reports
+    to "udp://HOST:PORT/KEY" a UDP one under the same key, on the interface that reaches HOST."""
 
     _lock = threading.Lock()
-    _current: "_Agent | None" = None
+    _agents: dict[str, "_Agent"] = {}  # "unix", or the UDP key: the agent of that transport
 
-    def __init__(self, heartbeat_s: float):
+    def __init__(self, heartbeat_s: float, address: str):
         self.pid = os.getpid()
-        self.worker = f"{socket.gethostname()}:{self.pid}"  # what "started" says of this process
+        self.worker = f"{host_name()}:{self.pid}"  # what "started" says of this process
         self.heartbeat_s = heartbeat_s
         self.running: dict[tuple[str, int], _Context] = {}
-        self.control = Listener(self._on_control, tag="attempt")
+        self.lock = threading.Lock()  # running, and each attempt's announced / ended order
+        self.sleeping = False
+        self.wake = threading.Event()
+        if address.startswith("udp://"):
+            ctl = new_udp_address(route_to(address), key=parse_udp(address)[2].hex())
+            self.control = Listener(self._on_control, address=ctl)
+        else:
+            self.control = Listener(self._on_control, tag="attempt")
         self._prev = [0.0, time.monotonic()]
         resource_sample(self._prev)
-        threading.Thread(target=self._beat, name="diaspora-heartbeat", daemon=True).start()
+        threading.Thread(target=self._report, name="diaspora-heartbeat", daemon=True).start()
 
     @classmethod
-    def get(cls, heartbeat_s: float) -> "_Agent":
+    def get(cls, heartbeat_s: float, address: str) -> "_Agent":
+        kind = address.rpartition("/")[2] if address.startswith("udp://") else "unix"
+        a = cls._agents.get(kind)
+        if a is not None and a.pid == os.getpid() and a.heartbeat_s <= heartbeat_s:
+            return a
         with cls._lock:
-            a = cls._current
+            a = cls._agents.get(kind)
             if a is None or a.pid != os.getpid():
-                a = cls._current = _Agent(heartbeat_s)
+                a = cls._agents[kind] = _Agent(heartbeat_s, address)
             a.heartbeat_s = min(a.heartbeat_s, heartbeat_s)
             return a
 
+    def begin(self, ctx: _Context) -> None:
+        with self.lock:
+            self.running[(ctx.task_id, ctx.attempt)] = ctx
+        if self.sleeping:
+            self.wake.set()
+
+    def end(self, ctx: _Context) -> None:
+        with self.lock:
+            self.running.pop((ctx.task_id, ctx.attempt), None)
+            if ctx.announced:  # under the lock: "ended" never overtakes "started"
+                Sender.send(ctx.address, {"t": ctx.task_id, "a": ctx.attempt, "k": "ended"})
+
+    def announce(self, ctx: _Context) -> None:
+        with self.lock:
+            self._announce(ctx)
+
+    def _announce(self, ctx: _Context) -> None:
+        if not ctx.announced:
+            ctx.announced = True
+            Sender.send(ctx.address, {"t": ctx.task_id, "a": ctx.attempt, "k": "started", "w": self.worker,
+                                      "pp": os.getppid(), "ctl": self.control.address, "s": ctx.began_us})
+
     def _on_control(self, msg: dict) -> None:
         ctx = self.running.get((msg.get("t"), msg.get("a")))
-        if ctx is not None:
-            ctx.on_control(msg)
+        if ctx is None:
+            return
+        if msg.get("k") == "kill":  # the attempt is still running in this process: end it
+            os.kill(os.getpid(), signal.SIGKILL)
+        ctx.on_control(msg)
 
-    def _beat(self) -> None:
+    def _report(self) -> None:
+        next_beat = time.monotonic() + self.heartbeat_s
+        idle_since = time.monotonic()
         while True:
-            time.sleep(self.heartbeat_s)
-            running = list(self.running.values())
-            if running:
-                m = resource_sample(self._prev)
-                for ctx in running:
-                    ctx.send("hb", m=m)
+            if self.running:
+                idle_since = time.monotonic()
+                time.sleep(ANNOUNCE_AFTER_S)
+            elif time.monotonic() - idle_since < self.heartbeat_s:
+                time.sleep(ANNOUNCE_AFTER_S)
+            else:  # idle for a while: sleep until an attempt begins (no 50 Hz wake-ups)
+                self.sleeping = True
+                if not self.running:
+                    self.wake.wait()
+                self.wake.clear()
+                self.sleeping = False
+                idle_since = time.monotonic()
+                time.sleep(ANNOUNCE_AFTER_S)
+            now = time.monotonic()
+            beat = now >= next_beat
+            with self.lock:
+                for ctx in list(self.running.values()):
+                    if now - ctx.began >= ANNOUNCE_AFTER_S:
+                        self._announce(ctx)
+                announced = [c for c in self.running.values() if c.announced] if beat else []
+            if beat:
+                next_beat = now + self.heartbeat_s
+                if announced:
+                    m = resource_sample(self._prev)
+                    for ctx in announced:
+                        Sender.send(ctx.address, {"t": ctx.task_id, "a": ctx.attempt, "k": "hb", "m": m})
 
 
-class Call:
-    """The attempt wrapper an adapter submits instead of `fn` (picklable when `fn` is).
-    In the worker it reports started / heartbeats / ended, runs fn(*args, **kwargs) with
-    this module's functions bound to the attempt, and returns its result."""
+class Runner:
+    """The wrapper an adapter submits instead of `fn` (picklable when `fn` is), called as
+    runner((task_id, attempt number), *args, **kwargs). In the worker it reports started /
+    heartbeats / ended, runs fn(*args, **kwargs) with this module's functions bound to the
+    attempt, and returns its result. One Runner serves every attempt of every task of `fn`
+    (it holds no attempt of its own), so an engine that caches the serialised form of a
+    callable (Parsl does, by identity) pickles it once, not once per attempt."""
 
-    def __init__(self, fn, task_id: str, attempt: int, address: str | None, heartbeat_s: float = 1.0):
+    __slots__ = ("fn", "address", "heartbeat_s")
+
+    def __init__(self, fn, address: str | None, heartbeat_s: float = 1.0):
         self.fn = fn
-        self.task_id = task_id
-        self.attempt = attempt
         self.address = address
         self.heartbeat_s = heartbeat_s
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, attempt: tuple[str, int], /, *args, **kwargs):
         if not self.address:
             return self.fn(*args, **kwargs)
-        agent = _Agent.get(self.heartbeat_s)
-        ctx = _Context(self.task_id, self.attempt, self.address)
-        key = (self.task_id, self.attempt)
+        agent = _Agent.get(self.heartbeat_s, self.address)
+        ctx = _Context(attempt[0], attempt[1], self.address, agent)
         outer = getattr(_local, "ctx", None)
         _local.ctx = ctx
-        agent.running[key] = ctx
-        ctx.send("started", w=agent.worker, pp=os.getppid(), ctl=agent.control.address)
+        agent.begin(ctx)
         try:
             return self.fn(*args, **kwargs)
         finally:
-            agent.running.pop(key, None)
             _local.ctx = outer
-            ctx.send("ended")  # the worker process is free of this attempt (process_control)
+            agent.end(ctx)  # "ended": the worker process is free of this attempt (process_control)
 
     def __repr__(self) -> str:
-        return f"diaspora.task.Call({getattr(self.fn, '__name__', self.fn)!r}, {self.task_id!r}, attempt {self.attempt})"
+        return f"diaspora.task.Runner({getattr(self.fn, '__name__', self.fn)!r})"
