@@ -30,8 +30,11 @@ echo
 echo "== diaspora run: policies vs the retry-after=120s baseline, and throughput vs Dask (bench/run)"
 "$PY" bench/run/run_bench.py --build "$BUILD_DIR"
 echo
-echo "== the workflow corpus: 25 specs x 2 seeds, as written and as the retry-after=120s baseline (bench/run/corpus; about an hour)"
+echo "== the workflow corpus: 27 specs x 2 seeds, as written and as the retry-after=120s baseline (bench/run/corpus; about an hour)"
 "$PY" bench/run/corpus/corpus.py --build "$BUILD_DIR"
+echo
+echo "== the quick corpus on real Parsl: every site an engine: parsl HTEX (bench/run/corpus --engine parsl; about 12 minutes)"
+"$PY" bench/run/corpus/corpus.py --build "$BUILD_DIR" --quick --engine parsl
 echo
 echo "== engine adapters: Python hook cost, Dask with and without the plugins (bench/adapters)"
 "$PY" bench/adapters/bench_adapters.py --build "$BUILD_DIR"

@@ -19,6 +19,13 @@ void Metrics::out(const std::string& topic, std::uint64_t events, std::uint64_t 
   t.bytes_out += bytes;
 }
 
+void Metrics::subscribed(const std::string& pattern, int delta) {
+  std::lock_guard lock(mutex);
+  auto it = subscriptions.try_emplace(pattern, 0).first;
+  it->second += delta;
+  if (it->second <= 0) subscriptions.erase(it);
+}
+
 std::string render_metrics(Metrics& metrics, const LogStore& store) {
   std::string out;
   auto line = [&](const std::string& s) { out += s + "\n"; };
@@ -28,9 +35,11 @@ std::string render_metrics(Metrics& metrics, const LogStore& store) {
     return r;
   };
   std::map<std::string, Metrics::TopicCounters> snapshot;
+  std::map<std::string, std::int64_t> subscriptions;
   {
     std::lock_guard lock(metrics.mutex);
     snapshot = metrics.topics;
+    subscriptions = metrics.subscriptions;
   }
   auto per_topic = [&](const char* name, const char* help, std::uint64_t Metrics::TopicCounters::*field) {
     line(std::string("# HELP ") + name + " " + help);
@@ -56,6 +65,9 @@ std::string render_metrics(Metrics& metrics, const LogStore& store) {
          static_cast<std::int64_t>(metrics.refused_auth.load()));
   single("diaspora_relay_slow_consumer_disconnects_total", "counter", "Subscribers disconnected as too slow.",
          static_cast<std::int64_t>(metrics.slow_disconnects.load()));
+  line("# HELP diaspora_relay_subscriptions Open subscriptions per topic or pattern, as subscribed.");
+  line("# TYPE diaspora_relay_subscriptions gauge");
+  for (const auto& [p, n] : subscriptions) line("diaspora_relay_subscriptions{topic=\"" + esc(p) + "\"} " + std::to_string(n));
   auto fs = store.fsync_stats();
   line("# HELP diaspora_relay_fsync_seconds Duration of log syncs (group commits).");
   line("# TYPE diaspora_relay_fsync_seconds histogram");

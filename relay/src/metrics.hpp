@@ -28,6 +28,11 @@ struct Metrics {
   void in(const std::string& topic, std::uint64_t events, std::uint64_t bytes, std::uint64_t dups);
   /// Events delivered to a subscriber of `topic`.
   void out(const std::string& topic, std::uint64_t events, std::uint64_t bytes);
+  /// A subscription to `pattern` (a topic or a pattern, as subscribed) opened (+1) or
+  /// closed (-1: unsubscribed, or its connection ended).
+  void subscribed(const std::string& pattern, int delta);
+
+  std::map<std::string, std::int64_t> subscriptions;  // pattern -> open subscriptions; guarded by mutex
 };
 
 /// The Prometheus text exposition (version 0.0.4) of `m` and of the log's fsync histogram

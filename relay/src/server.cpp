@@ -194,7 +194,10 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   WsSession(beast::ssl_stream<beast::tcp_stream>&& stream, std::shared_ptr<Relay::Impl> relay)
       : ws_(std::move(stream)), relay_(std::move(relay)), timer_(ws_.get_executor()) {}
 
-  ~WsSession() { relay_->metrics.websockets--; }
+  ~WsSession() {
+    relay_->metrics.websockets--;
+    for (const auto& [key, sub] : subs_) relay_->metrics.subscribed(sub.pattern, -1);
+  }
 
   // Accepts the upgrade. `claims` set when the upgrade carried a valid bearer token.
   void run(http::request<http::string_body> req, Mode mode, std::string subprotocol, std::optional<TokenClaims> claims,
@@ -271,6 +274,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
                                                     : relay_->store->committed_offset(ce_topic_);
         if (auto offset = parse_offset(ce_from)) start = *offset;
         sub.cursors[ce_topic_] = Cursor{start};
+        relay_->metrics.subscribed(ce_topic_, +1);
         subs_.emplace("ce", std::move(sub));
         subscribed_.store(true, std::memory_order_release);
       }
@@ -574,6 +578,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     json::object offs;
     for (const auto& [t, c] : sub.cursors) offs[t] = c.next;
     reply["offsets"] = std::move(offs);
+    relay_->metrics.subscribed(sub.pattern, +1);
     subs_.emplace(key, std::move(sub));
     subscribed_.store(true, std::memory_order_release);
     send(json::serialize(reply));
@@ -592,8 +597,10 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
 
   void on_unsubscribe(const json::object& o) {
     const json::value* idv = o.if_contains("id");
-    if (!idv || !subs_.erase(json::serialize(*idv)))
-      return send_error("not_found", "no subscription with that id", idv);
+    auto it = idv ? subs_.find(json::serialize(*idv)) : subs_.end();
+    if (it == subs_.end()) return send_error("not_found", "no subscription with that id", idv);
+    relay_->metrics.subscribed(it->second.pattern, -1);
+    subs_.erase(it);
     send(json::serialize(json::object{{"op", "unsubscribed"}, {"id", *idv}}));
   }
 

@@ -26,10 +26,13 @@ import argparse
 import os
 import socket
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from dask_bridge import Bridge, run_worker, send_error, send_missing, start  # noqa: E402  (the protocol; run_worker is pickled by reference)
+
+MANAGER_TIMEOUT_S = 80.0  # for the block's manager to join (the runner waits 90 s for "ready")
 
 
 class ParslBridge(Bridge):
@@ -74,6 +77,14 @@ def main(argv: list[str] | None = None) -> int:
             htex.start()
             poller = JobStatusPoller(strategy="none", max_idletime=120.0, strategy_period=5.0)
             poller.add_executors([htex])
+            # Ready once the block's manager has joined (its workers run), as a local site's
+            # workers run when it is ready: the run's clock (and its faults' `at`) starts then.
+            deadline = time.monotonic() + MANAGER_TIMEOUT_S
+            while not htex.connected_managers():
+                if time.monotonic() > deadline:
+                    return send_error(sock, f"no HTEX manager joined within {MANAGER_TIMEOUT_S:.0f} s (the block's "
+                                            f"output: {htex.provider.script_dir}/*.err)")
+                time.sleep(0.05)
         except Exception as e:  # noqa: BLE001 -- any failure to start HTEX is the site's error
             return send_error(sock, f"{type(e).__name__}: {e}")
         bridge = ParslBridge(sock, htex)

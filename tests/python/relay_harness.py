@@ -284,6 +284,13 @@ def https_get(relay: RelayProcess, path: str, token: str | None = None) -> str:
         return r.read().decode()
 
 
+def wait_subscribed(relay: RelayProcess, topic: str, token: str | None = None, timeout: float = 30.0) -> None:
+    """Waits until the relay has an open subscription to `topic` (its /metrics gauge): an
+    engine's control subscription is up, so an action published now reaches it."""
+    line = f'diaspora_relay_subscriptions{{topic="{topic}"}} '
+    wait_until(lambda: line in https_get(relay, "/metrics", token), timeout, f"a subscription to {topic}")
+
+
 def https_post(relay: RelayProcess, path: str, body, token: str | None) -> tuple[int, dict]:
     """POST https://127.0.0.1:PORT/PATH with a JSON body (or raw bytes): (status, the JSON answer)."""
     req = urllib.request.Request(f"https://127.0.0.1:{relay.port}{path}", method="POST",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from relay_harness import (DIASPORA, publish_action, relay_events,  # noqa: E402
-                           write_spec)
+                           wait_subscribed, write_spec)
 
 SITES = [{"name": "a", "engine": "local"}]
 
@@ -116,7 +116,7 @@ def test_checkpoint_and_cancel_actions_from_an_operator(relay, token, tmp_path):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline() == "ready\n"
-        time.sleep(1.5)  # the control subscription is up (its first commit) before the operator acts
+        wait_subscribed(relay, "ex.control.exec-op")  # the operator acts once the wrapper listens
         publish_action(relay, token[0], {"action_id": "op-1", "action": "checkpoint", "task_id": "op",
                                          "reason": "before maintenance"}, topic="ex.control.exec-op")
         assert p.stdout.readline() == "checkpoint\n"

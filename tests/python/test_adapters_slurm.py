@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from relay_harness import (BIN, Credentials, RelayProcess, publish_action, relay_events,  # noqa: E402
-                           wait_until, write_spec)
+                           wait_subscribed, wait_until, write_spec)
 import run_harness as rn  # noqa: E402
 from slurm_harness import Slurm  # noqa: E402
 
@@ -120,7 +120,7 @@ def test_a_restart_action_requeues_a_batch_job(env):
     job = r.stdout.strip().split(";")[0]
     step_id = f"slurm-{job}.0.0"
     wait_event(slurm, relay, creds, "org.diaspora.task.started", step_id, 60)
-    time.sleep(1.0)  # the step's control subscription is up
+    wait_subscribed(relay, f"slm.control.slurm-{job}.0", creds.token("admin"))  # the step listens for actions
     publish_action(relay, creds.token("publish:*", "subscribe:*"),
                    {"action_id": "rq-1", "action": "restart", "task_id": step_id, "reason": "operator"},
                    topic=f"slm.control.slurm-{job}.0")

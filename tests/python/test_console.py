@@ -148,6 +148,7 @@ def test_operator_actions_need_control_scope_and_reach_the_engine(env):
         admin = creds.token("admin")
         wait_until(lambda: json.loads(https_get(relay, "/api/v1/views/tasks?workflow=ops", admin))["total"] >= 1, 20,
                    "the engine's task in the views")
+        wait_until(lambda: engine.plugin.stats()["control_connected"] == 1, 20, "the engine's control subscription")
         refused = drive("act", relay, creds.token("subscribe:*", subject="viewer"), workflow="ops", task="r.0")
         assert "403" in refused["result"] and "control:ops" in refused["result"], refused
         assert engine.received == []

@@ -13,7 +13,7 @@ import pytest
 import websockets
 
 from relay_harness import (DIASPORA, TIMEOUT, Credentials, RelayProcess, collect_all, connect, event, https_get,
-                           https_status, recv, request, run, session, sh)
+                           https_status, recv, request, run, session, sh, wait_until)
 
 
 @pytest.fixture(scope="module")
@@ -341,6 +341,27 @@ def test_https_endpoints(relay, creds):
     assert https_status(relay, "/api/v1/topics/nope", admin(creds)) == 404
     assert https_status(relay, "/nothing") == 404
     assert (topics[0]["retention_bytes"], topics[0]["retention_age_s"]) == (0, 0)  # unlimited unless configured
+
+
+def test_the_subscriptions_gauge_counts_open_subscriptions_per_topic_or_pattern(relay, creds):
+    gauge = 'diaspora_relay_subscriptions{topic="%s"} %d'
+
+    async def go():
+        a = await session(relay, admin(creds))
+        b = await session(relay, admin(creds))
+        for ws, sid in ((a, 1), (b, 1), (b, 2)):
+            r = await request(ws, {"op": "subscribe", "id": sid, "topic": "g.*" if sid == 1 else "g.one"})
+            assert r["op"] == "subscribed", r
+        m = https_get(relay, "/metrics")
+        assert gauge % ("g.*", 2) in m and gauge % ("g.one", 1) in m, m
+        assert (await request(b, {"op": "unsubscribe", "id": 2}))["op"] == "unsubscribed"
+        m = https_get(relay, "/metrics")
+        assert gauge % ("g.*", 2) in m and 'topic="g.one"' not in m.split("diaspora_relay_subscriptions", 1)[1]
+        await b.close()
+        wait_until(lambda: gauge % ("g.*", 1) in https_get(relay, "/metrics"), 10, "b's subscription to be gone")
+        await a.close()
+        wait_until(lambda: 'diaspora_relay_subscriptions{' not in https_get(relay, "/metrics"), 10, "every gone")
+    run(go())
 
 
 def test_topics_list_their_retention(creds, tmp_path):

@@ -137,7 +137,10 @@ tasks:
     ticks = [i for i in rep["instances"] if i["task"] == "tick"]
     assert len(ticks) == 8
     starts = sorted(i["submitted_s"] for i in ticks)
-    assert 1.5 <= starts[-1] - starts[0] <= 2.5, starts  # 4 per second over 2 s
+    # 4 per second over 2 s: the k-th never before k/4 s after the first (a stream is never ahead
+    # of its rate), and the 8 within 4 s (not stalled; a loaded machine may run late)
+    assert all(t - starts[0] >= k * 0.25 - 0.02 for k, t in enumerate(starts)), starts
+    assert starts[-1] - starts[0] <= 4.0, starts
     assert all(i["deadline_met"] for i in ticks)
     late = rn.instance(rep, "late.0")
     assert late["state"] == "completed" and late["deadline_met"] is False
@@ -267,7 +270,7 @@ tasks:
     assert all(i["attempts"] == [] and i["state"] == "completed" for i in restored)
     assert all(i["state"] == "completed" and i["attempts"] for i in rerun)
     # The log holds one completion per instance: nothing finished was run again.
-    events = rn.stored_events(out, "resume.events", 60)
+    events = rn.stored_events(out, "resume.events", None)  # all of them: a second completion could be anywhere
     completed = [e["subject"] for e in events if e["type"] == "org.diaspora.task.completed"]
     assert sorted(completed) == sorted(f"burn.{k}" for k in range(6)), completed
 

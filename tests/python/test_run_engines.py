@@ -61,6 +61,7 @@ faults:
     assert {a["site"] for i in insts.values() if i["id"].startswith("burn") for a in i["attempts"]} == {site}
     assert [a["site"] for a in insts["note.0"]["attempts"]] == ["loc"]  # a command runs on the local site
     (fault,) = rep["faults"]
+    assert fault["hit"], fault  # the kill hit an attempt (it waits for one when none runs at 1.5 s)
     killed = insts[fault["hit"][0]["instance"]]
     first = killed["attempts"][0]
     assert "died" in first["reason"] and "connection closed" in first["reason"], first
@@ -183,7 +184,10 @@ faults:
     assert p.returncode == 0, p.stdout + p.stderr
     rep = rn.report(out)
     inst = rn.instance(rep, "burn.0")
-    first, copy = inst["attempts"][0], inst["attempts"][1]
+    (fault,) = rep["faults"]
+    assert [h["instance"] for h in fault["hit"]] == ["burn.0"], fault  # the hang hit the attempt on Dask
+    assert len(inst["attempts"]) == 2, inst
+    first, copy = inst["attempts"]
     assert first["site"] == site and copy["site"] == "loc" and copy["outcome"] == "completed", inst
     assert first["outcome"] == "cancelled", first  # the loser: its Dask task withdrawn, its worker killed
     # One copy: max_attempts 1, and a copy spends its original's budget (a copy whose own

@@ -9,9 +9,11 @@ and the reaction time (docs/run.md: the fault to the recovering attempt running)
 held-out third is never used to choose a setting; its targets are checked at the end.
 
 Usage: bench/run/corpus/corpus.py [--build build] [--quick] [--only NAME,...] [--seeds 2]
-       [--no-baseline] [--json OUT.json]
+       [--no-baseline] [--engine local|parsl] [--json OUT.json]
 --quick: the specs marked quick, seed 0 (about 5 minutes); the whole corpus takes about an
-hour on 2 cores.
+hour on 2 cores. --engine parsl: every site of every spec becomes an `engine: parsl` site
+(a real Parsl HighThroughputExecutor of the same workers, docs/run.md), so the corpus runs
+on real Parsl.
 """
 
 from __future__ import annotations
@@ -33,9 +35,14 @@ def fault_count(spec: Path) -> int:
     return sum(1 for line in spec.read_text().splitlines() if line.strip().startswith("- {at:"))
 
 
-def run_one(build: Path, spec: Path, seed: int, baseline: bool, out: Path) -> dict:
-    """Runs one spec; returns its figures (or an error)."""
+def run_one(build: Path, spec: Path, seed: int, baseline: bool, out: Path, engine: str = "local") -> dict:
+    """Runs one spec (its sites on `engine`); returns its figures (or an error)."""
+    import yaml
+
     args = [str(build / "bin" / "diaspora"), "run", str(spec), "--out", str(out)]
+    if engine != "local":
+        for i, _ in enumerate(yaml.safe_load(spec.read_text()).get("sites", [])):
+            args += ["--set", f"sites[{i}].engine={engine}"]
     if baseline:
         args += ["--baseline", "retry-after=120s"]
     text = spec.read_text()
@@ -85,6 +92,7 @@ def main() -> int:
     ap.add_argument("--only", default="")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--engine", default="local", choices=["local", "parsl"])
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     build = Path(a.build).resolve()
@@ -102,7 +110,7 @@ def main() -> int:
             for seed in seeds:
                 for mode in modes:
                     out = Path(tmp) / f"{s['name']}-{seed}-{mode}"
-                    r = run_one(build, HERE / "specs" / f"{s['name']}.yaml", seed, mode == "baseline", out)
+                    r = run_one(build, HERE / "specs" / f"{s['name']}.yaml", seed, mode == "baseline", out, a.engine)
                     r.update(spec=s["name"], set=s["set"], seed=seed, mode=mode, fault_free=not s["faults"],
                              expected=None)
                     if "error" not in r:
