@@ -170,6 +170,7 @@ struct Eval {
   bool stalled = false;
   bool relative = false;  // judged against the task's normal (RelEval below)
   RelEval rel{};
+  bool borrowed = false;  // phi: too few heartbeats of its own; its family's mean gap judged the silence
 };
 
 }  // namespace
@@ -203,6 +204,7 @@ struct PolicyEngine::Impl {
     std::array<double, kRelSeries> att_level{};  // this attempt's smoothed value per series
     std::array<int, kRelSeries> att_n{};
     double max_gap = 0;    // the longest recent heartbeat gap (decays 10 % a heartbeat)
+    double started_at = -1;  // when its attempt started (-1: not reported)
     double last_ratio = 0;  // its latest step-time level against its task's normal
     double ratio_t = -1;    // when that was judged (-1: never)
     std::vector<Slot> slots;
@@ -227,6 +229,7 @@ struct PolicyEngine::Impl {
   std::vector<SiteState> sites_;
   std::map<std::string, int, std::less<>> site_index_;
   std::map<std::string, TaskState, std::less<>> tasks_;
+  std::map<std::string, double, std::less<>> first_beat_;  // family -> time from start to first heartbeat
   std::map<std::string, Family, std::less<>> families_;
   std::deque<PolicySpec> builtin_specs_;  // the default set's policies (stable addresses)
   double rel_ratio_ = 2;                  // "worse than normal": 1 + 1/sensitivity
@@ -486,6 +489,14 @@ struct PolicyEngine::Impl {
     set_site(t, site);
     if (std::isfinite(now)) t.last_activity = std::max(t.last_activity, now);
     return t;
+  }
+
+  /// A heartbeat of t's attempt arrived at `now`: the first since it started tells its family
+  /// how long an attempt takes to send one (the longest lately: it decays 10 % a first beat).
+  void first_heard(const TaskState& t, double now) {
+    if (t.last_hb || t.started_at < 0 || now < t.started_at || t.family.empty()) return;
+    double& first = first_beat_[t.family];
+    first = std::max(now - t.started_at, 0.9 * first);
   }
 
   /// A heartbeat of t's attempt at `at` (later than its last one).
@@ -766,6 +777,29 @@ struct PolicyEngine::Impl {
     return e;
   }
 
+  /// The default set's silence check for an attempt that has sent no heartbeat since it
+  /// started (one that hangs as it starts): silent for 5x the time its family's attempts
+  /// took to send their first (the longest seen lately), 3 s more than that, and at least
+  /// kUnheardFloorS (a start that is slow for once, e.g. a cold cache, is not a hang). No
+  /// verdict before an attempt of its family has sent one.
+  static constexpr double kUnheardFloorS = 10.0;
+  Eval unheard_eval(const TaskState& t, double now) const {
+    Eval e;
+    auto f = first_beat_.find(t.family);
+    if (t.started_at < 0 || f == first_beat_.end() || !(f->second > 0)) return e;
+    e.ready = true;
+    e.borrowed = true;
+    e.x = now - t.started_at;
+    e.a = f->second;
+    e.value = e.x / e.a;
+    e.shown_threshold = 5;
+    e.over = e.x >= std::max({5 * e.a, e.a + 3.0, kUnheardFloorS});
+    e.score = std::min(1.0, e.value / 5);
+    e.score_threshold = 1;
+    e.badness = e.over ? 1 : 0;
+    return e;
+  }
+
   Eval phi_eval(const Policy& p, const PhiAccrual& hb, std::optional<double> last_hb, double now,
                 double max_gap = 0) const {
     Eval e;
@@ -802,7 +836,9 @@ struct PolicyEngine::Impl {
       case Det::ewma:
       case Det::holt_winters: return fmt("z %+.1f %s %+g", e.value, op, e.shown_threshold);
       case Det::cusum: return fmt("%s sum %.1f >= %g sigmas", p.dir > 0 ? "upward" : "downward", e.value, p.threshold);
-      case Det::phi: return fmt("phi %.1f >= %g", e.value, p.threshold);
+      case Det::phi:
+        if (e.borrowed) return fmt("silence %.1fx >= 5x its task's time to a first heartbeat", e.value);
+        return fmt("phi %.1f >= %g", e.value, p.threshold);
       case Det::threshold: return fmt("value %.4g%s %s %g%s", e.value, unit, op, p.threshold, unit);
       case Det::forecast:
         if (p.signal == kDeadlineSlack) {
@@ -829,6 +865,9 @@ struct PolicyEngine::Impl {
         return fmt("value %.4g, expected %.4g [%.4g, %.4g]", e.x, e.fc.mean, e.fc.lower, e.fc.upper);
       case Det::cusum: return fmt("value %.4g, level before %.4g", e.x, e.a);
       case Det::phi:
+        if (e.borrowed)
+          return fmt("no heartbeat in the %.1f s since it started (its task's attempts send their first within "
+                     "%.2f s)", e.x, e.a);
         return fmt("last heartbeat %.1f s ago, mean gap %.2f s over %.0f heartbeats", e.x, e.a, e.b);
       case Det::threshold: return fmt("value %.4g", e.x);
       case Det::forecast:
@@ -1198,6 +1237,7 @@ struct PolicyEngine::Impl {
       if (sig == kProgressRate) t.observed_rate = true;
       if (sig == kTaskHeartbeat && std::isfinite(o.value) && o.value >= 0) {
         const double at = now - o.value;
+        first_heard(t, now);
         if (!t.last_hb || at > *t.last_hb + 1e-9) record_heartbeat(t, at);
       }
       SiteState* tss = site_state(t.site);
@@ -1249,7 +1289,10 @@ struct PolicyEngine::Impl {
         const Policy& p = policies_[static_cast<std::size_t>(pi)];
         if (p.det != Det::phi || !t.running || !watches(p, id, t.site)) continue;
         Slot& s = t.slots[static_cast<std::size_t>(p.task_slot)];
-        consider(p, s, phi_eval(p, t.hb, t.last_hb, now, t.max_gap), id, &t, t.site_name, tss, now, out);
+        // No heartbeat since it started: phi has nothing to go on; the default set judges
+        // the silence against how long its family's attempts take to send their first.
+        consider(p, s, !t.last_hb && p.builtin ? unheard_eval(t, now) : phi_eval(p, t.hb, t.last_hb, now, t.max_gap),
+                 id, &t, t.site_name, tss, now, out);
       }
       const TrendModel& m = t.progress.model();
       // The trend's early slope is biased low (Holt starts from 0): judge after warm-up.
@@ -1332,6 +1375,7 @@ void PolicyEngine::task_started(std::string_view task, std::string_view site, do
   t.att_level = {};
   t.att_n = {};
   t.max_gap = 0;
+  t.started_at = std::isfinite(now) ? now : -1;
   if (!t.deadline && std::isfinite(now)) {
     if (deadline_s && std::isfinite(*deadline_s))
       t.deadline = now + *deadline_s;
@@ -1353,6 +1397,7 @@ void PolicyEngine::heartbeat(std::string_view task, std::string_view site, doubl
   impl_->advance(now);
   auto& t = impl_->task(task, site, now);
   if (t.last_hb && now < *t.last_hb) return;
+  impl_->first_heard(t, now);
   Impl::record_heartbeat(t, now);
 }
 

@@ -244,6 +244,48 @@ TEST(PolicyDefaults, TheAttemptAnActionStoppedIsNotNewEvidence) {
   EXPECT_EQ(out.size(), n) << dump(out);
 }
 
+TEST(PolicyDefaults, AnAttemptThatHangsBeforeItsFirstHeartbeatIsRevivedOnceItsTaskShowsWhenOneComes) {
+  // Phi-accrual needs a history of gaps; an attempt that hangs as it starts has none. The
+  // default set judges its silence against how soon its task's attempts send their first
+  // heartbeat (0.5 s here): revived after max(5 x that, that + 3 s, 10 s), not before; and
+  // not at all while no attempt of the task has sent one (nothing to compare with).
+  res::PolicyEngine eng(spec_of("version: 1\nname: d\nsites: [{name: only, engine: local, workers: 4}]\ntasks: [{name: t, kind: sleep}]\n"));
+  std::vector<res::Decision> out;
+  eng.task_started("t.0", "only", 0, std::nullopt);  // hangs as it starts
+  for (double t = 0.1; t < 20; t += 0.1) eng.tick(t, out);
+  EXPECT_TRUE(out.empty()) << "no attempt of t has sent a heartbeat yet: " << dump(out);
+  // t.1 beats every 0.5 s from its start: now t.0's 20 s of silence is judged.
+  eng.task_started("t.1", "only", 20, std::nullopt);
+  double t = 20;
+  auto run_to = [&](double until) {
+    while (t < until - 1e-9) {
+      t += 0.1;
+      if (std::fmod(t - 20 + 1e-6, 0.5) < 0.1) eng.heartbeat("t.1", "only", t);
+      eng.tick(t, out);
+    }
+  };
+  run_to(21);
+  ASSERT_EQ(out.size(), 1u) << dump(out);
+  EXPECT_EQ(out[0].policy, "default-revive");
+  EXPECT_EQ(out[0].task_id, "t.0");
+  EXPECT_EQ(out[0].action, "restart");
+  EXPECT_NE(out[0].explanation.find("no heartbeat in the"), std::string::npos) << out[0].explanation;
+  eng.task_failed("t.0", "only", t, {}, out);  // the engine stopped it for the restart: no new evidence
+  ASSERT_EQ(out.size(), 1u) << dump(out);
+  // t.2 starts and never sends a heartbeat: revived 10 s after its start, not sooner.
+  eng.task_started("t.2", "only", 30, std::nullopt);
+  run_to(30);
+  run_to(39.8);
+  EXPECT_EQ(out.size(), 1u) << dump(out);
+  run_to(40.5);
+  ASSERT_EQ(out.size(), 2u) << dump(out);
+  EXPECT_EQ(out[1].task_id, "t.2");
+  EXPECT_EQ(out[1].action, "restart");
+  EXPECT_GE(out[1].time_s, 40 - 1e-6);
+  // t.1, beating all along, was never judged silent.
+  for (const auto& d : out) EXPECT_NE(d.task_id, "t.1") << dump(out);
+}
+
 TEST(PolicyDefaults, SilenceTheSitesAttemptsShareMovesTheRestartOffIt) {
   res::PolicyEngine eng(spec_of(two_sites()));
   std::vector<res::Decision> out;
