@@ -1,6 +1,7 @@
 """Fixtures shared by the adapter tests: development credentials (one set per module), a
 relay process on 127.0.0.1 with TLS (one per test) and a token with publish and subscribe
-on everything, as text and as a file."""
+on everything, as text and as a file. A relay that exits non-zero at stop, or whose log holds
+a sanitizer report, fails the test."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def creds(tmp_path_factory) -> Credentials:
 def relay(creds, tmp_path):
     r = RelayProcess(creds, tmp_path / "relay").start()
     yield r
-    r.stop()
+    r.stop_cleanly()  # a non-zero exit at stop or a sanitizer report fails the test
 
 
 @pytest.fixture

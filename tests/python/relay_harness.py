@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import signal
 import ssl
 import subprocess
@@ -69,6 +70,9 @@ class Credentials:
         return ctx
 
 
+SANITIZER_REPORT = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer)|WARNING: ThreadSanitizer|runtime error:")
+
+
 class RelayProcess:
     """A diaspora-relay child process; restartable on the same data directory."""
 
@@ -81,6 +85,7 @@ class RelayProcess:
         self.mtls = mtls
         self.fsync = fsync
         self.proc: subprocess.Popen | None = None
+        self.killed = False
         self.port = 0
         self.log = data_dir.parent / f"{data_dir.name}.relay.log"
 
@@ -99,6 +104,7 @@ class RelayProcess:
             args += ["--config", cfg]
         logf = open(self.log, "ab")
         self.proc = subprocess.Popen([str(a) for a in args], stdout=logf, stderr=logf)
+        self.killed = False  # set by kill(): the exit status that follows is the test's doing
         deadline = time.monotonic() + TIMEOUT
         while time.monotonic() < deadline:
             if port_file.exists() and port_file.read_text().strip():
@@ -113,12 +119,23 @@ class RelayProcess:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=TIMEOUT)
+            self.killed = True
 
     def stop(self) -> int:
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=TIMEOUT)
+
+    def stop_cleanly(self) -> None:
+        """stop(), then fails (AssertionError with the log's tail) when the relay exited with a
+        non-zero status that no kill() of the test caused, or when its log holds a sanitizer
+        report (ASan, LSan, TSan, UBSan's "runtime error:")."""
+        rc = self.stop()
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        report = SANITIZER_REPORT.search(text)
+        assert report is None, f"the relay's log holds a sanitizer report:\n{text[max(0, report.start() - 200):][:4000]}"
+        assert rc == 0 or self.killed, f"the relay exited with status {rc} at stop:\n{text[-3000:]}"
 
     @property
     def url(self) -> str:

@@ -118,4 +118,4 @@ def stored_events(out: Path, topic: str, count: int | None) -> list[dict]:
             return rh.relay_events(relay, token, 0, topic=topic, counted=lambda e: False)
         return [e for _, e in rh.run(rh.collect_all(relay, token, topic, count))]
     finally:
-        relay.stop()
+        relay.stop_cleanly()
