@@ -170,7 +170,7 @@ struct Eval {
   bool stalled = false;
   bool relative = false;  // judged against the task's normal (RelEval below)
   RelEval rel{};
-  bool borrowed = false;  // phi: too few heartbeats of its own; its family's mean gap judged the silence
+  bool borrowed = false;  // phi: no heartbeat since it started; judged by its family's time to a first one
 };
 
 }  // namespace

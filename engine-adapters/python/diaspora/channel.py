@@ -90,10 +90,14 @@ def route_to(address: str) -> str:
 
 class Listener:
     """Receives datagrams on `address` (a fresh abstract one by default; "udp://HOST:0/KEY"
-    binds a free UDP port on HOST, and `address` then names it) and calls
-    handler(message: dict) on its own thread for each valid one."""
+    binds a free UDP port on HOST, "udp://HOST[:PORT]" the same with a fresh key, and
+    `address` then names it) and calls handler(message: dict) on its own thread for each
+    valid one."""
 
     def __init__(self, handler: Callable[[dict], None], address: str | None = None, tag: str = "ch"):
+        if address and address.startswith("udp://") and address.count("/") < 3:
+            host, _, port = address[len("udp://"):].partition(":")
+            address = new_udp_address(host, int(port or 0))
         self.address = address or new_address(tag)
         self.dropped = 0
         self._handler = handler

@@ -54,7 +54,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
-from .channel import Listener, Sender, host_name, new_udp_address
+from .channel import Listener, Sender, host_name
 from .errors import DiasporaError
 from .plugin import Action, Plugin
 from .task import AttemptStopped, Runner
@@ -134,13 +134,20 @@ _GONE = ("", "Z", "X")  # process states (_proc_state): gone, zombie, dead
 _STOPPED = ("T", "t")  # stopped (SIGSTOP), traced
 
 
-def _proc_state(pid: int) -> str:
-    """The state letter of a process of this host (R, S, D, T, t, Z, ...), "" when gone."""
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (state, parent pid, ...); [] when
+    the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
+            return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return ""
+        return []
+
+
+def _proc_state(pid: int) -> str:
+    """The state letter of a process of this host (R, S, D, T, t, Z, ...), "" when gone."""
+    fields = _stat(pid)
+    return fields[0] if fields else ""
 
 
 def _ancestors(pid: int, depth: int = 6) -> tuple[int, ...]:
@@ -148,13 +155,10 @@ def _ancestors(pid: int, depth: int = 6) -> tuple[int, ...]:
     engine's block (a LocalProvider job is the pid of a shell above the manager)."""
     out = []
     for _ in range(depth):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
+        fields = _stat(pid)
+        if len(fields) < 2 or not fields[1].isdigit() or int(fields[1]) <= 1:
             break
-        if pid <= 1:
-            break
+        pid = int(fields[1])
         out.append(pid)
     return tuple(out)
 
@@ -246,9 +250,6 @@ class ResilientExecutor(cf.Executor):
         self._outcomes: collections.deque = collections.deque()  # (outer Future, how, value): set unlocked
         self._closed = False
         self._shutdown_lock = threading.Lock()
-        if report_address and report_address.startswith("udp://") and report_address.count("/") < 3:
-            host, _, port = report_address[len("udp://"):].partition(":")
-            report_address = new_udp_address(host, int(port or 0))  # a fresh key
         self._listener = Listener(lambda m: self._post("msg", m), address=report_address, tag="executor")
         self._thread = threading.Thread(target=self._loop, name="diaspora-executor", daemon=True)
         self._thread.start()

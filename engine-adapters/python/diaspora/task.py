@@ -56,8 +56,12 @@ class _Context:
         self.checkpoint_asked = False
 
     def send(self, kind: str, **fields) -> None:
+        """A report of the attempt's code: the attempt is announced first if it was not yet."""
         if not self.announced:
             self.agent.announce(self)
+        self.report(kind, **fields)
+
+    def report(self, kind: str, **fields) -> None:
         Sender.send(self.address, {"t": self.task_id, "a": self.attempt, "k": kind, **fields})
 
     def on_control(self, msg: dict) -> None:
@@ -231,7 +235,7 @@ class _Agent:
         with self.lock:
             self.running.pop((ctx.task_id, ctx.attempt), None)
             if ctx.announced:  # under the lock: "ended" never overtakes "started"
-                Sender.send(ctx.address, {"t": ctx.task_id, "a": ctx.attempt, "k": "ended"})
+                ctx.report("ended")
 
     def announce(self, ctx: _Context) -> None:
         with self.lock:
@@ -240,8 +244,7 @@ class _Agent:
     def _announce(self, ctx: _Context) -> None:
         if not ctx.announced:
             ctx.announced = True
-            Sender.send(ctx.address, {"t": ctx.task_id, "a": ctx.attempt, "k": "started", "w": self.worker,
-                                      "pp": os.getppid(), "ctl": self.control.address, "s": ctx.began_us})
+            ctx.report("started", w=self.worker, pp=os.getppid(), ctl=self.control.address, s=ctx.began_us)
 
     def _on_control(self, msg: dict) -> None:
         ctx = self.running.get((msg.get("t"), msg.get("a")))
@@ -257,17 +260,14 @@ class _Agent:
         while True:
             if self.running:
                 idle_since = time.monotonic()
-                time.sleep(ANNOUNCE_AFTER_S)
-            elif time.monotonic() - idle_since < self.heartbeat_s:
-                time.sleep(ANNOUNCE_AFTER_S)
-            else:  # idle for a while: sleep until an attempt begins (no 50 Hz wake-ups)
+            elif time.monotonic() - idle_since >= self.heartbeat_s:  # idle a while: no 50 Hz wake-ups
                 self.sleeping = True
                 if not self.running:
-                    self.wake.wait()
+                    self.wake.wait()  # until an attempt begins
                 self.wake.clear()
                 self.sleeping = False
                 idle_since = time.monotonic()
-                time.sleep(ANNOUNCE_AFTER_S)
+            time.sleep(ANNOUNCE_AFTER_S)
             now = time.monotonic()
             beat = now >= next_beat
             with self.lock:
@@ -280,7 +280,7 @@ class _Agent:
                 if announced:
                     m = resource_sample(self._prev)
                     for ctx in announced:
-                        Sender.send(ctx.address, {"t": ctx.task_id, "a": ctx.attempt, "k": "hb", "m": m})
+                        ctx.report("hb", m=m)
 
 
 class Runner:
