@@ -8,7 +8,7 @@ CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 TARGETS ?=
 
-.PHONY: all deps configure build test demo bench test-asan test-tsan build-asan build-tsan clean help
+.PHONY: all deps configure build test demo bench fuzz test-asan test-tsan build-asan build-tsan clean help
 
 all: build
 
@@ -17,6 +17,8 @@ help:
 	@echo "make test       install what is missing, build, run every test (ctest)"
 	@echo "make build      configure and build into $(BUILD_DIR)/ (bin/, lib/)"
 	@echo "make bench      build and run the benchmarks in bench/"
+	@echo "make fuzz       build the fuzz targets with clang + libFuzzer into build-fuzz/ and run each"
+	@echo "                (FUZZ_SECONDS=60 each, FUZZ_TARGETS=\"event frame ...\"; docs/reliability.md)"
 	@echo "make test-asan  build into build-asan/ with ASan+UBSan and run the tests"
 	@echo "make test-tsan  build into build-tsan/ with ThreadSanitizer and run the C++ tests"
 	@echo "make build-asan, make build-tsan   only build what test-asan / test-tsan run"
@@ -38,6 +40,9 @@ demo: build
 
 bench: build
 	@bash scripts/bench.sh $(BUILD_DIR)
+
+fuzz:
+	@bash scripts/fuzz.sh
 
 # Sanitized builds carry line tables only (-g1): a sanitizer's report still names file and
 # line; -g's variable info made the objects 12-30 % larger and the compiles 5-10 % (up to 30 %) slower.
@@ -65,4 +70,4 @@ build-tsan:
 	@$(MAKE) --no-print-directory build $(TSAN_MAKE)
 
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan build-fuzz

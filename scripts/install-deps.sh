@@ -5,6 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# `install-deps.sh --fuzz` also installs what `make fuzz` needs (FUZZ_PACKAGES below).
+WITH_FUZZ=0
+[ "${1:-}" = "--fuzz" ] && WITH_FUZZ=1
+
 # One package a line, grouped by what needs it. Keep in sync with docs/building.md.
 DEB_PACKAGES=(
   # toolchain
@@ -28,6 +32,12 @@ DEB_PACKAGES=(
   # never a downloaded browser) and a font
   chromium fonts-dejavu-core
 )
+
+# `make fuzz` only (scripts/fuzz.sh): clang and libFuzzer (the fuzz targets' coverage-guided
+# runs); `make test` replays the same targets with g++ and needs neither. clang 15: clang 14
+# lacks the __builtin_source_location that libstdc++ 12's std::source_location needs.
+FUZZ_PACKAGES=(clang-15 libfuzzer-15-dev)
+[ "$WITH_FUZZ" = 1 ] && DEB_PACKAGES+=("${FUZZ_PACKAGES[@]}")
 
 # The admin console (console/): the locked npm packages, installed with `npm ci` when
 # console/package-lock.json changed since the last install (a checksum in node_modules).

@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <limits>
 #include <random>
 
+#include "diaspora/json_exact.hpp"
 #include "diaspora/json_schema.hpp"
 #include "diaspora/payloads.hpp"
 #include "internal.hpp"
@@ -98,6 +100,10 @@ std::optional<std::chrono::system_clock::time_point> parse_rfc3339(std::string_v
   // A leap second (:60) is folded onto the next second, as POSIX time does.
   long long secs = days_from_civil(Y, static_cast<unsigned>(M), static_cast<unsigned>(D)) * 86400LL + h * 3600LL +
                    m * 60LL + sec - offset_s;
+  // The clock counts nanoseconds in 64 bits: years 1678 to 2261 (a year such as 5612 would
+  // overflow it; found by tests/fuzz/fuzz_event.cpp under UBSan).
+  constexpr long long kClockSeconds = std::numeric_limits<std::int64_t>::max() / 1'000'000'000 - 1;
+  if (secs > kClockSeconds || secs < -kClockSeconds) return std::nullopt;
   auto d = std::chrono::seconds(secs) + std::chrono::nanoseconds(nanos);
   return std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(d));
 }
@@ -291,6 +297,33 @@ json::object to_object(const Event& e) {
 
 // The single implementation of the CloudEvents rules (and the Diaspora payload rules):
 // decode, encode and the relay all go through it. Works on the parsed JSON in place.
+namespace {
+
+// Whether every number in `v` is finite. The parser reads a number beyond the range of a
+// double (1e999) as infinity, which no JSON text can carry back: an event holding one would
+// not survive an encode/decode round trip. Iterative (the parser bounds the depth anyway).
+bool all_numbers_finite(const json::value& v) {
+  if (v.is_double()) return std::isfinite(v.get_double());
+  if (!v.is_structured()) return true;
+  std::vector<const json::value*> todo{&v};
+  while (!todo.empty()) {
+    const json::value* x = todo.back();
+    todo.pop_back();
+    if (x->is_double()) {
+      if (!std::isfinite(x->get_double())) return false;
+    } else if (const json::object* o = x->if_object()) {
+      for (const auto& kv : *o)
+        if (kv.value().is_structured() || kv.value().is_double()) todo.push_back(&kv.value());
+    } else if (const json::array* a = x->if_array()) {
+      for (const auto& e : *a)
+        if (e.is_structured() || e.is_double()) todo.push_back(&e);
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 EventRef check_event_json(const json::value& v, const CodecOptions& options) {
   if (!v.is_object()) fail(EventErrc::malformed_json, "an event must be a JSON object");
   const json::object& o = v.get_object();
@@ -337,7 +370,7 @@ EventRef check_event_json(const json::value& v, const CodecOptions& options) {
       std::string_view t = str(key, val, 64);
       if (!parse_rfc3339(t))
         fail(EventErrc::invalid_attribute,
-             "time: must be an RFC 3339 timestamp such as 2026-11-30T07:15:38.123Z, got '" + std::string(t) + "'");
+             "time: must be an RFC 3339 timestamp such as 2026-11-30T07:15:38.123Z (years 1678 to 2261), got '" + std::string(t) + "'");
     } else if (key == "data") data = &val;
     else if (key == "data_base64") {
       if (!val.is_string() || !base64_valid(val.get_string()))
@@ -362,6 +395,9 @@ EventRef check_event_json(const json::value& v, const CodecOptions& options) {
   if (specversion != "1.0")
     fail(EventErrc::invalid_attribute, "specversion: must be \"1.0\", got \"" + std::string(specversion) + "\"");
   if (data && has_binary) fail(EventErrc::invalid_attribute, "'data' and 'data_base64' cannot be used together");
+  if (data && !all_numbers_finite(*data))
+    fail(EventErrc::invalid_data, "data: holds a number out of the range of a double (such as 1e999): JSON cannot "
+                                  "carry it back (found by tests/fuzz/fuzz_event.cpp)");
   if (options.validate_payloads && ref.type.starts_with("org.diaspora.")) {
     if (!events::is_known_type(ref.type))
       fail(EventErrc::unknown_type,
@@ -404,8 +440,11 @@ Event decode_event(std::string_view text, const CodecOptions& options) {
   if (text.size() > options.max_event_bytes)
     fail(EventErrc::too_large, "event of " + std::to_string(text.size()) + " bytes exceeds the limit of " +
                                    std::to_string(options.max_event_bytes) + " bytes");
+  // Numbers read exactly (diaspora/json_exact.hpp): Boost's parser may be one unit in the
+  // last place off, so that a decoded event encoded and decoded again would differ from
+  // itself (found by tests/fuzz/fuzz_event.cpp).
   boost::system::error_code ec;
-  json::value v = json::parse(text, ec);
+  json::value v = parse_json_exact(text, ec);
   if (ec) fail(EventErrc::malformed_json, "not valid JSON: " + ec.message());
   return event_from_json(v, options);
 }

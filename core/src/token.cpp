@@ -202,7 +202,14 @@ TokenClaims TokenVerifier::verify(std::string_view token, SysSeconds now) const 
     const json::value* v = p.if_contains(k);
     if (!v) return std::nullopt;
     if (!v->is_number()) refuse(TokenErrc::malformed, "claim '" + std::string(k) + "' is not a number");
-    return SysSeconds(std::chrono::seconds(v->to_number<std::int64_t>()));
+    // Seconds since 1970 up to the end of year 9999: a number beyond them (2^63, 1e300) is
+    // no time and would overflow the checks below (found by tests/fuzz/fuzz_token.cpp).
+    constexpr double kLast = 253402300799.0;
+    boost::system::error_code nec;
+    const double d = v->to_number<double>(nec);
+    if (nec || !(d >= 0 && d <= kLast))
+      refuse(TokenErrc::malformed, "claim '" + std::string(k) + "' is not a time between 1970 and 9999 (seconds)");
+    return SysSeconds(std::chrono::seconds(static_cast<std::int64_t>(d)));
   };
   const json::value* sub = p.if_contains("sub");
   if (!sub || !sub->is_string() || sub->get_string().empty()) refuse(TokenErrc::missing_claim, "token has no subject (sub)");

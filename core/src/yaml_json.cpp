@@ -1,5 +1,6 @@
 // YAML -> JSON with source positions, and schema validation with located diagnostics.
 // Every YAML input of Diaspora goes through here, so all report errors the same way.
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <optional>
 #include <regex>
+#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -247,23 +249,74 @@ Diagnostic syntax_error(const std::string& file, std::string_view text, const YA
 
 }  // namespace
 
+namespace {
+
+// Where the documents of a YAML stream start, for at most two of them: the parser's events
+// are ignored. YAML::LoadAll is not used: yaml-cpp 0.7 loops forever, allocating, on a
+// stream that starts with a flow entry (",key: 1"; found by tests/fuzz/fuzz_spec.cpp), as
+// it keeps returning a document without consuming anything.
+class DocumentStarts final : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> starts;
+  void OnDocumentStart(const YAML::Mark& mark) override { starts.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+// The marks of the first two documents; `stuck` is set when the parser stops advancing
+// (where it is stuck).
+std::vector<YAML::Mark> document_starts(const std::string& text, std::optional<YAML::Mark>& stuck) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentStarts h;
+  while (h.starts.size() < 2) {
+    const std::size_t before = h.starts.size();
+    if (!parser.HandleNextDocument(h) || h.starts.size() == before) break;
+    // A "document" that begins where the one before it began consumed nothing: not one.
+    if (h.starts.size() == 2 && h.starts[1].pos <= h.starts[0].pos) {
+      stuck = h.starts[1];
+      h.starts.pop_back();
+      break;
+    }
+  }
+  return h.starts;
+}
+
+}  // namespace
+
 YamlDocument parse_yaml(std::string_view text, std::string_view file_name) {
   YamlDocument doc;
   std::string file(file_name);
   try {
-    std::vector<YAML::Node> docs = YAML::LoadAll(std::string(text));
-    if (docs.empty()) {
+    const std::string source(text);
+    std::optional<YAML::Mark> stuck;
+    const std::vector<YAML::Mark> starts = document_starts(source, stuck);
+    if (stuck) {
+      const Location l = location_of(*stuck);
+      doc.errors.push_back({file, l.line, l.column, "",
+                            "YAML syntax: the parser cannot read on from here (a stray ',' or flow "
+                            "indicator outside [ ] or { }?)"});
+      return doc;
+    }
+    if (starts.empty()) {
       doc.errors.push_back({file, 1, 1, "(root)", "the file is empty; a spec is a YAML mapping"});
       return doc;
     }
-    if (docs.size() > 1) {
-      Location l = document_start(lines_of(text), location_of(docs[1].Mark()));
+    if (starts.size() > 1) {
+      Location l = document_start(lines_of(text), location_of(starts[1]));
       doc.errors.push_back({file, l.line, l.column, "(root)",
                             "more than one YAML document ('---'); put one spec per file"});
     }
+    const YAML::Node first = YAML::Load(source);
     Converter c{doc, file};
     Path path;
-    doc.root = c.convert(docs[0], path);
+    doc.root = c.convert(first, path);
   } catch (const YAML::Exception& e) {
     doc.errors.push_back(syntax_error(file, text, e));
   }

@@ -1,6 +1,7 @@
 #include "serialize.hpp"
 
 #include "diaspora/plugin.h"
+#include "diaspora/utf8.hpp"
 
 #include <boost/json/serialize.hpp>
 
@@ -79,27 +80,6 @@ void metrics_member(std::string& out, const RecordView& r) {
   out += '}';
 }
 
-// Length of a valid UTF-8 sequence starting at s[i], or 0 when invalid.
-std::size_t utf8_len(std::string_view s, std::size_t i) noexcept {
-  const auto c = static_cast<unsigned char>(s[i]);
-  std::size_t n;
-  std::uint32_t cp;
-  if (c < 0xC2) return 0;
-  if (c < 0xE0) { n = 2; cp = c & 0x1F; }
-  else if (c < 0xF0) { n = 3; cp = c & 0x0F; }
-  else if (c < 0xF5) { n = 4; cp = c & 0x07; }
-  else return 0;
-  if (i + n > s.size()) return 0;
-  for (std::size_t k = 1; k < n; ++k) {
-    const auto cc = static_cast<unsigned char>(s[i + k]);
-    if ((cc & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (cc & 0x3F);
-  }
-  if ((n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
-    return 0;
-  return n;
-}
-
 }  // namespace
 
 void append_json_string(std::string& out, std::string_view s) {
@@ -113,7 +93,7 @@ void append_json_string(std::string& out, std::string_view s) {
       continue;
     }
     if (c >= 0x80) {
-      if (std::size_t n = utf8_len(s, i)) {
+      if (std::size_t n = utf8_sequence_length(s, i)) {
         i += n;
         continue;
       }

@@ -87,6 +87,9 @@ class SpoolRecords {
   /// Whole records held (an open one is not counted).
   std::size_t count() const noexcept { return count_; }
   bool empty() const noexcept { return count_ == 0; }
+  /// The whole records' frames, byte for byte as a segment stores them (tests write
+  /// segments with it). Valid until the next call that changes the records.
+  std::string_view bytes() const noexcept { return std::string_view(buf_).substr(0, open_ == std::string::npos ? buf_.size() : open_); }
   /// Drops every record; keeps the buffer's memory unless it grew past 8 MiB.
   void clear() noexcept;
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "diaspora/event.hpp"
+#include "diaspora/utf8.hpp"
 
 namespace diaspora::relay {
 
@@ -43,8 +44,11 @@ HttpReply text(unsigned status, std::string body, bool challenge = false) {
   return HttpReply{status, "text/plain", std::move(body), challenge, {}};
 }
 
+// Strings in a reply may hold bytes of the request (a percent-decoded name in a refusal),
+// which Boost.JSON copies as they are: invalid UTF-8 becomes U+FFFD, so that the reply is
+// JSON (found by tests/fuzz/fuzz_http.cpp). Outside strings, serialized JSON is ASCII.
 HttpReply json_reply(unsigned status, const json::object& o) {
-  return HttpReply{status, "application/json", json::serialize(o) + "\n", false, {}};
+  return HttpReply{status, "application/json", valid_utf8(json::serialize(o)) + "\n", false, {}};
 }
 
 // The refusal to give when the request lacks an admin token; nullopt when it has one.

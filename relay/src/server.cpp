@@ -426,51 +426,21 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     send(json::serialize(n));
   }
 
-  // Validates one event (parsed `ev`, text `text`) into a log record; returns (code, message) on error.
-  std::optional<std::pair<std::string, std::string>> to_record(const json::value& ev, relay::AppendRecord& rec,
-                                                              std::string_view text) {
-    if (text.size() > relay_->cfg.max_event_bytes)
-      return std::pair<std::string, std::string>{
-          "event_too_large", "event of " + std::to_string(text.size()) + " bytes exceeds the limit of " +
-                                 std::to_string(relay_->cfg.max_event_bytes)};
-    try {
-      EventRef e = check_event_json(ev, relay_->codec);
-      rec.dedupe_key.reserve(e.source.size() + 1 + e.id.size());
-      rec.dedupe_key.append(e.source).append(1, '\x1f').append(e.id);
-    } catch (const EventError& err) {
-      return std::pair<std::string, std::string>{"invalid_event", std::string(to_string(err.code())) + ": " + err.what()};
-    }
-    rec.payload.assign(text);
-    return std::nullopt;
-  }
+  void nack_refusal(const json::value* seq, const relay::PublishRefusal& r) { nack(seq, r.code, r.message, r.index); }
 
   void on_publish(const json::object& o, std::string_view frame_text) {
     const json::value* seqv = o.if_contains("seq");
-    if (!seqv || !(seqv->is_uint64() || (seqv->is_int64() && seqv->get_int64() >= 0)))
-      return nack(seqv, "bad_request", "'seq' must be a non-negative integer");
-    std::uint64_t seq = seqv->to_number<std::uint64_t>();
-    const json::value* tv = o.if_contains("topic");
-    if (!tv || !tv->is_string() || !relay::valid_topic_name(tv->get_string()))
-      return nack(seqv, "bad_topic", "'topic' must be 1-200 characters of A-Z a-z 0-9 . _ - (not starting with '.')");
-    std::string topic(tv->get_string());
+    relay::PublishRefusal refusal;
+    auto head = relay::publish_head(o, refusal);
+    if (!head) return nack_refusal(seqv, refusal);
+    auto& [seq, topic] = *head;
     if (!scopes_allow(claims_->scopes, "publish", topic))
       return nack(seqv, "forbidden", "token of '" + claims_->subject + "' does not grant publish on '" + topic + "'");
-    const json::value* evs = o.if_contains("events");
-    if (!evs || !evs->is_array() || evs->get_array().empty())
-      return nack(seqv, "bad_request", "'events' must be a non-empty array of CloudEvents");
-    const json::array& arr = evs->get_array();
-    if (arr.size() > relay_->cfg.max_batch_events)
-      return nack(seqv, "batch_too_large", "batch of " + std::to_string(arr.size()) + " events exceeds the limit of " +
-                                               std::to_string(relay_->cfg.max_batch_events));
-    std::vector<relay::AppendRecord> records(arr.size());
+    std::vector<relay::AppendRecord> records;
     std::uint64_t bytes = 0;
-    auto texts = relay::event_texts(frame_text);
-    if (texts && texts->size() != arr.size()) texts.reset();
-    for (std::size_t i = 0; i < arr.size(); ++i) {
-      auto err = texts ? to_record(arr[i], records[i], (*texts)[i]) : to_record(arr[i], records[i], json::serialize(arr[i]));
-      if (err) return nack(seqv, err->first, err->second, i);
-      bytes += records[i].payload.size();
-    }
+    const relay::PublishLimits limits{relay_->cfg.max_batch_events, relay_->cfg.max_event_bytes};
+    if (auto err = relay::publish_records(o, frame_text, limits, relay_->codec, records, bytes))
+      return nack_refusal(seqv, *err);
     submit(std::move(topic), seq, std::move(records), bytes, json::value(seq));
   }
 
@@ -654,9 +624,8 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     json::value ev = json::parse(text, ec);
     if (ec) return close(websocket::close_code::bad_payload, "not a JSON event");
     std::vector<relay::AppendRecord> records(1);
-    if (auto err = to_record(ev, records[0], text)) {
-      return close(websocket::close_code::bad_payload, close_reason_text(err->first + ": " + err->second));
-    }
+    if (auto err = relay::event_record(ev, text, relay_->cfg.max_event_bytes, relay_->codec, records[0]))
+      return close(websocket::close_code::bad_payload, close_reason_text(err->code + ": " + err->message));
     std::uint64_t bytes = records[0].payload.size();
     submit(ce_topic_, 0, std::move(records), bytes, json::value(nullptr));
   }

@@ -21,6 +21,7 @@ CLI:  .venv/bin/python tests/python/spec_check.py FILE...
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -363,12 +364,21 @@ def check_spec(path) -> list[str]:
 # Events
 # --------------------------------------------------------------------------
 
+def _finite_float(text: str) -> float:
+    """A JSON number as a float; one beyond a double's range (1e999) is refused, as the
+    C++ decoder refuses it: JSON could not carry it back."""
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"number {text} is out of the range of a double")
+    return v
+
+
 def check_event(path) -> list[str]:
     """Errors of a CloudEvent (JSON format) file; [] when it is valid."""
     path = Path(path)
     try:
         with open(path, encoding="utf-8") as f:
-            event = json.load(f)
+            event = json.load(f, parse_float=_finite_float)
     except (OSError, ValueError) as e:
         return [f"{path}: error: not JSON: {e}"]
 

@@ -123,6 +123,12 @@ TEST(Event, Rfc3339ParsingAndFormatting) {
   EXPECT_EQ(*us, duration_cast<microseconds>(t->time_since_epoch()).count());
   EXPECT_EQ(diaspora::format_rfc3339_us(*us), "2026-11-30T07:15:38.123456Z");
   EXPECT_FALSE(diaspora::parse_rfc3339_us("2026-11-30T07:15:38"));
+  // The clock's range (nanoseconds in 64 bits): beyond it a time is refused, not wrapped
+  // (found by tests/fuzz/fuzz_event.cpp under UBSan).
+  EXPECT_TRUE(diaspora::parse_rfc3339("2261-12-31T23:59:59Z"));
+  EXPECT_TRUE(diaspora::parse_rfc3339("1678-01-01T00:00:00Z"));
+  EXPECT_FALSE(diaspora::parse_rfc3339("5612-11-30T07:15:38.123Z"));
+  EXPECT_FALSE(diaspora::parse_rfc3339("0001-01-01T00:00:00Z"));
   Event e;
   e.set_time(*t);
   EXPECT_EQ(e.time_point(), t);

@@ -1,5 +1,7 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include "diaspora/event.hpp"
 #include "diaspora/token.hpp"
@@ -181,4 +183,32 @@ TEST(TokenFile, ReadsTheTokenWithoutItsNewlineAndRefusesMissingOrEmptyFiles) {
   } catch (const diaspora::Error& e) {
     EXPECT_NE(std::string(e.what()).find("missing"), std::string::npos) << e.what();
   }
+}
+
+// A signed token whose payload is `payload` as written (what a token holder could forge
+// with the secret, or an issuer with a bug could write).
+static std::string signed_with_payload(const std::string& payload) {
+  const std::string head = b64url(R"({"alg":"HS256","typ":"JWT"})") + "." + b64url(payload);
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned len = 0;
+  HMAC(EVP_sha256(), kSecret.data(), static_cast<int>(kSecret.size()), reinterpret_cast<const unsigned char*>(head.data()),
+       head.size(), mac, &len);
+  return head + "." + b64url(std::string(reinterpret_cast<const char*>(mac), len));
+}
+
+// Found by tests/fuzz/fuzz_token.cpp: a time claim beyond int64 escaped verify() as a
+// boost::system::system_error (not a TokenError: the relay's hello did not catch it), and
+// one near the end of int64 overflowed the expiry check.
+TEST(Token, TimeClaimsOutOfRangeAreMalformed) {
+  diaspora::TokenVerifier v(kSecret);
+  for (const char* bad : {R"({"sub":"u","exp":1900000000,"iat":9223372036854775808})",
+                          R"({"sub":"u","exp":1e300})", R"({"sub":"u","exp":9223372036854775807})",
+                          R"({"sub":"u","exp":-5})", R"({"sub":"u","exp":1900000000,"nbf":253402300800})",
+                          R"({"sub":"u","exp":1900000000,"nbf":1e999})"})
+    EXPECT_EQ(refusal(v, signed_with_payload(bad)), TokenErrc::malformed) << bad;
+  // The end of year 9999 and a whole number written as a double are times.
+  EXPECT_EQ(v.verify(signed_with_payload(R"({"sub":"u","exp":253402300799})"), t0()).expires_at.time_since_epoch().count(),
+            253402300799);
+  EXPECT_EQ(v.verify(signed_with_payload(R"({"sub":"u","exp":1.9e9})"), t0()).expires_at.time_since_epoch().count(),
+            1900000000);
 }
