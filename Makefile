@@ -8,7 +8,7 @@ CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 TARGETS ?=
 
-.PHONY: all deps configure build test demo bench fuzz test-asan test-tsan build-asan build-tsan clean help
+.PHONY: all deps configure build test demo bench fuzz chaos test-asan test-tsan build-asan build-tsan clean help
 
 all: build
 
@@ -19,6 +19,7 @@ help:
 	@echo "make bench      build and run the benchmarks in bench/"
 	@echo "make fuzz       build the fuzz targets with clang + libFuzzer into build-fuzz/ and run each"
 	@echo "                (FUZZ_SECONDS=60 each, FUZZ_TARGETS=\"event frame ...\"; docs/reliability.md)"
+	@echo "make chaos      build, then the long form of the fault tests (tests/chaos/, docs/reliability.md)"
 	@echo "make test-asan  build into build-asan/ with ASan+UBSan and run the tests"
 	@echo "make test-tsan  build into build-tsan/ with ThreadSanitizer and run the C++ tests"
 	@echo "make build-asan, make build-tsan   only build what test-asan / test-tsan run"
@@ -43,6 +44,10 @@ bench: build
 
 fuzz:
 	@bash scripts/fuzz.sh
+
+# The short form runs in make test (python.test_chaos); mounts a small tmpfs (root).
+chaos: build
+	@DIASPORA_BIN_DIR=$(abspath $(BUILD_DIR))/bin .venv/bin/python tests/chaos/chaos.py
 
 # Sanitized builds carry line tables only (-g1): a sanitizer's report still names file and
 # line; -g's variable info made the objects 12-30 % larger and the compiles 5-10 % (up to 30 %) slower.

@@ -20,6 +20,11 @@ function(diaspora_target_defaults target)
     # At -O0 (Debug): at -O1 the sanitized build took 20 min on 2 cores (cold CI,
     # 2026-12-04) for little test time gained (docs/building.md, "Tests").
     target_compile_options(${target} PRIVATE -fsanitize=${DIASPORA_SANITIZE} -fno-omit-frame-pointer)
+    if(DIASPORA_SANITIZE MATCHES "undefined")
+      # Undefined behaviour stops the process (a report, then exit non-zero) instead of being
+      # printed and passed over: a test that hits it fails.
+      target_compile_options(${target} PRIVATE -fno-sanitize-recover=undefined)
+    endif()
     # A sanitized static library needs the sanitizer runtime wherever it is linked,
     # including in an installed consumer's project: make that part of its interface.
     get_target_property(type ${target} TYPE)

@@ -202,13 +202,14 @@ TokenClaims TokenVerifier::verify(std::string_view token, SysSeconds now) const 
     const json::value* v = p.if_contains(k);
     if (!v) return std::nullopt;
     if (!v->is_number()) refuse(TokenErrc::malformed, "claim '" + std::string(k) + "' is not a number");
-    // Seconds since 1970 up to the end of year 9999: a number beyond them (2^63, 1e300) is
-    // no time and would overflow the checks below (found by tests/fuzz/fuzz_token.cpp).
-    constexpr double kLast = 253402300799.0;
+    // Seconds since 1970 up to the end of 2261, the system clock's range (nanoseconds in 64
+    // bits; events' times have the same): a number beyond it (2^63, 1e300, year 2508) is no
+    // time and would overflow the checks below (found by tests/fuzz/fuzz_token.cpp).
+    constexpr double kLast = 9214646399.0;  // 2261-12-31T23:59:59Z
     boost::system::error_code nec;
     const double d = v->to_number<double>(nec);
     if (nec || !(d >= 0 && d <= kLast))
-      refuse(TokenErrc::malformed, "claim '" + std::string(k) + "' is not a time between 1970 and 9999 (seconds)");
+      refuse(TokenErrc::malformed, "claim '" + std::string(k) + "' is not a time between 1970 and 2261 (seconds)");
     return SysSeconds(std::chrono::seconds(static_cast<std::int64_t>(d)));
   };
   const json::value* sub = p.if_contains("sub");

@@ -649,7 +649,9 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     while (queue_.size() < cfg.subscriber_queue_frames && progressed) {
       progressed = false;
       for (auto& [key, sub] : subs_) {
-        for (auto& [topic, cursor] : sub.cursors) {
+        for (auto& entry : sub.cursors) {  // not a structured binding: a lambda below uses cursor (clang 15)
+          const std::string& topic = entry.first;
+          Cursor& cursor = entry.second;
           if (queue_.size() >= cfg.subscriber_queue_frames) break;
           if (relay_->store->committed_offset(topic) <= cursor.next) continue;
           std::uint64_t bytes = 0;

@@ -53,6 +53,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <new>
 #include <shared_mutex>
 #include <system_error>
@@ -163,6 +164,15 @@ struct Topic {
   // batch short (a torn tail keeps a prefix of its records), so a resend of it is
   // completed through the key de-dupe instead of being dropped whole.
   std::unordered_set<std::string> maybe_torn;
+  // Per producer, the seqs of its batches that could not be written (a full disk) or were
+  // refused for coming after one that could not: while any is unwritten, the producer's
+  // batches after the lowest are refused too. A batch written after a failed one would
+  // make the failed one's resend look like a duplicate (seq at or below the last written:
+  // its events lost) and put its events out of the producer's order; a stale batch of a
+  // dead connection, still queued, must not slip in once the failed one is written either
+  // (found writing the chaos tests and by their history checker, tests/chaos/). In memory: after a
+  // restart the high-water marks read from the log are below every unwritten batch.
+  std::unordered_map<std::string, std::set<std::uint64_t>> unwritten;
   KeyWindow keys;  // (source, id) fingerprints of the last dedupe_window events
   // Where the next record goes: the last segment, or a newer one not yet revealed to
   // readers while the group that created it waits for its sync.
@@ -207,6 +217,7 @@ struct TopicWork {
   std::vector<Chunk> chunks;
   std::uint64_t next = 0;
   std::unordered_map<std::string_view, std::uint64_t> seq_overlay;
+  std::vector<std::pair<std::string_view, std::uint64_t>> producer_batches;  // (producer, seq) of each batch to write
   std::vector<Fingerprint> new_keys;  // keys this group remembered; forgotten again on rollback
   std::vector<Fingerprint> batch_keys;  // scratch: the current batch's fingerprints, in order
   bool rolled = false;
@@ -215,6 +226,10 @@ struct TopicWork {
   std::string error;
   const char* code = "storage_error";  // AppendResult::code of its failed batches
 };
+
+// Unwritten seqs remembered per producer (Topic::unwritten): a producer that never sends
+// its failed batch again is refused anyway; the bound only caps the memory it can take.
+constexpr std::size_t kMaxUnwritten = 4096;
 
 const std::vector<double> kFsyncBounds = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
                                           0.025,  0.05,    0.1,    0.25,  0.5,   1};
@@ -859,6 +874,15 @@ void LogStore::Impl::encode(TopicWork& w, std::vector<Pending>& batches, std::ve
     }
     if (!r.error.empty()) continue;
 
+    if (!b.producer.empty() && !t.unwritten.empty()) {
+      if (auto f = t.unwritten.find(b.producer); f != t.unwritten.end() && b.seq > *f->second.begin()) {
+        r.error = "batch " + std::to_string(b.seq) + " of producer '" + b.producer + "' comes after its batch " +
+                  std::to_string(*f->second.begin()) + ", which could not be written: send again from that batch";
+        if (f->second.size() < kMaxUnwritten) f->second.insert(b.seq);
+        continue;
+      }
+    }
+
     w.to_finish.push_back(i);
     r.first_offset = w.next;
     if (!b.producer.empty()) {
@@ -872,6 +896,7 @@ void LogStore::Impl::encode(TopicWork& w, std::vector<Pending>& batches, std::ve
         continue;
       }
       w.seq_overlay[b.producer] = b.seq;
+      w.producer_batches.emplace_back(b.producer, b.seq);
     }
 
     const std::int64_t time = now_us();
@@ -1012,6 +1037,10 @@ void LogStore::Impl::rollback(TopicWork& w, const std::string& why) {
     }
   }
   for (const Fingerprint& key : w.new_keys) w.topic->keys.forget(key);  // a retry must be written
+  for (const auto& [producer, seq] : w.producer_batches) {  // their later batches wait for these
+    auto& seqs = w.topic->unwritten[std::string(producer)];
+    if (seqs.size() < kMaxUnwritten) seqs.insert(seq);
+  }
   recycle(w);
   w.chunks.clear();
   w.failed = true;
@@ -1049,6 +1078,12 @@ void LogStore::Impl::advance(TopicWork& w) {
     t.producer_seqs[std::string(producer)] = seq;
     if (!t.maybe_torn.empty()) t.maybe_torn.erase(std::string(producer));  // its last batch is whole now
   }
+  if (!t.unwritten.empty())
+    for (const auto& [producer, seq] : w.producer_batches)  // written now: no longer waited for
+      if (auto f = t.unwritten.find(std::string(producer)); f != t.unwritten.end()) {
+        f->second.erase(f->second.begin(), f->second.upper_bound(seq));
+        if (f->second.empty()) t.unwritten.erase(f);
+      }
   w.advanced = true;
 }
 

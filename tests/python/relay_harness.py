@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import ssl
+import struct
 import subprocess
 import time
 import urllib.error
@@ -73,6 +74,23 @@ class Credentials:
 SANITIZER_REPORT = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer)|WARNING: ThreadSanitizer|runtime error:")
 
 
+def project_env() -> dict:
+    """The environment for a Diaspora binary the test starts. The sanitized pass runs the
+    Python interpreter of test_plugin and test_adapters_python with the ASan runtime preloaded
+    and leak detection off (the interpreter's own allocations would be reported at exit); a
+    Diaspora binary links the runtime itself and must keep leak detection on: both are
+    undone here. Elsewhere the environment is the test's own."""
+    env = dict(os.environ)
+    if "LD_PRELOAD" in env and "libasan" in env["LD_PRELOAD"]:
+        del env["LD_PRELOAD"]
+    opts = [o for o in env.get("ASAN_OPTIONS", "").split(":") if o and not o.startswith("detect_leaks=")]
+    if opts:
+        env["ASAN_OPTIONS"] = ":".join(opts)
+    else:
+        env.pop("ASAN_OPTIONS", None)
+    return env
+
+
 class RelayProcess:
     """A diaspora-relay child process; restartable on the same data directory."""
 
@@ -103,7 +121,7 @@ class RelayProcess:
             cfg.write_text(json.dumps(self.config))  # JSON is YAML
             args += ["--config", cfg]
         logf = open(self.log, "ab")
-        self.proc = subprocess.Popen([str(a) for a in args], stdout=logf, stderr=logf)
+        self.proc = subprocess.Popen([str(a) for a in args], stdout=logf, stderr=logf, env=project_env())
         self.killed = False  # set by kill(): the exit status that follows is the test's doing
         deadline = time.monotonic() + TIMEOUT
         while time.monotonic() < deadline:
@@ -328,3 +346,49 @@ def https_status(relay: RelayProcess, path: str, token: str | None = None) -> in
         return 200
     except urllib.error.HTTPError as e:
         return e.code
+
+
+# ---- the log's segment files, read independently of the relay's code ----------------------
+
+def _crc32c_table():
+    poly = 0x82F63B78
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ poly if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_TABLE = _crc32c_table()
+
+
+def crc32c(data: bytes) -> int:
+    c = 0xFFFFFFFF
+    for b in data:
+        c = _TABLE[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+def read_segments(topic_dir: Path):
+    """Parses every record of a topic per the format documented in relay/src/topic_log.hpp:
+    u32 length, u32 crc32c (over the `length` bytes that follow), u64 offset, i64 time_us,
+    u64 producer_seq, u16 + producer id, u16 + dedupe key, payload. All little-endian."""
+    records = []
+    for seg in sorted(topic_dir.glob("*.log")):
+        data = seg.read_bytes()
+        pos = 0
+        while pos < len(data):
+            assert pos + 8 <= len(data), f"{seg}: torn record header at {pos} after recovery"
+            length, crc = struct.unpack_from("<II", data, pos)
+            body = data[pos + 8: pos + 8 + length]
+            assert len(body) == length, f"{seg}: torn record at {pos} after recovery"
+            assert crc32c(body) == crc, f"{seg}: CRC mismatch at {pos}"
+            offset, _time_us, _seq, plen = struct.unpack_from("<QqQH", body, 0)
+            p = 26 + plen
+            (klen,) = struct.unpack_from("<H", body, p)
+            payload = body[p + 2 + klen:]
+            records.append((offset, json.loads(payload)))
+            pos += 8 + length
+    return records

@@ -22,7 +22,20 @@ def run(spec: Path, out: Path, *args: str, timeout: float = 120) -> subprocess.C
     """Runs `diaspora run SPEC --out OUT ARGS...` to the end (a watchdog kills it)."""
     p = subprocess.run([str(DIASPORA), "run", str(spec), "--out", str(out), *args], capture_output=True,
                        text=True, timeout=timeout)
+    assert_no_sanitizer_report(out, p.stderr)
     return p
+
+
+def assert_no_sanitizer_report(out: Path, stderr: str = "") -> None:
+    """Fails the test when the run's stderr, or a log of any process it started (workers.log,
+    engines/*.log, the tasks' logs), holds a sanitizer report: a worker that died of one at
+    shutdown leaves no other trace."""
+    texts = [("diaspora run's stderr", stderr)]
+    if out.is_dir():
+        texts += [(str(f), f.read_text(errors="replace")) for f in sorted(out.rglob("*.log")) if f.is_file()]
+    for where, text in texts:
+        found = rh.SANITIZER_REPORT.search(text)
+        assert found is None, f"{where} holds a sanitizer report:\n{text[max(0, found.start() - 200):][:4000]}"
 
 
 REPORT_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "run-report.schema.json"

@@ -178,6 +178,7 @@ faults:
     p = subprocess.run([str(rn.DIASPORA), "run", str(spec), "--out", str(out)], env=slurm.env, capture_output=True,
                        text=True, timeout=240)
     assert p.returncode == 0, p.stdout + p.stderr + slurm.logs()
+    rn.assert_no_sanitizer_report(out, p.stderr)
     rep = rn.report(out)
     insts = {i["id"]: i for i in rep["instances"]}
     assert all(i["state"] == "completed" for i in insts.values()), insts

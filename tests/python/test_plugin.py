@@ -20,8 +20,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import plugin_ctypes as pc  # noqa: E402
-from relay_harness import (BIN, Credentials, RelayProcess, event, free_port, publish_action, recv,  # noqa: E402
-                           relay_events, run, session, write_spec)
+from relay_harness import (BIN, Credentials, RelayProcess, event, free_port, project_env, publish_action,  # noqa: E402
+                           recv, relay_events, run, session, write_spec)
 
 MINIMAL = BIN / "diaspora-plugin-minimal"
 TOPIC = "plug.events"
@@ -77,7 +77,8 @@ def test_minimal_example_runs_against_a_relay(creds, token_file, tmp_path):
     relay = RelayProcess(creds, tmp_path / "data").start()
     try:
         spec = write_spec(tmp_path, creds, token_file, relay.port)
-        p = subprocess.run([str(MINIMAL), str(pc.LIB), str(spec), "3"], capture_output=True, text=True, timeout=60)
+        p = subprocess.run([str(MINIMAL), str(pc.LIB), str(spec), "3"], capture_output=True, text=True, timeout=60,
+                           env=project_env())
         assert p.returncode == 0, p.stdout + p.stderr
         assert "reported 3 tasks (21 events accepted)" in p.stdout and "close: DIASPORA_OK" in p.stdout, p.stdout
         evs = task_events(relay_events(relay, creds.token("subscribe:*"), 21))
@@ -99,7 +100,7 @@ def test_minimal_example_carries_out_an_operator_action(creds, token_file, tmp_p
     try:
         spec = write_spec(tmp_path, creds, token_file, relay.port)
         proc = subprocess.Popen([str(MINIMAL), str(pc.LIB), str(spec), "2", "20"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True, env=project_env())
         admin = creds.token("publish:*", "subscribe:*")
 
         async def go():
@@ -132,7 +133,8 @@ def test_minimal_example_carries_out_an_operator_action(creds, token_file, tmp_p
 def test_example_refuses_a_spec_with_errors(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 1\nname: x\nsites: [{name: a, engine: locl}]\n")
-    p = subprocess.run([str(MINIMAL), str(pc.LIB), str(bad)], capture_output=True, text=True, timeout=30)
+    p = subprocess.run([str(MINIMAL), str(pc.LIB), str(bad)], capture_output=True, text=True, timeout=30,
+                       env=project_env())
     assert p.returncode == 1
     assert f"{bad}:3:" in p.stderr and "DIASPORA_ERR_CONFIG" in p.stderr, p.stderr
 

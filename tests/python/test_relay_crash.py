@@ -8,13 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import struct
 from pathlib import Path
 
 import pytest
 import websockets
 
-from relay_harness import Credentials, RelayProcess, collect_all, event, recv, run, session
+from relay_harness import Credentials, RelayProcess, collect_all, event, read_segments, recv, run, session
 
 TOTAL = 100_000
 BATCH = 500
@@ -22,50 +21,6 @@ WINDOW = 8
 KILLS = 4
 SEED = 20261130
 PACE = 0.02  # seconds per acked batch: about 25,000 events/s
-
-
-def _crc32c_table():
-    poly = 0x82F63B78
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ poly if c & 1 else c >> 1
-        table.append(c)
-    return table
-
-
-_TABLE = _crc32c_table()
-
-
-def crc32c(data: bytes) -> int:
-    c = 0xFFFFFFFF
-    for b in data:
-        c = _TABLE[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
-
-
-def read_segments(topic_dir: Path):
-    """Parses every record of a topic per the format documented in relay/src/topic_log.hpp:
-    u32 length, u32 crc32c (over the `length` bytes that follow), u64 offset, i64 time_us,
-    u64 producer_seq, u16 + producer id, u16 + dedupe key, payload. All little-endian."""
-    records = []
-    for seg in sorted(topic_dir.glob("*.log")):
-        data = seg.read_bytes()
-        pos = 0
-        while pos < len(data):
-            assert pos + 8 <= len(data), f"{seg}: torn record header at {pos} after recovery"
-            length, crc = struct.unpack_from("<II", data, pos)
-            body = data[pos + 8: pos + 8 + length]
-            assert len(body) == length, f"{seg}: torn record at {pos} after recovery"
-            assert crc32c(body) == crc, f"{seg}: CRC mismatch at {pos}"
-            offset, _time_us, _seq, plen = struct.unpack_from("<QqQH", body, 0)
-            p = 26 + plen
-            (klen,) = struct.unpack_from("<H", body, p)
-            payload = body[p + 2 + klen:]
-            records.append((offset, json.loads(payload)))
-            pos += 8 + length
-    return records
 
 
 def test_sigkill_during_streaming_loses_no_acked_event(tmp_path):

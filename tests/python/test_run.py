@@ -213,6 +213,7 @@ def test_sigint_stops_writes_the_report_and_leaves_no_worker(tmp_path):
     p.send_signal(signal.SIGINT)
     stdout, stderr = p.communicate(timeout=30)
     assert p.returncode == 1, stdout + stderr
+    rn.assert_no_sanitizer_report(out, stderr)
     rep = rn.report(out)
     assert rep["interrupted"] == "interrupted by a signal"
     assert {i["state"] for i in rep["instances"]} == {"cancelled"}
@@ -263,6 +264,7 @@ tasks:
     r = subprocess.run([str(rn.DIASPORA), "run", str(spec), "--resume", str(out)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+    rn.assert_no_sanitizer_report(out, r.stderr)
     rep = rn.report(out)
     restored = [i for i in rep["instances"] if i.get("restored")]
     rerun = [i for i in rep["instances"] if not i.get("restored")]

@@ -164,6 +164,7 @@ def test_runner_killed_then_resumed_the_job_continues_from_its_checkpoint(tmp_pa
     r = subprocess.run([str(rn.DIASPORA), "run", str(spec), "--resume", str(out), "--no-policies"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+    rn.assert_no_sanitizer_report(out, r.stderr)
     s = summary(out)
     assert "resumed_from" in s
     want = json.loads((ref / "rehearsal" / "learn" / "summary.json").read_text())
@@ -207,6 +208,7 @@ def test_sigint_checkpoints_the_job_before_the_report(tmp_path):
         p.wait(timeout=180)
     text = log.read_text()
     assert p.returncode == 1, text
+    rn.assert_no_sanitizer_report(out, text)
     assert "rehearsal job learn.0 stopped on edge (exit status 3, checkpointed)" in text, text
     assert (out / "rehearsal" / "learn" / "checkpoint" / "LATEST").is_file()
     rep = rn.report(out)

@@ -131,7 +131,10 @@ TEST(Storage, LengthsOutsideTheLimitsAreCorrupt) {
 TEST(Storage, SegmentNamesSortByNumberAndRejectOtherNames) {
   EXPECT_EQ(st::segment_name(42, ".log"), "00000000000000000042.log");
   EXPECT_EQ(st::parse_segment_name("00000000000000000042.log", ".log"), 42u);
-  EXPECT_EQ(st::parse_segment_name("18446744073709551615.spool", ".spool"), UINT64_MAX);
+  EXPECT_EQ(st::parse_segment_name("04611686018427387904.spool", ".spool"), st::kMaxSegmentNumber);
+  // Beyond 2^62 a name is not a segment: the next number would wrap (found by fuzz.log).
+  EXPECT_FALSE(st::parse_segment_name("04611686018427387905.spool", ".spool").has_value());
+  EXPECT_FALSE(st::parse_segment_name("18446744073709551615.spool", ".spool").has_value());
   for (const char* bad : {"00000000000000000042.spool", "0000000000000000042.log", "+0000000000000000042.log",
                           "99999999999999999999.log", "0000000000000000004x.log", "00000000000000000042.log.tmp"})
     EXPECT_FALSE(st::parse_segment_name(bad, ".log").has_value()) << bad;

@@ -722,6 +722,53 @@ TEST(TopicLog, WriteErrorFailsTheBatchAndKeepsTheTopicConsistent) {
             (std::vector<std::string>{numbered(0, 100), numbered(1, 100), numbered(2, 100)}));
 }
 
+// A batch that could not be written (the disk full for it) holds back the producer's later
+// batches until it is sent again: had a smaller later batch been written meanwhile, the
+// resend of the failed one would be taken for a duplicate (seq at or below the last
+// written) and its events lost, or they would land after the later ones; nor may a stale
+// later batch once the failed one is written (found by the chaos tests, tests/chaos/).
+// Other producers are not held back.
+TEST(TopicLog, AFailedBatchHoldsBackTheProducersLaterBatchesUntilItIsWritten) {
+  TempDir dir;
+  LogStore s(options(dir.path(), "always"));
+  ASSERT_TRUE(append_sync(s, "t", "p", 1, {{"k0", numbered(0, 100)}}).ok);
+  const auto size = fs::file_size(segment_files(dir.path(), "t").at(0));
+
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit low = old;
+  low.rlim_cur = size + 400;  // room for one small record, not for the big batch
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &low), 0);
+  const AppendResult big = append_sync(s, "t", "p", 2, {{"k1", numbered(1, 1000)}});
+  const AppendResult later = append_sync(s, "t", "p", 3, {{"k2", numbered(2, 100)}});
+  const AppendResult other = append_sync(s, "t", "q", 1, {{"k9", numbered(9, 100)}});
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+
+  EXPECT_FALSE(big.ok);
+  ASSERT_FALSE(later.ok) << "a later batch was written while an earlier one of its producer was not";
+  EXPECT_STREQ(later.code, "storage_error");
+  EXPECT_NE(later.error.find("comes after its batch 2"), std::string::npos) << later.error;
+  EXPECT_TRUE(other.ok) << other.error;  // another producer is not held back
+  // The producer sends again from the failed batch: it is written. A stale batch of the
+  // dead connection (seq 4, queued behind) must not slip in before batch 3, which was
+  // refused too: it is refused until 3 is written. Then 3 and 4 go in, in order.
+  const AppendResult again = append_sync(s, "t", "p", 2, {{"k1", numbered(1, 1000)}});
+  ASSERT_TRUE(again.ok) << again.error;
+  EXPECT_FALSE(again.duplicate_batch);
+  EXPECT_EQ(again.written, 1u);
+  const AppendResult stale = append_sync(s, "t", "p", 4, {{"k3", numbered(3, 100)}});
+  EXPECT_FALSE(stale.ok);
+  EXPECT_NE(stale.error.find("comes after its batch 3"), std::string::npos) << stale.error;
+  ASSERT_TRUE(append_sync(s, "t", "p", 3, {{"k2", numbered(2, 100)}}).ok);
+  ASSERT_TRUE(append_sync(s, "t", "p", 4, {{"k3", numbered(3, 100)}}).ok);
+  EXPECT_EQ(texts(s.read("t", 0, 10, 1 << 20)), (std::vector<std::string>{numbered(0, 100), numbered(9, 100),
+                                                                          numbered(1, 1000), numbered(2, 100),
+                                                                          numbered(3, 100)}));
+  EXPECT_TRUE(s.verify().empty());
+}
+
 // fsync always: a failed fdatasync fails the batches it covered, and the topic takes no
 // more writes (the page cache may hold what the disk lost) while other topics go on. After
 // a restart the topic is writable again; a resend of the failed batch is stored at most once.

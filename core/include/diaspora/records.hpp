@@ -106,7 +106,11 @@ std::uint64_t count_lost_frames(FileWindow& w, std::uint64_t from, std::uint64_t
 // ---- segment files ---------------------------------------------------------------------------
 /// "<number, 20 digits zero-padded><ext>", e.g. segment_name(42, ".log").
 std::string segment_name(std::uint64_t number, std::string_view ext);
-/// The number of a segment_name() with extension `ext`; nullopt for any other name.
+/// The largest segment number parse_segment_name() accepts (2^62): offsets and segment
+/// numbers stay far below it, so the next one never wraps.
+inline constexpr std::uint64_t kMaxSegmentNumber = std::uint64_t{1} << 62;
+/// The number of a segment_name() with extension `ext`; nullopt for any other name and for
+/// a number above kMaxSegmentNumber.
 std::optional<std::uint64_t> parse_segment_name(std::string_view name, std::string_view ext);
 /// The segment files (regular files named by segment_name() with `ext`) in `dir`, by number.
 /// Throws std::filesystem::filesystem_error when `dir` cannot be read.

@@ -1,0 +1,570 @@
+"""Faults in the style of Jepsen against a real diaspora-relay (docs/reliability.md, "Faults").
+
+Real processes on 127.0.0.1: the relay, producers and a consumer group over diaspora.v1
+(TLS WebSockets), and a TCP proxy this module owns between the clients and the relay, which
+can cut (partition), slow (delay) and reset (loss) the connections. A nemesis injects faults
+while the clients run; every publish attempt and its outcome go into a history, and the
+checker then reads the log back through a restarted relay and from the segment files:
+
+* every acknowledged event is stored exactly once (lost: 0, duplicated: 0);
+* nothing is stored that no producer sent;
+* each producer's events are stored in the order it sent them;
+* every record's CRC32C verifies (an independent implementation, on the files);
+* the consumer group never skips: each of its sessions starts at or before the offset it
+  last committed and goes on without a gap, and together they read every offset.
+
+A producer is at least once with de-duplication, as the engine plugin is: on a lost
+connection it resends every unacknowledged batch with the same sequence number.
+
+    .venv/bin/python tests/chaos/chaos.py              # the long form (make chaos)
+    .venv/bin/python tests/chaos/chaos.py --only kill  # one scenario
+
+The short form runs in make test (tests/python/test_chaos.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import websockets
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+import relay_harness as rh  # noqa: E402
+
+TOPIC = "chaos"
+BATCH = 50
+
+
+# ---- the proxy ------------------------------------------------------------------------------
+
+class Proxy:
+    """A TCP proxy on 127.0.0.1 in front of the relay, on a thread of its own.
+
+    mode "ok" forwards; "partition" forwards nothing in either direction and accepts no new
+    connection (a link that went down: the peers see silence, not a reset); on heal the
+    connections that lived through the partition are cut, as TCP would after its retries.
+    delay_s delays every chunk; loss is the chance that a chunk resets its connection (a
+    lossy link as TLS over TCP sees it: the stream stalls or breaks, it never lies)."""
+
+    def __init__(self, target_port: int, seed: int):
+        self.target_port = target_port
+        self.mode = "ok"
+        self.delay_s = 0.0
+        self.loss = 0.0
+        self.rng = random.Random(seed)
+        self.conns: set = set()
+        self.port = 0
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self.thread.start()
+        assert ready.wait(10), "the proxy did not start"
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+
+        async def start():
+            self.server = await asyncio.start_server(self._client, "127.0.0.1", 0)
+            self.port = self.server.sockets[0].getsockname()[1]
+            ready.set()
+        self.loop.run_until_complete(start())
+        self.loop.run_forever()
+
+    def _call(self, fn) -> None:
+        done = threading.Event()
+
+        def wrapped():
+            try:
+                fn()
+            finally:
+                done.set()
+        self.loop.call_soon_threadsafe(wrapped)
+        assert done.wait(10)
+
+    def set(self, mode: str = "ok", delay_s: float = 0.0, loss: float = 0.0) -> None:
+        def apply():
+            healed = self.mode == "partition" and mode != "partition"
+            self.mode, self.delay_s, self.loss = mode, delay_s, loss
+            if healed:
+                for w in list(self.conns):
+                    w.close()
+        self._call(apply)
+
+    def cut_all(self) -> None:
+        self._call(lambda: [w.close() for w in list(self.conns)])
+
+    async def _client(self, reader, writer) -> None:
+        if self.mode == "partition":
+            await asyncio.sleep(3600)  # a SYN into the void: the client's own timeout ends it
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+        self.conns |= {writer, up_writer}
+
+        async def pipe(src, dst):
+            try:
+                while True:
+                    data = await src.read(65536)
+                    if not data:
+                        break
+                    while self.mode == "partition":
+                        await asyncio.sleep(0.05)  # held, then dropped: the heal cuts this connection
+                        data = b""
+                    if self.delay_s:
+                        await asyncio.sleep(self.delay_s)
+                    if self.loss and self.rng.random() < self.loss:
+                        break
+                    if data:
+                        dst.write(data)
+                        await dst.drain()
+            except (OSError, ConnectionError):
+                pass
+            finally:
+                for w in (writer, up_writer):
+                    w.close()
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self.conns -= {writer, up_writer}
+
+    def close(self) -> None:
+        def stop():
+            for w in list(self.conns):
+                w.close()
+            self.server.close()
+            self.loop.stop()
+        self.loop.call_soon_threadsafe(stop)
+        self.thread.join(10)
+
+
+@dataclass
+class Endpoint:
+    """What relay_harness.session() needs to reach a relay: its URL and credentials."""
+    url: str
+    creds: rh.Credentials
+
+
+# ---- the history --------------------------------------------------------------------------
+
+@dataclass
+class Op:
+    producer: str
+    seq: int
+    t: float
+    outcome: str  # "ok" (acked), "fail" (nacked: not written), "info" (unknown: the connection ended first)
+    detail: str = ""
+
+
+@dataclass
+class History:
+    ops: list[Op] = field(default_factory=list)
+    sent: dict = field(default_factory=dict)  # (producer, seq) -> event ids of that batch
+    acked: set = field(default_factory=set)   # (producer, seq) acked at least once
+    nacks: dict = field(default_factory=dict)  # nack code -> count
+
+    def record(self, producer: str, seq: int, outcome: str, detail: str = "") -> None:
+        self.ops.append(Op(producer, seq, time.monotonic(), outcome, detail))
+        if outcome == "ok":
+            self.acked.add((producer, seq))
+        elif outcome == "fail":
+            self.nacks[detail] = self.nacks.get(detail, 0) + 1
+
+
+# What a fault looks like to a client: the session is over and another begins.
+FAULTS = (websockets.ConnectionClosed, OSError, asyncio.TimeoutError, websockets.InvalidHandshake, ConnectionError)
+
+
+async def drop(ws, pause_s: float) -> None:
+    """Closes what is left of a session (if anything) and waits a moment before the next."""
+    if ws is not None:
+        try:
+            await asyncio.wait_for(ws.close(), 1)
+        except Exception:
+            pass
+    await asyncio.sleep(pause_s)
+
+
+class Restart(Exception):
+    """A nack: the producer starts its session over."""
+
+
+def event_id(producer: str, seq: int, i: int) -> str:
+    return f"{producer}-{seq:06d}-{i:03d}"
+
+
+async def produce(ep: Endpoint, token: str, name: str, batches: int, hist: History, stop: asyncio.Event,
+                  window: int = 4, pace: float = 0.01) -> None:
+    """Publishes `batches` batches of BATCH events with producer id `name`, resending every
+    unacknowledged one after a lost connection or a nack, until all are acked."""
+    for s in range(batches):
+        hist.sent[(name, s)] = [event_id(name, s, i) for i in range(BATCH)]
+    payload = {s: [rh.event(i, source=f"/chaos/{name}") for i in hist.sent[(name, s)]] for s in range(batches)}
+    acked: set[int] = set()
+    deadline = time.monotonic() + 600
+    while len(acked) < batches:
+        assert time.monotonic() < deadline, f"{name}: not every batch acked after 600 s"
+        ws = None
+        try:
+            ws = await asyncio.wait_for(rh.session(ep, token, producer_id=name), 5)
+            inflight: set[int] = set()
+            queue = [s for s in range(batches) if s not in acked]
+            while len(acked) < batches:
+                while queue and len(inflight) < window:
+                    s = queue.pop(0)
+                    await ws.send(json.dumps({"op": "publish", "topic": TOPIC, "seq": s, "events": payload[s]}))
+                    inflight.add(s)
+                m = json.loads(await asyncio.wait_for(ws.recv(), 10))
+                if m.get("op") == "ack":
+                    acked.add(m["seq"])
+                    inflight.discard(m["seq"])
+                    hist.record(name, m["seq"], "ok", f"count {m.get('count')}, duplicates {m.get('duplicates')}"
+                                f"{', duplicate batch' if m.get('duplicate_batch') else ''}")
+                elif m.get("op") == "nack":
+                    # Not written. As the engine plugin does, the session starts over: every
+                    # unacked batch is sent again, in order, with its sequence number.
+                    hist.record(name, m["seq"], "fail", m.get("code", "?"))
+                    raise Restart()
+                else:
+                    raise AssertionError(f"{name}: unexpected frame {m}")
+                await asyncio.sleep(pace)
+            await ws.close()
+        except (*FAULTS, Restart) as e:
+            if not isinstance(e, Restart):
+                hist.record(name, -1, "info", "connection lost; unacked batches resent")
+            await drop(ws, 0.3 if isinstance(e, Restart) else 0.1)
+
+
+@dataclass
+class GroupLog:
+    sessions: list = field(default_factory=list)  # [(committed offset when it began, [offsets read])]
+
+
+async def consume_group(ep: Endpoint, token: str, group: str, log: GroupLog, stop: asyncio.Event,
+                        commit_every: int = 200) -> None:
+    """A consumer group member: subscribes from the group's committed offset, commits every
+    `commit_every` events, and starts a new session after any fault."""
+    committed = 0
+    while not stop.is_set():
+        ws = None
+        try:
+            ws = await asyncio.wait_for(rh.session(ep, token), 5)
+            await ws.send(json.dumps({"op": "subscribe", "id": "g", "topic": TOPIC, "from": "earliest", "group": group}))
+            read: list[int] = []
+            log.sessions.append((committed, read))
+            since = 0
+            while not stop.is_set():
+                try:
+                    m = json.loads(await asyncio.wait_for(ws.recv(), 1))
+                except asyncio.TimeoutError:
+                    continue
+                if m.get("op") != "events":
+                    continue
+                read += [e["offset"] for e in m["events"]]
+                since += len(m["events"])
+                if since >= commit_every:
+                    off = read[-1] + 1
+                    await ws.send(json.dumps({"op": "commit", "group": group, "topic": TOPIC, "offset": off}))
+                    since = 0
+                    committed = off  # a commit whose reply is lost may or may not hold: the check allows both
+            await ws.close()
+        except FAULTS:
+            await drop(ws, 0.1)
+
+
+# ---- the nemesis ----------------------------------------------------------------------------
+
+class World:
+    """The relay, the proxy in front of it, and what the faults need."""
+
+    def __init__(self, root: Path, seed: int, disk_bytes: int | None = None):
+        self.root = root
+        self.rng = random.Random(seed)
+        self.creds = rh.Credentials(root / "creds")
+        self.data = root / "data"
+        self.mount = None
+        if disk_bytes:
+            self.data.mkdir(parents=True)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_bytes}", "tmpfs", str(self.data)], check=True)
+            self.mount = self.data
+            self.data = self.data / "relay"
+        self.relay = rh.RelayProcess(self.creds, self.data, port=rh.free_port())
+        self.relay.log = root / "relay.log"  # not on the relay's (small) disk
+        self.relay.start()
+        self.proxy = Proxy(self.relay.port, seed)
+        self.ep = Endpoint(f"wss://127.0.0.1:{self.proxy.port}", self.creds)
+        self.faults: list[str] = []
+
+    def close(self) -> None:
+        self.proxy.close()
+        if self.relay.proc and self.relay.proc.poll() is None:
+            try:
+                os.kill(self.relay.proc.pid, 18)  # SIGCONT, should a pause be left
+            except OSError:
+                pass
+        self.relay.stop()
+        if self.mount:
+            subprocess.run(["umount", "-l", str(self.mount)], check=False)
+
+
+async def kill(w: World, times: int, gap: tuple[float, float] = (0.3, 1.2)) -> None:
+    """SIGKILL the relay `times` times at random moments, restarting it each time."""
+    for _ in range(times):
+        await asyncio.sleep(w.rng.uniform(*gap))
+        w.relay.kill()
+        await asyncio.sleep(w.rng.uniform(0.0, 0.3))
+        w.relay.start()
+        w.faults.append("kill")
+
+
+async def torn(w: World) -> None:
+    """SIGKILL, then leave half a record at the end of the last segment: what a crash in the
+    middle of writing a batch leaves (never acknowledged: the ack waits for the write and its
+    sync). The bytes are the start of a real record (a valid header announcing more bytes
+    than follow), so recovery must find the tear by length, not by garbage."""
+    await asyncio.sleep(w.rng.uniform(0.5, 1.0))
+    w.relay.kill()
+    segs = sorted((w.data / "topics" / TOPIC).glob("*.log"))
+    if segs and segs[-1].stat().st_size > 100:
+        head = segs[-1].read_bytes()[:w.rng.randint(9, 90)]
+        with open(segs[-1], "ab") as f:
+            f.write(head)
+        w.faults.append("torn")
+    w.relay.start()
+
+
+async def pause(w: World, seconds: float) -> None:
+    """SIGSTOP the relay for `seconds`, then SIGCONT: a relay that hangs (a GC-like pause, a
+    stuck disk) with its connections open."""
+    await asyncio.sleep(w.rng.uniform(0.3, 0.8))
+    os.kill(w.relay.proc.pid, 19)
+    await asyncio.sleep(seconds)
+    os.kill(w.relay.proc.pid, 18)
+    w.faults.append(f"pause {seconds:g}s")
+
+
+async def partition(w: World, seconds: float, times: int = 1) -> None:
+    for _ in range(times):
+        await asyncio.sleep(w.rng.uniform(0.3, 0.8))
+        w.proxy.set("partition")
+        await asyncio.sleep(seconds)
+        w.proxy.set("ok")
+        w.faults.append(f"partition {seconds:g}s")
+
+
+async def slow_link(w: World, seconds: float, delay_s: float, loss: float) -> None:
+    await asyncio.sleep(0.3)
+    w.proxy.set("ok", delay_s=delay_s, loss=loss)
+    await asyncio.sleep(seconds)
+    w.proxy.set("ok")
+    w.faults.append(f"delay {delay_s * 1000:g} ms, loss {loss:g} for {seconds:g}s")
+
+
+async def disk_full(w: World, seconds: float) -> None:
+    """Fills the relay's (small) file system with a file of our own, keeps it full for
+    `seconds` (publishes are nacked storage_error; reads go on), then frees the space."""
+    await asyncio.sleep(0.5)
+    filler = w.mount / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    w.faults.append(f"disk full {seconds:g}s")
+    await asyncio.sleep(seconds)
+    filler.unlink()
+
+
+# ---- the check ------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    name: str
+    faults: list
+    attempted_batches: int
+    acked_events: int
+    stored_events: int
+    lost: int
+    duplicated: int
+    phantom: int
+    nacks: dict
+    reconnects: int
+    group_sessions: int
+    group_read: int
+    seconds: float
+    problems: list
+
+    def row(self) -> str:
+        return (f"| {self.name} | {', '.join(sorted(set(self.faults)))} ({len(self.faults)}) | {self.acked_events} | "
+                f"{self.lost} | {self.duplicated} | {self.phantom} | {self.reconnects} | "
+                f"{sum(self.nacks.values())} {dict(self.nacks) if self.nacks else ''} | {self.group_sessions} | "
+                f"{self.seconds:.0f} s | {'ok' if not self.problems else 'FAIL: ' + '; '.join(self.problems)[:200]} |")
+
+
+def check(w: World, hist: History, glog: GroupLog, name: str, seconds: float) -> Result:
+    problems = []
+    w.proxy.set("ok")
+    assert w.relay.stop() == 0 or w.relay.killed, "the relay did not stop cleanly"
+    w.relay.start()
+    token = w.creds.token("admin")
+    end = None
+    try:
+        async def read_all():
+            ws = await rh.session(w.relay, token)
+            await ws.send(json.dumps({"op": "subscribe", "id": "all", "topic": TOPIC, "from": "earliest"}))
+            out = []
+            while True:
+                try:
+                    m = json.loads(await asyncio.wait_for(ws.recv(), 3))
+                except asyncio.TimeoutError:
+                    break
+                if m["op"] == "events":
+                    out += [(e["offset"], e["event"]) for e in m["events"]]
+            await ws.close()
+            return out
+        stored = rh.run(read_all())
+    finally:
+        w.relay.stop_cleanly()
+    ids = [e["id"] for _, e in stored]
+    offsets = [o for o, _ in stored]
+    end = (offsets[-1] + 1) if offsets else 0
+    acked_ids = [i for key in sorted(hist.acked) for i in hist.sent[key]]
+    sent_ids = {i for ids_ in hist.sent.values() for i in ids_}
+    counts: dict[str, int] = {}
+    for i in ids:
+        counts[i] = counts.get(i, 0) + 1
+    lost = sum(1 for i in acked_ids if i not in counts)
+    duplicated = sum(c - 1 for c in counts.values() if c > 1)
+    phantom = sum(1 for i in counts if i not in sent_ids)
+    if lost:
+        lost_batches = sorted({key for key in hist.acked for i in hist.sent[key] if i not in counts})
+        story = [f"{o.producer}#{o.seq} {o.outcome} {o.detail}" for o in hist.ops
+                 if (o.producer, o.seq) in lost_batches or o.seq == -1]
+        problems.append(f"{lost} acked events lost (batches {lost_batches}; their history: {story[:12]})")
+    if duplicated:
+        problems.append(f"{duplicated} events stored twice")
+    if phantom:
+        problems.append(f"{phantom} events stored that no producer sent")
+    # Each producer's order.
+    by_producer: dict[str, list[str]] = {}
+    for i in ids:
+        by_producer.setdefault(i.rsplit("-", 2)[0], []).append(i)
+    for p, seq in by_producer.items():
+        if seq != sorted(seq):
+            problems.append(f"{p}'s events out of order")
+    # The segment files: every CRC, increasing offsets, nothing twice.
+    records = rh.read_segments(w.data / "topics" / TOPIC)
+    if [o for o, _ in records] != sorted({o for o, _ in records}):
+        problems.append("the segment files' offsets do not increase")
+    if sorted(e["id"] for _, e in records) != sorted(ids):
+        problems.append("the segment files do not hold what the relay serves")
+    # The consumer group: no session skips, together they read every offset.
+    # `committed` is the last offset the member had sent in a commit when the session began:
+    # the relay may have applied it or not (its reply lost), so a session starts at or
+    # before it; after it would skip what lies between.
+    seen: set[int] = set()
+    for committed, read in glog.sessions:
+        if read and read[0] > committed:
+            problems.append(f"a group session began at offset {read[0]}, past the last commit {committed}")
+        if read and read != list(range(read[0], read[0] + len(read))):
+            problems.append("a group session skipped offsets")
+        seen.update(read)
+    missing = [o for o in range(min(end, max(seen) + 1 if seen else 0)) if o not in seen]
+    if missing:
+        problems.append(f"the group never read {len(missing)} offsets (first {missing[:5]})")
+    return Result(name, w.faults, len(hist.sent), len(acked_ids), len(ids), lost, duplicated, phantom,
+                  hist.nacks, sum(1 for o in hist.ops if o.outcome == "info"), len(glog.sessions), len(seen),
+                  seconds, problems)
+
+
+# ---- scenarios ------------------------------------------------------------------------------
+
+def scenario(root: Path, name: str, nemesis, *, producers: int = 2, batches: int = 200, seed: int = 1,
+             disk_bytes: int | None = None, window: int = 4, pace: float = 0.01) -> Result:
+    """Runs `producers` producers and a consumer group against a relay behind the proxy while
+    `nemesis(world)` injects faults; then checks the history."""
+    w = World(root / name, seed, disk_bytes)
+    hist, glog = History(), GroupLog()
+    t0 = time.monotonic()
+    try:
+        token = w.creds.token("admin")
+
+        async def go():
+            stop = asyncio.Event()
+            group = asyncio.create_task(consume_group(w.ep, token, "chaos-group", glog, stop))
+            work = [asyncio.create_task(produce(w.ep, token, f"p{k}", batches, hist, stop, window, pace))
+                    for k in range(producers)]
+            nem = asyncio.create_task(nemesis(w))
+            await asyncio.gather(*work)
+            await nem
+            # Let the group catch up with everything before it stops.
+            await asyncio.sleep(2.0)
+            stop.set()
+            await group
+        asyncio.run(asyncio.wait_for(go(), 900))
+        return check(w, hist, glog, name, time.monotonic() - t0)
+    finally:
+        w.close()
+
+
+def short_form(root: Path) -> list[Result]:
+    """What make test runs (tests/python/test_chaos.py): every kind of fault once, briefly."""
+    async def mixed(w):
+        await kill(w, 3)
+        await pause(w, 2.0)
+        await partition(w, 2.0)
+        await slow_link(w, 2.0, 0.02, 0.02)
+        await torn(w)
+    return [scenario(root, "mixed", mixed, batches=150),
+            scenario(root, "disk-full", lambda w: disk_full(w, 2.0), batches=150, disk_bytes=16 << 20)]
+
+
+def long_form(root: Path, only: str | None = None) -> list[Result]:
+    plan = {
+        "kill": (lambda w: kill(w, 10), {}),
+        "pause": (lambda w: pause(w, 20.0), {"batches": 300}),
+        "partition": (lambda w: partition(w, 5.0, times=3), {"batches": 300}),
+        "delay-loss": (lambda w: slow_link(w, 15.0, 0.05, 0.03), {"batches": 300}),
+        "torn": (lambda w: torn(w), {}),
+        "disk-full": (lambda w: disk_full(w, 5.0), {"disk_bytes": 24 << 20, "batches": 300}),
+    }
+    out = []
+    for name, (nemesis, kw) in plan.items():
+        if only and name != only:
+            continue
+        out.append(scenario(root, name, nemesis, seed=hash(name) & 0xFFFF, **kw))
+    return out
+
+
+HEADER = ("| scenario | faults (count) | events acked | lost | duplicated | phantom | reconnects | nacks | "
+          "group sessions | time | check |\n|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", help="one scenario of the long form")
+    ap.add_argument("--short", action="store_true", help="the short form (as make test)")
+    ap.add_argument("--dir", default="", help="where the runs go (default: a temporary folder)")
+    a = ap.parse_args()
+    import tempfile
+    root = Path(a.dir or tempfile.mkdtemp(prefix="diaspora-chaos-"))
+    results = short_form(root) if a.short else long_form(root, a.only)
+    print(HEADER)
+    for r in results:
+        print(r.row())
+    return 0 if all(not r.problems for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
