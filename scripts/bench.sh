@@ -18,6 +18,9 @@ echo
 echo "== relay views: cost at the full publish rate (on vs off), build rate and query latency (bench/relay/views.sh)"
 bash bench/relay/views.sh "$BUILD_DIR"
 echo
+echo "== relay limits: memory with 10,000 idle sessions, 1,000 topics, a subscriber that never reads (bench/relay/limits.py)"
+DIASPORA_BIN_DIR="$(cd "$BUILD_DIR" && pwd)/bin" "$PY" bench/relay/limits.py
+echo
 echo "== admin console: first load, raw and compressed (bench/console/size.sh)"
 bash bench/console/size.sh "$BUILD_DIR"
 echo

@@ -347,3 +347,86 @@ def test_the_report_is_held_to_its_schema(tmp_path):
         mutate(r)
         bad.append(not v.is_valid(r))
     assert bad == [True] * 5
+
+
+def _signalled_run(tmp_path, marker: str):
+    """A run of a command that ignores SIGTERM and SIGINT (its stop takes the grace before
+    the kill), started and waited for until its command runs."""
+    spec = rn.write_spec(tmp_path, "version: 1\nname: sig\n" + SITE +
+                         f"tasks:\n  - {{name: stubborn, command: \"trap '' TERM INT; sleep {marker}; true\", count: 1}}\n")
+    out = tmp_path / "out"
+    p = subprocess.Popen([str(rn.DIASPORA), "run", str(spec), "--out", str(out)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not [x for x, cmd in rn.process_cmdlines() if marker.encode() in cmd]:
+        time.sleep(0.1)
+    return p, out
+
+
+def test_sigterm_stops_as_sigint_does(tmp_path):
+    marker = f"601.{os.getpid()}{time.monotonic_ns() % 100000}"
+    p, out = _signalled_run(tmp_path, marker)
+    try:
+        p.send_signal(signal.SIGTERM)
+        stdout, stderr = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 1, stdout + stderr
+    rn.assert_no_sanitizer_report(out, stderr)
+    rep = rn.report(out)
+    assert rep["interrupted"] == "interrupted by a signal"
+    assert rn.instance(rep, "stubborn.0")["state"] == "cancelled"
+    assert not [x for x, cmd in rn.process_cmdlines() if marker.encode() in cmd]  # its command was killed
+
+
+def test_a_second_signal_kills_every_process_group_at_once_and_exits_130(tmp_path):
+    # docs/run.md, "Signals": the first signal stops the command with a grace (it ignores
+    # SIGTERM, so the stop waits); a second one does not wait.
+    marker = f"602.{os.getpid()}{time.monotonic_ns() % 100000}"
+    p, out = _signalled_run(tmp_path, marker)
+    try:
+        p.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        stdout, stderr = p.communicate(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+        for pid, cmd in rn.process_cmdlines():
+            if marker.encode() in cmd:
+                os.kill(pid, signal.SIGKILL)
+    assert p.returncode == 130, stdout + stderr
+    assert took < 5, took
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and [x for x, cmd in rn.process_cmdlines() if marker.encode() in cmd]:
+        time.sleep(0.05)
+    assert not [x for x, cmd in rn.process_cmdlines() if marker.encode() in cmd], "the command outlived the runner"
+
+
+def test_failure_grace_bounds_the_wait_for_a_policy(tmp_path):
+    # A failed attempt whose task a policy could restart waits --failure-grace for it, then
+    # the instance fails for good, saying so (docs/run.md). Here the one policy that could
+    # act never fires (the defaults are off); the command dies of a signal, which a retry
+    # could fix.
+    spec = rn.write_spec(tmp_path, "version: 1\nname: grace\ndefaults: off\n" + SITE +
+                         "tasks:\n  - {name: flaky, command: 'kill -KILL $$', count: 1}\n"
+                         "policies:\n  - {name: never, signal: task.step_time, detector: threshold, threshold: 1000000,"
+                         " action: restart, targets: [flaky]}\n")
+    timings = {}
+    for grace in ("1s", "3s"):
+        out = tmp_path / f"out-{grace}"
+        p = rn.run(spec, out, "--failure-grace", grace)
+        assert p.returncode == 1, p.stdout + p.stderr
+        inst = rn.instance(rn.report(out), "flaky.0")
+        assert inst["state"] == "failed" and len(inst["attempts"]) == 1, inst
+        assert f"(no policy restarted it within {grace[:-1]} s)" in inst["reason"], inst["reason"]
+        timings[grace] = inst["end_s"] - inst["attempts"][-1]["end_s"]
+    assert 0.9 <= timings["1s"] < 2.5 and 2.9 <= timings["3s"] < 4.5, timings
+    bad = subprocess.run([str(rn.DIASPORA), "run", str(spec), "--out", str(tmp_path / "o2"), "--failure-grace", "soon"],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "--failure-grace 'soon'" in bad.stderr, bad.stderr

@@ -183,6 +183,80 @@ def test_live_changes_stream_as_server_sent_events(tmp_path, creds):
         relay.stop()
 
 
+def _sse(relay, token, path="/api/v1/views/stream", headers=None):
+    """An open server-sent-event stream and a reader of its next (event, data) pairs."""
+    conn = http.client.HTTPSConnection("127.0.0.1", relay.port, context=relay.creds.client_ssl(), timeout=10)
+    conn.request("GET", path, headers={"Authorization": f"Bearer {token}", **(headers or {})})
+    resp = conn.getresponse()
+    assert resp.status == 200, resp.read()
+
+    def next_events(n: int, deadline_s: float = 10):
+        out, event, end = [], None, time.monotonic() + deadline_s
+        while len(out) < n and time.monotonic() < end:
+            line = resp.fp.readline().decode()
+            if not line:
+                break  # the stream ended
+            line = line.rstrip("\n")
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: ") and event:
+                out.append((event, json.loads(line[6:])))
+                event = None
+        return out
+    return conn, next_events
+
+
+def test_live_changes_resume_from_a_version_reset_when_too_old_and_end_at_expiry(tmp_path, creds):
+    # docs/console.md, "Live changes": since= and Last-Event-ID resume after a version;
+    # a version older than the 65,536 changes kept gets `event: reset` first; the stream
+    # ends with `event: expired` when its token expires.
+    relay = RelayProcess(creds, tmp_path / "data").start()
+    pub, admin = creds.token("publish:*", "subscribe:*"), creds.token("admin")
+    try:
+        publish_events(relay, pub, "beam.events", [ev(k, "task.submitted", task_id=f"t.{k}", name="t") for k in range(5)])
+        wait_until(lambda: get(relay, "tasks", admin, "?workflow=beam")["total"] == 5, 10, "the views to apply 5 events")
+        version = get(relay, "tasks", admin, "?workflow=beam")["version"]
+        # From version 0: the five changes already made come at once, in order, no reset.
+        conn, read = _sse(relay, admin, "/api/v1/views/stream?since=0")
+        got = read(5)
+        conn.close()
+        assert [e for e, _ in got] == ["change"] * 5 and [d["id"] for _, d in got] == [f"t.{k}" for k in range(5)], got
+        # Last-Event-ID (what EventSource sends on reconnecting): only what came after it.
+        after = got[2][1]["version"]
+        conn, read = _sse(relay, admin, headers={"Last-Event-ID": str(after)})
+        got = read(2)
+        conn.close()
+        assert [d["id"] for _, d in got] == ["t.3", "t.4"] and all(d["version"] > after for _, d in got), got
+        assert got[-1][1]["version"] <= version
+        # Without since: from now on only.
+        conn, read = _sse(relay, admin)
+        publish_events(relay, pub, "beam.events", [ev(5, "task.submitted", task_id="t.5", name="t")])
+        got = read(1)
+        conn.close()
+        assert [d["id"] for _, d in got] == ["t.5"], got
+        # More changes than are kept: a client that asks from version 1 is told to reload.
+        for b in range(7):
+            publish_events(relay, pub, "bulk.events", [ev(1000 + b * 10_000 + k, "task.submitted", task_id=f"b.{b}.{k}")
+                                                       for k in range(10_000)])
+        wait_until(lambda: get(relay, "tasks", admin, "?workflow=bulk")["total"] == 70_000, 60, "70,000 tasks")
+        conn, read = _sse(relay, admin, "/api/v1/views/stream?since=1")
+        got = read(2)
+        conn.close()
+        assert got[0][0] == "reset" and got[1][0] == "change", got[:2]
+        # A token that expires: the stream ends with `event: expired`.
+        short = creds.token("subscribe:beam.*", ttl="2s")
+        conn, read = _sse(relay, short)
+        t0 = time.monotonic()
+        got = read(1, deadline_s=40)
+        conn.close()
+        assert got and got[0][0] == "expired", got
+        assert time.monotonic() - t0 < 35, time.monotonic() - t0
+        bad = https_status(relay, "/api/v1/views/stream?since=yesterday", admin)
+        assert bad == 400
+    finally:
+        relay.stop_cleanly()
+
+
 def test_operator_actions_go_to_the_engines_control_topic_with_scopes_checked(tmp_path, creds):
     relay = RelayProcess(creds, tmp_path / "data").start()
     pub = creds.token("publish:*", "subscribe:*")
