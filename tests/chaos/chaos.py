@@ -524,6 +524,85 @@ def scenario(root: Path, name: str, nemesis, *, producers: int = 2, batches: int
         w.close()
 
 
+def plugin_scenario(root: Path, name: str, nemesis, seconds: float = 12, seed: int = 1) -> Result:
+    """The engine plugin as the producer: `diaspora run` publishes a stream of task
+    instances to the relay (behind the proxy) while `nemesis(world)` strikes. Checked: the
+    plugin says every event it accepted was acknowledged and none lost; the relay holds each
+    of them exactly once, and every instance's submitted and completed events."""
+    w = World(root / name, seed)
+    t0 = time.monotonic()
+    try:
+        token_file = root / name / "token"
+        token_file.write_text(w.creds.token("publish:*", "subscribe:*"))
+        wf = f"chaos-{name}"
+        spec = root / name / "spec.yaml"
+        spec.write_text(json.dumps({
+            "version": 1, "name": wf,
+            "relay": {"url": w.ep.url, "ca_file": str(w.creds.ca), "token_file": str(token_file)},
+            "plugin": {"spool_dir": str(root / name / "spool"), "reconnect_max": "1s"},
+            "sites": [{"name": "a", "engine": "local", "workers": 2}],
+            "tasks": [{"name": "nap", "kind": "sleep", "args": {"seconds": 0.2}, "rate": 10, "duration": f"{seconds:g}s"}],
+        }))
+        out = root / name / "out"
+        proc = subprocess.Popen([str(rh.DIASPORA), "run", str(spec), "--out", str(out)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+        async def go():
+            await nemesis(w)
+            while proc.poll() is None:
+                await asyncio.sleep(0.2)
+        try:
+            asyncio.run(asyncio.wait_for(go(), 600))
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            log = proc.communicate()[0]
+            rh._open.clear()
+        problems = [] if proc.returncode == 0 else [f"diaspora run exited {proc.returncode}: {log[-1500:]}"]
+        rep = json.loads((out / "report.json").read_text())
+        stats = rep["plugin"]["stats"]
+        # events_acked also counts the plugin's own events (warnings about the lost session).
+        if stats["events_lost"] or stats["close_status"] != "DIASPORA_OK" or stats["events_acked"] < stats["events_accepted"]:
+            problems.append(f"the plugin's own account: {stats}")
+        w.proxy.set("ok")
+        token = w.creds.token("admin")
+
+        async def read_all():
+            ws = await rh.session(w.relay, token)
+            await ws.send(json.dumps({"op": "subscribe", "id": "all", "topic": f"{wf}.events", "from": "earliest"}))
+            got = []
+            while True:
+                try:
+                    m = json.loads(await asyncio.wait_for(ws.recv(), 3))
+                except asyncio.TimeoutError:
+                    break
+                if m["op"] == "events":
+                    got += [e["event"] for e in m["events"]]
+            await ws.close()
+            return got
+        try:
+            stored = asyncio.run(asyncio.wait_for(read_all(), 120))
+        finally:
+            rh._open.clear()
+        keys = [(e["source"], e["id"]) for e in stored]
+        duplicated = len(keys) - len(set(keys))
+        lost = max(0, stats["events_acked"] - len(set(keys)))
+        if duplicated:
+            problems.append(f"{duplicated} events stored twice")
+        if lost:
+            problems.append(f"{lost} events the plugin saw acknowledged are not stored")
+        for inst in rep["instances"]:
+            for kind in ("submitted", "completed"):
+                n = sum(1 for e in stored if e["type"] == f"org.diaspora.task.{kind}" and e.get("subject") == inst["id"])
+                if n != 1:
+                    problems.append(f"{inst['id']}: {n} task.{kind} events stored")
+                    break
+        return Result(name, w.faults, len(rep["instances"]), stats["events_acked"], len(stored), lost, duplicated, 0,
+                      {}, stats["reconnects"], 0, 0, time.monotonic() - t0, problems)
+    finally:
+        w.close()
+
+
 def short_form(root: Path) -> list[Result]:
     """What make test runs (tests/python/test_chaos.py): every kind of fault once, briefly."""
     async def mixed(w):
@@ -532,8 +611,12 @@ def short_form(root: Path) -> list[Result]:
         await partition(w, 2.0)
         await slow_link(w, 2.0, 0.02, 0.02)
         await torn(w)
+    async def plugin_faults(w):
+        await kill(w, 2, gap=(1.0, 2.0))
+        await partition(w, 2.0)
     return [scenario(root, "mixed", mixed, batches=150),
-            scenario(root, "disk-full", lambda w: disk_full(w, 2.0), batches=150, disk_bytes=16 << 20)]
+            scenario(root, "disk-full", lambda w: disk_full(w, 2.0), batches=150, disk_bytes=16 << 20),
+            plugin_scenario(root, "plugin", plugin_faults, seconds=8)]
 
 
 def long_form(root: Path, only: str | None = None) -> list[Result]:
@@ -550,6 +633,14 @@ def long_form(root: Path, only: str | None = None) -> list[Result]:
         if only and name != only:
             continue
         out.append(scenario(root, name, nemesis, seed=hash(name) & 0xFFFF, **kw))
+
+    async def plugin_faults(w):
+        await kill(w, 5, gap=(1.0, 2.5))
+        await partition(w, 5.0)
+        await pause(w, 5.0)
+        await slow_link(w, 5.0, 0.05, 0.03)
+    if not only or only == "plugin":
+        out.append(plugin_scenario(root, "plugin", plugin_faults, seconds=30))
     return out
 
 
@@ -559,7 +650,8 @@ HEADER = ("| scenario | faults (count) | events acked | lost | duplicated | phan
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", help="one scenario of the long form")
+    ap.add_argument("--only", help="one scenario of the long form: kill, pause, partition, delay-loss, torn, "
+                    "disk-full, plugin")
     ap.add_argument("--short", action="store_true", help="the short form (as make test)")
     ap.add_argument("--dir", default="", help="where the runs go (default: a temporary folder)")
     a = ap.parse_args()
