@@ -547,7 +547,18 @@ def plugin_scenario(root: Path, name: str, nemesis, seconds: float = 12, seed: i
         proc = subprocess.Popen([str(rh.DIASPORA), "run", str(spec), "--out", str(out)], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
 
+        def plugin_connected() -> bool:
+            metrics = rh.https_get(w.relay, "/metrics")
+            return any(line.startswith("diaspora_relay_websockets ") and float(line.split()[-1]) >= 1
+                       for line in metrics.splitlines())
+
         async def go():
+            # The faults strike once the plugin has its session (a slow start, e.g. under a
+            # sanitizer on a loaded machine, must not leave them to strike nothing).
+            deadline = time.monotonic() + 60
+            while not plugin_connected():
+                assert proc.poll() is None and time.monotonic() < deadline, "the plugin never connected"
+                await asyncio.sleep(0.1)
             await nemesis(w)
             while proc.poll() is None:
                 await asyncio.sleep(0.2)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from relay_harness import REPO, relay_events, wait_until, write_spec  # noqa: E402
+from relay_harness import REPO, publish_action, relay_events, wait_subscribed, wait_until, write_spec  # noqa: E402
 
 sys.path.insert(0, str(REPO / "engine-adapters" / "python"))
 import adapter_tasks as at  # noqa: E402
@@ -277,3 +277,39 @@ def test_submit_places_at_once_callbacks_may_submit_again_starts_are_stamped_and
         assert t_sub <= t_start <= t_end, (tid, t_sub, t_start, t_end)
         if tid == "slow":  # it ran 0.5 s: started is when it began, not when it was announced or ended
             assert t_end - t_start >= 0.45 and t_start - t_sub < 0.2, (t_sub, t_start, t_end)
+
+
+def test_operator_actions_it_cannot_carry_out_are_refused_and_restarts_stop_at_max_attempts(relay, token, tmp_path):
+    # docs/adapters.md: throttle, drain and undrain are refused with the reason; an action on
+    # an unknown task too; restarts and migrations stop at max_attempts, and the Future then
+    # fails. Actions come from an operator on the executor's control topic.
+    spec = write_spec(tmp_path, relay.creds, token[1], relay.port, name="ops", sites=SITES)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    with ThreadPoolExecutor(2) as a, ThreadPoolExecutor(2) as b:
+        with ResilientExecutor({"a": a, "b": b}, spec=spec, max_attempts=2, heartbeat_s=0.2) as ex:
+            wait_subscribed(relay, "ops.control.engine")
+            fut = ex.submit_task(at.stepper, (400, 0.05, 1, str(marks)), task_id="long-1", site="a")
+            wait_until(lambda: at.markers(marks).get("long-1.1"), 30, "the first attempt to run")
+            asks = [("op-1", {"action": "throttle"}), ("op-2", {"action": "drain", "site": "a"}),
+                    ("op-3", {"action": "undrain", "site": "a"}), ("op-4", {"action": "restart", "task_id": "nope-9"}),
+                    ("op-5", {"action": "restart", "task_id": "long-1"}),
+                    ("op-6", {"action": "migrate", "task_id": "long-1", "target_site": "b"})]
+            for aid, data in asks:
+                publish_action(relay, token[0], {"action_id": aid, "reason": "operator", **data},
+                               topic="ops.control.engine")
+                if aid == "op-5":  # the restart runs before the migration is asked
+                    wait_until(lambda: at.markers(marks).get("long-1.2"), 30, "the restarted attempt to run")
+            events = relay_events(relay, token[0], len(asks), topic="ops.events",
+                                  counted=lambda e: e["type"] == "org.diaspora.action.done")
+            done = {e["data"]["action_id"]: e["data"] for e in events if e["type"] == "org.diaspora.action.done"}
+            say = {k: (v["status"], v.get("message", "")) for k, v in done.items()}
+            assert say["op-1"][0] == "failed" and "does not throttle" in say["op-1"][1], say
+            assert say["op-2"][0] == "failed" and "does not drain" in say["op-2"][1], say
+            assert say["op-3"][0] == "failed" and "does not undrain" in say["op-3"][1], say
+            assert say["op-4"][0] == "failed" and "unknown task 'nope-9'" in say["op-4"][1], say
+            assert say["op-5"][0] == "done", say  # attempt 2 of 2
+            assert say["op-6"][0] == "failed" and "has used its 2 attempts" in say["op-6"][1], say
+            with pytest.raises(RuntimeError, match="2 attempts"):
+                fut.result(timeout=30)
+            attempts_all_done(ex)
