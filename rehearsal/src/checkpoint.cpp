@@ -2,6 +2,7 @@
 // atomically published (rank files, manifest, LATEST), and loaded on --resume on the same
 // or another world size (docs/rehearsal.md, "Checkpoints").
 #include "job.hpp"
+#include "manifest.hpp"
 
 #include "diaspora/json_exact.hpp"
 
@@ -284,45 +285,40 @@ void Job::load_checkpoint(const fs::path& from) {
   std::string name = read_text(root / "LATEST");
   while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
   const fs::path dir = root / name;
-  json::value mv;
+  std::string text;
   try {
-    mv = parse_json_exact(read_text(dir / "manifest.json"));  // the error matrix's rows exactly as written
+    text = read_text(dir / "manifest.json");
   } catch (const std::exception& e) {
     throw RehearsalError("checkpoint " + dir.string() + ": manifest.json unreadable: " + e.what());
   }
-  int old_world = 0;
-  try {
-    const json::object& m = mv.as_object();
-    auto mismatch = [&](const char* key, const std::string& have, const std::string& want) {
-      if (have != want)
-        throw RehearsalError("checkpoint " + dir.string() + " was written with " + key + " " + have +
-                             "; this config has " + want + " (resume with the same config)");
-    };
-    mismatch("strategy", std::string(m.at("strategy").as_string()), cfg_.strategy);
-    mismatch("dataset", std::string(m.at("dataset").as_string()), cfg_.dataset.name);
-    mismatch("tasks", std::to_string(m.at("tasks").to_number<int>()), std::to_string(cfg_.dataset.tasks));
+  auto mismatch = [&](const char* key, const std::string& have, const std::string& want) {
+    if (have != want)
+      throw RehearsalError("checkpoint " + dir.string() + " was written with " + key + " " + have +
+                           "; this config has " + want + " (resume with the same config)");
+  };
+  const Manifest m = parse_manifest(text, (dir / "manifest.json").string(), [&](const Manifest& id) {
+    mismatch("strategy", id.strategy, cfg_.strategy);
+    mismatch("dataset", id.dataset, cfg_.dataset.name);
+    mismatch("tasks", std::to_string(id.tasks), std::to_string(cfg_.dataset.tasks));
     // Before the field existed, ptycho-sim's matrix held the whole-patch MSE: rows of the two
     // errors must not be mixed in one matrix.
-    if (!data_.classification && !m.contains("metric"))
+    if (!data_.classification && !id.metric)
       throw RehearsalError("checkpoint " + dir.string() +
                            " was written by an older diaspora-train whose ptycho-sim error was the whole-patch "
                            "MSE; its error matrix cannot be continued with ptycho_error: start the job again");
-    if (const auto* metric = m.if_contains("metric"))
-      mismatch("metric", std::string(metric->as_string()), metric_name(data_));
+    if (id.metric) mismatch("metric", *id.metric, metric_name(data_));
     // The averaged weights continue only with the decay they were averaged with (a
     // checkpoint from before the field had none).
-    const double ema = m.contains("ema") ? m.at("ema").to_number<double>() : 0.0;
-    auto text = [](double v) {
+    auto text_of = [](double v) {
       char b[32];
       std::snprintf(b, sizeof b, "%.10g", v);
       return std::string(b);
     };
-    if (ema != cfg_.train.ema) mismatch("train.ema", text(ema), text(cfg_.train.ema));
+    if (id.ema != cfg_.train.ema) mismatch("train.ema", text_of(id.ema), text_of(cfg_.train.ema));
     // Checkpoints from before the field was written carry no stream identity: not checked.
-    if (const auto* st = m.if_contains("stream")) {
-      const json::object have = st->as_object();
+    if (id.stream) {
       for (const auto& [key, want] : stream_identity()) {
-        const json::value* h = have.if_contains(key);
+        const json::value* h = id.stream->if_contains(key);
         const std::string setting = key == "seed"         ? std::string("seed")
                                     : key == "batch_size" ? std::string("train.batch_size")
                                                           : "dataset." + std::string(key);
@@ -330,27 +326,20 @@ void Job::load_checkpoint(const fs::path& from) {
         // double as the same shortest text.
         mismatch(setting.c_str(), h ? json::serialize(*h) : std::string("none"), json::serialize(want));
       }
-    } else if (const auto* seed = m.if_contains("seed")) {  // older checkpoints: the seed at least
-      mismatch("seed", json::serialize(*seed), json::serialize(json::value(cfg_.seed)));
+    } else if (id.seed) {  // older checkpoints: the seed at least
+      mismatch("seed", json::serialize(*id.seed), json::serialize(json::value(cfg_.seed)));
     }
-    pos_.step = m.at("step").to_number<std::int64_t>();
-    pos_.task = m.at("task").to_number<int>();
-    pos_.epoch = m.at("epoch").to_number<int>();
-    pos_.batch = m.at("batch").to_number<std::int64_t>();
-    elapsed_before_ = m.at("elapsed_s").to_number<double>();
-    const json::value* cpu = m.if_contains("cpu_s");  // absent before 2026-12-03: not counted
-    cpu_before_ = cpu ? cpu->to_number<double>() : 0.0;
-    matrix_.clear();
-    for (const auto& row : m.at("matrix").as_array()) matrix_.push_back(row_from_json(row));
-    old_world = m.at("world_size").to_number<int>();
-  } catch (const RehearsalError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw RehearsalError("checkpoint " + (dir / "manifest.json").string() +
-                         " is not a diaspora-train manifest (a field is missing or of the wrong type: " + e.what() + ")");
-  }
-  if (old_world < 1 || pos_.step < 0 || pos_.task < 0 || pos_.task > cfg_.dataset.tasks || pos_.epoch < 0 ||
-      pos_.batch < 0 || (pos_.task < static_cast<int>(data_.train.size()) && pos_.batch > steps_per_epoch_at(pos_.task, old_world)))
+  });
+  pos_.step = m.step;
+  pos_.task = m.task;
+  pos_.epoch = m.epoch;
+  pos_.batch = m.batch;
+  elapsed_before_ = m.elapsed_s;
+  cpu_before_ = m.cpu_s;
+  matrix_ = m.matrix;
+  const int old_world = m.world_size;
+  if (pos_.task > cfg_.dataset.tasks ||
+      (pos_.task < static_cast<int>(data_.train.size()) && pos_.batch > steps_per_epoch_at(pos_.task, old_world)))
     throw RehearsalError("checkpoint " + (dir / "manifest.json").string() + " holds an impossible position (world " +
                          std::to_string(old_world) + ", task " + std::to_string(pos_.task) + ", step " +
                          std::to_string(pos_.step) + ")");

@@ -2,6 +2,9 @@
 // No LibTorch here, so this translation unit stays cheap to compile.
 #include <boost/json.hpp>
 
+#include <algorithm>
+#include <cstdint>
+
 
 #include "diaspora/rehearsal_config.hpp"
 #include "diaspora/trainer.hpp"
@@ -37,9 +40,22 @@ void throw_if_any(std::vector<Diagnostic> diags, const std::vector<std::string>&
   throw SpecError(std::move(diags));
 }
 
+// An integer the schema has checked. YAML may write it as a float (200. or 1e3 is an
+// integer to JSON Schema): read exactly when it fits, else clamped to the type's range
+// (found by tests/fuzz/fuzz_train_config.cpp: "buffer_size: 200." ended diaspora-train with
+// an uncaught exception). Never throws.
+std::int64_t as_i64(const json::value& v) {
+  if (v.is_int64()) return v.get_int64();
+  if (v.is_uint64()) return static_cast<std::int64_t>(std::min<std::uint64_t>(v.get_uint64(), INT64_MAX));
+  if (v.is_double()) return static_cast<std::int64_t>(std::clamp(v.get_double(), -9.2e18, 9.2e18));
+  return 0;
+}
+
 std::uint64_t as_u64(const json::value& v) {
-  if (v.is_uint64()) return v.as_uint64();
-  return static_cast<std::uint64_t>(v.as_int64());  // the schema has checked minimum 0
+  if (v.is_uint64()) return v.get_uint64();
+  if (v.is_int64()) return static_cast<std::uint64_t>(std::max<std::int64_t>(v.get_int64(), 0));
+  if (v.is_double()) return static_cast<std::uint64_t>(std::clamp(v.get_double(), 0.0, 1.8e19));
+  return 0;
 }
 
 // The buffer:, insertion: and sampling: sections of a validated document.
@@ -57,7 +73,7 @@ RehearsalConfig rehearsal_sections(const YamlDocument& doc, const std::string& f
     }
     if (const auto* v = o.if_contains("max_samples")) c.buffer.max_samples = as_u64(*v);
     if (const auto* v = o.if_contains("class_balanced")) c.buffer.class_balanced = v->as_bool();
-    if (const auto* v = o.if_contains("label_tensor")) c.buffer.label_tensor = static_cast<int>(v->as_int64());
+    if (const auto* v = o.if_contains("label_tensor")) c.buffer.label_tensor = static_cast<int>(as_i64(*v));
     if (const auto* v = o.if_contains("seed")) c.buffer.seed = as_u64(*v);
   }
   if (const auto* s = root.if_contains("insertion")) {
@@ -66,7 +82,7 @@ RehearsalConfig rehearsal_sections(const YamlDocument& doc, const std::string& f
   }
   if (const auto* s = root.if_contains("sampling")) {
     const json::object& o = s->as_object();
-    if (const auto* v = o.if_contains("representatives")) c.sampling.representatives = v->as_int64();
+    if (const auto* v = o.if_contains("representatives")) c.sampling.representatives = as_i64(*v);
     if (const auto* v = o.if_contains("seed")) c.sampling.seed = as_u64(*v);
     if (const auto* v = o.if_contains("prefetch")) c.sampling.prefetch = v->as_bool();
     if (const auto* v = o.if_contains("backend")) c.sampling.backend = std::string(v->as_string());
@@ -164,7 +180,7 @@ TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view
   auto fail = [&](const std::string& path, std::string msg) { add_diag(diags, doc, file, path, std::move(msg)); };
   const json::object& root = doc.root.as_object();
   auto num = [](const json::value& v) { return v.is_double() ? v.as_double() : v.is_int64() ? static_cast<double>(v.as_int64()) : static_cast<double>(v.as_uint64()); };
-  auto i64 = [](const json::value& v) { return v.is_int64() ? v.as_int64() : static_cast<std::int64_t>(v.as_uint64()); };
+  auto i64 = as_i64;
   auto str = [](const json::value& v) { return std::string(v.as_string()); };
   if (const auto* v = root.if_contains("strategy")) c.strategy = str(*v);
   if (const auto* v = root.if_contains("alpha")) c.alpha = num(*v);

@@ -153,16 +153,11 @@ Stream load_stream(const TrainerConfig& cfg);
 void add_scan(Stream& s, const ScanFile& scan, const DatasetConfig& d, const std::string& name);
 
 /// A row of the metric matrix as JSON: a value not measured (NaN: a ptycho-stream scan that
-/// had not arrived) is null, and reads back as NaN.
+/// had not arrived) is null, and reads back as NaN (parse_manifest, manifest.hpp).
 inline json::value row_json(const std::vector<double>& row) {
   json::array a;
   for (double v : row) a.push_back(std::isnan(v) ? json::value(nullptr) : json::value(v));
   return a;
-}
-inline std::vector<double> row_from_json(const json::value& v) {
-  std::vector<double> row;
-  for (const auto& x : v.as_array()) row.push_back(x.is_null() ? std::nan("") : x.to_number<double>());
-  return row;
 }
 
 SampleLayout buffer_layout(const Stream& s, const TrainerConfig& cfg);
