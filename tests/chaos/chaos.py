@@ -524,7 +524,36 @@ def scenario(root: Path, name: str, nemesis, *, producers: int = 2, batches: int
         w.close()
 
 
-def plugin_scenario(root: Path, name: str, nemesis, seconds: float = 12, seed: int = 1) -> Result:
+FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")  # Debian's libfaketime
+
+
+def clock_env(stamp_file: Path) -> dict:
+    """The environment that runs a process on a wall clock the test steps: libfaketime reads
+    the offset from `stamp_file` ("+0", "-1h", ...) at every call; the monotonic clock is
+    left alone, as an NTP step leaves it."""
+    env = {"LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME_TIMESTAMP_FILE": str(stamp_file), "FAKETIME_NO_CACHE": "1",
+           "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    if os.environ.get("DIASPORA_SANITIZED"):  # the sanitizer's runtime need not come first then
+        env["ASAN_OPTIONS"] = ":".join(filter(None, [os.environ.get("ASAN_OPTIONS", ""), "verify_asan_link_order=0"]))
+    return env
+
+
+async def step_clock(w: World, stamp_file: Path, steps=(("-1h", 3.0), ("+2h", 3.0), ("+0", 0.0))) -> None:
+    """Steps the producer's wall clock back and forth (each held for its seconds), with a
+    relay kill in the middle so that the plugin reconnects on a skewed clock."""
+    for i, (offset, hold) in enumerate(steps):
+        stamp_file.write_text(offset + "\n")
+        w.faults.append(f"clock {offset}")
+        if i == 1:
+            w.relay.kill()
+            await asyncio.sleep(0.2)
+            w.relay.start()
+            w.faults.append("kill")
+        await asyncio.sleep(hold)
+
+
+def plugin_scenario(root: Path, name: str, nemesis, seconds: float = 12, seed: int = 1,
+                    env: dict | None = None) -> Result:
     """The engine plugin as the producer: `diaspora run` publishes a stream of task
     instances to the relay (behind the proxy) while `nemesis(world)` strikes. Checked: the
     plugin says every event it accepted was acknowledged and none lost; the relay holds each
@@ -545,7 +574,7 @@ def plugin_scenario(root: Path, name: str, nemesis, seconds: float = 12, seed: i
         }))
         out = root / name / "out"
         proc = subprocess.Popen([str(rh.DIASPORA), "run", str(spec), "--out", str(out)], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+                                stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
 
         def plugin_connected() -> bool:
             metrics = rh.https_get(w.relay, "/metrics")
@@ -614,6 +643,14 @@ def plugin_scenario(root: Path, name: str, nemesis, seconds: float = 12, seed: i
         w.close()
 
 
+def clock_scenario(root: Path, seconds: float, steps=(("-1h", 3.0), ("+2h", 3.0), ("+0", 0.0))) -> Result:
+    """`diaspora run` (its plugin and policies) on a wall clock stepped back and forth."""
+    stamp = root / "clock" / "faketime"
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text("+0\n")
+    return plugin_scenario(root, "clock", lambda w: step_clock(w, stamp, steps), seconds=seconds, env=clock_env(stamp))
+
+
 def short_form(root: Path) -> list[Result]:
     """What make test runs (tests/python/test_chaos.py): every kind of fault once, briefly."""
     async def mixed(w):
@@ -627,7 +664,8 @@ def short_form(root: Path) -> list[Result]:
         await partition(w, 2.0)
     return [scenario(root, "mixed", mixed, batches=150),
             scenario(root, "disk-full", lambda w: disk_full(w, 2.0), batches=150, disk_bytes=16 << 20),
-            plugin_scenario(root, "plugin", plugin_faults, seconds=8)]
+            plugin_scenario(root, "plugin", plugin_faults, seconds=8),
+            clock_scenario(root, seconds=10)]
 
 
 def long_form(root: Path, only: str | None = None) -> list[Result]:
@@ -652,6 +690,8 @@ def long_form(root: Path, only: str | None = None) -> list[Result]:
         await slow_link(w, 5.0, 0.05, 0.03)
     if not only or only == "plugin":
         out.append(plugin_scenario(root, "plugin", plugin_faults, seconds=30))
+    if not only or only == "clock":
+        out.append(clock_scenario(root, seconds=20, steps=(("-1h", 4.0), ("+3h", 4.0), ("-10m", 4.0), ("+0", 0.0))))
     return out
 
 
@@ -662,7 +702,7 @@ HEADER = ("| scenario | faults (count) | events acked | lost | duplicated | phan
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", help="one scenario of the long form: kill, pause, partition, delay-loss, torn, "
-                    "disk-full, plugin")
+                    "disk-full, plugin, clock")
     ap.add_argument("--short", action="store_true", help="the short form (as make test)")
     ap.add_argument("--dir", default="", help="where the runs go (default: a temporary folder)")
     a = ap.parse_args()
