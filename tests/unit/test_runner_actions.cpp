@@ -1,5 +1,7 @@
 // The action executor (runner/src/actions.hpp) on in-memory state: what each action does
 // to the attempts, when it is acknowledged, and each refusal with its reason.
+#include <algorithm>
+
 #include "runner_rig.hpp"
 
 namespace diaspora::runner::testing {
@@ -162,6 +164,29 @@ TEST(RunnerActions, ThrottleHalvesTheStreamRateDownToASixteenth) {
     EXPECT_EQ(r.hooks.calls.back(), "action T done: new instances at " + std::to_string(static_cast<int>(want * 100)) +
                                         " % of their rate for 60 s");
   }
+}
+
+// docs/run.md: a throttle halves a stream's rate for 60 s, then the stream goes back to its
+// full rate (and says so).
+TEST(RunnerActions, AThrottleEndsAfterSixtySeconds) {
+  Rig r("version: 1\nname: rig\nsites:\n  - {name: fast, engine: local, workers: 2}\n"
+        "tasks:\n  - {name: flow, kind: sleep, args: {seconds: 0.1}, rate: 4, duration: 300s}\n");
+  r.submit();
+  auto made_by = [&](double t) {
+    r.clock.t = t;
+    r.streams.tick();
+    return r.store.size();
+  };
+  const int at10 = made_by(10);
+  r.act(Rig::action(DIASPORA_ACTION_THROTTLE, "throttle", "T", ""));
+  EXPECT_EQ(std::count(r.hooks.calls.begin(), r.hooks.calls.end(), "action T done: new instances at 50 % of their rate for 60 s"),
+            1);
+  const int at70 = made_by(69.9);
+  EXPECT_NEAR(at70 - at10, 120, 2);  // 2 a second while throttled
+  EXPECT_EQ(std::count(r.log.begin(), r.log.end(), "throttle over: new instances at the full rate again"), 0);
+  const int at100 = made_by(100);
+  EXPECT_NEAR(at100 - at70, 120, 2);  // 4 a second again
+  EXPECT_EQ(std::count(r.log.begin(), r.log.end(), "throttle over: new instances at the full rate again"), 1);
 }
 
 TEST(RunnerLifecycle, AFailureWaitsForThePoliciesThenFailsAfterTheGrace) {
