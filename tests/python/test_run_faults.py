@@ -8,6 +8,8 @@ the figures that matter (reaction times, the baseline ratio) are measured in ben
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import run_harness as rn
@@ -226,3 +228,36 @@ def test_stopped_relay_loses_no_event(tmp_path):
     assert len(set(ids)) == len(ids) >= stats["events_accepted"]  # (and the plugin's own events)
     beats = [e for e in events if e["type"] == "org.diaspora.task.progress" and e["subject"] == "burn.0"]
     assert [e["data"]["step"] for e in beats] == list(range(1, 13))  # every heartbeat, in order
+
+
+def test_hang_task_stops_a_command_whose_heartbeats_pause_until_it_is_restarted(tmp_path):
+    # docs/run.md, "faults": hang-task SIGSTOPs a command (its process group: here a shell
+    # and its sleep); its heartbeats on the progress channel stop, phi-accrual sees the
+    # silence and restarts it; the next attempt runs to the end.
+    marker = f"0.25{os.getpid() % 1000:03d}{time.monotonic_ns() % 100000:05d}"  # a sleep unique to this test
+    spec = rn.write_spec(tmp_path, f"""version: 1
+name: hangcmd
+sites:
+  - {{name: a, engine: local, workers: 2}}
+tasks:
+  - name: beat
+    command: 'for i in $(seq 24); do echo heartbeat >&$DIASPORA_PROGRESS_FD; sleep {marker}; done'
+    count: 1
+{RESTART}faults:
+  - {{at: 2s, kind: hang-task, site: a, task: beat}}
+""")
+    out = tmp_path / "out"
+    p = rn.run(spec, out, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = rn.report(out)
+    (hang,) = rep["faults"]
+    inst = rn.instance(rep, "beat.0")
+    assert hang["hit"] and hang["hit"][0]["instance"] == "beat.0", hang
+    first = inst["attempts"][0]
+    assert first["outcome"] == "stopped" and "stopped for restart" in first["reason"], first
+    restarts = [a for a in rn.actions(rep, "restart") if a["outcome"] == "done"]
+    assert restarts and restarts[0]["reason"].startswith("restart-silent: task.heartbeat_gap"), restarts
+    assert inst["state"] == "completed" and inst["attempts"][-1]["outcome"] == "completed", inst
+    # No process of the stopped attempt is left, stopped or not.
+    left = [pid for pid, cmd in rn.process_cmdlines() if marker.encode() in cmd]
+    assert not left, left
