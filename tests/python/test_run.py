@@ -430,3 +430,37 @@ def test_failure_grace_bounds_the_wait_for_a_policy(tmp_path):
     bad = subprocess.run([str(rn.DIASPORA), "run", str(spec), "--out", str(tmp_path / "o2"), "--failure-grace", "soon"],
                          capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "--failure-grace 'soon'" in bad.stderr, bad.stderr
+
+
+def test_a_resumed_stream_goes_on_from_the_next_instance_at_its_rate(tmp_path):
+    # docs/run.md, "--resume": a stream's instances submitted before the kill are not made
+    # again; the stream goes on from the next one, at its rate (4 a second here).
+    spec = rn.write_spec(tmp_path, "version: 1\nname: rstream\n" + SITE +
+                         "tasks:\n  - {name: tick, kind: sleep, args: {seconds: 0.05}, rate: 4, duration: 6s}\n")
+    out = tmp_path / "out"
+    p = subprocess.Popen([str(rn.DIASPORA), "run", str(spec), "--out", str(out)], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    done = 0
+    deadline = time.monotonic() + 60
+    for line in p.stdout:  # kill it once eight instances are done
+        done += " done tick." in line
+        if done >= 8 or time.monotonic() > deadline:
+            break
+    time.sleep(0.3)
+    p.kill()
+    p.wait(timeout=10)
+    r = subprocess.run([str(rn.DIASPORA), "run", str(spec), "--resume", str(out)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rn.assert_no_sanitizer_report(out, r.stderr)
+    rep = rn.report(out)
+    ids = sorted(int(i["id"].split(".")[1]) for i in rep["instances"])
+    assert ids == list(range(24)), ids  # 6 s at 4 a second: each instance once, none made twice
+    restored = [i for i in rep["instances"] if i.get("restored")]
+    new = sorted(i["submitted_s"] for i in rep["instances"] if not i.get("restored"))
+    assert len(restored) >= 8 and len(new) >= 4, (len(restored), new)
+    # Those submitted before the kill but not finished are submitted again at once; the
+    # stream's next ones then come at its rate.
+    later = [t for t in new if t > new[0] + 0.1]
+    gaps = [b - a for a, b in zip(later, later[1:])]
+    assert len(later) >= 3 and all(0.2 <= g <= 0.35 for g in gaps), (new, gaps)
