@@ -8,7 +8,9 @@ the figures that matter (reaction times, the baseline ratio) are measured in ben
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -261,3 +263,46 @@ tasks:
     # No process of the stopped attempt is left, stopped or not.
     left = [pid for pid, cmd in rn.process_cmdlines() if marker.encode() in cmd]
     assert not left, left
+
+
+def test_an_operators_cancel_and_migrate_reach_diaspora_run_through_the_relay(tmp_path):
+    # docs/console.md, "Operator actions": POST /api/v1/actions on the relay a run publishes
+    # to goes to the run's control topic; diaspora run cancels the one instance and moves
+    # the other to the site asked, and reports both as the operator's.
+    creds = rn.rh.Credentials(tmp_path / "creds")
+    relay = rn.rh.RelayProcess(creds, tmp_path / "data").start()
+    try:
+        token_file = tmp_path / "token"
+        token_file.write_text(creds.token("publish:*", "subscribe:*"))
+        spec = rn.rh.write_spec(tmp_path, creds, token_file, relay.port, name="ops",
+                                sites=[{"name": "a", "engine": "local", "workers": 2},
+                                       {"name": "b", "engine": "local", "workers": 2}],
+                                extra={"defaults": "off",
+                                       "tasks": [{"name": "long", "kind": "cpu-burn", "args": {"seconds": 8, "step": 0.25},
+                                                  "count": 2, "preferred_sites": ["a"]}]})
+        out = tmp_path / "out"
+        p = subprocess.Popen([str(rn.DIASPORA), "run", str(spec), "--out", str(out)], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        admin = creds.token("admin")
+
+        def running():
+            body = json.loads(rn.rh.https_get(relay, "/api/v1/views/tasks?workflow=ops", admin))
+            return sorted(t["task_id"] for t in body["items"] if t["state"] == "running" and t["site"] == "a")
+        rn.rh.wait_until(lambda: running() == ["long.0", "long.1"], 60, "both instances running on a")
+        for act in ({"action": "cancel", "task_id": "long.0"}, {"action": "migrate", "task_id": "long.1", "target_site": "b"}):
+            status, body = rn.rh.https_post(relay, "/api/v1/actions", {"workflow": "ops", "reason": "operator test", **act},
+                                            admin)
+            assert status == 202, body
+        stdout, _ = p.communicate(timeout=120)
+        assert p.returncode == 1, stdout  # an instance was cancelled: not every instance completed
+        rn.assert_no_sanitizer_report(out, stdout)
+        rep = rn.report(out)
+        cancelled, moved = rn.instance(rep, "long.0"), rn.instance(rep, "long.1")
+        assert cancelled["state"] == "cancelled" and "cancelled by action op-" in cancelled["reason"], cancelled
+        assert moved["state"] == "completed" and moved["attempts"][-1]["site"] == "b", moved
+        assert moved["attempts"][0]["outcome"] == "stopped" and "migration to b" in moved["attempts"][0]["reason"], moved
+        ops = rn.actions(rep, "cancel") + rn.actions(rep, "migrate")
+        assert len(ops) == 2 and all(a["outcome"] == "done" and a["origin"] != "local" for a in ops), ops
+    finally:
+        relay.stop_cleanly()
+
