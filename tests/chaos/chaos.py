@@ -202,8 +202,8 @@ def event_id(producer: str, seq: int, i: int) -> str:
     return f"{producer}-{seq:06d}-{i:03d}"
 
 
-async def produce(ep: Endpoint, token: str, name: str, batches: int, hist: History, stop: asyncio.Event,
-                  window: int = 4, pace: float = 0.01) -> None:
+async def produce(ep: Endpoint, token: str, name: str, batches: int, hist: History, window: int = 4,
+                  pace: float = 0.01) -> None:
     """Publishes `batches` batches of BATCH events with producer id `name`, resending every
     unacknowledged one after a lost connection or a nack, until all are acked."""
     for s in range(batches):
@@ -506,7 +506,7 @@ def scenario(root: Path, name: str, nemesis, *, producers: int = 2, batches: int
         async def go():
             stop = asyncio.Event()
             group = asyncio.create_task(consume_group(w.ep, token, "chaos-group", glog, stop))
-            work = [asyncio.create_task(produce(w.ep, token, f"p{k}", batches, hist, stop, window, pace))
+            work = [asyncio.create_task(produce(w.ep, token, f"p{k}", batches, hist, window, pace))
                     for k in range(producers)]
             nem = asyncio.create_task(nemesis(w))
             await asyncio.gather(*work)
