@@ -301,25 +301,21 @@ namespace {
 
 // Whether every number in `v` is finite. The parser reads a number beyond the range of a
 // double (1e999) as infinity, which no JSON text can carry back: an event holding one would
-// not survive an encode/decode round trip. Iterative (the parser bounds the depth anyway).
+// not survive an encode/decode round trip. Recursive, without allocating (every event the
+// relay takes goes through here); the parser bounds the depth (32 levels).
 bool all_numbers_finite(const json::value& v) {
-  if (v.is_double()) return std::isfinite(v.get_double());
-  if (!v.is_structured()) return true;
-  std::vector<const json::value*> todo{&v};
-  while (!todo.empty()) {
-    const json::value* x = todo.back();
-    todo.pop_back();
-    if (x->is_double()) {
-      if (!std::isfinite(x->get_double())) return false;
-    } else if (const json::object* o = x->if_object()) {
-      for (const auto& kv : *o)
-        if (kv.value().is_structured() || kv.value().is_double()) todo.push_back(&kv.value());
-    } else if (const json::array* a = x->if_array()) {
-      for (const auto& e : *a)
-        if (e.is_structured() || e.is_double()) todo.push_back(&e);
-    }
+  switch (v.kind()) {
+    case json::kind::double_: return std::isfinite(v.get_double());
+    case json::kind::object:
+      for (const auto& kv : v.get_object())
+        if (!all_numbers_finite(kv.value())) return false;
+      return true;
+    case json::kind::array:
+      for (const auto& e : v.get_array())
+        if (!all_numbers_finite(e)) return false;
+      return true;
+    default: return true;
   }
-  return true;
 }
 
 }  // namespace

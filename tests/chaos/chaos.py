@@ -388,6 +388,36 @@ async def disk_full(w: World, seconds: float) -> None:
 
 # ---- the check ------------------------------------------------------------------------------
 
+def run_loop(coro, timeout_s: float):
+    """Runs `coro` on an event loop of its own, bounded; its connections end with the loop
+    (relay_harness.run() must not try to close them again on another loop)."""
+    try:
+        return asyncio.run(asyncio.wait_for(coro, timeout_s))
+    finally:
+        rh._open.clear()
+
+
+def read_topic(w: "World", topic: str) -> list[tuple[int, dict]]:
+    """Every stored event of `topic` as (offset, event), read from the relay directly (not
+    through the proxy) until 3 s pass without more."""
+    token = w.creds.token("admin")
+
+    async def read_all():
+        ws = await rh.session(w.relay, token)
+        await ws.send(json.dumps({"op": "subscribe", "id": "all", "topic": topic, "from": "earliest"}))
+        out = []
+        while True:
+            try:
+                m = json.loads(await asyncio.wait_for(ws.recv(), 3))
+            except asyncio.TimeoutError:
+                break
+            if m["op"] == "events":
+                out += [(e["offset"], e["event"]) for e in m["events"]]
+        await ws.close()
+        return out
+    return run_loop(read_all(), 120)
+
+
 @dataclass
 class Result:
     name: str
@@ -417,26 +447,9 @@ def check(w: World, hist: History, glog: GroupLog, name: str, seconds: float) ->
     w.proxy.set("ok")
     assert w.relay.stop() == 0 or w.relay.killed, "the relay did not stop cleanly"
     w.relay.start()
-    token = w.creds.token("admin")
     end = None
     try:
-        async def read_all():
-            ws = await rh.session(w.relay, token)
-            await ws.send(json.dumps({"op": "subscribe", "id": "all", "topic": TOPIC, "from": "earliest"}))
-            out = []
-            while True:
-                try:
-                    m = json.loads(await asyncio.wait_for(ws.recv(), 3))
-                except asyncio.TimeoutError:
-                    break
-                if m["op"] == "events":
-                    out += [(e["offset"], e["event"]) for e in m["events"]]
-            await ws.close()
-            return out
-        try:
-            stored = asyncio.run(asyncio.wait_for(read_all(), 120))
-        finally:
-            rh._open.clear()
+        stored = read_topic(w, TOPIC)
     finally:
         w.relay.stop_cleanly()
     ids = [e["id"] for _, e in stored]
@@ -515,10 +528,7 @@ def scenario(root: Path, name: str, nemesis, *, producers: int = 2, batches: int
             await asyncio.sleep(2.0)
             stop.set()
             await group
-        try:
-            asyncio.run(asyncio.wait_for(go(), 900))
-        finally:
-            rh._open.clear()  # connections of that event loop, over: not for relay_harness.run() to close again
+        run_loop(go(), 900)
         return check(w, hist, glog, name, time.monotonic() - t0)
     finally:
         w.close()
@@ -592,12 +602,11 @@ def plugin_scenario(root: Path, name: str, nemesis, seconds: float = 12, seed: i
             while proc.poll() is None:
                 await asyncio.sleep(0.2)
         try:
-            asyncio.run(asyncio.wait_for(go(), 600))
+            run_loop(go(), 600)
         finally:
             if proc.poll() is None:
                 proc.kill()
             log = proc.communicate()[0]
-            rh._open.clear()
         problems = [] if proc.returncode == 0 else [f"diaspora run exited {proc.returncode}: {log[-1500:]}"]
         rep = json.loads((out / "report.json").read_text())
         stats = rep["plugin"]["stats"]
@@ -605,25 +614,7 @@ def plugin_scenario(root: Path, name: str, nemesis, seconds: float = 12, seed: i
         if stats["events_lost"] or stats["close_status"] != "DIASPORA_OK" or stats["events_acked"] < stats["events_accepted"]:
             problems.append(f"the plugin's own account: {stats}")
         w.proxy.set("ok")
-        token = w.creds.token("admin")
-
-        async def read_all():
-            ws = await rh.session(w.relay, token)
-            await ws.send(json.dumps({"op": "subscribe", "id": "all", "topic": f"{wf}.events", "from": "earliest"}))
-            got = []
-            while True:
-                try:
-                    m = json.loads(await asyncio.wait_for(ws.recv(), 3))
-                except asyncio.TimeoutError:
-                    break
-                if m["op"] == "events":
-                    got += [e["event"] for e in m["events"]]
-            await ws.close()
-            return got
-        try:
-            stored = asyncio.run(asyncio.wait_for(read_all(), 120))
-        finally:
-            rh._open.clear()
+        stored = [e for _, e in read_topic(w, f"{wf}.events")]
         keys = [(e["source"], e["id"]) for e in stored]
         duplicated = len(keys) - len(set(keys))
         lost = max(0, stats["events_acked"] - len(set(keys)))

@@ -35,22 +35,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::uint8_t how = in.byte();
   const std::uint8_t second_base = in.byte();
   const std::uint16_t damage_at = static_cast<std::uint16_t>(in.byte() << 8 | in.byte());
-  const std::uint8_t damage = in.byte();
+  const std::uint8_t flip = in.byte();
   const std::string_view group = in.part();
   std::string seg1, seg2;
   std::uint64_t base2 = second_base;
   if (how & 1) {
     std::vector<std::string_view> first, second;
-    for (std::string_view p = in.part(); !p.empty() || !in.rest().empty(); p = in.part())
-      (first.size() < 8 ? first : second).push_back(p);
+    for (std::string_view p : in.parts()) (first.size() < 8 ? first : second).push_back(p);
     base2 = first.size() + (second_base % 4) - 1;  // right after the first, or one before or past it
     seg1 = encode(0, first);
     seg2 = encode(base2, second);
-    std::string& target = (how & 2) ? seg2 : seg1;
-    if (!target.empty()) {
-      if (how & 4) target.resize(damage_at % (target.size() + 1));
-      else target[damage_at % target.size()] ^= static_cast<char>(damage | 1);
-    }
+    fuzz::damage((how & 2) ? seg2 : seg1, how & 4, damage_at, flip);
   } else {
     seg1 = std::string(in.part());
     seg2 = std::string(in.rest());

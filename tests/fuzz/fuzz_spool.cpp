@@ -24,18 +24,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::string seg1, seg2;
   if (how & 1) {
     plugin::SpoolRecords first, second;
-    for (std::string_view p = in.part(); !p.empty() || !in.rest().empty(); p = in.part()) {
+    for (std::string_view p : in.parts()) {
       plugin::SpoolRecords& into = first.count() < 6 ? first : second;
       into.begin() += p;
       into.end();
     }
     seg1 = std::string(first.bytes());
     seg2 = std::string(second.bytes());
-    std::string& target = (how & 2) ? seg2 : seg1;
-    if (!target.empty()) {
-      if (how & 4) target.resize(damage_at % (target.size() + 1));
-      else target[damage_at % target.size()] ^= static_cast<char>((damage_at >> 3) | 1);
-    }
+    fuzz::damage((how & 2) ? seg2 : seg1, how & 4, damage_at, static_cast<std::uint8_t>(damage_at >> 3));
   } else {
     seg1 = std::string(in.part());
     seg2 = std::string(in.rest());

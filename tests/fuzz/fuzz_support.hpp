@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace diaspora::fuzz {
 
@@ -59,10 +60,24 @@ class Input {
     return p;
   }
   std::string_view rest() const { return rest_; }
+  /// Every part left (an empty one between two separators included), consumed.
+  std::vector<std::string_view> parts() {
+    std::vector<std::string_view> out;
+    for (std::string_view p = part(); !p.empty() || !rest_.empty(); p = part()) out.push_back(p);
+    return out;
+  }
 
  private:
   std::string_view rest_;
 };
+
+/// Damages `bytes` as a crash or a bad disk may: `cut`, the tail from `at` (modulo the
+/// size) is lost; otherwise the byte at `at` is flipped by `flip` (made odd, so it changes).
+inline void damage(std::string& bytes, bool cut, std::uint16_t at, std::uint8_t flip) {
+  if (bytes.empty()) return;
+  if (cut) bytes.resize(at % (bytes.size() + 1));
+  else bytes[at % bytes.size()] ^= static_cast<char>(flip | 1);
+}
 
 }  // namespace diaspora::fuzz
 

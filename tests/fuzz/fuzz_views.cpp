@@ -25,7 +25,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view snapshot = in.part();
   const relay::Target query = relay::parse_target("/?" + std::string(in.part()));
   std::vector<relay::AppendRecord> records;
-  for (std::string_view p = in.part(); !p.empty() || !in.rest().empty(); p = in.part())
+  for (std::string_view p : in.parts())
     if (!p.empty()) records.push_back({"", std::string(p)});
 
   const fs::path dir = fuzz::scratch_dir() / "views";
