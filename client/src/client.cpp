@@ -12,6 +12,7 @@
 #include <boost/beast/websocket/ssl.hpp>
 #include <boost/json.hpp>
 #include <openssl/ssl.h>
+#include <openssl/x509.h>
 
 #include "diaspora/client.hpp"
 #include "diaspora/version.hpp"
@@ -137,7 +138,16 @@ struct RelayClient::Impl {
       done = true;
     });
     run(done, "in the TLS handshake");
-    if (ec) fail(ec, "TLS handshake with " + host);
+    if (ec) {
+      // OpenSSL's error says only "certificate verify failed": name why (expired, not yet
+      // valid, another CA, another host), which is what the operator must fix.
+      const long why = SSL_get_verify_result(stream.native_handle());
+      if (why != X509_V_OK)
+        throw RelayClientError("TLS handshake with " + host + ": " + ec.message() + ": the relay's certificate: " +
+                               X509_verify_cert_error_string(why) + " (check it with `diaspora certs check`; --ca " +
+                               (opt.ca_file.empty() ? std::string("(the system's)") : opt.ca_file.string()) + ")");
+      fail(ec, "TLS handshake with " + host);
+    }
 
     ws->set_option(websocket::stream_base::decorator([this](websocket::request_type& req) {
       req.set(http::field::user_agent, std::string("diaspora/") + version_string);

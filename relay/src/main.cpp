@@ -1,4 +1,5 @@
-// diaspora-relay: serve the event fabric on one TLS port until SIGTERM/SIGINT.
+// diaspora-relay: serve the event fabric on one TLS port until SIGTERM/SIGINT; SIGHUP loads
+// the certificate and key again.
 #include <CLI/CLI.hpp>
 
 #include <sys/resource.h>
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);  // reload the certificate and key
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
   try {
@@ -74,7 +76,14 @@ int main(int argc, char** argv) {
     std::cerr << "diaspora-relay " << diaspora::version_string << " listening on port " << relay.port() << " (data "
               << cfg.data_dir.string() << ", fsync " << cfg.fsync << ")\n";
     int sig = 0;
-    sigwait(&set, &sig);
+    while (sigwait(&set, &sig) == 0 && sig == SIGHUP) {
+      try {
+        relay.reload_tls();
+        std::cerr << "diaspora-relay: SIGHUP: certificate and key loaded again from " << cfg.tls_cert.string() << "\n";
+      } catch (const std::exception& e) {
+        std::cerr << "diaspora-relay: SIGHUP: " << e.what() << "; still serving the previous certificate\n";
+      }
+    }
     std::cerr << "diaspora-relay: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ": draining and flushing\n";
     relay.stop();
     std::cerr << "diaspora-relay: stopped cleanly\n";

@@ -65,6 +65,12 @@ std::string render_metrics(Metrics& metrics, const LogStore& store) {
          static_cast<std::int64_t>(metrics.refused_auth.load()));
   single("diaspora_relay_slow_consumer_disconnects_total", "counter", "Subscribers disconnected as too slow.",
          static_cast<std::int64_t>(metrics.slow_disconnects.load()));
+  single("diaspora_relay_token_expiries_total", "counter", "Sessions closed because their token expired.",
+         static_cast<std::int64_t>(metrics.token_expiries.load()));
+  single("diaspora_relay_tls_reloads_total", "counter", "Certificates and keys loaded again (SIGHUP).",
+         static_cast<std::int64_t>(metrics.tls_reloads.load()));
+  single("diaspora_relay_tls_certificate_expiry_seconds", "gauge",
+         "When the served certificate expires (its notAfter), Unix time.", metrics.tls_not_after.load());
   line("# HELP diaspora_relay_subscriptions Open subscriptions per topic or pattern, as subscribed.");
   line("# TYPE diaspora_relay_subscriptions gauge");
   for (const auto& [p, n] : subscriptions) line("diaspora_relay_subscriptions{topic=\"" + esc(p) + "\"} " + std::to_string(n));

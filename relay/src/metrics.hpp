@@ -23,6 +23,9 @@ struct Metrics {
   std::atomic<std::int64_t> websockets{0};
   std::atomic<std::uint64_t> refused_auth{0};
   std::atomic<std::uint64_t> slow_disconnects{0};
+  std::atomic<std::uint64_t> token_expiries{0};   ///< sessions closed because their token expired
+  std::atomic<std::uint64_t> tls_reloads{0};      ///< certificates loaded again (SIGHUP)
+  std::atomic<std::int64_t> tls_not_after{0};     ///< the served certificate's notAfter, Unix seconds
 
   /// Events appended to `topic` (and duplicates dropped).
   void in(const std::string& topic, std::uint64_t events, std::uint64_t bytes, std::uint64_t dups);

@@ -17,12 +17,14 @@
 #include <boost/beast/websocket/ssl.hpp>
 #include <boost/json.hpp>
 #include <openssl/ssl.h>
+#include <openssl/x509.h>
 
 #include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <condition_variable>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <fstream>
 #include <iostream>
@@ -144,7 +146,15 @@ struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
   std::unique_ptr<relay::Views> views;  ///< reads `store`: made after it, reset before it
   std::filesystem::path console_dir;    ///< the console's assets (cfg.console_dir or found), or empty
   std::optional<TokenVerifier> verifier;
-  ssl::context tls{ssl::context::tls_server};
+  // The TLS context new connections use. A reload (SIGHUP, Relay::reload_tls) makes a new
+  // one; the old ones stay until the relay goes (their sessions may still use them, and a
+  // reload is rare: a certificate renewed every few weeks).
+  std::mutex tls_mutex;
+  std::vector<std::unique_ptr<ssl::context>> tls_contexts;  // guarded by tls_mutex; back() is current
+  ssl::context& current_tls() {
+    std::lock_guard lock(tls_mutex);
+    return *tls_contexts.back();
+  }
   std::optional<net::io_context> ioc{std::in_place};
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
   std::optional<tcp::acceptor> acceptor;
@@ -339,10 +349,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     else if (op == "subscribe" || op == "unsubscribe") ref = o.if_contains("id");
     if (!hello_done_ && op != "hello" && op != "ping")
       return send_error("hello_required", "send 'hello' first", ref);
-    if (hello_done_ && claims_ && Clock::now() > token_deadline_) {
-      send_error("token_expired", "the session's token has expired; reconnect with a new token", nullptr);
-      return close(static_cast<websocket::close_code>(kCloseUnauthorized), "token expired");
-    }
+    if (hello_done_ && claims_ && Clock::now() > token_deadline_) return end_expired();
     if (op == "hello") return on_hello(o);
     if (op == "publish") return on_publish(o, text);
     if (op == "subscribe") return on_subscribe(o);
@@ -401,6 +408,13 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   void set_token_deadline() {
     auto remaining = claims_->expires_at - std::chrono::time_point_cast<std::chrono::seconds>(std::chrono::system_clock::now());
     token_deadline_ = Clock::now() + remaining + std::chrono::seconds(30);
+  }
+
+  // Ends the session whose token expired: a token_expired error (diaspora.v1), then a close.
+  void end_expired() {
+    relay_->metrics.token_expiries++;
+    if (mode_ == Mode::v1) send_error("token_expired", "the session's token has expired; reconnect with a new token", nullptr);
+    close(static_cast<websocket::close_code>(kCloseUnauthorized), "token expired");
   }
 
   static std::string token_error_code(TokenErrc c) {
@@ -719,12 +733,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     timer_.expires_after(std::min<Clock::duration>(std::chrono::seconds(1), relay_->cfg.idle_timeout / 6));
     timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
       if (ec || self->closing_) return;
-      if (self->claims_ && Clock::now() > self->token_deadline_) {  // also idle and listen-only sessions
-        if (self->mode_ == Mode::v1)
-          self->send_error("token_expired", "the session's token has expired; reconnect with a new token", nullptr);
-        self->close(static_cast<websocket::close_code>(kCloseUnauthorized), "token expired");
-        return;
-      }
+      if (self->claims_ && Clock::now() > self->token_deadline_) return self->end_expired();  // also idle sessions
       if (self->mode_ == Mode::v1 && !self->hello_done_ && Clock::now() - self->accepted_at_ > kHelloTimeout) {
         self->relay_->metrics.refused_auth++;
         self->send_error("hello_required", "no 'hello' within 10 s of the upgrade", nullptr);
@@ -865,7 +874,7 @@ void Relay::Impl::on_commit(const std::string& topic) {
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
   HttpSession(tcp::socket&& socket, std::shared_ptr<Relay::Impl> relay)
-      : stream_(std::move(socket), relay->tls), relay_(std::move(relay)) {
+      : stream_(std::move(socket), relay->current_tls()), relay_(std::move(relay)) {
     relay_->metrics.connections++;
   }
   ~HttpSession() { relay_->metrics.connections--; }
@@ -1130,6 +1139,37 @@ void Relay::Impl::do_accept() {
   });
 }
 
+namespace {
+
+// The server's TLS context from the certificate chain, key and client CA files of `cfg`;
+// sets the certificate's expiry in `metrics`. Throws RelayConfigError naming the files.
+std::unique_ptr<ssl::context> make_tls_context(const RelayConfig& cfg, relay::Metrics& metrics) {
+  auto tls = std::make_unique<ssl::context>(ssl::context::tls_server);
+  tls->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 | ssl::context::no_sslv3 |
+                   ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1 | ssl::context::single_dh_use);
+  SSL_CTX_set_min_proto_version(tls->native_handle(), TLS1_2_VERSION);
+  try {
+    tls->use_certificate_chain_file(cfg.tls_cert.string());
+    tls->use_private_key_file(cfg.tls_key.string(), ssl::context::pem);
+    if (cfg.client_ca) {
+      tls->load_verify_file(cfg.client_ca->string());
+      tls->set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
+    }
+  } catch (const boost::system::system_error& e) {
+    throw RelayConfigError(std::string("TLS setup: ") + e.what() + " (check --tls-cert, --tls-key and --client-ca)");
+  }
+  if (SSL_CTX_check_private_key(tls->native_handle()) != 1)
+    throw RelayConfigError("TLS setup: the private key " + cfg.tls_key.string() + " does not match the certificate " +
+                           cfg.tls_cert.string());
+  std::tm not_after{};
+  if (X509* cert = SSL_CTX_get0_certificate(tls->native_handle());
+      cert && ASN1_TIME_to_tm(X509_get0_notAfter(cert), &not_after) == 1)
+    metrics.tls_not_after = static_cast<std::int64_t>(timegm(&not_after));
+  return tls;
+}
+
+}  // namespace
+
 Relay::Relay(RelayConfig config) : self_(std::make_shared<Impl>()) {
   validate_relay_config(config);
   self_->cfg = std::move(config);
@@ -1142,20 +1182,7 @@ Relay::Relay(RelayConfig config) : self_(std::make_shared<Impl>()) {
   self_->codec.max_event_bytes = cfg.max_event_bytes;
   self_->codec.validate_payloads = cfg.validate_payloads;
 
-  auto& tls = self_->tls;
-  tls.set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 | ssl::context::no_sslv3 |
-                  ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1 | ssl::context::single_dh_use);
-  SSL_CTX_set_min_proto_version(tls.native_handle(), TLS1_2_VERSION);
-  try {
-    tls.use_certificate_chain_file(cfg.tls_cert.string());
-    tls.use_private_key_file(cfg.tls_key.string(), ssl::context::pem);
-    if (cfg.client_ca) {
-      tls.load_verify_file(cfg.client_ca->string());
-      tls.set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
-    }
-  } catch (const boost::system::system_error& e) {
-    throw RelayConfigError(std::string("TLS setup: ") + e.what() + " (check --tls-cert, --tls-key and --client-ca)");
-  }
+  self_->tls_contexts.push_back(make_tls_context(cfg, self_->metrics));
 
   relay::LogOptions lo;
   lo.data_dir = cfg.data_dir;
@@ -1220,6 +1247,14 @@ void Relay::start() {
 }
 
 std::uint16_t Relay::port() const noexcept { return self_->bound_port; }
+
+void Relay::reload_tls() {
+  auto& s = *self_;
+  auto fresh = make_tls_context(s.cfg, s.metrics);  // throws: the current one stays
+  std::lock_guard lock(s.tls_mutex);
+  s.tls_contexts.push_back(std::move(fresh));
+  s.metrics.tls_reloads++;
+}
 
 std::uint64_t Relay::views_read() const noexcept {
   const auto& v = self_->views;

@@ -23,9 +23,36 @@ void LiveView::say(const std::string& line) {
 }
 
 void LiveView::tick() {
+  if (ctx_.started && ctx_.now() >= relay_next_) watch_relay(ctx_.now());
   if (!ctx_.opt.live_view || ctx_.now() < next_) return;
   erase();
   draw();
+}
+
+void LiveView::watch_relay(double t) {
+  relay_next_ = t + 0.25;
+  bool connected = false;
+  events_acked_(&connected);
+  if (connected) {
+    if (relay_down_since_ >= 0) {
+      char b[96];
+      std::snprintf(b, sizeof b, "plugin: relay session back after %.1f s; the spooled events follow", t - relay_down_since_);
+      say(b);
+    }
+    relay_down_since_ = -1;
+    relay_said_.clear();
+    return;
+  }
+  std::string why = last_error_();
+  if (why.empty()) return;  // still making its first connection
+  // The plugin's messages end with what it does about it, and a retry's delay: say each
+  // reason once an outage, not at every retry (its publisher and control subscription
+  // take turns).
+  for (const char* tail : {" (retrying in ", " (unacked events went back"})
+    if (auto at = why.find(tail); at != std::string::npos) why.resize(at);
+  if (relay_down_since_ < 0) relay_down_since_ = t;
+  if (!relay_said_.insert(why).second) return;
+  say("plugin: " + why + " (the events are kept in its spool; retrying)");
 }
 
 void LiveView::erase() {

@@ -66,6 +66,15 @@ diaspora_stats PluginBridge::stats() const {
   return st;
 }
 
+std::string PluginBridge::last_error() const {
+  if (!plugin_) return {};
+  // Room for what it holds now and some: it may change between the two calls (then it is
+  // cut, always terminated).
+  std::vector<char> buf(lib_->last_error(plugin_, nullptr, 0) + 256);
+  lib_->last_error(plugin_, buf.data(), buf.size());
+  return std::string(buf.data());
+}
+
 void PluginBridge::stop_actions() {
   if (plugin_) lib_->set_action_callback(plugin_, nullptr, nullptr);
 }

@@ -40,6 +40,8 @@ class PluginBridge final : public Hooks {
   std::deque<diaspora_action> take_actions();
   /// The plugin's counters.
   diaspora_stats stats() const;
+  /// The plugin's last error (diaspora_last_error), empty when none or not open.
+  std::string last_error() const;
   /// No more actions: the callback is removed.
   void stop_actions();
   /// Waits up to `timeout_s` until the plugin has delivered what it accepted (acked, lost

@@ -62,7 +62,7 @@ class Runner {
           const diaspora_stats st = plugin_.stats();
           *connected = st.connected != 0;
           return st.events_acked;
-        }) {
+        }, [this] { return plugin_.last_error(); }) {
     lifecycle_.set_control(workers_);
     ctx_.host = host_name();
   }

@@ -286,10 +286,12 @@ async def consume_group(ep: Endpoint, token: str, group: str, log: GroupLog, sto
 class World:
     """The relay, the proxy in front of it, and what the faults need."""
 
-    def __init__(self, root: Path, seed: int, disk_bytes: int | None = None):
+    def __init__(self, root: Path, seed: int, disk_bytes: int | None = None, cert_valid_s: float | None = None):
         self.root = root
         self.rng = random.Random(seed)
         self.creds = rh.Credentials(root / "creds")
+        # A server certificate that runs out `cert_valid_s` seconds from now (the cert scenario).
+        self.cert_not_after = self.creds.renew_server_cert(cert_valid_s) if cert_valid_s else None
         self.data = root / "data"
         self.mount = None
         if disk_bytes:
@@ -367,6 +369,45 @@ async def slow_link(w: World, seconds: float, delay_s: float, loss: float) -> No
     await asyncio.sleep(seconds)
     w.proxy.set("ok")
     w.faults.append(f"delay {delay_s * 1000:g} ms, loss {loss:g} for {seconds:g}s")
+
+
+def relay_metric(w: World, name: str) -> float:
+    return rh.metric(rh.https_get(w.relay, "/metrics"), name) or 0.0
+
+
+async def token_expiry(w: World, stale_s: float) -> None:
+    """The plugin's token runs out in the middle of its session (the relay ends the session,
+    token_expired); the token file is renewed only `stale_s` seconds later, so the plugin's
+    reconnections meanwhile are refused as expired. Then a credentials rotator writes a
+    fresh token, which the plugin reads at its next connection."""
+    deadline = time.monotonic() + 60
+    while relay_metric(w, "diaspora_relay_token_expiries_total") < 1:
+        assert time.monotonic() < deadline, "the plugin's session never expired"
+        await asyncio.sleep(0.2)
+    w.faults.append("token expired")
+    refused = relay_metric(w, "diaspora_relay_auth_refusals_total")
+    await asyncio.sleep(stale_s)
+    assert relay_metric(w, "diaspora_relay_auth_refusals_total") > refused, "no connection with the stale token"
+    (w.root / "token").write_text(w.creds.token("publish:*", "subscribe:*"))
+    w.faults.append("token renewed")
+
+
+async def cert_expiry(w: World, stale_s: float) -> None:
+    """The relay's certificate runs out while the plugin's session is open (TLS checks it at
+    the handshake only: the session goes on); then the connections are cut, and the plugin's
+    reconnections fail verification (certificate expired) for `stale_s` seconds, until a
+    renewed certificate is written and the relay loads it on SIGHUP, without a restart."""
+    while time.time() < w.cert_not_after + 1:
+        await asyncio.sleep(0.2)
+    w.faults.append("certificate expired")
+    await asyncio.sleep(1.0)  # the session outlives the certificate
+    w.proxy.set("partition")  # cut every connection: the plugin must handshake again
+    await asyncio.sleep(0.3)
+    w.proxy.set("ok")
+    await asyncio.sleep(stale_s)
+    w.creds.renew_server_cert(3600)
+    w.relay.reload()
+    w.faults.append("certificate renewed (SIGHUP)")
 
 
 async def disk_full(w: World, seconds: float) -> None:
@@ -563,16 +604,26 @@ async def step_clock(w: World, stamp_file: Path, steps=(("-1h", 3.0), ("+2h", 3.
 
 
 def plugin_scenario(root: Path, name: str, nemesis, seconds: float = 12, seed: int = 1,
-                    env: dict | None = None) -> Result:
+                    env: dict | None = None, token_s: float | None = None, cert_valid_s: float | None = None,
+                    log_says: tuple[str, ...] = ()) -> Result:
     """The engine plugin as the producer: `diaspora run` publishes a stream of task
     instances to the relay (behind the proxy) while `nemesis(world)` strikes. Checked: the
     plugin says every event it accepted was acknowledged and none lost; the relay holds each
-    of them exactly once, and every instance's submitted and completed events."""
-    w = World(root / name, seed)
+    of them exactly once, and every instance's submitted and completed events; the run's
+    output says each of `log_says` (what the plugin reported of the fault). `token_s`: the
+    plugin's token runs out that many seconds from now (else in an hour); `cert_valid_s`:
+    the relay's certificate does."""
+    w = World(root / name, seed, cert_valid_s=cert_valid_s)
     t0 = time.monotonic()
     try:
         token_file = root / name / "token"
-        token_file.write_text(w.creds.token("publish:*", "subscribe:*"))
+        scopes = ["publish:*", "subscribe:*"]
+        if token_s is None:
+            token_file.write_text(w.creds.token(*scopes))
+        else:  # the relay ends a session at exp + its 30 s leeway
+            now = int(time.time())
+            token_file.write_text(w.creds.forge({"sub": "chaos", "scope": scopes, "iat": now,
+                                                 "exp": now + int(token_s) - 30}))
         wf = f"chaos-{name}"
         spec = root / name / "spec.yaml"
         spec.write_text(json.dumps({
@@ -607,7 +658,9 @@ def plugin_scenario(root: Path, name: str, nemesis, seconds: float = 12, seed: i
             if proc.poll() is None:
                 proc.kill()
             log = proc.communicate()[0]
+            (root / name / "run.log").write_text(log)
         problems = [] if proc.returncode == 0 else [f"diaspora run exited {proc.returncode}: {log[-1500:]}"]
+        problems += [f"the run's output never says {said!r}" for said in log_says if said not in log]
         rep = json.loads((out / "report.json").read_text())
         stats = rep["plugin"]["stats"]
         # events_acked also counts the plugin's own events (warnings about the lost session).
@@ -656,7 +709,11 @@ def short_form(root: Path) -> list[Result]:
     return [scenario(root, "mixed", mixed, batches=150),
             scenario(root, "disk-full", lambda w: disk_full(w, 2.0), batches=150, disk_bytes=16 << 20),
             plugin_scenario(root, "plugin", plugin_faults, seconds=8),
-            clock_scenario(root, seconds=10)]
+            clock_scenario(root, seconds=10),
+            plugin_scenario(root, "token", lambda w: token_expiry(w, 2.0), seconds=12, token_s=5,
+                            log_says=("token expired",)),
+            plugin_scenario(root, "cert", lambda w: cert_expiry(w, 2.0), seconds=14, cert_valid_s=6,
+                            log_says=("certificate has expired",))]
 
 
 def long_form(root: Path, only: str | None = None) -> list[Result]:
@@ -683,6 +740,12 @@ def long_form(root: Path, only: str | None = None) -> list[Result]:
         out.append(plugin_scenario(root, "plugin", plugin_faults, seconds=30))
     if not only or only == "clock":
         out.append(clock_scenario(root, seconds=20, steps=(("-1h", 4.0), ("+3h", 4.0), ("-10m", 4.0), ("+0", 0.0))))
+    if not only or only == "token":
+        out.append(plugin_scenario(root, "token", lambda w: token_expiry(w, 5.0), seconds=25, token_s=8,
+                                   log_says=("token expired",)))
+    if not only or only == "cert":
+        out.append(plugin_scenario(root, "cert", lambda w: cert_expiry(w, 5.0), seconds=25, cert_valid_s=8,
+                                   log_says=("certificate has expired",)))
     return out
 
 
@@ -693,7 +756,7 @@ HEADER = ("| scenario | faults (count) | events acked | lost | duplicated | phan
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", help="one scenario of the long form: kill, pause, partition, delay-loss, torn, "
-                    "disk-full, plugin, clock")
+                    "disk-full, plugin, clock, token, cert")
     ap.add_argument("--short", action="store_true", help="the short form (as make test)")
     ap.add_argument("--dir", default="", help="where the runs go (default: a temporary folder)")
     a = ap.parse_args()

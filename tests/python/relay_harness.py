@@ -64,6 +64,39 @@ class Credentials:
         sig = hmac.new(secret or self.secret, signing.encode(), hashlib.sha256).digest()
         return f"{signing}.{base64.urlsafe_b64encode(sig).rstrip(b'=').decode()}"
 
+    def renew_server_cert(self, valid_s: float, key_of: Path | None = None) -> float:
+        """Writes a new server certificate (127.0.0.1 and localhost, signed by the CA) valid
+        from a minute ago for `valid_s` seconds, with a new key (or the key in `key_of`, to
+        write one that does not match), over server.pem and server-key.pem; returns its
+        notAfter (Unix seconds, whole). What a certificate renewal, or one that runs out
+        soon, leaves on disk."""
+        import datetime
+        import ipaddress
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+        ca_cert = x509.load_pem_x509_certificate((self.certs / "ca.pem").read_bytes())
+        ca_key = serialization.load_pem_private_key((self.certs / "ca-key.pem").read_bytes(), None)
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+        not_after = now + datetime.timedelta(seconds=valid_s)
+        cert = (x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+                .issuer_name(ca_cert.subject).public_key(key.public_key())
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=1)).not_valid_after(not_after)
+                .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                            x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+                .sign(ca_key, hashes.SHA256()))
+        (self.certs / "server.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        if key_of is None:
+            (self.certs / "server-key.pem").write_bytes(key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        else:
+            (self.certs / "server-key.pem").write_bytes(key_of.read_bytes())
+        return not_after.timestamp()
+
     def client_ssl(self, with_cert: bool = False) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.ca))
         if with_cert:
@@ -145,6 +178,10 @@ class RelayProcess:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=TIMEOUT)
 
+    def reload(self) -> None:
+        """SIGHUP: the relay loads its certificate and key again."""
+        self.proc.send_signal(signal.SIGHUP)
+
     def stop_cleanly(self) -> None:
         """stop(), then fails (AssertionError with the log's tail) when the relay exited with a
         non-zero status that no kill() of the test caused, or when its log holds a sanitizer
@@ -224,6 +261,15 @@ def wait_until(cond, timeout: float = 30.0, what: str = "condition", interval: f
             return v
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def metric(text: str, name: str) -> float | None:
+    """The value of the Prometheus line of `text` that starts with `name` (labels included),
+    or None."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
 
 
 def free_port() -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import socket
 import ssl
 import time
 
@@ -13,7 +14,7 @@ import pytest
 import websockets
 
 from relay_harness import (DIASPORA, TIMEOUT, Credentials, RelayProcess, collect_all, connect, event, https_get,
-                           https_status, recv, request, run, session, sh, wait_until)
+                           https_status, metric, recv, request, run, session, sh, wait_until)
 
 
 @pytest.fixture(scope="module")
@@ -611,6 +612,51 @@ def test_sessions_end_when_their_token_expires(relay, creds):
                 await asyncio.wait_for(ws.recv(), 25)
             assert c.value.code == 4001
     run(go())
+    assert metric(https_get(relay, "/metrics"), "diaspora_relay_token_expiries_total") == 2
+
+
+def test_sighup_loads_a_renewed_certificate_and_keeps_the_old_on_a_bad_one(tmp_path):
+    """A certificate renewed on disk is served to new connections after a SIGHUP, without a
+    restart, and sessions opened before it go on; files that cannot be used (a key that
+    does not match) are refused with a message and the relay keeps serving the previous
+    certificate. /metrics carries the served certificate's expiry and the reloads."""
+    creds = Credentials(tmp_path / "creds")
+    first = creds.renew_server_cert(3600)
+    relay = RelayProcess(creds, tmp_path / "data").start()
+
+    def served_not_after() -> float:
+        with socket.create_connection(("127.0.0.1", relay.port), timeout=TIMEOUT) as raw:
+            with creds.client_ssl().wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                return ssl.cert_time_to_seconds(tls.getpeercert()["notAfter"])
+
+    def metrics(name):
+        return metric(https_get(relay, "/metrics"), name)
+
+    try:
+        assert served_not_after() == first
+        assert metrics("diaspora_relay_tls_certificate_expiry_seconds") == first
+        assert metrics("diaspora_relay_tls_reloads_total") == 0
+
+        async def go():
+            ws = await session(relay, creds.token("admin"), producer_id="p")
+            assert (await publish(ws, "t", 0, [event(0)]))["op"] == "ack"
+            second = creds.renew_server_cert(7200)
+            relay.reload()
+            wait_until(lambda: metrics("diaspora_relay_tls_reloads_total") == 1, what="the reload")
+            assert served_not_after() == second
+            assert metrics("diaspora_relay_tls_certificate_expiry_seconds") == second
+            assert (await publish(ws, "t", 1, [event(1)]))["op"] == "ack"  # the session opened before
+
+            creds.renew_server_cert(9000, key_of=creds.certs / "client-key.pem")
+            relay.reload()
+            wait_until(lambda: "still serving the previous certificate" in relay.log.read_text(), what="the refusal")
+            assert "key values mismatch" in relay.log.read_text()  # OpenSSL's words
+            assert served_not_after() == second
+            assert metrics("diaspora_relay_tls_reloads_total") == 1
+            assert (await publish(ws, "t", 2, [event(2)]))["op"] == "ack"
+        run(go())
+    finally:
+        relay.stop_cleanly()
 
 
 # ---- limits on what one connection can make the relay hold ----------------------------------

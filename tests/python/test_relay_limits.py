@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 import websockets
 
-from relay_harness import RELAY, TIMEOUT, Credentials, RelayProcess, event, request, run, session
+from relay_harness import RELAY, TIMEOUT, Credentials, RelayProcess, event, metric, request, run, session
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +51,6 @@ def http(relay, method, path, token=None):
             return r.status, r.headers, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.headers, e.read().decode()
-
-
-def metric(text, name):
-    """The value of a metric line that starts with `name` (labels included)."""
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return None
 
 
 def raw_tls(relay):

@@ -4,6 +4,9 @@
 
 #include <boost/json.hpp>
 
+#include <sstream>
+
+#include "live_view.hpp"
 #include "report_builder.hpp"
 #include "report_files.hpp"
 
@@ -179,6 +182,51 @@ TEST(RunnerReport, TheTimelineTicksAreRoundAndALastingFaultIsShadedToTheEnd) {
   const auto w = html.rfind("width='", at);
   const int width = std::stoi(html.substr(w + 7));
   EXPECT_GT(width, 100) << html.substr(w, 80);
+}
+
+TEST(RunnerLiveView, SaysEachReasonTheRelaySessionIsDownOnceAnOutageAndWhenItIsBack) {
+  Rig r(two_sites(1));
+  r.ctx.started = true;
+  std::ostringstream out;
+  bool up = false;
+  std::string error;
+  LiveView view(r.ctx, r.store, r.sites, r.actions, out, [&](bool* c) { *c = up; return std::uint64_t{0}; },
+                [&] { return error; });
+  auto at = [&](double t) {
+    r.clock.t = t;
+    view.tick();
+  };
+  at(0.1);  // the first connection, no error yet: nothing to say
+  up = true;
+  at(0.5);
+  EXPECT_EQ(out.str(), "");
+  up = false;  // lost; the publisher and the control subscription are refused in turn
+  error = "lost the relay session: token expired (unacked events went back to the spool; reconnecting)";
+  at(1.0);
+  error = "relay wss://h:1: WebSocket upgrade refused: HTTP 401 (token expired at T; issue a new one) (retrying in 120 ms; "
+          "events are kept in the spool meanwhile)";
+  at(1.3);
+  error = "control topic: WebSocket upgrade refused: HTTP 401 (token expired at T; issue a new one) (retrying in 80 ms)";
+  at(1.6);
+  error = "relay wss://h:1: WebSocket upgrade refused: HTTP 401 (token expired at T; issue a new one) (retrying in 300 ms; "
+          "events are kept in the spool meanwhile)";
+  at(1.9);  // said already (another delay)
+  up = true;
+  at(3.6);
+  at(4.0);  // still up: nothing more
+  const std::string s = out.str();
+  EXPECT_NE(s.find("plugin: lost the relay session: token expired (the events"), std::string::npos) << s;
+  EXPECT_EQ(s.find("reconnecting)"), std::string::npos) << s;
+  EXPECT_NE(s.find("plugin: relay wss://h:1: WebSocket upgrade refused: HTTP 401 (token expired at T; issue a new one) (the"),
+            std::string::npos) << s;
+  EXPECT_NE(s.find("plugin: control topic:"), std::string::npos) << s;
+  EXPECT_NE(s.find("plugin: relay session back after 2.6 s"), std::string::npos) << s;
+  EXPECT_EQ(std::count(s.begin(), s.end(), '\n'), 4) << s;
+  // A second outage with the same reason is said again.
+  up = false;
+  at(5.0);
+  const std::string again = out.str();
+  EXPECT_EQ(std::count(again.begin(), again.end(), '\n'), 5) << again;
 }
 
 }  // namespace

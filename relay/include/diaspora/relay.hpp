@@ -79,6 +79,12 @@ class Relay {
   /// Binds and starts serving on the I/O threads; writes the port file. Throws Error
   /// when the address cannot be bound.
   void start();
+  /// Loads the certificate chain, key and client CA again from the files the config names
+  /// (a renewed certificate, without a restart): connections accepted from then on use
+  /// them; open sessions keep theirs. Any thread, any time after construction. Throws
+  /// RelayConfigError when the files cannot be used (unreadable, not PEM, a key that does
+  /// not match the certificate); the relay then keeps serving the previous ones.
+  void reload_tls();
   /// The bound port (after start()).
   std::uint16_t port() const noexcept;
   /// Records of the events and control topics the views have read so far (applied or
