@@ -2,7 +2,8 @@
 
 Real processes on 127.0.0.1: the relay, producers and a consumer group over diaspora.v1
 (TLS WebSockets), and a TCP proxy this module owns between the clients and the relay, which
-can cut (partition), slow (delay) and reset (loss) the connections. A nemesis injects faults
+can cut (partition), slow (delay) and reset (loss) the connections; or the relay in a
+network namespace the test makes, reached over a veth pair that a partition takes down. A nemesis injects faults
 while the clients run; every publish attempt and its outcome go into a history, and the
 checker then reads the log back through a restarted relay and from the segment files:
 
@@ -283,15 +284,54 @@ async def consume_group(ep: Endpoint, token: str, group: str, log: GroupLog, sto
 
 # ---- the nemesis ----------------------------------------------------------------------------
 
-class World:
-    """The relay, the proxy in front of it, and what the faults need."""
+class Netns:
+    """A network namespace for the relay, joined to this one by a veth pair the test makes
+    (host end 10.213.K.1/30, namespace end 10.213.K.2/30): a partition takes the namespace's
+    end down, so nothing passes either way and nobody is told (a cable pulled, not a
+    reset); healing brings it up, and the TCP connections that lived through it go on if
+    their retransmissions have not given up. Removed at close()."""
 
-    def __init__(self, root: Path, seed: int, disk_bytes: int | None = None, cert_valid_s: float | None = None):
+    def __init__(self):
+        k = os.getpid() % 100000
+        self.name, self.host_if, self.ns_if = f"dchaos{k}", f"dc{k}h", f"dc{k}n"
+        self.host_ip, self.ns_ip = f"10.213.{k % 250}.1", f"10.213.{k % 250}.2"
+        self.close()  # what a killed earlier run of this pid left
+        for cmd in (["ip", "netns", "add", self.name],
+                    ["ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if],
+                    ["ip", "link", "set", self.ns_if, "netns", self.name],
+                    ["ip", "addr", "add", f"{self.host_ip}/30", "dev", self.host_if],
+                    ["ip", "link", "set", self.host_if, "up"],
+                    self.inside("ip", "addr", "add", f"{self.ns_ip}/30", "dev", self.ns_if),
+                    self.inside("ip", "link", "set", self.ns_if, "up"),
+                    self.inside("ip", "link", "set", "lo", "up")):
+            subprocess.run(cmd, check=True, capture_output=True)
+
+    def inside(self, *cmd: str) -> list[str]:
+        return ["ip", "netns", "exec", self.name, *cmd]
+
+    def link(self, up: bool) -> None:
+        subprocess.run(self.inside("ip", "link", "set", self.ns_if, "up" if up else "down"), check=True)
+
+    def close(self) -> None:
+        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)  # its peer goes with it
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
+
+
+class World:
+    """The relay, the proxy in front of it (or the veth pair to its network namespace), and
+    what the faults need."""
+
+    def __init__(self, root: Path, seed: int, disk_bytes: int | None = None, cert_valid_s: float | None = None,
+                 netns: bool = False):
         self.root = root
         self.rng = random.Random(seed)
         self.creds = rh.Credentials(root / "creds")
-        # A server certificate that runs out `cert_valid_s` seconds from now (the cert scenario).
-        self.cert_not_after = self.creds.renew_server_cert(cert_valid_s) if cert_valid_s else None
+        self.netns = Netns() if netns else None
+        ips = (self.netns.ns_ip,) if self.netns else ()
+        # A server certificate that runs out `cert_valid_s` seconds from now (the cert
+        # scenario), or one that names the namespace's address.
+        self.cert_not_after = self.creds.renew_server_cert(cert_valid_s or 86400, ips=ips) \
+            if cert_valid_s or netns else None
         self.data = root / "data"
         self.mount = None
         if disk_bytes:
@@ -299,21 +339,35 @@ class World:
             subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_bytes}", "tmpfs", str(self.data)], check=True)
             self.mount = self.data
             self.data = self.data / "relay"
-        self.relay = rh.RelayProcess(self.creds, self.data, port=rh.free_port())
+        if self.netns:
+            self.relay = rh.RelayProcess(self.creds, self.data, port=rh.free_port(), host=self.netns.ns_ip,
+                                         netns=self.netns.name)
+        else:
+            self.relay = rh.RelayProcess(self.creds, self.data, port=rh.free_port())
         self.relay.log = root / "relay.log"  # not on the relay's (small) disk
         self.relay.start()
-        self.proxy = Proxy(self.relay.port, seed)
-        self.ep = Endpoint(f"wss://127.0.0.1:{self.proxy.port}", self.creds)
+        self.proxy = None if self.netns else Proxy(self.relay.port, seed)
+        self.ep = Endpoint(self.relay.url if self.netns else f"wss://127.0.0.1:{self.proxy.port}", self.creds)
         self.faults: list[str] = []
 
+    def heal(self) -> None:
+        """Whatever the network faults left, undone (before the checker reads)."""
+        if self.proxy:
+            self.proxy.set("ok")
+        if self.netns:
+            self.netns.link(True)
+
     def close(self) -> None:
-        self.proxy.close()
+        if self.proxy:
+            self.proxy.close()
         if self.relay.proc and self.relay.proc.poll() is None:
             try:
                 os.kill(self.relay.proc.pid, 18)  # SIGCONT, should a pause be left
             except OSError:
                 pass
         self.relay.stop()
+        if self.netns:
+            self.netns.close()
         if self.mount:
             subprocess.run(["umount", "-l", str(self.mount)], check=False)
 
@@ -361,6 +415,16 @@ async def partition(w: World, seconds: float, times: int = 1) -> None:
         await asyncio.sleep(seconds)
         w.proxy.set("ok")
         w.faults.append(f"partition {seconds:g}s")
+
+
+async def veth_partition(w: World, seconds: float, times: int = 1) -> None:
+    """The veth pair to the relay's namespace down for `seconds`, `times` times."""
+    for _ in range(times):
+        await asyncio.sleep(w.rng.uniform(0.3, 0.8))
+        w.netns.link(False)
+        await asyncio.sleep(seconds)
+        w.netns.link(True)
+        w.faults.append(f"veth down {seconds:g}s")
 
 
 async def slow_link(w: World, seconds: float, delay_s: float, loss: float) -> None:
@@ -485,7 +549,7 @@ class Result:
 
 def check(w: World, hist: History, glog: GroupLog, name: str, seconds: float) -> Result:
     problems = []
-    w.proxy.set("ok")
+    w.heal()
     assert w.relay.stop() == 0 or w.relay.killed, "the relay did not stop cleanly"
     w.relay.start()
     end = None
@@ -548,10 +612,10 @@ def check(w: World, hist: History, glog: GroupLog, name: str, seconds: float) ->
 # ---- scenarios ------------------------------------------------------------------------------
 
 def scenario(root: Path, name: str, nemesis, *, producers: int = 2, batches: int = 200, seed: int = 1,
-             disk_bytes: int | None = None, window: int = 4, pace: float = 0.01) -> Result:
-    """Runs `producers` producers and a consumer group against a relay behind the proxy while
-    `nemesis(world)` injects faults; then checks the history."""
-    w = World(root / name, seed, disk_bytes)
+             disk_bytes: int | None = None, window: int = 4, pace: float = 0.01, netns: bool = False) -> Result:
+    """Runs `producers` producers and a consumer group against a relay behind the proxy (or
+    in a network namespace) while `nemesis(world)` injects faults; then checks the history."""
+    w = World(root / name, seed, disk_bytes, netns=netns)
     hist, glog = History(), GroupLog()
     t0 = time.monotonic()
     try:
@@ -605,14 +669,15 @@ async def step_clock(w: World, stamp_file: Path, steps=(("-1h", 3.0), ("+2h", 3.
 
 def plugin_scenario(root: Path, name: str, nemesis, seconds: float = 12, seed: int = 1,
                     env: dict | None = None, token_s: float | None = None, cert_valid_s: float | None = None,
-                    log_says: tuple[str, ...] = ()) -> Result:
-    """The engine plugin as the producer: `diaspora run` publishes a stream of task
-    instances to the relay (behind the proxy) while `nemesis(world)` strikes. Checked: the
-    plugin says every event it accepted was acknowledged and none lost; the relay holds each
-    of them exactly once, and every instance's submitted and completed events; the run's
-    output says each of `log_says` (what the plugin reported of the fault). `token_s`: the
-    plugin's token runs out that many seconds from now (else in an hour); `cert_valid_s`:
-    the relay's certificate does."""
+                    log_says: tuple[str, ...] = (), engine: str = "run") -> Result:
+    """The engine plugin as the producer while `nemesis(world)` strikes: `diaspora run`
+    publishes a stream of task instances to the relay behind the proxy (`engine` "run"), or
+    a Dask LocalCluster with diaspora.dask on its scheduler runs a stream of tasks
+    (`engine` "dask", tests/chaos/dask_producer.py). Checked: the plugin says every event
+    it accepted was acknowledged and none lost; the relay holds each of them exactly once,
+    and every task's submitted and completed events; the producer's output says each of
+    `log_says` (what it reported of the fault). `token_s`: the plugin's token runs out that
+    many seconds from now (else in an hour); `cert_valid_s`: the relay's certificate does."""
     w = World(root / name, seed, cert_valid_s=cert_valid_s)
     t0 = time.monotonic()
     try:
@@ -626,16 +691,23 @@ def plugin_scenario(root: Path, name: str, nemesis, seconds: float = 12, seed: i
                                                  "exp": now + int(token_s) - 30}))
         wf = f"chaos-{name}"
         spec = root / name / "spec.yaml"
-        spec.write_text(json.dumps({
-            "version": 1, "name": wf,
-            "relay": {"url": w.ep.url, "ca_file": str(w.creds.ca), "token_file": str(token_file)},
-            "plugin": {"spool_dir": str(root / name / "spool"), "reconnect_max": "1s"},
-            "sites": [{"name": "a", "engine": "local", "workers": 2}],
-            "tasks": [{"name": "nap", "kind": "sleep", "args": {"seconds": 0.2}, "rate": 10, "duration": f"{seconds:g}s"}],
-        }))
+        doc = {"version": 1, "name": wf,
+               "relay": {"url": w.ep.url, "ca_file": str(w.creds.ca), "token_file": str(token_file)},
+               "plugin": {"spool_dir": str(root / name / "spool"), "reconnect_max": "1s"}}
         out = root / name / "out"
-        proc = subprocess.Popen([str(rh.DIASPORA), "run", str(spec), "--out", str(out)], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
+        if engine == "run":
+            doc["sites"] = [{"name": "a", "engine": "local", "workers": 2}]
+            doc["tasks"] = [{"name": "nap", "kind": "sleep", "args": {"seconds": 0.2}, "rate": 10,
+                             "duration": f"{seconds:g}s"}]
+            cmd = [str(rh.DIASPORA), "run", str(spec), "--out", str(out)]
+        else:
+            doc["sites"] = [{"name": "a", "engine": "dask", "endpoint": "local"},
+                            {"name": "b", "engine": "dask", "endpoint": "local"}]
+            cmd = [sys.executable, str(Path(__file__).with_name("dask_producer.py")), str(spec), str(out), f"{seconds:g}",
+                   "20"]
+        spec.write_text(json.dumps(doc))
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, **(env or {})})
 
         def plugin_connected() -> bool:
             metrics = rh.https_get(w.relay, "/metrics")
@@ -659,30 +731,45 @@ def plugin_scenario(root: Path, name: str, nemesis, seconds: float = 12, seed: i
                 proc.kill()
             log = proc.communicate()[0]
             (root / name / "run.log").write_text(log)
-        problems = [] if proc.returncode == 0 else [f"diaspora run exited {proc.returncode}: {log[-1500:]}"]
-        problems += [f"the run's output never says {said!r}" for said in log_says if said not in log]
-        rep = json.loads((out / "report.json").read_text())
-        stats = rep["plugin"]["stats"]
+        problems = [] if proc.returncode == 0 else [f"{cmd[1]} exited {proc.returncode}: {log[-1500:]}"]
+        problems += [f"the producer's output never says {said!r}" for said in log_says if said not in log]
+        if engine == "run":
+            rep = json.loads((out / "report.json").read_text())
+            stats, tasks = rep["plugin"]["stats"], [inst["id"] for inst in rep["instances"]]
+            if stats["close_status"] != "DIASPORA_OK":
+                problems.append(f"the plugin closed with {stats['close_status']}")
+        else:
+            rep = json.loads(out.read_text()) if out.exists() else {"keys": [], "stats": {}, "flushed": False}
+            stats, tasks = rep["stats"], rep["keys"]
+            if not rep["flushed"]:
+                problems.append("the plugin closed with events not acknowledged")
         # events_acked also counts the plugin's own events (warnings about the lost session).
-        if stats["events_lost"] or stats["close_status"] != "DIASPORA_OK" or stats["events_acked"] < stats["events_accepted"]:
+        if stats.get("events_lost") or stats.get("events_acked", 0) < stats.get("events_accepted", 1):
             problems.append(f"the plugin's own account: {stats}")
-        w.proxy.set("ok")
+        w.heal()
         stored = [e for _, e in read_topic(w, f"{wf}.events")]
         keys = [(e["source"], e["id"]) for e in stored]
         duplicated = len(keys) - len(set(keys))
-        lost = max(0, stats["events_acked"] - len(set(keys)))
+        lost = max(0, stats.get("events_acked", 0) - len(set(keys)))
         if duplicated:
             problems.append(f"{duplicated} events stored twice")
         if lost:
             problems.append(f"{lost} events the plugin saw acknowledged are not stored")
-        for inst in rep["instances"]:
+        per_task: dict[tuple[str, str], int] = {}
+        for e in stored:
+            if e["type"] in ("org.diaspora.task.submitted", "org.diaspora.task.completed"):
+                k = (e.get("subject") or e["data"].get("task_id"), e["type"])
+                per_task[k] = per_task.get(k, 0) + 1
+        for tid in tasks:
             for kind in ("submitted", "completed"):
-                n = sum(1 for e in stored if e["type"] == f"org.diaspora.task.{kind}" and e.get("subject") == inst["id"])
+                n = per_task.get((tid, f"org.diaspora.task.{kind}"), 0)
                 if n != 1:
-                    problems.append(f"{inst['id']}: {n} task.{kind} events stored")
+                    problems.append(f"{tid}: {n} task.{kind} events stored")
                     break
-        return Result(name, w.faults, len(rep["instances"]), stats["events_acked"], len(stored), lost, duplicated, 0,
-                      {}, stats["reconnects"], 0, 0, time.monotonic() - t0, problems)
+        if not tasks:
+            problems.append("no task ran")
+        return Result(name, w.faults, len(tasks), stats.get("events_acked", 0), len(stored), lost, duplicated, 0,
+                      {}, stats.get("reconnects", 0), 0, 0, time.monotonic() - t0, problems)
     finally:
         w.close()
 
@@ -708,8 +795,10 @@ def short_form(root: Path) -> list[Result]:
         await partition(w, 2.0)
     return [scenario(root, "mixed", mixed, batches=150),
             scenario(root, "disk-full", lambda w: disk_full(w, 2.0), batches=150, disk_bytes=16 << 20),
+            scenario(root, "veth", lambda w: veth_partition(w, 2.0, times=2), batches=150, netns=True),
             plugin_scenario(root, "plugin", plugin_faults, seconds=8),
             clock_scenario(root, seconds=10),
+            plugin_scenario(root, "dask", plugin_faults, seconds=8, engine="dask"),
             plugin_scenario(root, "token", lambda w: token_expiry(w, 2.0), seconds=12, token_s=5,
                             log_says=("token expired",)),
             plugin_scenario(root, "cert", lambda w: cert_expiry(w, 2.0), seconds=14, cert_valid_s=6,
@@ -724,6 +813,7 @@ def long_form(root: Path, only: str | None = None) -> list[Result]:
         "delay-loss": (lambda w: slow_link(w, 15.0, 0.05, 0.03), {"batches": 300}),
         "torn": (lambda w: torn(w), {}),
         "disk-full": (lambda w: disk_full(w, 5.0), {"disk_bytes": 24 << 20, "batches": 300}),
+        "veth": (lambda w: veth_partition(w, 25.0, times=2), {"batches": 300, "netns": True}),
     }
     out = []
     for name, (nemesis, kw) in plan.items():
@@ -738,6 +828,8 @@ def long_form(root: Path, only: str | None = None) -> list[Result]:
         await slow_link(w, 5.0, 0.05, 0.03)
     if not only or only == "plugin":
         out.append(plugin_scenario(root, "plugin", plugin_faults, seconds=30))
+    if not only or only == "dask":
+        out.append(plugin_scenario(root, "dask", plugin_faults, seconds=30, engine="dask"))
     if not only or only == "clock":
         out.append(clock_scenario(root, seconds=20, steps=(("-1h", 4.0), ("+3h", 4.0), ("-10m", 4.0), ("+0", 0.0))))
     if not only or only == "token":
@@ -756,7 +848,7 @@ HEADER = ("| scenario | faults (count) | events acked | lost | duplicated | phan
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", help="one scenario of the long form: kill, pause, partition, delay-loss, torn, "
-                    "disk-full, plugin, clock, token, cert")
+                    "disk-full, veth, plugin, dask, clock, token, cert")
     ap.add_argument("--short", action="store_true", help="the short form (as make test)")
     ap.add_argument("--dir", default="", help="where the runs go (default: a temporary folder)")
     a = ap.parse_args()

@@ -64,8 +64,8 @@ class Credentials:
         sig = hmac.new(secret or self.secret, signing.encode(), hashlib.sha256).digest()
         return f"{signing}.{base64.urlsafe_b64encode(sig).rstrip(b'=').decode()}"
 
-    def renew_server_cert(self, valid_s: float, key_of: Path | None = None) -> float:
-        """Writes a new server certificate (127.0.0.1 and localhost, signed by the CA) valid
+    def renew_server_cert(self, valid_s: float, key_of: Path | None = None, ips: tuple[str, ...] = ()) -> float:
+        """Writes a new server certificate (127.0.0.1, `ips` and localhost, signed by the CA) valid
         from a minute ago for `valid_s` seconds, with a new key (or the key in `key_of`, to
         write one that does not match), over server.pem and server-key.pem; returns its
         notAfter (Unix seconds, whole). What a certificate renewal, or one that runs out
@@ -86,8 +86,9 @@ class Credentials:
                 .issuer_name(ca_cert.subject).public_key(key.public_key())
                 .serial_number(x509.random_serial_number())
                 .not_valid_before(now - datetime.timedelta(minutes=1)).not_valid_after(not_after)
-                .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                            x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+                .add_extension(x509.SubjectAlternativeName(
+                    [x509.DNSName("localhost")] + [x509.IPAddress(ipaddress.ip_address(a)) for a in ("127.0.0.1", *ips)]),
+                    False)
                 .sign(ca_key, hashes.SHA256()))
         (self.certs / "server.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         if key_of is None:
@@ -128,8 +129,10 @@ class RelayProcess:
     """A diaspora-relay child process; restartable on the same data directory."""
 
     def __init__(self, creds: Credentials, data_dir: Path, config: dict | None = None, mtls: bool = False,
-                 fsync: str = "always", port: int = 0):
+                 fsync: str = "always", port: int = 0, host: str = "127.0.0.1", netns: str | None = None):
         self.creds = creds
+        self.host = host  # the address it listens on (and clients connect to)
+        self.netns = netns  # a network namespace to run it in (ip netns exec), or None
         self.listen_port = port  # 0: a free port on each start; else the same one every time
         self.data_dir = data_dir
         self.config = config
@@ -144,7 +147,7 @@ class RelayProcess:
         port_file = self.data_dir.parent / f"{self.data_dir.name}.port"
         if port_file.exists():
             port_file.unlink()
-        args = [RELAY, "--listen", f"127.0.0.1:{self.listen_port}", "--data-dir", self.data_dir,
+        args = [RELAY, "--listen", f"{self.host}:{self.listen_port}", "--data-dir", self.data_dir,
                 "--tls-cert", self.creds.certs / "server.pem", "--tls-key", self.creds.certs / "server-key.pem",
                 "--auth-secret-file", self.creds.secret_file, "--port-file", port_file, "--fsync", self.fsync]
         if self.mtls:
@@ -153,6 +156,8 @@ class RelayProcess:
             cfg = self.data_dir.parent / f"{self.data_dir.name}.relay.yaml"
             cfg.write_text(json.dumps(self.config))  # JSON is YAML
             args += ["--config", cfg]
+        if self.netns:
+            args = ["ip", "netns", "exec", self.netns] + args  # ip execs the relay: the pid is the relay's
         logf = open(self.log, "ab")
         self.proc = subprocess.Popen([str(a) for a in args], stdout=logf, stderr=logf, env=project_env())
         self.killed = False  # set by kill(): the exit status that follows is the test's doing
@@ -194,7 +199,7 @@ class RelayProcess:
 
     @property
     def url(self) -> str:
-        return f"wss://127.0.0.1:{self.port}"
+        return f"wss://{self.host}:{self.port}"
 
 
 async def connect(relay: RelayProcess, token: str | None = None, path: str = "/v1",
@@ -357,8 +362,8 @@ def publish_action(relay: RelayProcess, token: str, data: dict, topic: str = "pl
 
 
 def https_get(relay: RelayProcess, path: str, token: str | None = None) -> str:
-    """The body of GET https://127.0.0.1:PORT/PATH (urllib's HTTPError on a status >= 400)."""
-    req = urllib.request.Request(f"https://127.0.0.1:{relay.port}{path}")
+    """The body of GET https://HOST:PORT/PATH (urllib's HTTPError on a status >= 400)."""
+    req = urllib.request.Request(f"https://{relay.host}:{relay.port}{path}")
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     with urllib.request.urlopen(req, context=relay.creds.client_ssl(), timeout=20) as r:
@@ -373,8 +378,8 @@ def wait_subscribed(relay: RelayProcess, topic: str, token: str | None = None, t
 
 
 def https_post(relay: RelayProcess, path: str, body, token: str | None) -> tuple[int, dict]:
-    """POST https://127.0.0.1:PORT/PATH with a JSON body (or raw bytes): (status, the JSON answer)."""
-    req = urllib.request.Request(f"https://127.0.0.1:{relay.port}{path}", method="POST",
+    """POST https://HOST:PORT/PATH with a JSON body (or raw bytes): (status, the JSON answer)."""
+    req = urllib.request.Request(f"https://{relay.host}:{relay.port}{path}", method="POST",
                                  data=(body if isinstance(body, bytes) else json.dumps(body).encode()),
                                  headers={"Content-Type": "application/json"})
     if token:

@@ -1,8 +1,10 @@
 """The short form of the chaos tests (tests/chaos/chaos.py; the long form is make chaos):
 two producers and a consumer group against a real relay behind a proxy the test owns,
 while the relay is killed three times, paused, cut off, slowed on a lossy link, left a torn
-record, and its disk fills; then `diaspora run`'s engine plugin publishes a stream of task
-instances while the relay is killed twice and cut off, and again while its wall clock is
+record, and its disk fills, and again with the relay in a network namespace whose veth
+pair is taken down twice; then `diaspora run`'s engine plugin publishes a stream of task
+instances while the relay is killed twice and cut off (and so does a Dask LocalCluster with
+diaspora.dask), and again while its wall clock is
 stepped back an hour and forward two (libfaketime), while its token runs out (renewed two
 seconds later), and while the relay's certificate runs out (renewed, loaded on SIGHUP).
 The history checker then finds
@@ -25,7 +27,7 @@ def test_faults_lose_and_duplicate_no_acknowledged_event(tmp_path):
     for r in results.values():
         assert not r.problems, r.row()
         assert r.lost == 0 and r.duplicated == 0, r.row()
-        if r.name in ("mixed", "disk-full"):  # producers of their own
+        if r.name in ("mixed", "disk-full", "veth"):  # producers of their own
             assert r.acked_events == r.attempted_batches * chaos.BATCH, r.row()
             assert r.group_sessions >= 1 and r.group_read == r.stored_events, r.row()
     mixed = results["mixed"]
@@ -33,10 +35,12 @@ def test_faults_lose_and_duplicate_no_acknowledged_event(tmp_path):
     assert sorted(set(mixed.faults)) == ["delay 20 ms, loss 0.02 for 2s", "kill", "partition 2s", "pause 2s", "torn"], mixed.faults
     assert mixed.faults.count("kill") == 3 and mixed.reconnects >= 3, mixed.row()
     assert mixed.group_sessions >= 4, mixed.row()  # the consumer group came back after each kill
+    assert results["veth"].faults == ["veth down 2s", "veth down 2s"], results["veth"].row()
     full = results["disk-full"]
     assert full.nacks.get("storage_error", 0) > 0, full.row()  # the full disk refused publishes
-    plugin = results["plugin"]  # diaspora run's engine plugin as the producer
-    assert plugin.faults == ["kill", "kill", "partition 2s"] and plugin.reconnects >= 2, plugin.row()
+    for name in ("plugin", "dask"):  # diaspora run's engine plugin as the producer; the Dask adapter's
+        plugin = results[name]
+        assert plugin.faults == ["kill", "kill", "partition 2s"] and plugin.reconnects >= 2, plugin.row()
     clock = results["clock"]  # the same on a wall clock stepped back an hour, then on two
     assert clock.faults == ["clock -1h", "clock +2h", "kill", "clock +0"] and clock.reconnects >= 1, clock.row()
     # The plugin's token ran out mid-session and was refused until renewed; the relay's
