@@ -23,8 +23,9 @@ DEB_PACKAGES=(
   # the Slurm SPANK adapter and its tests: a one-node Slurm the test starts itself
   slurm-wlm munge libslurm-dev
   # relay tests and benchmarks: curl for HTTPS checks, NATS JetStream as the peer;
-  # libfaketime steps a producer's wall clock in the fault tests (tests/chaos/)
-  curl nats-server libnats-dev libfaketime
+  # libfaketime steps a producer's wall clock in the fault tests (tests/chaos/); iproute2
+  # makes their network namespace and veth pair
+  curl nats-server libnats-dev libfaketime iproute2
   # rehearsal (DIASPORA_WITH_TORCH): LibTorch 1.13 CPU with c10d, Gloo headers for
   # ProcessGroupGloo, and the Fashion-MNIST data set (gzipped IDX under /usr/share/datasets,
   # read in place with zlib)
