@@ -43,11 +43,41 @@ export async function api(path, { method = "GET", body } = {}) {
   return payload;
 }
 
+/** Query parameters without the empty ones. */
+const params = (p) => new URLSearchParams(Object.entries(p).filter(([, v]) => v !== "" && v != null));
+
 /** A page of a view: /api/v1/views/<view>?params. */
-export const view = (name, params = {}) => {
-  const q = new URLSearchParams(Object.entries(params).filter(([, v]) => v !== "" && v != null));
+export const view = (name, p = {}) => {
+  const q = params(p);
   return api(`/api/v1/views/${name}${q.size ? "?" + q : ""}`);
 };
+
+/** A page of a topic's stored events, scanned and filtered by the relay (docs/protocol.md, "Browsing a topic"). */
+export const browseTopic = (topic, p) => api(`/api/v1/topics/${encodeURIComponent(topic)}/events?${params(p)}`);
+
+/**
+ * Saves the selection of a browse as a file (format "jsonl" or "csv"): fetched with the
+ * token (a plain link could not send it), then handed to the browser as a download.
+ * Returns the file's name; ApiError as api().
+ */
+export async function exportTopic(topic, p, format) {
+  let r;
+  try {
+    r = await fetch(`/api/v1/topics/${encodeURIComponent(topic)}/events?${params({ ...p, format })}`,
+                    { headers: { Authorization: `Bearer ${token.get()}` } });
+  } catch (e) {
+    throw new ApiError(0, `the relay cannot be reached (${e.message})`);
+  }
+  if (!r.ok) throw new ApiError(r.status, ((await r.json().catch(() => ({}))).message) || r.statusText);
+  const name = /filename="([^"]+)"/.exec(r.headers.get("content-disposition") || "")?.[1] || `${topic}.${format}`;
+  const url = URL.createObjectURL(await r.blob());
+  const a = Object.assign(document.createElement("a"), { href: url, download: name });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10_000);
+  return name;
+}
 
 /**
  * Follows /api/v1/views/stream: onChange({version, view, workflow, id}) for each change,

@@ -7,7 +7,7 @@ import htm from "htm";
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
 import "./app.css";
-import { api, ApiError, followChanges, parseMetrics, subscribe, token, view } from "./api.js";
+import { api, ApiError, browseTopic, exportTopic, followChanges, parseMetrics, subscribe, token, view } from "./api.js";
 
 const html = htm.bind(h);
 
@@ -176,22 +176,91 @@ function retention(t) {
   return parts.length ? parts.join(" or ") : "unlimited";
 }
 
+// What the Topics page browses, kept in the URL (#/topics?topic=…&from=…): a search can be
+// bookmarked, shared and reloaded. `start` is newest | earliest | offset | time.
+const BROWSE_KEYS = ["topic", "start", "offset", "time", "dir", "id", "type", "source", "subject", "q", "limit"];
+const FILTER_KEYS = ["id", "type", "source", "subject", "q"];
+
+function browseFromUrl() {
+  const q = query();
+  const b = { start: "newest", dir: "", limit: "100" };
+  for (const k of BROWSE_KEYS) if (q.get(k) != null) b[k] = q.get(k);
+  return b;
+}
+
+function saveBrowse(b) {
+  const q = new URLSearchParams(Object.entries(b).filter(([k, v]) => BROWSE_KEYS.includes(k) && v !== "" && v != null));
+  history.replaceState(null, "", `#/topics?${q}`);
+}
+
+// The relay's parameters for a browse (docs/protocol.md, "Browsing a topic").
+function browseParams(b) {
+  const p = { limit: b.limit || 100 };
+  if (b.start === "earliest") p.from = "earliest";
+  else if (b.start === "offset") p.from = b.offset;
+  else if (b.start === "time" && b.time) p.from_time = new Date(b.time).toISOString();
+  if (b.dir) p.direction = b.dir;
+  for (const k of FILTER_KEYS) if (b[k]) p[k] = b[k];
+  return p;
+}
+
+// The live tail's filter: the relay's rules (case ignored; id exact; q anywhere).
+function passes(e, b) {
+  const has = (v, n) => !n || String(v ?? "").toLowerCase().includes(n.toLowerCase());
+  return (!b.id || e.event.id === b.id) && has(e.event.type, b.type) && has(e.event.source, b.source) &&
+    (!b.subject || has(e.event.subject, b.subject)) && (!b.q || has(JSON.stringify(e.event), b.q));
+}
+
 function Topics() {
   const list = useLoad(() => api("/api/v1/topics"), []);
-  const [topic, setTopic] = useState("");
-  const [from, setFrom] = useState("latest");
-  const [events, setEvents] = useState([]);
-  const [state, setState] = useState("");
-  const [filters, setFilters] = useState({ type: "", source: "", subject: "" });
+  const [b, setB] = useState(browseFromUrl);
+  const [page, setPage] = useState(null);  // the relay's answer to the last browse
+  const [tail, setTail] = useState(null);  // live tail: { events, state }
+  const [busy, setBusy] = useState(false);
+  const [error, setError] = useState(null);
+  const [note, setNote] = useState("");
   const [detail, setDetail] = useState(null);
+  const set = (k) => (e) => setB({ ...b, [k]: e.target.value });
+
+  async function search(over = {}) {
+    const next = { ...b, ...over };
+    setB(next);
+    saveBrowse(next);
+    setTail(null);
+    setDetail(null);
+    if (!next.topic) return;
+    setBusy(true);
+    try {
+      setPage(await browseTopic(next.topic, browseParams(next)));
+      setError(null);
+    } catch (err) {
+      setError(err);
+    }
+    setBusy(false);
+  }
+  useEffect(() => void (b.topic && search()), []);  // a search saved in the URL runs on load
+
   useEffect(() => {
-    if (!topic) return;
-    setEvents([]);
-    const close = subscribe(topic, from, (evs) => setEvents((old) => [...evs.reverse(), ...old].slice(0, 500)), setState);
-    return close;
-  }, [topic, from]);
-  const shown = events.filter((e) =>
-    ["type", "source", "subject"].every((k) => !filters[k] || String(e.event[k] || "").includes(filters[k])));
+    if (!tail || !b.topic) return;
+    return subscribe(b.topic, "latest", (evs) => setTail((t) => t && { ...t, events: [...evs.reverse(), ...t.events].slice(0, 500) }),
+      (state) => setTail((t) => t && { ...t, state }));
+  }, [tail === null, b.topic]);
+
+  const open = (name, start) => search({ topic: name, start, offset: "", time: "", dir: "" });
+  const rows = tail ? tail.events.filter((e) => passes(e, b)) : page?.events || [];
+  const sc = page?.scanned;
+  // The pages on either side of this one: the scan's own direction goes on from `next`.
+  const older = page && (page.direction === "backward" ? page.next != null && { start: "offset", offset: String(page.next), dir: "backward" }
+    : sc?.low > page.first_offset && { start: "offset", offset: String(sc.low - 1), dir: "backward" });
+  const newer = page && (page.direction === "forward" ? !page.reached_end && { start: "offset", offset: String(page.next), dir: "forward" }
+    : sc?.high != null && sc.high + 1 < page.end_offset && { start: "offset", offset: String(sc.high + 1), dir: "forward" });
+  async function save(format) {
+    try {
+      setNote(`Saved ${await exportTopic(b.topic, browseParams(b), format)}`);
+    } catch (err) {
+      setError(err);
+    }
+  }
   return html`<section>
     <h2>Topics</h2>
     <${ErrorLine} error=${list.error} />
@@ -200,27 +269,46 @@ function Topics() {
       <tbody>${(list.data?.topics || []).map((t) => html`<tr>
         <td>${t.name}</td><td>${fmtNum(t.first_offset)} – ${fmtNum(t.next_offset)}</td><td>${fmtNum(t.bytes / 1024, 1)} KiB</td>
         <td>${t.segments}</td><td>${retention(t)}</td>
-        <td><button onClick=${() => { setFrom("latest"); setTopic(t.name); }}>Live tail</button>
-            <button onClick=${() => { setFrom(String(Math.max(t.first_offset, t.next_offset - 100))); setTopic(t.name); }}>Last 100</button></td>
+        <td><button onClick=${() => open(t.name, "newest")}>Newest</button>
+            <button onClick=${() => open(t.name, "earliest")}>From the start</button>
+            <button onClick=${() => { setB({ ...b, topic: t.name }); setPage(null); setTail({ events: [], state: "connecting" }); }}>Live tail</button></td>
       </tr>`)}</tbody>
     </table></div>
-    ${topic && html`<div class="tail">
-      <h3>${topic} <small>(${from === "latest" ? "live tail" : from.time ? "from " + new Date(from.time).toLocaleString() : "from offset " + from}; ${state})</small></h3>
-      <div class="filters">
-        ${["type", "source", "subject"].map((k) => html`<label>${k}
-          <input name=${"filter-" + k} value=${filters[k]} onInput=${(e) => setFilters({ ...filters, [k]: e.target.value })} /></label>`)}
-        <label>Offset <input name="offset" inputmode="numeric" onChange=${(e) => e.target.value && setFrom(e.target.value)} /></label>
-        <label>From time <input name="from-time" type="datetime-local" step="1"
-          onChange=${(e) => e.target.value && setFrom({ time: new Date(e.target.value).toISOString() })} /></label>
-      </div>
+    ${list.data && !list.data.topics.length && html`<p>No topic this token may read.</p>`}
+    ${b.topic && html`<div class="tail">
+      <h3>${b.topic} <small>${tail ? `live tail; ${tail.state}` : b.start === "offset" ? `from offset ${b.offset}` :
+        b.start === "time" ? `from ${b.time ? new Date(b.time).toLocaleString() : "a time"}` : b.start === "earliest" ? "from the start" : "newest first"}</small></h3>
+      <form class="filters browse" onSubmit=${(e) => { e.preventDefault(); search(); }}>
+        <label>Start <select name="start" value=${b.start} onChange=${(e) => setB({ ...b, start: e.target.value, dir: "" })}>
+          <option value="newest">newest</option><option value="earliest">the start</option>
+          <option value="offset">an offset</option><option value="time">a time</option></select></label>
+        ${b.start === "offset" && html`<label>Offset <input name="offset" inputmode="numeric" value=${b.offset || ""} onInput=${set("offset")} /></label>`}
+        ${b.start === "time" && html`<label>Time <input name="from-time" type="datetime-local" step="1" value=${b.time || ""} onInput=${set("time")} /></label>`}
+        <label>Direction <select name="direction" value=${b.dir} onChange=${set("dir")}>
+          <option value="">default</option><option value="forward">forward</option><option value="backward">backward</option></select></label>
+        ${FILTER_KEYS.map((k) => html`<label>${k === "q" ? "text" : k}
+          <input name=${"filter-" + k} value=${b[k] || ""} onInput=${set(k)} /></label>`)}
+        <label>Limit <input name="limit" inputmode="numeric" size="5" value=${b.limit} onInput=${set("limit")} /></label>
+        <button type="submit" disabled=${busy}>${busy ? "Searching…" : "Search"}</button>
+      </form>
+      <${ErrorLine} error=${error} />
+      ${page && !tail && html`<p id="scan-status" role="status">${sc?.records
+        ? `Scanned offsets ${fmtNum(sc.low)}–${fmtNum(sc.high)} (${fmtNum(sc.records)} records): ${fmtNum(page.events.length)} found`
+        : page.direction === "forward" ? `Nothing stored from offset ${fmtNum(page.next)} on yet` : "Nothing stored there"}${page.limited_by_scan ? `; stopped after ${fmtNum(page.max_scan)} records, search on for more` : ""}${page.reached_end ? (page.direction === "backward" ? "; the topic's first offset reached" : "; the end reached") : ""}.${" "}
+        <span class="buttons">
+          <button disabled=${!older} onClick=${() => search(older)}>‹ Older</button>
+          <button disabled=${!newer} onClick=${() => search(newer)}>Newer ›</button>
+          <button onClick=${() => save("jsonl")}>Export JSON lines</button>
+          <button onClick=${() => save("csv")}>Export CSV</button>
+        </span>${note && html` <span class="ok">${note}</span>`}</p>`}
       <div class="scroll"><table class="events">
         <thead><tr><th>Offset</th><th>Type</th><th>Source</th><th>Subject</th><th>Time</th></tr></thead>
-        <tbody>${shown.map((e) => html`<tr tabindex="0" class="event-row" onClick=${() => setDetail(e)}
+        <tbody>${rows.map((e) => html`<tr tabindex="0" class="event-row" onClick=${() => setDetail(e)}
             onKeyDown=${(k) => k.key === "Enter" && setDetail(e)}>
           <td>${e.offset}</td><td>${e.event.type}</td><td>${e.event.source}</td><td>${e.event.subject || ""}</td><td>${e.event.time || ""}</td></tr>`)}</tbody>
       </table></div>
-      ${detail && html`<div class="detail"><h4>Event ${detail.offset}</h4>
-        <button onClick=${() => setDetail(null)}>Close</button><pre id="event-detail">${JSON.stringify(detail.event, null, 2)}</pre></div>`}
+      ${detail && html`<aside class="detail" aria-label="Event detail"><h4>Event ${detail.offset}</h4>
+        <button autofocus onClick=${() => setDetail(null)}>Close</button><pre id="event-detail">${JSON.stringify(detail.event, null, 2)}</pre></aside>`}
     </div>`}
   </section>`;
 }

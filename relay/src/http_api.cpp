@@ -9,6 +9,7 @@
 
 #include "diaspora/event.hpp"
 #include "diaspora/utf8.hpp"
+#include "topic_browse.hpp"
 
 namespace diaspora::relay {
 
@@ -107,6 +108,58 @@ HttpReply handle_views(const std::string& view, const Target& target, const std:
     const bool unknown_view = std::string_view(e.what()).starts_with("no view '");
     return json_error(unknown_view ? 404 : 400, unknown_view ? "not_found" : "bad_request", e.what());
   }
+}
+
+// GET /api/v1/topics[/{topic}[/events]]: any valid token; it sees the topics it may
+// subscribe to ("admin" sees every one), and nothing is refused that it may read.
+HttpReply handle_topics(const std::string& path, const Target& target, const std::optional<std::string>& bearer,
+                        const ApiContext& ctx) {
+  auto verified = verify_bearer(bearer, ctx, "a bearer token is required (any token; it sees the topics it may subscribe to)");
+  if (auto* refusal = std::get_if<HttpReply>(&verified)) return *refusal;
+  const TokenClaims& claims = std::get<TokenClaims>(verified);
+  auto may_read = [&](const std::string& topic) { return scopes_allow(claims.scopes, "subscribe", topic); };
+  if (path == "/api/v1/topics") {
+    json::array out;
+    for (const auto& t : ctx.store.topics())
+      if (may_read(t))
+        if (auto i = ctx.store.info(t)) out.push_back(topic_json(*i));
+    return json_reply(200, json::object{{"topics", out}});
+  }
+  std::string name = path.substr(std::string("/api/v1/topics/").size());
+  const bool events = name.ends_with("/events");
+  if (events) name.resize(name.size() - std::string("/events").size());
+  auto info = valid_topic_name(name) ? ctx.store.info(name) : std::nullopt;
+  if (info && !may_read(name)) {
+    ctx.metrics.refused_auth++;
+    return json_error(403, "forbidden", "token of '" + claims.subject + "' may not subscribe to '" + name + "'");
+  }
+  if (!info) return json_error(404, "not_found", "no topic '" + name + "'");
+  if (events) {
+    BrowseRequest rq;
+    try {
+      rq = parse_browse(target.query);
+    } catch (const BrowseError& e) {
+      return json_error(400, "bad_request", e.what());
+    }
+    const BrowseResult r = browse(ctx.store, name, rq);
+    HttpReply reply{200, "application/json", render_browse(name, rq, r), false, {}};
+    if (rq.format != BrowseFormat::json) {
+      const char* ext = rq.format == BrowseFormat::csv ? "csv" : "jsonl";
+      reply.content_type = rq.format == BrowseFormat::csv ? "text/csv; charset=utf-8" : "application/x-ndjson";
+      const std::string range = r.scanned_low ? std::to_string(*r.scanned_low) + "-" + std::to_string(*r.scanned_high) : "none";
+      reply.headers = {{"Content-Disposition", "attachment; filename=\"" + name + "-" + range + "." + ext + "\""},
+                       {"X-Diaspora-Scanned", range + "; records=" + std::to_string(r.records)},
+                       {"X-Diaspora-Next", r.next ? std::to_string(*r.next) : std::string("none")}};
+    }
+    return reply;
+  }
+  json::object o = topic_json(*info);
+  json::array groups;
+  for (const auto& [g, t, off] : ctx.store.group_offsets())
+    if (t == name)
+      groups.push_back(json::object{{"group", g}, {"offset", off}, {"lag", info->next_offset > off ? info->next_offset - off : 0}});
+  o["groups"] = std::move(groups);
+  return json_reply(200, o);
 }
 
 // A file of the console's built assets. Names are plain ([A-Za-z0-9._-] segments, none
@@ -257,25 +310,7 @@ HttpReply handle_http(bool get_or_head, std::string_view raw_target, const std::
       if (auto refusal = refuse_unless_admin(bearer, ctx)) return *refusal;
     return HttpReply{200, "text/plain; version=0.0.4", render_metrics(ctx.metrics, ctx.store), false, {}};
   }
-  if (path == "/api/v1/topics" || path.starts_with("/api/v1/topics/")) {
-    if (auto refusal = refuse_unless_admin(bearer, ctx)) return *refusal;
-    if (path == "/api/v1/topics") {
-      json::array out;
-      for (const auto& t : ctx.store.topics())
-        if (auto i = ctx.store.info(t)) out.push_back(topic_json(*i));
-      return json_reply(200, json::object{{"topics", out}});
-    }
-    std::string name = path.substr(std::string("/api/v1/topics/").size());
-    auto info = valid_topic_name(name) ? ctx.store.info(name) : std::nullopt;
-    if (!info) return json_reply(404, json::object{{"error", "not_found"}, {"message", "no topic '" + name + "'"}});
-    json::object o = topic_json(*info);
-    json::array groups;
-    for (const auto& [g, t, off] : ctx.store.group_offsets())
-      if (t == name)
-        groups.push_back(json::object{{"group", g}, {"offset", off}, {"lag", info->next_offset > off ? info->next_offset - off : 0}});
-    o["groups"] = std::move(groups);
-    return json_reply(200, o);
-  }
+  if (path == "/api/v1/topics" || path.starts_with("/api/v1/topics/")) return handle_topics(path, target, bearer, ctx);
   if (path.starts_with("/api/v1/views/")) return handle_views(path.substr(std::string("/api/v1/views/").size()), target, bearer, ctx);
   if (path == "/console") {
     HttpReply r = text(301, "the console is at /console/\n");

@@ -162,7 +162,8 @@ struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
   // Consumer-group commits (two fsyncs each) run here, one after another, off the I/O
   // threads: a commit must not stall every session of the thread that received it.
   std::optional<net::thread_pool> commits{std::in_place, 1};
-  // Views queries (GET /api/v1/views/...) run here: a query scans a view under its lock,
+  // Views queries (GET /api/v1/views/...) and topic reads (GET /api/v1/topics...: a browse
+  // scans up to a million records) run here: a query scans a view under its lock,
   // which the views' reader holds while it applies a round of records, and a console
   // reload asks several at once. On the I/O threads that would delay publish acks.
   std::optional<net::thread_pool> queries{std::in_place, 1};
@@ -1055,7 +1056,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
   void handle(http::request<http::string_body> req) {
     const bool get = req.method() == http::verb::get || req.method() == http::verb::head;
-    if (get && std::string_view(req.target()).starts_with("/api/v1/views/")) {  // off the I/O thread
+    const std::string_view tgt(req.target());
+    if (get && (tgt.starts_with("/api/v1/views/") || tgt.starts_with("/api/v1/topics"))) {  // off the I/O thread
       auto keep = std::make_shared<http::request<http::string_body>>(std::move(req));
       net::post(*relay_->queries, [self = shared_from_this(), keep] {
         auto r = std::make_shared<relay::HttpReply>(relay::handle_http(true, keep->target(), bearer_of(*keep), self->api_context()));

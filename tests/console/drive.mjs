@@ -10,11 +10,13 @@
 // (opens a task's action dialog, confirms, returns the result line), reconnect (waits for
 // the live indicator to go off and come back while the test restarts the relay, then
 // reads the task table), shots (screenshots of every page at 1280x800 and 390x844, light
-// and dark, into `dir`). The browser trusts the test's CA through --ignore-certificate-errors
+// and dark, into `dir`), from_time (a topic browsed from a time), browse (a topic from its
+// start, a search by id, the search in the URL across a reload, a CSV export, the detail in
+// sight; with no `topic`, only the topics the token lists). The browser trusts the test's CA through --ignore-certificate-errors
 // on 127.0.0.1 only (a test relay's development certificate).
 import { createRequire } from "node:module";
 import { spawnSync } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -68,7 +70,7 @@ try {
     await signIn();
     await go("#/topics");
     await page.click(`tr:has(td:text-is("${args.topic}")) button:text("Live tail")`);
-    await page.waitForSelector(".tail small:has-text('live')");
+    await page.waitForSelector(".tail small:has-text('; live')");
     const t0 = Date.now();
     const r = spawnSync(args.publish[0], args.publish.slice(1), { encoding: "utf8" });
     const published = Date.now();
@@ -80,7 +82,7 @@ try {
   } else if (scenario === "detail") {
     await signIn();
     await go("#/topics");
-    await page.click(`tr:has(td:text-is("${args.topic}")) button:text("Last 100")`);
+    await page.click(`tr:has(td:text-is("${args.topic}")) button:text("Newest")`);
     const row = await page.waitForSelector(`tr.event-row:has-text("${args.expect}")`);
     await row.click();
     out.detail = await (await page.waitForSelector("#event-detail")).textContent();
@@ -124,8 +126,9 @@ try {
   } else if (scenario === "from_time") {
     await signIn();
     await go("#/topics");
-    await page.click(`tr:has(td:text-is("${args.topic}")) button:text("Last 100")`);
-    await page.waitForSelector("tr.event-row");
+    await page.click(`tr:has(td:text-is("${args.topic}")) button:text("Newest")`);
+    await page.waitForSelector("#scan-status");
+    await page.selectOption("select[name=start]", "time");
     const d = new Date(args.time_ms);  // datetime-local takes the browser's local time
     const pad = (n) => String(n).padStart(2, "0");
     // Chromium writes a whole minute without its seconds ("05:37", not "05:37:00"), and
@@ -133,10 +136,9 @@ try {
     const secs = d.getSeconds() ? `:${pad(d.getSeconds())}` : "";
     const local = `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}${secs}`;
     await page.fill("input[name=from-time]", local);
-    await page.dispatchEvent("input[name=from-time]", "change");
-    await page.waitForFunction(() => !document.querySelector(".tail small").textContent.includes("offset"));
+    await page.click("form.browse button[type=submit]");
+    await page.waitForSelector(".tail small:has-text('from ')");
     await page.waitForSelector(`tr.event-row:has-text("${args.expect}")`);
-    await page.waitForTimeout(500);
     out.offsets = await page.$$eval("tr.event-row td:first-child", (e) => e.map((x) => Number(x.textContent)));
   } else if (scenario === "timeline") {
     await signIn();
@@ -182,6 +184,43 @@ try {
       stops.push(await page.evaluate(() => document.activeElement?.textContent?.trim() || document.activeElement?.tagName));
     }
     out.tab_stops = stops;
+  } else if (scenario === "browse") {
+    // A topic from its start, a search by id over the whole topic, the search kept in the
+    // URL across a reload, an export, the detail in sight, and what the token saw refused.
+    out.refused = [];
+    page.on("response", (r) => r.status() >= 400 && out.refused.push(`${r.status()} ${new URL(r.url()).pathname}`));
+    await signIn();
+    await page.waitForSelector("header nav");
+    await go("#/topics");
+    out.topics = await page.$$eval("section table:first-of-type tbody tr td:first-child", (e) => e.map((x) => x.textContent));
+    if (args.topic) {
+      const rowsNow = () => page.$$eval("tr.event-row td:first-child", (e) => e.map((x) => Number(x.textContent)));
+      const status = async (was) => {
+        await page.waitForFunction((w) => (document.querySelector("#scan-status")?.textContent || "") !== w, was || "");
+        return page.textContent("#scan-status");
+      };
+      await page.click(`tr:has(td:text-is("${args.topic}")) button:text("From the start")`);
+      out.start_status = await status();
+      out.start_offsets = await rowsNow();
+      await page.click("#scan-status button:text('Newer')");
+      out.newer_status = await status(out.start_status);
+      out.newer_first = (await rowsNow())[0];
+      await page.fill("input[name=filter-id]", args.id);
+      await page.selectOption("select[name=start]", "newest");
+      await page.click("form.browse button[type=submit]");
+      out.search_status = await status(out.newer_status);
+      out.search_offsets = await rowsNow();
+      out.url = await page.evaluate(() => location.hash);
+      await page.reload();
+      out.reload_status = await status();
+      out.reload_offsets = await rowsNow();
+      const [download] = await Promise.all([page.waitForEvent("download"), page.click("#scan-status button:text('Export CSV')")]);
+      out.download_name = download.suggestedFilename();
+      out.download_text = readFileSync(await download.path(), "utf8");
+      await page.click("tr.event-row");
+      const box = await (await page.waitForSelector(".detail")).boundingBox();
+      out.detail_in_view = box.y >= 0 && box.y + 40 < 800;
+    }
   } else {
     out.error = `unknown scenario ${scenario}`;
   }

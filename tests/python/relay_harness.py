@@ -391,6 +391,18 @@ def https_post(relay: RelayProcess, path: str, body, token: str | None) -> tuple
         return e.code, json.loads(e.read() or b"{}")
 
 
+def https_request(relay: RelayProcess, method: str, path: str, token: str | None = None):
+    """(status, headers, body text) of one HTTPS request; an error status is returned, not raised."""
+    req = urllib.request.Request(f"https://{relay.host}:{relay.port}{path}", method=method)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, context=relay.creds.client_ssl(), timeout=TIMEOUT) as r:
+            return r.status, r.headers, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read().decode()
+
+
 def https_status(relay: RelayProcess, path: str, token: str | None = None) -> int:
     try:
         https_get(relay, path, token)

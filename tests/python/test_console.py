@@ -61,7 +61,7 @@ def drive(scenario: str, relay, token: str, on_line=None, **args) -> dict:
         last = msg
     p.wait(timeout=120)
     assert last is not None, p.stderr.read()
-    assert "error" not in last, last["error"]
+    assert "error" not in last, f"{last['error']}\n{json.dumps(last)[:3000]}"
     assert last["requests_elsewhere"] == [], last["requests_elsewhere"]  # nothing leaves the relay's origin
     return last
 
@@ -282,6 +282,36 @@ def test_topics_are_browsed_from_a_time(env):
     publish_events(relay, pub, "bt.events", [event(f"late{i}", type_="org.example.late") for i in range(2)])
     r = drive("from_time", relay, creds.token("admin"), topic="bt.events", time_ms=cut * 1000, expect="org.example.late")
     assert sorted(r["offsets"]) == [3, 4], r
+
+
+def test_a_topic_is_browsed_from_its_start_searched_over_all_of_it_and_exported(env):
+    """From the start shows offset 0 first; a search by id finds an event beyond the first
+    500 (the relay scans the whole topic); the search lives in the URL across a reload; the
+    selection downloads as CSV; the detail opens in sight."""
+    creds, relay, _ = env
+    pub = creds.token("publish:*", "subscribe:*")
+    publish_events(relay, pub, "br.events", [event(f"b{i}", type_="org.example.b") for i in range(1200)])
+    r = drive("browse", relay, creds.token("admin"), topic="br.events", id="b1000")
+    assert r["start_offsets"] == list(range(100)) and "Scanned offsets 0–99 (100 records): 100 found" in r["start_status"], r
+    assert r["newer_first"] == 100, r
+    assert r["search_offsets"] == [1000] and "1 found" in r["search_status"], r
+    assert "id=b1000" in r["url"] and "topic=br.events" in r["url"], r["url"]
+    assert r["reload_offsets"] == [1000], r
+    lines = r["download_text"].splitlines()
+    assert r["download_name"].startswith("br.events-") and r["download_name"].endswith(".csv"), r["download_name"]
+    assert lines[0].startswith("offset,appended,time,id") and lines[1].startswith("1000,") and len(lines) == 2, lines
+    assert r["detail_in_view"], r
+    assert r["refused"] == [], r["refused"]
+
+
+def test_a_workflow_token_sees_its_own_topics_and_nothing_it_was_refused_is_asked_again(env):
+    creds, relay, _ = env
+    pub = creds.token("publish:*", "subscribe:*")
+    publish_events(relay, pub, "mine.events", [event("m0")])
+    publish_events(relay, pub, "theirs.events", [event("t0")])
+    r = drive("browse", relay, creds.token("subscribe:mine.*", "control:mine", subject="mine-run"))
+    assert "mine.events" in r["topics"] and "theirs.events" not in r["topics"], r["topics"]
+    assert r["refused"] == [], r["refused"]
 
 
 def test_screenshots_of_every_page_at_both_sizes_and_keyboard_reach(env):

@@ -336,7 +336,10 @@ def test_https_endpoints(relay, creds):
     assert "diaspora_relay_fsync_seconds_count" in metrics
     assert "# TYPE diaspora_relay_fsync_seconds histogram" in metrics
     assert https_status(relay, "/api/v1/topics") == 401
-    assert https_status(relay, "/api/v1/topics", creds.token("subscribe:*")) == 403
+    # Any token lists the topics it may subscribe to, and reads those only.
+    assert [t["name"] for t in json.loads(https_get(relay, "/api/v1/topics", creds.token("subscribe:m.*")))["topics"]] == ["m.a"]
+    assert json.loads(https_get(relay, "/api/v1/topics", creds.token("subscribe:other.*")))["topics"] == []
+    assert https_status(relay, "/api/v1/topics/m.a", creds.token("subscribe:other.*")) == 403
     topics = json.loads(https_get(relay, "/api/v1/topics", admin(creds)))["topics"]
     assert {"name": "m.a", "first_offset": 0, "next_offset": 4} == {k: topics[0][k] for k in ("name", "first_offset", "next_offset")}
     assert https_status(relay, "/api/v1/topics/nope", admin(creds)) == 404

@@ -13,13 +13,12 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 import websockets
 
 from relay_harness import RELAY, TIMEOUT, Credentials, RelayProcess, event, metric, request, run, session
+from relay_harness import https_request as http
 
 
 @pytest.fixture(scope="module")
@@ -39,18 +38,6 @@ def running(creds, data_dir, config=None):
         yield relay
     finally:
         assert relay.stop() == 0
-
-
-def http(relay, method, path, token=None):
-    """(status, headers, body) of one HTTPS request."""
-    req = urllib.request.Request(f"https://127.0.0.1:{relay.port}{path}", method=method)
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, context=relay.creds.client_ssl(), timeout=TIMEOUT) as r:
-            return r.status, r.headers, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers, e.read().decode()
 
 
 def raw_tls(relay):
