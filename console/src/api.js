@@ -27,8 +27,16 @@ export class ApiError extends Error {
   }
 }
 
+// What the relay refused this token (403: its scopes do not reach it), by path without its
+// query: asked again, the refusal is answered here, so that no page polls what it may not
+// see (every refusal counts in the relay's auth_refusals). A token's scopes never change;
+// signing in with another token starts afresh.
+const refused = new Map();
+
 /** GET or POST `path`; the parsed JSON (or text) answer; ApiError with the relay's reason. */
 export async function api(path, { method = "GET", body } = {}) {
+  const key = `${token.get()} ${path.split("?")[0]}`;
+  if (method === "GET" && refused.has(key)) throw refused.get(key);
   const headers = { Authorization: `Bearer ${token.get()}` };
   if (body !== undefined) headers["Content-Type"] = "application/json";
   let r;
@@ -39,7 +47,11 @@ export async function api(path, { method = "GET", body } = {}) {
   }
   const type = r.headers.get("content-type") || "";
   const payload = type.includes("json") ? await r.json().catch(() => ({})) : await r.text();
-  if (!r.ok) throw new ApiError(r.status, typeof payload === "string" ? payload.trim() : payload.message || r.statusText);
+  if (!r.ok) {
+    const err = new ApiError(r.status, typeof payload === "string" ? payload.trim() : payload.message || r.statusText);
+    if (r.status === 403 && method === "GET") refused.set(key, err);
+    throw err;
+  }
   return payload;
 }
 

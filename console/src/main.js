@@ -323,7 +323,9 @@ function query() {
 async function sendAction(body) {
   try {
     const r = await api("/api/v1/actions", { method: "POST", body });
-    return { ok: true, text: `Sent: ${r.action_id} on ${r.topic}` };
+    // Nobody reading the control topic: the action waits there for nobody (a run that ended).
+    return r.warning ? { ok: false, warn: true, text: `Sent: ${r.action_id} on ${r.topic}, but ${r.warning}` }
+      : { ok: true, text: `Sent: ${r.action_id} on ${r.topic}` };
   } catch (err) {
     return { ok: false, text: err.status === 403 ? `Refused by the relay (403): ${err.message}` : err.message };
   }
@@ -352,11 +354,12 @@ function ActionDialog({ task, sites, onClose }) {
         <option value="">choose…</option>${sites.filter((s) => s !== task.site).map((s) => html`<option value=${s}>${s}</option>`)}</select></label>`}
       <label>Reason <input name="reason" value=${reason} onInput=${(e) => setReason(e.target.value)} /></label>
       <p>This ${kind} goes to the engine of ${task.workflow} (${task.engine || "unknown engine"}) and is recorded with your token's name.</p>
+      ${["completed", "failed", "cancelled"].includes(task.state) && html`<p class="warn" id="action-warning">${task.task_id} has ${task.state}${task.end_us ? ` (at ${fmtTime(task.end_us)})` : ""}: ${kind === "restart" ? "a restart runs it again, if its engine still runs" : `a ${kind} may find nothing to act on`}.</p>`}
       <div class="buttons">
         <button type="submit" class="danger" disabled=${kind === "migrate" && !target}>Confirm ${kind}</button>
         <button type="button" onClick=${() => ref.current.close()}>Close</button>
       </div>
-      ${result && html`<p class=${result.ok ? "ok" : "error"} role="status" id="action-result">${result.text}</p>`}
+      ${result && html`<p class=${result.ok ? "ok" : result.warn ? "warn" : "error"} role="status" id="action-result">${result.text}</p>`}
     </form>
   </dialog>`;
 }
@@ -537,7 +540,7 @@ function SiteDialog({ site, drain, onClose }) {
         <button type="submit" class="danger">Confirm ${kind}</button>
         <button type="button" onClick=${() => ref.current.close()}>Close</button>
       </div>
-      ${result && html`<p class=${result.ok ? "ok" : "error"} role="status" id="action-result">${result.text}</p>`}
+      ${result && html`<p class=${result.ok ? "ok" : result.warn ? "warn" : "error"} role="status" id="action-result">${result.text}</p>`}
     </form>
   </dialog>`;
 }

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "diaspora/token.hpp"
+
 namespace diaspora::relay {
 
 void Metrics::in(const std::string& topic, std::uint64_t events, std::uint64_t bytes, std::uint64_t dups) {
@@ -24,6 +26,14 @@ void Metrics::subscribed(const std::string& pattern, int delta) {
   auto it = subscriptions.try_emplace(pattern, 0).first;
   it->second += delta;
   if (it->second <= 0) subscriptions.erase(it);
+}
+
+std::int64_t Metrics::subscribers(const std::string& topic) {
+  std::lock_guard lock(mutex);
+  std::int64_t n = 0;
+  for (const auto& [pattern, count] : subscriptions)
+    if (topic_matches(pattern, topic)) n += count;
+  return n;
 }
 
 std::string render_metrics(Metrics& metrics, const LogStore& store) {

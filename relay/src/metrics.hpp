@@ -35,6 +35,9 @@ struct Metrics {
   /// closed (-1: unsubscribed, or its connection ended).
   void subscribed(const std::string& pattern, int delta);
 
+  /// Open subscriptions whose topic or pattern covers `topic` now.
+  std::int64_t subscribers(const std::string& topic);
+
   std::map<std::string, std::int64_t> subscriptions;  // pattern -> open subscriptions; guarded by mutex
 };
 

@@ -1086,9 +1086,16 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
         if (!r.ok)
           return self->respond(*keep, http::status::service_unavailable, "application/json",
                                json::serialize(json::object{{"error", r.code}, {"message", r.error}}) + "\n");
-        self->respond(*keep, http::status::accepted, "application/json",
-                      json::serialize(json::object{{"action_id", a->action_id}, {"topic", a->topic},
-                                                   {"offset", r.first_offset}}) + "\n");
+        // Who reads the control topic now (its engine; a console's tail of it counts too): an
+        // action to a run that ended, or whose engine is away, waits there for nobody, and
+        // the operator should know.
+        const std::int64_t readers = self->relay_->metrics.subscribers(a->topic);
+        json::object answer{{"action_id", a->action_id}, {"topic", a->topic}, {"offset", r.first_offset},
+                            {"subscribers", readers}};
+        if (readers == 0)
+          answer["warning"] = "no engine is subscribed to " + a->topic +
+                              " now: nothing will carry the action out unless one subscribes (has the run ended?)";
+        self->respond(*keep, http::status::accepted, "application/json", json::serialize(answer) + "\n");
       });
     });
   }

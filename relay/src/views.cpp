@@ -10,6 +10,7 @@
 #include <boost/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -882,6 +883,10 @@ json::object page_of(std::string_view view, const std::map<std::string, T>& m, c
                       {"next", more ? json::value(last) : json::value(nullptr)}, {"version", version}};
 }
 
+// How long an action may go unanswered (no action.done from an engine) before the actions
+// view shows it expired.
+constexpr std::int64_t kActionAnswerUs = 60'000'000;
+
 // A filter parameter: the value asked for, or none (everything passes).
 class Want {
  public:
@@ -984,9 +989,23 @@ json::object Views::query(std::string_view view, const std::map<std::string, std
   if (view == "actions") {
     const Page p = parse_page(q, {"status", "action", "task_id", "origin"}, view);
     const Want status(q, "status"), action(q, "action"), task(q, "task_id"), origin(q, "origin");
-    return page_of(view, s.actions, p, [&](const view::Action& a) {
-      return may(a.workflow) && status(a.status) && action(a.action) && task(a.task_id) && origin(a.origin);
+    const std::int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch()).count();
+    auto unanswered = [&](const view::Action& a) { return a.status == "pending" && now - a.requested_us > kActionAnswerUs; };
+    json::object page = page_of(view, s.actions, p, [&](const view::Action& a) {
+      return may(a.workflow) && status(unanswered(a) ? "expired" : a.status) && action(a.action) && task(a.task_id) &&
+             origin(a.origin);
     }, s.version);
+    // An action no engine answered in time is shown expired, with the likely reason (an
+    // answer that comes later still turns it done or failed).
+    for (auto& item : page["items"].as_array()) {
+      json::object& o = item.as_object();
+      if (o["status"] != "pending" || now - o["requested_us"].to_number<std::int64_t>() <= kActionAnswerUs) continue;
+      o["status"] = "expired";
+      o["message"] = "no engine answered it within " + std::to_string(kActionAnswerUs / 1'000'000) +
+                     " s: none may be reading the workflow's control topic (has the run ended?)";
+    }
+    return page;
   }
   if (view == "consumers") {
     const Page p = parse_page(q, {"topic"}, view);

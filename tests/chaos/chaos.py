@@ -639,20 +639,6 @@ def scenario(root: Path, name: str, nemesis, *, producers: int = 2, batches: int
         w.close()
 
 
-FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")  # Debian's libfaketime
-
-
-def clock_env(stamp_file: Path) -> dict:
-    """The environment that runs a process on a wall clock the test steps: libfaketime reads
-    the offset from `stamp_file` ("+0", "-1h", ...) at every call; the monotonic clock is
-    left alone, as an NTP step leaves it."""
-    env = {"LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME_TIMESTAMP_FILE": str(stamp_file), "FAKETIME_NO_CACHE": "1",
-           "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
-    if os.environ.get("DIASPORA_SANITIZED"):  # the sanitizer's runtime need not come first then
-        env["ASAN_OPTIONS"] = ":".join(filter(None, [os.environ.get("ASAN_OPTIONS", ""), "verify_asan_link_order=0"]))
-    return env
-
-
 async def step_clock(w: World, stamp_file: Path, steps=(("-1h", 3.0), ("+2h", 3.0), ("+0", 0.0))) -> None:
     """Steps the producer's wall clock back and forth (each held for its seconds), with a
     relay kill in the middle so that the plugin reconnects on a skewed clock."""
@@ -779,7 +765,7 @@ def clock_scenario(root: Path, seconds: float, steps=(("-1h", 3.0), ("+2h", 3.0)
     stamp = root / "clock" / "faketime"
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text("+0\n")
-    return plugin_scenario(root, "clock", lambda w: step_clock(w, stamp, steps), seconds=seconds, env=clock_env(stamp))
+    return plugin_scenario(root, "clock", lambda w: step_clock(w, stamp, steps), seconds=seconds, env=rh.clock_env(stamp))
 
 
 def short_form(root: Path) -> list[Result]:

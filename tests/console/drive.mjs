@@ -96,6 +96,7 @@ try {
     await page.selectOption("dialog select[name=action]", args.action || "restart");
     if (args.target) await page.selectOption("dialog select[name=target]", args.target);
     await page.fill("dialog input[name=reason]", "console test");
+    out.warning = (await page.$("#action-warning")) && (await page.textContent("#action-warning"));
     await page.click("dialog button[type=submit]");
     out.result = await (await page.waitForSelector("#action-result")).textContent();
     if (args.wait_outcome) {

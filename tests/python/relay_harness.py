@@ -125,6 +125,20 @@ def project_env() -> dict:
     return env
 
 
+FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")  # Debian's libfaketime
+
+
+def clock_env(stamp_file: Path) -> dict:
+    """The environment that runs a process on a wall clock the test steps: libfaketime reads
+    the offset from `stamp_file` ("+0", "-1h", ...) at every call; the monotonic clock is
+    left alone, as an NTP step leaves it."""
+    env = {"LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME_TIMESTAMP_FILE": str(stamp_file), "FAKETIME_NO_CACHE": "1",
+           "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    if os.environ.get("DIASPORA_SANITIZED"):  # the sanitizer's runtime need not come first then
+        env["ASAN_OPTIONS"] = ":".join(filter(None, [os.environ.get("ASAN_OPTIONS", ""), "verify_asan_link_order=0"]))
+    return env
+
+
 class RelayProcess:
     """A diaspora-relay child process; restartable on the same data directory."""
 
@@ -133,6 +147,7 @@ class RelayProcess:
         self.creds = creds
         self.host = host  # the address it listens on (and clients connect to)
         self.netns = netns  # a network namespace to run it in (ip netns exec), or None
+        self.env: dict = {}  # more environment (clock_env(), for a relay on a stepped clock)
         self.listen_port = port  # 0: a free port on each start; else the same one every time
         self.data_dir = data_dir
         self.config = config
@@ -159,7 +174,7 @@ class RelayProcess:
         if self.netns:
             args = ["ip", "netns", "exec", self.netns] + args  # ip execs the relay: the pid is the relay's
         logf = open(self.log, "ab")
-        self.proc = subprocess.Popen([str(a) for a in args], stdout=logf, stderr=logf, env=project_env())
+        self.proc = subprocess.Popen([str(a) for a in args], stdout=logf, stderr=logf, env={**project_env(), **self.env})
         self.killed = False  # set by kill(): the exit status that follows is the test's doing
         deadline = time.monotonic() + TIMEOUT
         while time.monotonic() < deadline:

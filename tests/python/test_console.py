@@ -172,6 +172,19 @@ relay: {{url: "wss://127.0.0.1:{relay.port}", ca_file: "{creds.ca}", token_file:
 """ + body, name=f"{name}.yaml")
 
 
+def test_an_action_on_a_finished_task_of_an_ended_run_is_warned_about_before_and_after(env):
+    creds, relay, _ = env
+    pub = creds.token("publish:*", "subscribe:*")
+    src = "/diaspora/fin/edge"
+    publish_events(relay, pub, "fin.events", [
+        event("f0", source=src, type_="org.diaspora.task.submitted", data={"task_id": "r.0", "name": "r"}),
+        event("f1", source=src, type_="org.diaspora.task.started", data={"task_id": "r.0", "site": "a", "attempt": 1}),
+        event("f2", source=src, type_="org.diaspora.task.completed", data={"task_id": "r.0", "site": "a", "attempt": 1})])
+    r = drive("act", relay, creds.token("admin"), workflow="fin", task="r.0")
+    assert r["warning"] and "r.0 has completed" in r["warning"], r
+    assert "but no engine is subscribed to fin.control.edge" in r["result"], r
+
+
 def test_a_run_with_a_fault_shows_its_tasks_anomaly_and_migration_on_the_timeline(env):
     creds, relay, tmp = env
     spec = run_spec(env, "mig", f"""sites:

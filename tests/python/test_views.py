@@ -15,7 +15,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from relay_harness import (Credentials, RelayProcess, event, https_get, https_post, https_status, publish_events,
+from relay_harness import (Credentials, RelayProcess, clock_env, event, https_get, https_post, https_status, publish_events,
                            relay_events, request, run, session, wait_until)
 
 VIEWS = ("workflows", "tasks", "sites", "resources", "actions", "consumers")
@@ -311,6 +311,49 @@ def test_operator_actions_go_to_the_engines_control_topic_with_scopes_checked(tm
         assert site["engine"] == "edge" and SCHEMA.is_valid(get(relay, "sites", admin)), site
     finally:
         relay.stop()
+
+
+def test_an_action_nobody_reads_is_said_so_when_sent_and_shown_expired_after_a_minute(tmp_path, creds):
+    """POST /api/v1/actions says how many read the engine's control topic, and warns when
+    none does (the run ended); the actions view shows an action unanswered for 60 s (on
+    the relay's clock, stepped here with libfaketime) as expired with the likely reason,
+    and an answer that comes later still counts."""
+    stamp = tmp_path / "faketime"
+    stamp.write_text("+0\n")
+    relay = RelayProcess(creds, tmp_path / "data")
+    relay.env = clock_env(stamp)
+    relay.start()
+    pub, admin = creds.token("publish:*", "subscribe:*"), creds.token("admin")
+    try:
+        publish_events(relay, pub, "gone.events", [{**ev(1, "task.submitted", task_id="r.0", name="r"),
+                                                   "source": "/diaspora/gone/edge"}])
+        wait_until(lambda: get(relay, "tasks", admin)["total"] == 1, 20, "the views")
+        act = {"workflow": "gone", "action": "restart", "task_id": "r.0", "reason": "late"}
+        status, body = https_post(relay, "/api/v1/actions", act, admin)
+        assert status == 202 and body["subscribers"] == 0, body
+        assert "no engine is subscribed to gone.control.edge" in body["warning"], body
+
+        async def with_engine():  # an engine reading its control topic: no warning
+            ws = await session(relay, pub)
+            await request(ws, {"op": "subscribe", "id": "c", "topic": "gone.control.edge", "from": "latest"})
+            return https_post(relay, "/api/v1/actions", {**act, "reason": "read"}, admin)
+        status, read = run(with_engine())
+        assert status == 202 and read["subscribers"] == 1 and "warning" not in read, read
+
+        wait_until(lambda: get(relay, "actions", admin)["total"] == 2, 20, "the actions in the views")
+        assert {a["status"] for a in get(relay, "actions", admin)["items"]} == {"pending"}
+        stamp.write_text("+2m\n")  # the relay's wall clock two minutes on
+        items = {a["action_id"]: a for a in get(relay, "actions", admin)["items"]}
+        assert items[body["action_id"]]["status"] == "expired", items
+        assert "no engine answered it within 60 s" in items[body["action_id"]]["message"], items
+        assert [a["action_id"] for a in get(relay, "actions", admin, "?status=expired")["items"]] == sorted(items), items
+        publish_events(relay, pub, "gone.events", [{**ev(2, "action.done", action_id=read["action_id"], status="done",
+                                                         action="restart", message="restarted"),
+                                                    "source": "/diaspora/gone/edge"}])
+        wait_until(lambda: {a["action_id"]: a["status"] for a in get(relay, "actions", admin)["items"]}
+                   == {body["action_id"]: "expired", read["action_id"]: "done"}, 20, "the late answer")
+    finally:
+        relay.stop_cleanly()
 
 
 def test_console_assets_are_served_with_a_strict_policy(tmp_path, creds):
