@@ -436,9 +436,52 @@ function Incidents({ tasks, actions }) {
   </table></div>`;
 }
 
+// One task instance in full (#/tasks?workflow=…&task=…): every attempt with its site,
+// worker, times, outcome and reason; the actions that named it (its incident: what each
+// decided, why, how it ended); the last anomaly prediction about it and its explanation;
+// its last metrics; a link to its events on the Topics page.
+function TaskDetail({ task: t, actions, onClose }) {
+  const mine = actions.filter((a) => a.task_id === t.task_id).sort((x, y) => x.requested_us - y.requested_us);
+  const dur = (a, b) => (a && b ? `${fmtNum((b - a) / 1e6, 1)} s` : "");
+  const events = `#/topics?${new URLSearchParams({ topic: `${t.workflow}.events`, start: "earliest", subject: t.task_id })}`;
+  const ref = useRef();
+  useEffect(() => ref.current?.focus(), [t.task_id]);
+  return html`<aside class="detail task-detail" aria-label=${"Task " + t.task_id} tabindex="-1" ref=${ref}>
+    <h4>${t.task_id} <span class=${"state " + t.state}>${t.state}</span></h4>
+    <button onClick=${onClose}>Close</button> <a href=${events}>Its events</a>
+    <p class="task-summary">${[
+      `${t.name} on ${t.site || "no site yet"}${t.worker ? ` (${t.worker})` : ""}, engine ${t.engine || "unknown"}; attempt ${t.attempt}; `,
+      `submitted ${fmtTime(t.submitted_us)}${t.started_us ? `, started ${fmtTime(t.started_us)}` : ""}${t.ended_us ? `, ended ${fmtTime(t.ended_us)}` : ""}; `,
+      `progress ${Math.round(t.progress * 100)}%${t.last_heartbeat_us ? `; last heartbeat ${fmtTime(t.last_heartbeat_us)}` : ""}.`].join("")}
+      ${t.reason && html`<br />Reason: ${t.reason}`}</p>
+    <h5>Attempts</h5>
+    <table class="attempts"><thead><tr><th>#</th><th>Site</th><th>Worker</th><th>Started</th><th>Took</th><th>Outcome</th><th>Reason</th></tr></thead>
+      <tbody>${t.attempts.map((a) => html`<tr data-attempt=${a.attempt}><td>${a.attempt}</td><td>${a.site}</td><td>${a.worker}</td>
+        <td>${fmtTime(a.start_us)}</td><td>${dur(a.start_us, a.end_us)}</td>
+        <td><span class=${"state " + a.outcome}>${a.outcome}</span></td><td>${a.reason}</td></tr>`)}</tbody></table>
+    <h5>Incident</h5>
+    ${mine.length ? html`<ul class="incident">${mine.map((a) => html`<li>${fmtTime(a.requested_us)} <b>${a.action}</b>${
+      (a.target_site ? " → " + a.target_site : "") + ` by ${a.policy ? `policy ${a.policy}` : a.origin}: `}<span class=${"state " + a.status}>${a.status}</span>${
+      a.message ? ` (${a.message})` : ""}${a.reason && html`<div class="hint">${a.reason}</div>`}</li>`)}</ul>` : html`<p>No action named it.</p>`}
+    <h5>Anomaly</h5>
+    <p>${t.anomaly_score >= 0 ? `score ${t.anomaly_score.toFixed(2)} at ${fmtTime(t.anomaly_us)}: ${t.anomaly_explanation || "no explanation"}` : "No prediction about it."}</p>
+    ${Object.keys(t.metrics || {}).length > 0 && html`<h5>Last metrics</h5>
+      <table class="metrics"><tbody>${Object.entries(t.metrics).map(([k, v]) => html`<tr><td>${k}</td><td>${fmtNum(v, 3)}</td></tr>`)}</tbody></table>`}
+  </aside>`;
+}
+
 function Tasks() {
   const q = query();
   const [workflow, setWorkflow] = useState(q.get("workflow") || "");
+  const [shown, setShown] = useState(q.get("task") || "");
+  const show = (id) => {
+    setShown(id);
+    const p = query();
+    if (id) p.set("task", id);
+    else p.delete("task");
+    if (workflow) p.set("workflow", workflow);
+    history.replaceState(null, "", `#/tasks?${p}`);
+  };
   const [state, setState] = useState("");
   const [site, setSite] = useState("");
   const [acting, setActing] = useState(null);
@@ -469,12 +512,15 @@ function Tasks() {
     <div class="scroll"><table class="tasks">
       <thead><tr><th>Task</th><th>State</th><th>Attempt</th><th>Site</th><th>Progress</th><th>Anomaly</th><th>Last heartbeat</th><th></th></tr></thead>
       <tbody>${items.map((t) => html`<tr data-task=${t.task_id}>
-        <td>${t.task_id}</td><td><span class=${"state " + t.state}>${t.state}</span></td><td>${t.attempt}</td><td>${t.site}</td>
+        <td><button class="link" onClick=${() => show(t.task_id)} aria-label=${"Details of " + t.task_id}>${t.task_id}</button></td>
+        <td><span class=${"state " + t.state}>${t.state}</span></td><td>${t.attempt}</td><td>${t.site}</td>
         <td>${Math.round(t.progress * 100)}%</td><td>${t.anomaly_score >= 0 ? t.anomaly_score.toFixed(2) : ""}</td>
         <td>${fmtTime(t.last_heartbeat_us)}</td>
         <td><button onClick=${() => setActing(t)} aria-label=${"Act on " + t.task_id}>Act…</button></td></tr>`)}</tbody>
     </table></div>
     ${acting && html`<${ActionDialog} task=${acting} sites=${siteNames} onClose=${() => setActing(null)} />`}
+    ${shown && items.find((t) => t.task_id === shown) && html`<${TaskDetail} task=${items.find((t) => t.task_id === shown)}
+      actions=${acts.data?.items || []} onClose=${() => show("")} />`}
   </section>`;
 }
 

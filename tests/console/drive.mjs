@@ -92,7 +92,7 @@ try {
   } else if (scenario === "act") {
     await signIn();
     await go(`#/tasks?workflow=${args.workflow}`);
-    await page.click(`tr[data-task="${args.task}"] button`);
+    await page.click(`tr[data-task="${args.task}"] button[aria-label^="Act on"]`);
     await page.selectOption("dialog select[name=action]", args.action || "restart");
     if (args.target) await page.selectOption("dialog select[name=target]", args.target);
     await page.fill("dialog input[name=reason]", "console test");
@@ -185,6 +185,28 @@ try {
       stops.push(await page.evaluate(() => document.activeElement?.textContent?.trim() || document.activeElement?.tagName));
     }
     out.tab_stops = stops;
+  } else if (scenario === "task") {
+    // A task's detail panel, opened from the list, then again from its URL.
+    await signIn();
+    await page.waitForSelector("header nav");
+    await go(`#/tasks?workflow=${args.workflow}`);
+    await page.click(`tr[data-task="${args.task}"] button[aria-label^="Details of"]`);
+    const read = async () => {
+      const panel = await page.waitForSelector(".task-detail");
+      return {
+        attempts: await panel.$$eval("table.attempts tbody tr", (rs) => rs.map((r) => [...r.children].map((c) => c.textContent))),
+        incident: await panel.$$eval("ul.incident li", (ls) => ls.map((l) => l.textContent.replace(/\s+/g, " ").trim())),
+        events_link: await panel.$eval("a", (a) => a.getAttribute("href")),
+        focused: await page.evaluate(() => document.activeElement?.classList.contains("task-detail")),
+      };
+    };
+    out.from_list = await read();
+    out.url = await page.evaluate(() => location.hash);
+    await page.reload();
+    out.from_url = await read();
+    await page.click(".task-detail a");
+    await page.waitForSelector("#scan-status");
+    out.events_offsets = await page.$$eval("tr.event-row td:first-child", (e) => e.map((x) => Number(x.textContent)));
   } else if (scenario === "browse") {
     // A topic from its start, a search by id over the whole topic, the search kept in the
     // URL across a reload, an export, the detail in sight, and what the token saw refused.

@@ -185,6 +185,33 @@ def test_an_action_on_a_finished_task_of_an_ended_run_is_warned_about_before_and
     assert "but no engine is subscribed to fin.control.edge" in r["result"], r
 
 
+def test_a_task_opens_in_a_panel_with_its_attempts_incident_and_events(env):
+    creds, relay, _ = env
+    pub = creds.token("publish:*", "subscribe:*")
+    src = "/diaspora/det/edge"
+
+    def e(i, kind, **data):
+        return {**event(f"d{i}", source=src, type_=f"org.diaspora.{kind}", data={"task_id": "r.0", **data}), "subject": "r.0"}
+    publish_events(relay, pub, "det.events", [
+        e(0, "task.submitted", name="r"),
+        e(1, "task.started", site="a", worker="a/w0", attempt=1),
+        e(2, "task.failed", site="a", attempt=1, reason="worker a/w0 died (killed by signal 9)", retryable=True),
+        e(3, "action.requested", action_id="A1", action="restart", reason="default-revive: the attempt was lost",
+          policy="default-revive"),
+        e(4, "action.done", action_id="A1", action="restart", status="done", message="restarted on b"),
+        e(5, "task.started", site="b", worker="b/w0", attempt=2),
+        e(6, "task.completed", site="b", attempt=2)])
+    r = drive("task", relay, creds.token("admin"), workflow="det", task="r.0")
+    for seen in (r["from_list"], r["from_url"]):
+        rows = [(a[0], a[1], a[5], a[6]) for a in seen["attempts"]]
+        assert rows == [("1", "a", "failed", "worker a/w0 died (killed by signal 9)"), ("2", "b", "completed", "")], seen
+        assert len(seen["incident"]) == 1 and "restart by policy default-revive: done (restarted on b)" in seen["incident"][0], seen
+        assert "subject=r.0" in seen["events_link"] and "topic=det.events" in seen["events_link"], seen
+    assert r["from_list"]["focused"], r
+    assert "task=r.0" in r["url"], r["url"]
+    assert r["events_offsets"] == list(range(7)), r  # every event of the task, from the start
+
+
 def test_a_run_with_a_fault_shows_its_tasks_anomaly_and_migration_on_the_timeline(env):
     creds, relay, tmp = env
     spec = run_spec(env, "mig", f"""sites:
