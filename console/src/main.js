@@ -499,7 +499,7 @@ function Tasks() {
       <label>Workflow <select name="workflow" value=${wf} onChange=${(e) => setWorkflow(e.target.value)}>
         ${(wfs.data?.items || []).map((w) => html`<option value=${w.workflow}>${w.workflow}</option>`)}</select></label>
       <label>State <select name="state" value=${state} onChange=${(e) => setState(e.target.value)}>
-        ${["", "pending", "running", "completed", "failed", "cancelled"].map((s) => html`<option value=${s}>${s || "any"}</option>`)}</select></label>
+        ${["", "pending", "running", "recovering", "completed", "failed", "cancelled"].map((s) => html`<option value=${s}>${s || "any"}</option>`)}</select></label>
       <label>Site <select name="site" value=${site} onChange=${(e) => setSite(e.target.value)}>
         <option value="">any</option>${siteNames.map((s) => html`<option value=${s}>${s}</option>`)}</select></label>
     </div>

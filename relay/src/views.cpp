@@ -68,11 +68,15 @@ struct Task {
   std::map<std::string, double> metrics;  ///< the last value of each metric it reported (32 names at most)
   std::vector<MetricPoint> series;        ///< its last 64 reports with metrics other than step_time_s
   std::vector<EvalRow> evals;             ///< its last 64 evaluations
+  /// A restart or migration of it was reported and no attempt has started since: a
+  /// retryable failure then leaves it "recovering", not "failed".
+  bool recovery = false;
+  bool failure_retryable = false;  ///< its last failure said retryable (the attempt was lost, not its own error)
 };
 BOOST_DESCRIBE_STRUCT(Task, (),
                       (workflow, task_id, name, state, site, worker, reason, engine, attempt, submitted_us, started_us, ended_us,
                        last_heartbeat_us, updated_us, progress, step_time_s, anomaly_score, anomaly_us,
-                       anomaly_explanation, attempts, beat_applied_us, metrics, series, evals))
+                       anomaly_explanation, attempts, beat_applied_us, metrics, series, evals, recovery, failure_retryable))
 
 struct ScorePoint {
   std::int64_t t_us = 0;
@@ -164,7 +168,7 @@ struct Views::State {
 namespace {
 
 constexpr std::size_t kMaxAttempts = 16, kMaxScores = 256;
-constexpr int kSnapshotFormat = 3;  // 3: sites carry failures, failures_us
+constexpr int kSnapshotFormat = 4;  // 3: sites carry failures, failures_us; 4: tasks carry recovery
 
 std::string key(const std::string& wf, const std::string& id) { return wf + '\x1f' + id; }
 
@@ -262,6 +266,7 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
       if (std::string n = str(d, "name"); !n.empty()) k.name = std::move(n);
     } else if (ev_kind == "started") {
       k.state = "running";
+      k.recovery = false;
       k.started_us = t;
       k.last_heartbeat_us = t;
       k.ended_us = 0;
@@ -307,7 +312,12 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
         }
       }
     } else if (ev_kind == "completed" || ev_kind == "failed" || ev_kind == "cancelled") {
-      k.state = ev_kind;
+      // A retryable failure with a restart or migration under way is a recovery, not the end.
+      const json::value* retry = d.if_contains("retryable");
+      k.failure_retryable = ev_kind == "failed" && retry && retry->is_bool() && retry->get_bool();
+      const bool recovering = k.failure_retryable && k.recovery;
+      k.state = recovering ? "recovering" : ev_kind;
+      if (!recovering) k.recovery = false;
       k.ended_us = t;
       k.reason = str(d, "reason");
       if (ev_kind == "completed") k.progress = 1;
@@ -324,6 +334,8 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
       }
     } else if (ev_kind == "restarted" || ev_kind == "migrated") {
       k.reason = str(d, "reason");
+      k.recovery = true;
+      if (k.state == "failed") k.state = "recovering";
       if (ev_kind == "migrated") {
         if (!k.site.empty()) {  // a move off a site counts against it, as for the policies
           view::Site& from = site_of(k.site);
@@ -385,6 +397,25 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
     return true;
   }
 
+  // A restart or migration (or a speculative copy) of a known task puts it in recovery: a
+  // retryable failure of its attempt then shows it recovering, not failed, until the next
+  // attempt starts; an action that failed ends the recovery.
+  auto recovery = [&](const std::string& task, const std::string& action, bool on) {
+    if (task.empty() || (action != "restart" && action != "migrate" && action != "speculate")) return;
+    auto it = st.tasks.find(key(wf, task));
+    if (it == st.tasks.end()) return;
+    view::Task& k = it->second;
+    const std::string old_state = k.state;
+    k.recovery = on;
+    if (on && k.state == "failed" && k.failure_retryable) k.state = "recovering";
+    if (!on && k.state == "recovering") k.state = "failed";
+    if (k.state != old_state) {
+      if (--w.states[old_state] <= 0) w.states.erase(old_state);
+      ++w.states[k.state];
+      st.changed("tasks", wf, task);
+    }
+  };
+
   if (type == "org.diaspora.action.requested") {
     const std::string id = str(d, "action_id");
     if (id.empty()) return false;
@@ -397,6 +428,7 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
     a.target_site = str(d, "target_site");
     a.policy = str(d, "policy");
     a.origin = control_topic ? "operator" : "policy";
+    recovery(a.task_id, a.action, true);
     st.changed("actions", wf, id);
     return true;
   }
@@ -414,6 +446,7 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
     a.done_us = t;
     if (a.status == "done" && (a.action == "drain" || a.action == "undrain") && !a.site.empty())
       site_of(a.site).drained = a.action == "drain";
+    if (a.status == "failed") recovery(a.task_id, a.action, false);
     st.changed("actions", wf, id);
     return true;
   }

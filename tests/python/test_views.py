@@ -356,6 +356,58 @@ def test_an_action_nobody_reads_is_said_so_when_sent_and_shown_expired_after_a_m
         relay.stop_cleanly()
 
 
+def test_a_task_whose_restart_or_migration_is_under_way_is_recovering_not_failed(tmp_path, creds):
+    relay = RelayProcess(creds, tmp_path / "data").start()
+    pub, admin = creds.token("publish:*", "subscribe:*"), creds.token("admin")
+
+    def state(task):
+        return {t["task_id"]: t["state"] for t in get(relay, "tasks", admin)["items"]}.get(task)
+
+    def send(n, kind, **data):
+        publish_events(relay, pub, "rec.events", [ev(n, kind, **data)])
+
+    try:
+        # A migration: the attempt stopped (failed, retryable), the move reported, then the
+        # new attempt (diaspora run's order).
+        send(1, "task.submitted", task_id="m.0", name="m")
+        send(2, "task.started", task_id="m.0", site="a", attempt=1)
+        send(3, "task.failed", task_id="m.0", site="a", attempt=1, reason="migrated off a", retryable=True)
+        wait_until(lambda: state("m.0") == "failed", 20, "the failure")
+        send(4, "task.migrated", task_id="m.0", from_site="a", to_site="b", reason="slow site")
+        wait_until(lambda: state("m.0") == "recovering", 20, "recovering after the move")
+        assert SCHEMA.is_valid(get(relay, "tasks", admin)), list(SCHEMA.iter_errors(get(relay, "tasks", admin)))[:2]
+        send(5, "task.started", task_id="m.0", site="b", attempt=2)
+        wait_until(lambda: state("m.0") == "running", 20, "the new attempt")
+        # A restart reported while the attempt still runs, then its failure: recovering.
+        send(6, "task.restarted", task_id="m.0", reason="hung", attempt=3)
+        send(7, "task.failed", task_id="m.0", site="b", attempt=2, reason="stopped for a restart", retryable=True)
+        wait_until(lambda: state("m.0") == "recovering", 20, "recovering after the restart")
+        # diaspora run's order: the lost attempt's failure, then the policy's restart (an
+        # action naming the task), its outcome, the next attempt.
+        send(10, "task.started", task_id="k.0", site="a", attempt=1)
+        send(11, "task.failed", task_id="k.0", site="a", attempt=1, reason="worker died", retryable=True)
+        wait_until(lambda: state("k.0") == "failed", 20, "the lost attempt")
+        send(12, "action.requested", action_id="P1", action="restart", task_id="k.0", reason="default-revive",
+             policy="default-revive")
+        wait_until(lambda: state("k.0") == "recovering", 20, "recovering on the policy's restart")
+        send(13, "action.done", action_id="P1", action="restart", task_id="k.0", status="done", message="restarted")
+        send(14, "task.started", task_id="k.0", site="b", attempt=2)
+        wait_until(lambda: state("k.0") == "running", 20, "the restarted attempt")
+        send(15, "task.failed", task_id="k.0", site="b", attempt=2, reason="lost again", retryable=True)
+        send(16, "action.requested", action_id="P2", action="migrate", task_id="k.0", target_site="c", reason="r")
+        wait_until(lambda: state("k.0") == "recovering", 20, "recovering on the migration")
+        send(17, "action.done", action_id="P2", action="migrate", task_id="k.0", status="failed", message="no site c")
+        wait_until(lambda: state("k.0") == "failed", 20, "failed once its migration failed")
+        # A failure nobody recovers (not retryable, or no recovery reported) stays failed.
+        send(8, "task.started", task_id="m.0", site="b", attempt=3)
+        send(9, "task.failed", task_id="m.0", site="b", attempt=3, reason="its own error")
+        wait_until(lambda: state("m.0") == "failed", 20, "the final failure")
+        workflows = get(relay, "workflows", admin)["items"]
+        assert workflows[0]["states"] == {"failed": 2}, workflows
+    finally:
+        relay.stop_cleanly()
+
+
 def test_console_assets_are_served_with_a_strict_policy(tmp_path, creds):
     assets = tmp_path / "console"
     (assets / "assets").mkdir(parents=True)
