@@ -27,6 +27,8 @@ const fmtNum = (x, d = 0) => (x == null || Number.isNaN(x) ? "—" : Number(x).t
 // ---- shared state: the live change feed, a counter pages watch to reload --------------
 
 let changeListeners = new Set();
+// Since when the live feed is down (null while it is up): the banner and the alarms say so.
+const relayDown = { since: null };
 function useChanges(filter) {
   const [tick, setTick] = useState(0);
   useEffect(() => {
@@ -139,9 +141,16 @@ function Overview() {
   const wfs = useLoad(() => view("workflows", { limit: 100 }), [tick]);
   const topics = useLoad(() => api("/api/v1/topics"), [tick]);
   const disk = topics.data ? topics.data.topics.reduce((a, t) => a + t.bytes, 0) : null;
+  const expired = useLoad(() => view("actions", { status: "expired", limit: 1 }), [tick]);
   const alarms = [];
+  if (relayDown.since || err?.status === 0)
+    alarms.push(`The relay cannot be reached${relayDown.since ? " since " + new Date(relayDown.since).toLocaleTimeString() : ""}: what is shown is the last state seen`);
   if (rates?.slow) alarms.push(`${rates.slow} slow subscribers disconnected`);
-  for (const w of wfs.data?.items || []) if ((w.states.failed || 0) > 0) alarms.push(`${w.workflow}: ${w.states.failed} failed task instances`);
+  for (const w of wfs.data?.items || []) {
+    if ((w.states.failed || 0) > 0) alarms.push(`${w.workflow}: ${w.states.failed} failed task instances`);
+    if ((w.states.recovering || 0) > 0) alarms.push(`${w.workflow}: ${w.states.recovering} task instances recovering (a restart or migration under way)`);
+  }
+  if (expired.data?.total > 0) alarms.push(`${expired.data.total} actions no engine answered (Actions page, status expired)`);
   return html`<section>
     <h2>Overview</h2>
     <${ErrorLine} error=${err} />
@@ -158,10 +167,10 @@ function Overview() {
     <h3>Workflows</h3>
     <${ErrorLine} error=${wfs.error} />
     <div class="scroll"><table>
-      <thead><tr><th>Workflow</th><th>Events</th><th>Pending</th><th>Running</th><th>Completed</th><th>Failed</th><th>Anomalies</th><th>Last event</th></tr></thead>
+      <thead><tr><th>Workflow</th><th>Events</th><th>Pending</th><th>Running</th><th>Recovering</th><th>Completed</th><th>Failed</th><th>Anomalies</th><th>Last event</th></tr></thead>
       <tbody>${(wfs.data?.items || []).map((w) => html`<tr>
         <td><a href="#/tasks?workflow=${encodeURIComponent(w.workflow)}">${w.workflow}</a></td><td>${fmtNum(w.events)}</td>
-        <td>${w.states.pending || 0}</td><td>${w.states.running || 0}</td><td>${w.states.completed || 0}</td>
+        <td>${w.states.pending || 0}</td><td>${w.states.running || 0}</td><td>${w.states.recovering || 0}</td><td>${w.states.completed || 0}</td>
         <td>${w.states.failed || 0}</td><td>${w.anomalies}</td><td>${fmtTime(w.last_us)}</td></tr>`)}</tbody>
     </table></div>
   </section>`;
@@ -729,6 +738,7 @@ function App() {
     if (!signedIn) return;
     return followChanges((c) => changeListeners.forEach((f) => f(c)), (s) => {
       setLive(s);
+      relayDown.since = s === "live" ? null : relayDown.since ?? Date.now();
       if (s.startsWith("refused")) {
         token.clear();
         setRefusal(s.slice(9));
@@ -748,6 +758,9 @@ function App() {
       <button onClick=${() => setTheme(theme === "dark" ? "light" : "dark")} aria-label="Switch dark or light">${theme === "dark" ? "Light" : "Dark"}</button>
       <button onClick=${() => { token.clear(); setSignedIn(false); }}>Sign out</button>
     </header>
+    ${live && live !== "live" && relayDown.since && html`<p class="banner warn" role="alert" id="relay-down">The relay cannot be reached since
+      ${" " + new Date(relayDown.since).toLocaleTimeString()}: the pages show the last state they saw (a run whose relay was embedded
+      has ended: open it again with <code>diaspora run --serve</code>).</p>`}
     <main><${Page} key=${page} /></main>
   </div>`;
 }

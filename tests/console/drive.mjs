@@ -158,7 +158,10 @@ try {
     out.before = await page.$$eval("table.tasks tbody tr", (r) => r.map((x) => x.dataset.task));
     console.log(JSON.stringify({ ready: true }));  // the test restarts the relay now
     await page.waitForSelector(".live.off", { timeout: 20_000 });
+    out.banner = await page.textContent("#relay-down").catch(() => null);  // drawn with the indicator
+    out.during = await page.$$eval("table.tasks tbody tr", (r) => r.map((x) => x.dataset.task));
     await page.waitForSelector(".live.on", { timeout: 30_000 });
+    out.banner_after = await page.$("#relay-down").then((e) => !!e);
     await page.waitForSelector(`tr[data-task="${args.expect}"]`, { timeout: 20_000 });
     out.after = await page.$$eval("table.tasks tbody tr", (r) => r.map((x) => x.dataset.task));
   } else if (scenario === "shots") {

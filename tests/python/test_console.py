@@ -255,6 +255,9 @@ def test_the_page_survives_a_relay_restart(env):
 
     r = drive("reconnect", relay, creds.token("admin"), on_line=restart, workflow="rs", expect="r.9")
     assert r["before"] == ["r.0"] and r["after"] == ["r.0", "r.9"], r
+    # While the relay was away the page said so and kept the last state it saw.
+    assert r["banner"] and "The relay cannot be reached since" in r["banner"], r
+    assert r["during"] == ["r.0"] and not r["banner_after"], r
 
 
 def test_a_site_drained_in_the_page_starts_nothing_new_until_undrained(env):
