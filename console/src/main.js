@@ -600,6 +600,14 @@ function SiteDialog({ site, drain, onClose }) {
   </dialog>`;
 }
 
+// What a site's badge says: its engine's report, unless the health the views measure
+// disagrees (an engine that says "up" while everything there fails is not up to an
+// operator): under 0.3 failing, under 0.7 degraded (docs/console.md).
+function siteCondition(s) {
+  if (s.state !== "up") return s.state;
+  return s.health < 0.3 ? "failing" : s.health < 0.7 ? "degraded" : "up";
+}
+
 function Sites() {
   const tick = useChanges((c) => c.view === "sites");
   const wf = query().get("workflow");
@@ -609,7 +617,7 @@ function Sites() {
     <h2>Sites</h2>
     <${ErrorLine} error=${sites.error} />
     ${(sites.data?.items || []).map((s) => html`<article class="site" data-site=${s.site}>
-      <h3>${s.workflow} / ${s.site} <span class=${"state " + s.state}>${s.state}</span>
+      <h3>${s.workflow} / ${s.site} <span class=${"state " + siteCondition(s)} title=${`reported ${s.state}; health ${fmtNum(s.health, 2)}`}>${siteCondition(s)}</span>
         ${s.drained && html` <span class="state drained">drained</span>`}
         <button class="act" onClick=${() => setActing({ site: s, drain: !s.drained })}>${s.drained ? "Undrain…" : "Drain…"}</button></h3>
       <p>${`Health ${fmtNum(s.health, 2)} · ${fmtNum(s.rate * 60, 1)} completions/min · failure rate ${fmtNum(s.failure_rate, 2)} · ` +

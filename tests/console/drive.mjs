@@ -188,6 +188,12 @@ try {
       stops.push(await page.evaluate(() => document.activeElement?.textContent?.trim() || document.activeElement?.tagName));
     }
     out.tab_stops = stops;
+  } else if (scenario === "sites") {
+    await signIn();
+    await page.waitForSelector("header nav");
+    await go(`#/sites?workflow=${args.workflow}`);
+    await page.waitForSelector("h3 span.state");
+    out.badges = await page.$$eval("h3 span.state", (b) => b.map((x) => ({ text: x.textContent, title: x.title, heading: x.parentElement.textContent })));
   } else if (scenario === "task") {
     // A task's detail panel, opened from the list, then again from its URL.
     await signIn();

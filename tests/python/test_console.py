@@ -185,6 +185,25 @@ def test_an_action_on_a_finished_task_of_an_ended_run_is_warned_about_before_and
     assert "but no engine is subscribed to fin.control.edge" in r["result"], r
 
 
+def test_a_site_its_engine_calls_up_while_everything_there_fails_is_shown_failing(env):
+    creds, relay, _ = env
+    pub = creds.token("publish:*", "subscribe:*")
+    src = "/diaspora/sick/edge"
+    evs = [event("s-up", source=src, type_="org.diaspora.resource.status",
+                 data={"resource_id": "site/a", "kind": "site", "state": "up", "site": "a"})]
+    for i in range(12):
+        evs += [event(f"s{i}", source=src, type_="org.diaspora.task.started", data={"task_id": f"t.{i}", "site": "a", "attempt": 1}),
+                event(f"f{i}", source=src, type_="org.diaspora.task.failed",
+                      data={"task_id": f"t.{i}", "site": "a", "attempt": 1, "reason": "segfault"})]
+    publish_events(relay, pub, "sick.events", evs)
+    site = wait_until(lambda: [s for s in json.loads(https_get(relay, "/api/v1/views/sites?workflow=sick", creds.token("admin")))["items"]
+                               if s["health"] < 0.3], 20, "the views' health falling")[0]
+    assert site["state"] == "up", site  # what the engine said
+    r = drive("sites", relay, creds.token("admin"), workflow="sick")
+    (badge,) = [b for b in r["badges"] if b["heading"].startswith("sick / a") and "health" in b["title"]]
+    assert badge["text"] == "failing" and "reported up" in badge["title"], r["badges"]
+
+
 def test_a_task_opens_in_a_panel_with_its_attempts_incident_and_events(env):
     creds, relay, _ = env
     pub = creds.token("publish:*", "subscribe:*")
