@@ -400,6 +400,10 @@ function Timeline({ tasks, actions }) {
       ${actions.filter((x) => x.site === site || x.target_site === site).map((x) => html`<span class="mark action" style=${{ left: pos(x.requested_us) }}
         title=${`${x.action} ${x.task_id} (${x.origin}): ${x.reason}`}>▲</span>`)}
     </div></div>`)}
+    <div class="lane axis" aria-hidden="true"><span class="lane-name">time</span><div class="axis-track">
+      ${[0, 0.25, 0.5, 0.75, 1].map((f) => html`<span class="tick" style=${{ left: `${100 * f}%` }}>${
+        new Date((rows.t0 + f * (rows.t1 - rows.t0)) / 1000).toLocaleTimeString()}${f > 0 ? ` (+${fmtNum((f * (rows.t1 - rows.t0)) / 1e6, 0)} s)` : ""}</span>`)}
+    </div></div>
     <p class="legend"><span class="bar completed"></span> completed <span class="bar failed"></span> failed
       <span class="bar running"></span> running <span class="bar cancelled"></span> stopped ◆ anomaly ▲ action</p>
   </div>`;
@@ -563,7 +567,9 @@ function ScoreChart({ site }) {
       scales: { x: { time: true, range: span(rows.map((r) => r.t), 30) }, y: { range: [0, 1.02] } },
       axes: [axis, axis],
       series: [{},
-        { label: "health", stroke: "#2b8a3e", width: 2, spanGaps: true },
+        // Health holds its value until the next change the views recorded: steps, not slopes
+        // (a straight line between two sparse points drew recoveries that did not happen).
+        { label: "health", stroke: "#2b8a3e", width: 2, spanGaps: true, paths: uPlot.paths.stepped({ align: 1 }) },
         { label: "anomaly score", stroke: "#d9480f", width: 0, points: { show: true, size: 7, fill: "#d9480f" } },
         { label: "policy threshold", stroke: "#868e96", dash: [6, 4], width: 1.5, spanGaps: true, paths: uPlot.paths.stepped({ align: 1 }) },
         { label: "forecast crossing", stroke: "#1971c2", width: 0, points: { show: true, size: 9, fill: "#1971c2" } }],

@@ -246,6 +246,7 @@ faults:
     assert p.returncode == 0, p.stdout + p.stderr
     r = drive("timeline", relay, creds.token("admin"), workflow="mig")
     assert r["lanes"] == ["a", "b"], r
+    assert len(r["ticks"]) == 5 and "(+" in r["ticks"][-1], r["ticks"]  # a time axis under the lanes
     # A migration stops the running attempt and reports it failed (retryable), the next
     # attempt queued by the action (runner/src/actions.cpp): never "cancelled".
     assert any("burn.0 attempt 1: failed" in b for b in r["bars"]), r["bars"]
