@@ -660,17 +660,59 @@ function Actions() {
   </section>`;
 }
 
+// Resets a consumer group's committed offset on a topic (admin; POST /api/v1/groups/{group}/reset):
+// to an offset, the start, the end, or the first event appended at a time.
+function ResetDialog({ group, onClose }) {
+  const [to, setTo] = useState("offset");
+  const [value, setValue] = useState(String(group.offset));
+  const [result, setResult] = useState(null);
+  const ref = useRef();
+  useEffect(() => ref.current?.showModal?.(), []);
+  async function confirm(e) {
+    e.preventDefault();
+    const body = { topic: group.topic };
+    if (to === "time") body.time = new Date(value).toISOString();
+    else body.offset = to === "offset" ? Number(value) : to;
+    try {
+      const r = await api(`/api/v1/groups/${encodeURIComponent(group.group)}/reset`, { method: "POST", body });
+      setResult({ ok: true, text: `${r.group} now reads ${r.topic} from offset ${r.offset} (was ${r.previous ?? "none"})` });
+    } catch (err) {
+      setResult({ ok: false, text: err.message });
+    }
+  }
+  return html`<dialog ref=${ref} class="action-dialog" onClose=${onClose}>
+    <form onSubmit=${confirm}>
+      <h3>Reset ${group.group} on ${group.topic}</h3>
+      <p>Its next session starts there. A member reading now commits over it: stop the group's consumers first.</p>
+      <label>To <select name="reset-to" value=${to} onChange=${(e) => setTo(e.target.value)}>
+        <option value="offset">an offset</option><option value="earliest">the start</option>
+        <option value="latest">the end</option><option value="time">a time</option></select></label>
+      ${to === "offset" && html`<label>Offset <input name="reset-offset" inputmode="numeric" value=${value} onInput=${(e) => setValue(e.target.value)} /></label>`}
+      ${to === "time" && html`<label>Time <input name="reset-time" type="datetime-local" step="1" onInput=${(e) => setValue(e.target.value)} /></label>`}
+      <div class="buttons">
+        <button type="submit" class="danger">Reset</button>
+        <button type="button" onClick=${() => ref.current.close()}>Close</button>
+      </div>
+      ${result && html`<p class=${result.ok ? "ok" : "error"} role="status" id="reset-result">${result.text}</p>`}
+    </form>
+  </dialog>`;
+}
+
 function Consumers() {
   const tick = useChanges(() => true);
   const groups = useLoad(() => view("consumers", { limit: 1000 }), [tick]);
+  const [resetting, setResetting] = useState(null);
+  const admin = (token.claims()?.scope || []).includes("admin");
   return html`<section>
     <h2>Consumer groups</h2>
     <${ErrorLine} error=${groups.error} />
     <div class="scroll"><table>
-      <thead><tr><th>Group</th><th>Topic</th><th>Committed</th><th>End</th><th>Lag</th></tr></thead>
-      <tbody>${(groups.data?.items || []).map((g) => html`<tr><td>${g.group}</td><td>${g.topic}</td>
-        <td>${fmtNum(g.offset)}</td><td>${fmtNum(g.end)}</td><td>${fmtNum(g.lag)}</td></tr>`)}</tbody>
+      <thead><tr><th>Group</th><th>Topic</th><th>Committed</th><th>End</th><th>Lag</th><th></th></tr></thead>
+      <tbody>${(groups.data?.items || []).map((g) => html`<tr data-group=${g.group + "/" + g.topic}><td>${g.group}</td><td>${g.topic}</td>
+        <td>${fmtNum(g.offset)}</td><td>${fmtNum(g.end)}</td><td>${fmtNum(g.lag)}</td>
+        <td>${admin && html`<button onClick=${() => setResetting(g)} aria-label=${`Reset ${g.group} on ${g.topic}`}>Reset…</button>`}</td></tr>`)}</tbody>
     </table></div>
+    ${resetting && html`<${ResetDialog} group=${resetting} onClose=${() => setResetting(null)} />`}
   </section>`;
 }
 

@@ -276,6 +276,54 @@ std::variant<HttpReply, OperatorAction> prepare_operator_action(std::string_view
   return a;
 }
 
+std::variant<HttpReply, GroupReset> prepare_group_reset(std::string_view path, std::string_view body,
+                                                        const std::optional<std::string>& bearer, const ApiContext& ctx) {
+  auto verified = verify_bearer(bearer, ctx, "a bearer token with the admin scope is required");
+  if (auto* refusal = std::get_if<HttpReply>(&verified)) return *refusal;
+  const TokenClaims& claims = std::get<TokenClaims>(verified);
+  if (std::find(claims.scopes.begin(), claims.scopes.end(), "admin") == claims.scopes.end()) {
+    ctx.metrics.refused_auth++;
+    return json_error(403, "forbidden", "token of '" + claims.subject + "' lacks the 'admin' scope a group reset needs");
+  }
+  constexpr std::string_view prefix = "/api/v1/groups/", suffix = "/reset";
+  GroupReset g;
+  g.group = std::string(path.substr(prefix.size(), path.size() - prefix.size() - suffix.size()));
+  if (!valid_topic_name(g.group)) return json_error(400, "bad_request", "the group name must be 1-200 characters of [A-Za-z0-9._-]");
+  boost::system::error_code ec;
+  json::value v = json::parse(body, ec);
+  if (ec || !v.is_object()) return json_error(400, "bad_request", "the body must be a JSON object: {\"topic\", \"offset\" or \"time\"}");
+  const json::object& o = v.get_object();
+  for (const auto& [k, x] : o)
+    if (k != "topic" && k != "offset" && k != "time")
+      return json_error(400, "bad_request", "unknown field '" + std::string(k) + "' (known: topic, offset, time)");
+  const json::value* t = o.if_contains("topic");
+  if (!t || !t->is_string() || !valid_topic_name(t->get_string()))
+    return json_error(400, "bad_request", "'topic' is required: a topic name");
+  g.topic = std::string(t->get_string());
+  auto info = ctx.store.info(g.topic);
+  if (!info) return json_error(404, "not_found", "no topic '" + g.topic + "'");
+  const json::value* off = o.if_contains("offset");
+  const json::value* time = o.if_contains("time");
+  if ((off == nullptr) == (time == nullptr)) return json_error(400, "bad_request", "give one of 'offset' and 'time'");
+  if (time) {
+    auto us = time->is_string() ? parse_rfc3339_us(time->get_string()) : std::nullopt;
+    if (!us) return json_error(400, "bad_request", "'time' must be an RFC 3339 time (2026-12-06T10:00:00Z)");
+    g.offset = ctx.store.offset_at_time(g.topic, *us);
+  } else if (off->is_string() && (off->get_string() == "earliest" || off->get_string() == "latest")) {
+    g.offset = off->get_string() == "earliest" ? info->first_offset : info->next_offset;
+  } else if (off->is_uint64() || (off->is_int64() && off->get_int64() >= 0)) {
+    g.offset = off->to_number<std::uint64_t>();
+    if (g.offset < info->first_offset || g.offset > info->next_offset)
+      return json_error(400, "bad_request", "offset " + std::to_string(g.offset) + " is outside what '" + g.topic +
+                                                "' holds: " + std::to_string(info->first_offset) + " to " +
+                                                std::to_string(info->next_offset) + " (its end)");
+  } else {
+    return json_error(400, "bad_request", "'offset' must be a non-negative number, \"earliest\" or \"latest\"");
+  }
+  g.previous = ctx.store.group_offset(g.group, g.topic);
+  return g;
+}
+
 Target parse_target(std::string_view t) {
   Target out;
   auto q = t.find('?');

@@ -4,6 +4,7 @@
 // reads the store and updates the metrics, both safe from any thread.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -72,6 +73,22 @@ struct OperatorAction {
 std::variant<HttpReply, OperatorAction> prepare_operator_action(std::string_view body,
                                                                 const std::optional<std::string>& bearer,
                                                                 const ApiContext& ctx);
+
+/// POST /api/v1/groups/{group}/reset: an admin sets a consumer group's committed offset on a
+/// topic (docs/protocol.md, "Resetting a consumer group").
+struct GroupReset {
+  std::string group, topic;
+  std::uint64_t offset = 0;                 ///< the next offset the group reads
+  std::optional<std::uint64_t> previous;    ///< its committed offset before, if any
+};
+
+/// Checks the token (admin; 401/403), the group name and the JSON body ({"topic", and one of
+/// "offset" (a number, "earliest" or "latest") or "time" (RFC 3339: the first event
+/// appended at or after it)}; 400 naming the field; 404 for an unknown topic; an offset
+/// outside the topic's retained range is 400 saying the range), and returns what to commit.
+/// Any thread.
+std::variant<HttpReply, GroupReset> prepare_group_reset(std::string_view path, std::string_view body,
+                                                        const std::optional<std::string>& bearer, const ApiContext& ctx);
 
 /// The security headers every console response carries (Content-Security-Policy that
 /// allows only this origin and no inline script, nosniff, no referrer, no framing).

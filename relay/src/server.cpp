@@ -912,6 +912,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       return stream_views(std::move(req));
     if (req.method() == http::verb::post && relay::parse_target(req.target()).path == "/api/v1/actions")
       return post_action(std::move(req));
+    if (const std::string path = relay::parse_target(req.target()).path;
+        req.method() == http::verb::post && path.starts_with("/api/v1/groups/") && path.ends_with("/reset") &&
+        path.size() > std::string_view("/api/v1/groups//reset").size())
+      return post_group_reset(std::move(req), path);
     handle(std::move(req));
   }
 
@@ -1096,6 +1100,36 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
           answer["warning"] = "no engine is subscribed to " + a->topic +
                               " now: nothing will carry the action out unless one subscribes (has the run ended?)";
         self->respond(*keep, http::status::accepted, "application/json", json::serialize(answer) + "\n");
+      });
+    });
+  }
+
+  // POST /api/v1/groups/{group}/reset: an admin sets a group's committed offset; committed
+  // (two fsyncs) on the commits thread like a member's commit, answered once durable.
+  void post_group_reset(http::request<http::string_body> req, const std::string& path) {
+    auto prepared = relay::prepare_group_reset(path, req.body(), bearer_of(req), api_context());
+    if (auto* refusal = std::get_if<relay::HttpReply>(&prepared))
+      return respond(req, static_cast<http::status>(refusal->status), refusal->content_type, std::move(refusal->body),
+                     refusal->challenge);
+    auto g = std::make_shared<relay::GroupReset>(std::get<relay::GroupReset>(std::move(prepared)));
+    auto keep = std::make_shared<http::request<http::string_body>>(std::move(req));
+    net::post(*relay_->commits, [self = shared_from_this(), g, keep] {
+      std::string error, code = "storage_error";
+      try {
+        self->relay_->store->commit_group_offset(g->group, g->topic, g->offset);
+      } catch (const relay::GroupLimitError& e) {
+        error = e.what();
+        code = "too_many_groups";
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      net::post(self->stream_.get_executor(), [self, g, keep, error = std::move(error), code = std::move(code)] {
+        if (!error.empty())
+          return self->respond(*keep, code == "too_many_groups" ? http::status::conflict : http::status::service_unavailable,
+                               "application/json", json::serialize(json::object{{"error", code}, {"message", error}}) + "\n");
+        json::object answer{{"group", g->group}, {"topic", g->topic}, {"offset", g->offset}};
+        answer["previous"] = g->previous ? json::value(*g->previous) : json::value(nullptr);
+        self->respond(*keep, http::status::ok, "application/json", json::serialize(answer) + "\n");
       });
     });
   }

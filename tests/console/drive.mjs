@@ -189,6 +189,16 @@ try {
       stops.push(await page.evaluate(() => document.activeElement?.textContent?.trim() || document.activeElement?.tagName));
     }
     out.tab_stops = stops;
+  } else if (scenario === "reset") {
+    // An admin resets a consumer group from the Consumers page.
+    await signIn();
+    await page.waitForSelector("header nav");
+    await go("#/consumers");
+    await page.click(`tr[data-group="${args.group}/${args.topic}"] button`);
+    await page.selectOption("dialog select[name=reset-to]", "offset");
+    await page.fill("dialog input[name=reset-offset]", String(args.offset));
+    await page.click("dialog button[type=submit]");
+    out.result = await (await page.waitForSelector("#reset-result")).textContent();
   } else if (scenario === "sites") {
     await signIn();
     await page.waitForSelector("header nav");

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 import run_harness as rn
-from relay_harness import (BIN, Credentials, RelayProcess, event, free_port, https_get, publish_events,
-                           wait_until, write_spec)
+from relay_harness import (BIN, Credentials, RelayProcess, event, free_port, https_get, publish_events, request, run,
+                           session, wait_until, write_spec)
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVE = ROOT / "tests" / "console" / "drive.mjs"
@@ -202,6 +202,21 @@ def test_a_site_its_engine_calls_up_while_everything_there_fails_is_shown_failin
     r = drive("sites", relay, creds.token("admin"), workflow="sick")
     (badge,) = [b for b in r["badges"] if b["heading"].startswith("sick / a") and "health" in b["title"]]
     assert badge["text"] == "failing" and "reported up" in badge["title"], r["badges"]
+
+
+def test_an_admin_resets_a_consumer_group_from_the_consumers_page(env):
+    creds, relay, _ = env
+    pub = creds.token("publish:*", "subscribe:*")
+    publish_events(relay, pub, "cg.events", [event(f"c{i}") for i in range(8)])
+
+    async def commit():
+        ws = await session(relay, pub)
+        await request(ws, {"op": "commit", "group": "readers", "topic": "cg.events", "offset": 8})
+    run(commit())
+    r = drive("reset", relay, creds.token("admin"), group="readers", topic="cg.events", offset=3)
+    assert r["result"] == "readers now reads cg.events from offset 3 (was 8)", r
+    groups = json.loads(https_get(relay, "/api/v1/topics/cg.events", creds.token("admin")))["groups"]
+    assert groups == [{"group": "readers", "offset": 3, "lag": 5}], groups
 
 
 def test_a_task_opens_in_a_panel_with_its_attempts_incident_and_events(env):

@@ -14,7 +14,7 @@ import pytest
 import websockets
 
 from relay_harness import (DIASPORA, TIMEOUT, Credentials, RelayProcess, collect_all, connect, event, https_get,
-                           https_status, metric, recv, request, run, session, sh, wait_until)
+                           https_post, https_status, metric, recv, request, run, session, sh, wait_until)
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +151,49 @@ def test_consumer_group_resumes_where_it_committed(relay, creds):
         body = https_get(relay, "/api/v1/topics/g", admin(creds))
         assert json.loads(body)["groups"] == [{"group": "console", "offset": 4, "lag": 6}]
     run(go())
+
+
+def test_an_admin_resets_a_consumer_group_to_an_offset_or_a_time(relay, creds):
+    """POST /api/v1/groups/{group}/reset (admin): the group's next session starts where the
+    reset put it; by time, at the first event appended then; refusals name what is wrong."""
+    async def publish_two_batches():
+        ws = await session(relay, admin(creds))
+        await publish(ws, "rg", 0, [event(i) for i in range(6)])
+        await asyncio.sleep(1.1)
+        cut = time.time() - 0.5
+        await publish(ws, "rg", 1, [event(i) for i in range(6, 10)])
+        c1 = await session(relay, admin(creds))
+        await request(c1, {"op": "subscribe", "id": "s", "topic": "rg", "from": "earliest", "group": "ops"})
+        await collect(c1, 10)
+        await request(c1, {"op": "commit", "group": "ops", "topic": "rg", "offset": 10})
+        return cut
+    cut = run(publish_two_batches())
+
+    async def next_session_starts():
+        c = await session(relay, admin(creds))
+        r = await request(c, {"op": "subscribe", "id": "s", "topic": "rg", "from": "latest", "group": "ops"})
+        return r["offsets"]["rg"], [o for _, o, _ in await collect(c, 1)][:1] if r["offsets"]["rg"] < 10 else []
+
+    status, body = https_post(relay, "/api/v1/groups/ops/reset", {"topic": "rg", "offset": 2}, admin(creds))
+    assert status == 200 and body == {"group": "ops", "topic": "rg", "offset": 2, "previous": 10}, body
+    assert run(next_session_starts()) == (2, [2])
+    stamp = datetime.datetime.fromtimestamp(cut, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+    status, body = https_post(relay, "/api/v1/groups/ops/reset", {"topic": "rg", "time": stamp}, admin(creds))
+    assert status == 200 and body["offset"] == 6 and body["previous"] == 2, body
+    assert run(next_session_starts()) == (6, [6])
+    assert https_post(relay, "/api/v1/groups/ops/reset", {"topic": "rg", "offset": "latest"}, admin(creds))[1]["offset"] == 10
+    assert json.loads(https_get(relay, "/api/v1/topics/rg", admin(creds)))["groups"] == [{"group": "ops", "offset": 10, "lag": 0}]
+    for body, status, says in (({"topic": "rg", "offset": 11}, 400, "outside what 'rg' holds: 0 to 10"),
+                               ({"topic": "rg"}, 400, "one of 'offset' and 'time'"),
+                               ({"topic": "rg", "offset": 1, "time": stamp}, 400, "one of 'offset' and 'time'"),
+                               ({"topic": "rg", "time": "noon"}, 400, "'time' must be an RFC 3339 time"),
+                               ({"topic": "rg", "offset": -1}, 400, "non-negative"),
+                               ({"topic": "rg", "offset": 1, "colour": "red"}, 400, "unknown field 'colour'"),
+                               ({"topic": "nope", "offset": 0}, 404, "no topic 'nope'")):
+        got = https_post(relay, "/api/v1/groups/ops/reset", body, admin(creds))
+        assert got[0] == status and says in got[1]["message"], (body, got)
+    assert https_post(relay, "/api/v1/groups/ops/reset", {"topic": "rg", "offset": 0}, creds.token("subscribe:*"))[0] == 403
+    assert https_post(relay, "/api/v1/groups/ops/reset", {"topic": "rg", "offset": 0}, None)[0] == 401
 
 
 # ---- idempotence ------------------------------------------------------------------------
