@@ -220,6 +220,29 @@ function passes(e, b) {
     (!b.subject || has(e.event.subject, b.subject)) && (!b.q || has(JSON.stringify(e.event), b.q));
 }
 
+// Publishes a stored event again (POST /api/v1/topics/{to}/republish): under a new id and a
+// source naming the operator, to its own topic or another.
+function Republish({ topic, offset }) {
+  const [open, setOpen] = useState(false);
+  const [to, setTo] = useState(topic);
+  const [result, setResult] = useState(null);
+  async function send(e) {
+    e.preventDefault();
+    try {
+      const r = await api(`/api/v1/topics/${encodeURIComponent(to)}/republish`, { method: "POST", body: { from_topic: topic, offset } });
+      setResult({ ok: true, text: `Published again as ${r.id}, offset ${r.offset} of ${r.topic}` });
+    } catch (err) {
+      setResult({ ok: false, text: err.message });
+    }
+  }
+  if (!open) return html`<button onClick=${() => setOpen(true)}>Publish again…</button>`;
+  return html`<form class="filters republish" onSubmit=${send}>
+    <label>To topic <input name="republish-to" value=${to} onInput=${(e) => setTo(e.target.value)} /></label>
+    <button type="submit" class="danger">Publish under a new id</button>
+    ${result && html`<span class=${result.ok ? "ok" : "error"} role="status" id="republish-result">${result.text}</span>`}
+  </form>`;
+}
+
 function Topics() {
   const list = useLoad(() => api("/api/v1/topics"), []);
   const [b, setB] = useState(browseFromUrl);
@@ -317,7 +340,9 @@ function Topics() {
           <td>${e.offset}</td><td>${e.event.type}</td><td>${e.event.source}</td><td>${e.event.subject || ""}</td><td>${e.event.time || ""}</td></tr>`)}</tbody>
       </table></div>
       ${detail && html`<aside class="detail" aria-label="Event detail"><h4>Event ${detail.offset}</h4>
-        <button autofocus onClick=${() => setDetail(null)}>Close</button><pre id="event-detail">${JSON.stringify(detail.event, null, 2)}</pre></aside>`}
+        <button autofocus onClick=${() => setDetail(null)}>Close</button>
+        <${Republish} topic=${b.topic} offset=${detail.offset} key=${detail.offset} />
+        <pre id="event-detail">${JSON.stringify(detail.event, null, 2)}</pre></aside>`}
     </div>`}
   </section>`;
 }

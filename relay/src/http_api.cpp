@@ -276,6 +276,65 @@ std::variant<HttpReply, OperatorAction> prepare_operator_action(std::string_view
   return a;
 }
 
+std::variant<HttpReply, OperatorAction> prepare_republish(std::string_view path, std::string_view body,
+                                                          const std::optional<std::string>& bearer, const ApiContext& ctx) {
+  auto verified = verify_bearer(bearer, ctx, "a bearer token is required (admin, or publish on the topic and subscribe on the source)");
+  if (auto* refusal = std::get_if<HttpReply>(&verified)) return *refusal;
+  const TokenClaims& claims = std::get<TokenClaims>(verified);
+  constexpr std::string_view prefix = "/api/v1/topics/", suffix = "/republish";
+  const std::string topic(path.substr(prefix.size(), path.size() - prefix.size() - suffix.size()));
+  if (!valid_topic_name(topic)) return json_error(400, "bad_request", "the topic name must be 1-200 characters of [A-Za-z0-9._-]");
+  boost::system::error_code ec;
+  json::value v = json::parse(body, ec);
+  if (ec || !v.is_object()) return json_error(400, "bad_request", "the body must be a JSON object: {\"offset\", \"from_topic\"}");
+  const json::object& o = v.get_object();
+  for (const auto& [k, x] : o)
+    if (k != "offset" && k != "from_topic")
+      return json_error(400, "bad_request", "unknown field '" + std::string(k) + "' (known: offset, from_topic)");
+  std::string from = topic;
+  if (const json::value* f = o.if_contains("from_topic")) {
+    if (!f->is_string() || !valid_topic_name(f->get_string())) return json_error(400, "bad_request", "'from_topic' must be a topic name");
+    from = std::string(f->get_string());
+  }
+  const json::value* off = o.if_contains("offset");
+  if (!off || !(off->is_uint64() || (off->is_int64() && off->get_int64() >= 0)))
+    return json_error(400, "bad_request", "'offset' is required: the offset of the event to publish again");
+  const bool admin = std::find(claims.scopes.begin(), claims.scopes.end(), "admin") != claims.scopes.end();
+  if (!admin && !(scopes_allow(claims.scopes, "publish", topic) && scopes_allow(claims.scopes, "subscribe", from))) {
+    ctx.metrics.refused_auth++;
+    return json_error(403, "forbidden", "token of '" + claims.subject + "' may not republish from '" + from + "' to '" + topic +
+                                            "' (it needs admin, or publish:" + topic + " and subscribe:" + from + ")");
+  }
+  const std::uint64_t offset = off->to_number<std::uint64_t>();
+  auto recs = ctx.store.read(from, offset, 1, 64u << 20);
+  if (recs.empty() || recs.front().offset != offset)
+    return json_error(404, "not_found", "nothing is stored at offset " + std::to_string(offset) + " of '" + from + "' (it holds " +
+                                            std::to_string(ctx.store.first_offset(from)) + " to " +
+                                            std::to_string(ctx.store.committed_offset(from)) + ", its end)");
+  json::value stored = json::parse(recs.front().payload, ec);
+  if (ec || !stored.is_object()) return json_error(500, "storage_error", "the stored event does not parse");
+  json::object ev = std::move(stored.get_object());
+  std::string who = claims.subject;
+  for (char& c : who)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '_';
+  OperatorAction a;
+  a.action_id = make_uuid();
+  a.topic = topic;
+  ev["originalid"] = ev["id"];
+  ev["originalsource"] = ev["source"];
+  ev["republishedfrom"] = from + "/" + std::to_string(offset);
+  ev["id"] = a.action_id;
+  ev["source"] = "/diaspora/console/" + who;
+  a.payload = json::serialize(ev);
+  try {
+    (void)decode_event(a.payload);  // still a valid CloudEvent
+  } catch (const std::exception& e) {
+    return json_error(500, "internal_error", std::string("the copy is not a valid event: ") + e.what());
+  }
+  a.dedupe_key = std::string(ev["source"].get_string()) + '\x1f' + a.action_id;
+  return a;
+}
+
 std::variant<HttpReply, GroupReset> prepare_group_reset(std::string_view path, std::string_view body,
                                                         const std::optional<std::string>& bearer, const ApiContext& ctx) {
   auto verified = verify_bearer(bearer, ctx, "a bearer token with the admin scope is required");

@@ -74,6 +74,16 @@ std::variant<HttpReply, OperatorAction> prepare_operator_action(std::string_view
                                                                 const std::optional<std::string>& bearer,
                                                                 const ApiContext& ctx);
 
+/// POST /api/v1/topics/{topic}/republish: the event stored at {"offset"} of {"from_topic"}
+/// (default: the same topic) again, under a new id and a source naming who asked
+/// (/diaspora/console/<subject>), with extension attributes republishedfrom
+/// ("<topic>/<offset>"), originalid and originalsource. Checks the token (admin, or publish
+/// on the topic and subscribe on from_topic; 401/403) and the body (400 naming the field;
+/// 404 when nothing is stored at that offset, saying the retained range). Returned as an
+/// OperatorAction (topic, payload, dedupe key; action_id is the new event's id). Any thread.
+std::variant<HttpReply, OperatorAction> prepare_republish(std::string_view path, std::string_view body,
+                                                          const std::optional<std::string>& bearer, const ApiContext& ctx);
+
 /// POST /api/v1/groups/{group}/reset: an admin sets a consumer group's committed offset on a
 /// topic (docs/protocol.md, "Resetting a consumer group").
 struct GroupReset {

@@ -916,6 +916,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
         req.method() == http::verb::post && path.starts_with("/api/v1/groups/") && path.ends_with("/reset") &&
         path.size() > std::string_view("/api/v1/groups//reset").size())
       return post_group_reset(std::move(req), path);
+    if (const std::string path = relay::parse_target(req.target()).path;
+        req.method() == http::verb::post && path.starts_with("/api/v1/topics/") && path.ends_with("/republish"))
+      return post_republish(std::move(req), path);
     handle(std::move(req));
   }
 
@@ -1079,27 +1082,45 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   // durable record of who asked what); answered 202 once it is durable.
   void post_action(http::request<http::string_body> req) {
     auto prepared = relay::prepare_operator_action(req.body(), bearer_of(req), api_context());
+    append_and_answer(std::move(req), std::move(prepared), [](Relay::Impl& impl, const relay::OperatorAction& a, std::uint64_t offset) {
+      // Who reads the control topic now (its engine; a console's tail of it counts too): an
+      // action to a run that ended, or whose engine is away, waits there for nobody, and
+      // the operator should know.
+      const std::int64_t readers = impl.metrics.subscribers(a.topic);
+      json::object answer{{"action_id", a.action_id}, {"topic", a.topic}, {"offset", offset}, {"subscribers", readers}};
+      if (readers == 0)
+        answer["warning"] = "no engine is subscribed to " + a.topic +
+                            " now: nothing will carry the action out unless one subscribes (has the run ended?)";
+      return answer;
+    });
+  }
+
+  // POST /api/v1/topics/{topic}/republish: a stored event again, under a new id (http_api.cpp).
+  void post_republish(http::request<http::string_body> req, const std::string& path) {
+    auto prepared = relay::prepare_republish(path, req.body(), bearer_of(req), api_context());
+    append_and_answer(std::move(req), std::move(prepared), [](Relay::Impl&, const relay::OperatorAction& a, std::uint64_t offset) {
+      return json::object{{"id", a.action_id}, {"topic", a.topic}, {"offset", offset}};
+    });
+  }
+
+  // Appends what an endpoint prepared (or answers its refusal), then answers 202 with
+  // answer(relay, what, offset) once it is durable, or 503 with the log's error.
+  template <class Answer>
+  void append_and_answer(http::request<http::string_body> req, std::variant<relay::HttpReply, relay::OperatorAction> prepared,
+                         Answer answer) {
     if (auto* refusal = std::get_if<relay::HttpReply>(&prepared))
       return respond(req, static_cast<http::status>(refusal->status), refusal->content_type, std::move(refusal->body),
                      refusal->challenge);
     auto a = std::make_shared<relay::OperatorAction>(std::get<relay::OperatorAction>(std::move(prepared)));
     auto keep = std::make_shared<http::request<http::string_body>>(std::move(req));
     std::vector<relay::AppendRecord> recs{{a->dedupe_key, a->payload}};
-    relay_->store->append(a->topic, "", 0, std::move(recs), [self = shared_from_this(), a, keep](const relay::AppendResult& r) {
-      net::post(self->stream_.get_executor(), [self, a, keep, r] {
+    relay_->store->append(a->topic, "", 0, std::move(recs), [self = shared_from_this(), a, keep, answer](const relay::AppendResult& r) {
+      net::post(self->stream_.get_executor(), [self, a, keep, r, answer] {
         if (!r.ok)
           return self->respond(*keep, http::status::service_unavailable, "application/json",
                                json::serialize(json::object{{"error", r.code}, {"message", r.error}}) + "\n");
-        // Who reads the control topic now (its engine; a console's tail of it counts too): an
-        // action to a run that ended, or whose engine is away, waits there for nobody, and
-        // the operator should know.
-        const std::int64_t readers = self->relay_->metrics.subscribers(a->topic);
-        json::object answer{{"action_id", a->action_id}, {"topic", a->topic}, {"offset", r.first_offset},
-                            {"subscribers", readers}};
-        if (readers == 0)
-          answer["warning"] = "no engine is subscribed to " + a->topic +
-                              " now: nothing will carry the action out unless one subscribes (has the run ended?)";
-        self->respond(*keep, http::status::accepted, "application/json", json::serialize(answer) + "\n");
+        self->respond(*keep, http::status::accepted, "application/json",
+                      json::serialize(answer(*self->relay_, *a, r.first_offset)) + "\n");
       });
     });
   }

@@ -263,6 +263,12 @@ try {
       await page.click("tr.event-row");
       const box = await (await page.waitForSelector(".detail")).boundingBox();
       out.detail_in_view = box.y >= 0 && box.y + 40 < 800;
+      if (args.republish_to) {
+        await page.click(".detail button:text('Publish again…')");
+        await page.fill("input[name=republish-to]", args.republish_to);
+        await page.click(".detail form.republish button[type=submit]");
+        out.republish = await (await page.waitForSelector("#republish-result")).textContent();
+      }
     }
   } else {
     out.error = `unknown scenario ${scenario}`;

@@ -369,7 +369,7 @@ def test_a_topic_is_browsed_from_its_start_searched_over_all_of_it_and_exported(
     creds, relay, _ = env
     pub = creds.token("publish:*", "subscribe:*")
     publish_events(relay, pub, "br.events", [event(f"b{i}", type_="org.example.b") for i in range(1200)])
-    r = drive("browse", relay, creds.token("admin"), topic="br.events", id="b1000")
+    r = drive("browse", relay, creds.token("admin"), topic="br.events", id="b1000", republish_to="br.again")
     assert r["start_offsets"] == list(range(100)) and "Scanned offsets 0–99 (100 records): 100 found" in r["start_status"], r
     assert r["newer_first"] == 100, r
     assert r["search_offsets"] == [1000] and "1 found" in r["search_status"], r
@@ -380,6 +380,10 @@ def test_a_topic_is_browsed_from_its_start_searched_over_all_of_it_and_exported(
     assert lines[0].startswith("offset,appended,time,id") and lines[1].startswith("1000,") and len(lines) == 2, lines
     assert r["detail_in_view"], r
     assert r["refused"] == [], r["refused"]
+    # The event opened, published again from its detail under a new id.
+    assert r["republish"].startswith("Published again as ") and "offset 0 of br.again" in r["republish"], r
+    copy = json.loads(https_get(relay, "/api/v1/topics/br.again/events?from=0", creds.token("admin")))["events"][0]["event"]
+    assert copy["originalid"] == "b1000" and copy["republishedfrom"] == "br.events/1000", copy
 
 
 def test_a_workflow_token_sees_its_own_topics_and_nothing_it_was_refused_is_asked_again(env):

@@ -196,6 +196,30 @@ def test_an_admin_resets_a_consumer_group_to_an_offset_or_a_time(relay, creds):
     assert https_post(relay, "/api/v1/groups/ops/reset", {"topic": "rg", "offset": 0}, None)[0] == 401
 
 
+def test_an_event_is_republished_under_a_new_id_naming_who_asked(relay, creds):
+    async def go():
+        ws = await session(relay, admin(creds))
+        await publish(ws, "rp.src", 0, [event(i, data={"n": i}) for i in range(3)])
+    run(go())
+    op = creds.token("publish:rp.dst", "subscribe:rp.src", subject="ops@site")
+    status, body = https_post(relay, "/api/v1/topics/rp.dst/republish", {"from_topic": "rp.src", "offset": 1}, op)
+    assert status == 202 and body["topic"] == "rp.dst" and body["offset"] == 0, body
+    (copy,) = [e for _, e in run(collect_all(relay, admin(creds), "rp.dst", 1))]
+    assert copy["id"] == body["id"] != "1" and copy["source"] == "/diaspora/console/ops_site", copy
+    assert (copy["originalid"], copy["originalsource"], copy["republishedfrom"]) == ("1", "/pytest", "rp.src/1"), copy
+    assert copy["data"] == {"n": 1} and copy["type"] == "org.example.test", copy
+    # The same topic by default; refusals name what is missing.
+    assert https_post(relay, "/api/v1/topics/rp.src/republish", {"offset": 0}, admin(creds))[0] == 202
+    status, body = https_post(relay, "/api/v1/topics/rp.src/republish", {"offset": 0}, op)
+    assert status == 403 and "publish:rp.src and subscribe:rp.src" in body["message"], body
+    status, body = https_post(relay, "/api/v1/topics/rp.dst/republish", {"from_topic": "rp.src", "offset": 9}, op)
+    assert status == 404 and "nothing is stored at offset 9 of 'rp.src' (it holds 0 to 4" in body["message"], body
+    for bad, says in (({}, "'offset' is required"), ({"offset": 0, "to": "x"}, "unknown field 'to'"),
+                      ({"offset": 0, "from_topic": "../etc"}, "'from_topic' must be a topic name")):
+        status, body = https_post(relay, "/api/v1/topics/rp.dst/republish", bad, op)
+        assert status == 400 and says in body["message"], (bad, body)
+
+
 # ---- idempotence ------------------------------------------------------------------------
 
 def test_duplicates_dropped_by_producer_seq_and_event_id_across_restart(relay, creds):
