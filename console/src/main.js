@@ -398,7 +398,10 @@ function ActionDialog({ task, sites, onClose }) {
   </dialog>`;
 }
 
-function Timeline({ tasks, actions }) {
+// A fault report that says the fault is over: the resource back up, or the fault's value 0.
+const faultEnded = (f) => f.state === "up" || f.value === 0;
+
+function Timeline({ tasks, actions, faults = [] }) {
   const rows = useMemo(() => {
     const by = new Map();
     let t0 = Infinity, t1 = 0;
@@ -412,8 +415,9 @@ function Timeline({ tasks, actions }) {
         by.get(a.site).push({ task: t, a, end });
       }
     for (const x of actions) t1 = Math.max(t1, x.requested_us);
+    for (const f of faults) if (by.has(f.site)) t1 = Math.max(t1, f.t_us);
     return { by: [...by.entries()].sort(), t0, t1: Math.max(t1, t0 + 1) };
-  }, [tasks, actions]);
+  }, [tasks, actions, faults]);
   if (!rows.by.length) return html`<p>No attempts yet.</p>`;
   const pos = (us) => `${(100 * (us - rows.t0)) / (rows.t1 - rows.t0)}%`;
   return html`<div class="timeline" aria-label="Attempts per site over time">
@@ -424,13 +428,15 @@ function Timeline({ tasks, actions }) {
         title=${`anomaly ${t.anomaly_score.toFixed(2)} on ${t.task_id}: ${t.anomaly_explanation}`}>◆</span>`)}
       ${actions.filter((x) => x.site === site || x.target_site === site).map((x) => html`<span class="mark action" style=${{ left: pos(x.requested_us) }}
         title=${`${x.action} ${x.task_id} (${x.origin}): ${x.reason}`}>▲</span>`)}
+      ${faults.filter((f) => f.site === site && f.t_us >= rows.t0).map((f) => html`<span class="mark fault" style=${{ left: pos(f.t_us) }}
+        title=${`fault ${f.fault} on ${f.resource}: ${f.state}${f.value !== 1 && f.value !== 0 ? ` (${fmtNum(f.value, 2)})` : ""}${faultEnded(f) ? " (ended)" : ""}`}>${faultEnded(f) ? "✓" : "⚡"}</span>`)}
     </div></div>`)}
     <div class="lane axis" aria-hidden="true"><span class="lane-name">time</span><div class="axis-track">
       ${[0, 0.25, 0.5, 0.75, 1].map((f) => html`<span class="tick" style=${{ left: `${100 * f}%` }}>${
         new Date((rows.t0 + f * (rows.t1 - rows.t0)) / 1000).toLocaleTimeString()}${f > 0 ? ` (+${fmtNum((f * (rows.t1 - rows.t0)) / 1e6, 0)} s)` : ""}</span>`)}
     </div></div>
     <p class="legend"><span class="bar completed"></span> completed <span class="bar failed"></span> failed
-      <span class="bar running"></span> running <span class="bar cancelled"></span> stopped ◆ anomaly ▲ action</p>
+      <span class="bar running"></span> running <span class="bar cancelled"></span> stopped ◆ anomaly ▲ action ⚡ fault (✓ ended)</p>
   </div>`;
 }
 
@@ -543,7 +549,8 @@ function Tasks() {
     </div>
     <${ErrorLine} error=${tasks.error} />
     <h3>Timeline</h3>
-    <${Timeline} tasks=${items} actions=${acts.data?.items || []} />
+    <${Timeline} tasks=${items} actions=${acts.data?.items || []}
+      faults=${(sites.data?.items || []).flatMap((x) => x.faults.map((f) => ({ ...f, site: x.site })))} />
     <h3>Incidents</h3>
     <${Incidents} tasks=${items} actions=${acts.data?.items || []} />
     <h3>Task instances <small>(${tasks.data ? tasks.data.total : "…"})</small></h3>

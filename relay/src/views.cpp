@@ -94,6 +94,15 @@ struct HealthPoint {
 };
 BOOST_DESCRIBE_STRUCT(HealthPoint, (), (t_us, health))
 
+// A fault an engine reported on a site (a resource.status whose metrics name fault_*: what
+// diaspora run's fault injection and such report), for the timeline.
+struct FaultMark {
+  std::int64_t t_us = 0;
+  std::string fault, resource, state;  ///< fault: the metric's name without "fault_"
+  double value = 0;                    ///< its value (a factor; 0 when the fault ended)
+};
+BOOST_DESCRIBE_STRUCT(FaultMark, (), (t_us, fault, resource, state, value))
+
 struct Site {
   std::string workflow, site, state = "up";
   std::string engine;  ///< the engine of the last attempt started there (where a drain goes)
@@ -108,10 +117,11 @@ struct Site {
   std::string explanation;  ///< of the last prediction
   std::vector<ScorePoint> scores;  ///< the last 256 predictions about it
   std::vector<HealthPoint> history;  ///< health over time: its last 256 changes (one a second at most)
+  std::vector<FaultMark> faults;     ///< the last 64 faults reported on it
 };
 BOOST_DESCRIBE_STRUCT(Site, (),
                       (workflow, site, state, engine, drained, started, completed, failed, running, predicted, updated_us,
-                       rate, rate_us, failure_rate, failures, failures_us, health, explanation, scores, history))
+                       rate, rate_us, failure_rate, failures, failures_us, health, explanation, scores, history, faults))
 
 struct Resource {
   std::string workflow, resource_id, kind, state, site;
@@ -168,7 +178,7 @@ struct Views::State {
 namespace {
 
 constexpr std::size_t kMaxAttempts = 16, kMaxScores = 256;
-constexpr int kSnapshotFormat = 4;  // 3: sites carry failures, failures_us; 4: tasks carry recovery
+constexpr int kSnapshotFormat = 5;  // 3: sites carry failures, failures_us; 4: tasks carry recovery; 5: sites carry faults
 
 std::string key(const std::string& wf, const std::string& id) { return wf + '\x1f' + id; }
 
@@ -460,9 +470,17 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
     r.state = str(d, "state");
     r.site = str(d, "site");
     r.updated_us = t;
+    const std::string on_site = r.kind == "site" ? id : r.site;
     if (const json::value* m = d.if_contains("metrics"); m && m->is_object())
-      for (const auto& [name, v] : m->get_object())
-        if (v.is_number()) r.metrics[std::string(name)] = v.to_number<double>();
+      for (const auto& [name, v] : m->get_object()) {
+        if (!v.is_number()) continue;
+        r.metrics[std::string(name)] = v.to_number<double>();
+        if (name.starts_with("fault_") && !on_site.empty()) {
+          view::Site& s = site_of(on_site);
+          s.faults.push_back({t, std::string(name.substr(6)), id, r.state, v.to_number<double>()});
+          if (s.faults.size() > 64) s.faults.erase(s.faults.begin());
+        }
+      }
     st.changed("resources", wf, id);
     if (r.kind == "site") {
       view::Site& s = site_of(id);

@@ -147,6 +147,7 @@ try {
     await page.waitForSelector(".timeline .lane");
     out.lanes = await page.$$eval(".timeline .lane:not(.axis) .lane-name", (e) => e.map((x) => x.textContent));
     out.ticks = await page.$$eval(".timeline .axis-track .tick", (e) => e.map((x) => x.textContent));
+    out.faults = await page.$$eval(".timeline .mark.fault", (e) => e.map((x) => x.title));
     out.bars = await page.$$eval(".timeline .bar[title]", (e) => e.map((x) => x.getAttribute("title")));
     out.anomalies = await page.$$eval(".timeline .mark.anomaly", (e) => e.map((x) => x.getAttribute("title")));
     out.actions = await page.$$eval(".timeline .mark.action", (e) => e.map((x) => x.getAttribute("title")));

@@ -262,6 +262,7 @@ faults:
     r = drive("timeline", relay, creds.token("admin"), workflow="mig")
     assert r["lanes"] == ["a", "b"], r
     assert len(r["ticks"]) == 5 and "(+" in r["ticks"][-1], r["ticks"]  # a time axis under the lanes
+    assert any(f.startswith("fault slow_site_factor on a: degraded (8") for f in r["faults"]), r["faults"]  # the injected fault
     # A migration stops the running attempt and reports it failed (retryable), the next
     # attempt queued by the action (runner/src/actions.cpp): never "cancelled".
     assert any("burn.0 attempt 1: failed" in b for b in r["bars"]), r["bars"]

@@ -408,6 +408,24 @@ def test_a_task_whose_restart_or_migration_is_under_way_is_recovering_not_failed
         relay.stop_cleanly()
 
 
+def test_faults_reported_on_a_site_are_kept_for_its_timeline(tmp_path, creds):
+    relay = RelayProcess(creds, tmp_path / "data").start()
+    pub, admin = creds.token("publish:*", "subscribe:*"), creds.token("admin")
+    try:
+        publish_events(relay, pub, "flt.events", [
+            ev(1, "resource.status", resource_id="a", kind="site", state="degraded", site="a",
+               metrics={"fault_slow_site_factor": 4}),
+            ev(2, "resource.status", resource_id="a/w1", kind="worker", state="down", site="a",
+               metrics={"fault_kill_worker": 1, "rss_mib": 12}),
+            ev(3, "resource.status", resource_id="a", kind="site", state="up", site="a", metrics={"fault_slow_site_factor": 1})])
+        site = wait_until(lambda: [s for s in get(relay, "sites", admin)["items"] if len(s["faults"]) == 3], 20, "the faults")[0]
+        assert [(f["fault"], f["resource"], f["state"], f["value"]) for f in site["faults"]] == [
+            ("slow_site_factor", "a", "degraded", 4), ("kill_worker", "a/w1", "down", 1), ("slow_site_factor", "a", "up", 1)]
+        assert SCHEMA.is_valid(get(relay, "sites", admin)), list(SCHEMA.iter_errors(get(relay, "sites", admin)))[:2]
+    finally:
+        relay.stop_cleanly()
+
+
 def test_console_assets_are_served_with_a_strict_policy(tmp_path, creds):
     assets = tmp_path / "console"
     (assets / "assets").mkdir(parents=True)
