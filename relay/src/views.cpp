@@ -454,6 +454,10 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
     a.status = str(d, "status");
     a.message = str(d, "message");
     a.done_us = t;
+    // Declined as not needed (a duplicate: another action already did it, the task has
+    // finished): the engines say so with this prefix. Not a failure to an operator.
+    if (a.status == "failed" && (a.message.starts_with("not needed") || a.message.starts_with("refused: not needed")))
+      a.status = "skipped";
     if (a.status == "done" && (a.action == "drain" || a.action == "undrain") && !a.site.empty())
       site_of(a.site).drained = a.action == "drain";
     if (a.status == "failed") recovery(a.task_id, a.action, false);

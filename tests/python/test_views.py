@@ -398,12 +398,19 @@ def test_a_task_whose_restart_or_migration_is_under_way_is_recovering_not_failed
         wait_until(lambda: state("k.0") == "recovering", 20, "recovering on the migration")
         send(17, "action.done", action_id="P2", action="migrate", task_id="k.0", status="failed", message="no site c")
         wait_until(lambda: state("k.0") == "failed", 20, "failed once its migration failed")
+        # A duplicate declined as not needed is skipped, not failed, and ends no recovery.
+        send(18, "action.requested", action_id="P3", action="restart", task_id="k.0", reason="again", policy="default-revive")
+        send(19, "action.done", action_id="P3", action="restart", task_id="k.0", status="failed",
+             message="not needed: a new attempt of k.0 is already waiting for a worker")
+        wait_until(lambda: {a["action_id"]: a["status"] for a in get(relay, "actions", admin)["items"]}.get("P3") == "skipped",
+                   20, "the duplicate skipped")
+        assert state("k.0") == "recovering"
         # A failure nobody recovers (not retryable, or no recovery reported) stays failed.
         send(8, "task.started", task_id="m.0", site="b", attempt=3)
         send(9, "task.failed", task_id="m.0", site="b", attempt=3, reason="its own error")
         wait_until(lambda: state("m.0") == "failed", 20, "the final failure")
         workflows = get(relay, "workflows", admin)["items"]
-        assert workflows[0]["states"] == {"failed": 2}, workflows
+        assert workflows[0]["states"] == {"failed": 1, "recovering": 1}, workflows
     finally:
         relay.stop_cleanly()
 
