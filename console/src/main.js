@@ -854,7 +854,7 @@ function App() {
     </header>
     ${live && live !== "live" && relayDown.since && html`<p class="banner warn" role="alert" id="relay-down">The relay cannot be reached since
       ${" " + new Date(relayDown.since).toLocaleTimeString()}: the pages show the last state they saw (a run whose relay was embedded
-      has ended: open it again with <code>diaspora run --serve</code>).</p>`}
+      has ended: open it again with <code>diaspora run --serve OUT</code>, OUT its <code>--out</code> folder).</p>`}
     <main><${Page} key=${page} /></main>
   </div>`;
 }
