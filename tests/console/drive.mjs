@@ -180,6 +180,18 @@ try {
           await page.waitForTimeout(700);
           await page.screenshot({ path: join(args.dir, `${p}-${w}-${theme}.png`), fullPage: false });
         }
+        if (args.workflow) {  // a browse with an event's detail open, and a task's detail
+          await go(`#/topics?topic=${args.workflow}.events&start=earliest&type=action`);
+          await page.waitForSelector("#scan-status");
+          await page.click("tr.event-row");
+          await page.waitForTimeout(300);
+          await page.screenshot({ path: join(args.dir, `topics-browse-${w}-${theme}.png`), fullPage: false });
+          await go(`#/overview`);
+          await go(`#/tasks?workflow=${args.workflow}&task=burn.0`);
+          await page.waitForSelector(".task-detail");
+          await page.waitForTimeout(300);
+          await page.screenshot({ path: join(args.dir, `task-detail-${w}-${theme}.png`), fullPage: false });
+        }
       }
     }
     out.shots = true;

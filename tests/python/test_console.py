@@ -403,7 +403,7 @@ def test_screenshots_of_every_page_at_both_sizes_and_keyboard_reach(env):
     shots.mkdir(parents=True, exist_ok=True)
     r = drive("shots", relay, creds.token("admin", subject="operator"), dir=str(shots), workflow="mig")
     names = sorted(p.name for p in shots.glob("*.png"))
-    assert len(names) == 7 * 2 * 2, names
+    assert len(names) == 9 * 2 * 2, names  # 7 pages, a browse and a task's detail; 2 sizes, 2 themes
     assert all((shots / n).stat().st_size > 5000 for n in names)
     assert r["console_errors"] == [], r["console_errors"]
     assert {"Overview", "Topics", "Workflows & tasks", "Sites", "Actions"} <= set(r["tab_stops"]), r["tab_stops"]
