@@ -5,6 +5,7 @@
 #
 #   make fuzz                         every target, 60 s each
 #   FUZZ_SECONDS=600 FUZZ_TARGETS="frame token" make fuzz
+#   FUZZ_NO_BUILD=1 FUZZ_TARGETS=views make fuzz   # no build: beside another run
 #
 # New inputs that reach new code are kept in build-fuzz/corpus/<target>/ (the next run
 # starts from them). A crash, hang (10 s), leak, sanitizer report or broken invariant stops
@@ -18,12 +19,14 @@ OUT=build-fuzz
 ALL="event frame token spec relay_config http log spool views lines scan"
 TARGETS=${FUZZ_TARGETS:-$ALL}
 
-bash scripts/install-deps.sh --fuzz || exit 1
-cmake -S . -B $OUT -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_C_COMPILER=clang-15 -DCMAKE_CXX_COMPILER=clang++-15 \
-  -DDIASPORA_FUZZ=ON -DDIASPORA_SANITIZE=address,undefined \
-  -DDIASPORA_BUILD_TESTS=OFF -DDIASPORA_BUILD_BENCH=OFF -DDIASPORA_WITH_TORCH=OFF >/dev/null || exit 1
-cmake --build $OUT -j "$(nproc)" --target $(for t in $TARGETS; do printf 'fuzz_%s ' "$t"; done) || exit 1
+if [ -z "${FUZZ_NO_BUILD:-}" ]; then  # FUZZ_NO_BUILD=1: run what build-fuzz/ holds (two runs side by side)
+  bash scripts/install-deps.sh --fuzz || exit 1
+  cmake -S . -B $OUT -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_C_COMPILER=clang-15 -DCMAKE_CXX_COMPILER=clang++-15 \
+    -DDIASPORA_FUZZ=ON -DDIASPORA_SANITIZE=address,undefined \
+    -DDIASPORA_BUILD_TESTS=OFF -DDIASPORA_BUILD_BENCH=OFF -DDIASPORA_WITH_TORCH=OFF >/dev/null || exit 1
+  cmake --build $OUT -j "$(nproc)" --target $(for t in $TARGETS; do printf 'fuzz_%s ' "$t"; done) || exit 1
+fi
 
 mkdir -p $OUT/findings
 export PATH=/usr/lib/llvm-15/bin:$PATH  # llvm-symbolizer: reports name files and lines
