@@ -779,16 +779,19 @@ def short_form(root: Path) -> list[Result]:
     async def plugin_faults(w):
         await kill(w, 2, gap=(1.0, 2.0))
         await partition(w, 2.0)
+    # Dask with the sanitized plugin needs the sanitizer's runtime preloaded into Python,
+    # which Dask does not survive: the sanitized pass leaves Dask out, as tests/CMakeLists.txt
+    # does its adapter tests (the plugin's own code runs under it in `plugin`).
+    dask = [] if os.environ.get("DIASPORA_SANITIZED") else [plugin_scenario(root, "dask", plugin_faults, seconds=8, engine="dask")]
     return [scenario(root, "mixed", mixed, batches=150),
             scenario(root, "disk-full", lambda w: disk_full(w, 2.0), batches=150, disk_bytes=16 << 20),
             scenario(root, "veth", lambda w: veth_partition(w, 2.0, times=2), batches=150, netns=True),
             plugin_scenario(root, "plugin", plugin_faults, seconds=8),
             clock_scenario(root, seconds=10),
-            plugin_scenario(root, "dask", plugin_faults, seconds=8, engine="dask"),
             plugin_scenario(root, "token", lambda w: token_expiry(w, 2.0), seconds=12, token_s=5,
                             log_says=("token expired",)),
             plugin_scenario(root, "cert", lambda w: cert_expiry(w, 2.0), seconds=14, cert_valid_s=6,
-                            log_says=("certificate has expired",))]
+                            log_says=("certificate has expired",))] + dask
 
 
 def long_form(root: Path, only: str | None = None) -> list[Result]:
