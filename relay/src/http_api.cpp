@@ -52,6 +52,17 @@ HttpReply json_reply(unsigned status, const json::object& o) {
   return HttpReply{status, "application/json", valid_utf8(json::serialize(o)) + "\n", false, {}};
 }
 
+bool is_admin(const TokenClaims& c) { return std::find(c.scopes.begin(), c.scopes.end(), "admin") != c.scopes.end(); }
+
+// What an event the relay makes for an operator names as its source: /diaspora/console/
+// and the token's subject, its characters outside [A-Za-z0-9._-] as '_'.
+std::string console_source(const TokenClaims& claims) {
+  std::string who = claims.subject;
+  for (char& c : who)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '_';
+  return "/diaspora/console/" + who;
+}
+
 // The refusal to give when the request lacks an admin token; nullopt when it has one.
 std::optional<HttpReply> refuse_unless_admin(const std::optional<std::string>& bearer, const ApiContext& ctx) {
   if (!bearer) {
@@ -60,7 +71,7 @@ std::optional<HttpReply> refuse_unless_admin(const std::optional<std::string>& b
   }
   try {
     auto c = ctx.verifier.verify(*bearer);
-    if (std::find(c.scopes.begin(), c.scopes.end(), "admin") == c.scopes.end()) {
+    if (!is_admin(c)) {
       ctx.metrics.refused_auth++;
       return text(403, "token of '" + c.subject + "' lacks the 'admin' scope\n");
     }
@@ -258,16 +269,13 @@ std::variant<HttpReply, OperatorAction> prepare_operator_action(std::string_view
                                         : site_action ? "no engine is known for site '" + f["site"] + "' of '" + wf + "' (name it: 'engine')"
                                                       : std::string("name the engine ('engine') the action is for"));
   if (!valid_topic_name(wf + ".control." + engine)) return json_error(400, "bad_request", "'engine' must be an engine id ([A-Za-z0-9._-])");
-  std::string who = claims.subject;
-  for (char& c : who)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '_';
   OperatorAction a;
   a.action_id = "op-" + make_uuid();
   a.topic = wf + ".control." + engine;
   json::object data{{"action_id", a.action_id}, {"action", f["action"]}, {"reason", f["reason"]}};
   for (const char* k : {"task_id", "site", "target_site"})
     if (f.count(k)) data[k] = f[k];
-  const std::string id = make_uuid(), source = "/diaspora/console/" + who;
+  const std::string id = make_uuid(), source = console_source(claims);
   json::object ev{{"specversion", "1.0"}, {"id", id}, {"source", source}, {"type", "org.diaspora.action.requested"},
                   {"time", format_rfc3339(std::chrono::system_clock::now())}, {"data", std::move(data)}};
   if (f.count("task_id")) ev["subject"] = f["task_id"];
@@ -299,8 +307,7 @@ std::variant<HttpReply, OperatorAction> prepare_republish(std::string_view path,
   const json::value* off = o.if_contains("offset");
   if (!off || !(off->is_uint64() || (off->is_int64() && off->get_int64() >= 0)))
     return json_error(400, "bad_request", "'offset' is required: the offset of the event to publish again");
-  const bool admin = std::find(claims.scopes.begin(), claims.scopes.end(), "admin") != claims.scopes.end();
-  if (!admin && !(scopes_allow(claims.scopes, "publish", topic) && scopes_allow(claims.scopes, "subscribe", from))) {
+  if (!is_admin(claims) && !(scopes_allow(claims.scopes, "publish", topic) && scopes_allow(claims.scopes, "subscribe", from))) {
     ctx.metrics.refused_auth++;
     return json_error(403, "forbidden", "token of '" + claims.subject + "' may not republish from '" + from + "' to '" + topic +
                                             "' (it needs admin, or publish:" + topic + " and subscribe:" + from + ")");
@@ -314,9 +321,6 @@ std::variant<HttpReply, OperatorAction> prepare_republish(std::string_view path,
   json::value stored = json::parse(recs.front().payload, ec);
   if (ec || !stored.is_object()) return json_error(500, "storage_error", "the stored event does not parse");
   json::object ev = std::move(stored.get_object());
-  std::string who = claims.subject;
-  for (char& c : who)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '_';
   OperatorAction a;
   a.action_id = make_uuid();
   a.topic = topic;
@@ -324,7 +328,7 @@ std::variant<HttpReply, OperatorAction> prepare_republish(std::string_view path,
   ev["originalsource"] = ev["source"];
   ev["republishedfrom"] = from + "/" + std::to_string(offset);
   ev["id"] = a.action_id;
-  ev["source"] = "/diaspora/console/" + who;
+  ev["source"] = console_source(claims);
   a.payload = json::serialize(ev);
   try {
     (void)decode_event(a.payload);  // still a valid CloudEvent
@@ -340,7 +344,7 @@ std::variant<HttpReply, GroupReset> prepare_group_reset(std::string_view path, s
   auto verified = verify_bearer(bearer, ctx, "a bearer token with the admin scope is required");
   if (auto* refusal = std::get_if<HttpReply>(&verified)) return *refusal;
   const TokenClaims& claims = std::get<TokenClaims>(verified);
-  if (std::find(claims.scopes.begin(), claims.scopes.end(), "admin") == claims.scopes.end()) {
+  if (!is_admin(claims)) {
     ctx.metrics.refused_auth++;
     return json_error(403, "forbidden", "token of '" + claims.subject + "' lacks the 'admin' scope a group reset needs");
   }

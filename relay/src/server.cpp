@@ -908,17 +908,14 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     if (ec) return shutdown();
     auto req = parser_->release();
     if (websocket::is_upgrade(req)) return upgrade(std::move(req));
-    if (req.method() == http::verb::get && relay::parse_target(req.target()).path == "/api/v1/views/stream")
-      return stream_views(std::move(req));
-    if (req.method() == http::verb::post && relay::parse_target(req.target()).path == "/api/v1/actions")
-      return post_action(std::move(req));
-    if (const std::string path = relay::parse_target(req.target()).path;
-        req.method() == http::verb::post && path.starts_with("/api/v1/groups/") && path.ends_with("/reset") &&
+    const std::string path = relay::parse_target(req.target()).path;
+    const bool get = req.method() == http::verb::get, post = req.method() == http::verb::post;
+    if (get && path == "/api/v1/views/stream") return stream_views(std::move(req));
+    if (post && path == "/api/v1/actions") return post_action(std::move(req));
+    if (post && path.starts_with("/api/v1/groups/") && path.ends_with("/reset") &&
         path.size() > std::string_view("/api/v1/groups//reset").size())
       return post_group_reset(std::move(req), path);
-    if (const std::string path = relay::parse_target(req.target()).path;
-        req.method() == http::verb::post && path.starts_with("/api/v1/topics/") && path.ends_with("/republish"))
-      return post_republish(std::move(req), path);
+    if (post && path.starts_with("/api/v1/topics/") && path.ends_with("/republish")) return post_republish(std::move(req), path);
     handle(std::move(req));
   }
 
