@@ -148,6 +148,7 @@ function Overview() {
   const topics = useLoad(() => api("/api/v1/topics"), [slow]);
   const disk = topics.data ? topics.data.topics.reduce((a, t) => a + t.bytes, 0) : null;
   const expired = useLoad(() => view("actions", { status: "expired", limit: 1 }), [tick]);
+  const spent = useLoad(() => view("actions", { budget_spent: "true", limit: 5 }), [tick]);
   const alarms = [];
   if (relayDown.since || err?.status === 0)
     alarms.push(`The relay cannot be reached${relayDown.since ? " since " + new Date(relayDown.since).toLocaleTimeString() : ""}: what is shown is the last state seen`);
@@ -157,6 +158,10 @@ function Overview() {
     if ((w.states.recovering || 0) > 0) alarms.push(`${w.workflow}: ${w.states.recovering} task instances recovering (a restart or migration under way)`);
   }
   if (expired.data?.total > 0) alarms.push(`${expired.data.total} actions no engine answered (Actions page, status expired)`);
+  if (spent.data?.total > 0) {
+    const named = spent.data.items.map((a) => `${a.workflow}/${a.task_id || a.site} (${a.policy || "a policy"})`).join(", ");
+    alarms.push(`${spent.data.total} policy budgets spent, nothing more will be done for them: ${named}${spent.data.total > spent.data.items.length ? ", …" : ""}`);
+  }
   return html`<section>
     <h2>Overview</h2>
     <${ErrorLine} error=${err} />

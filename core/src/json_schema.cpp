@@ -173,6 +173,10 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
   std::string best;
   std::size_t best_d = 3;
   for (const auto& c : candidates) {
+    // The distance is at least the difference in length: skip candidates that cannot win
+    // (a long unknown key costs nothing then, instead of a length x length table each).
+    const std::size_t gap = word.size() > c.size() ? word.size() - c.size() : c.size() - word.size();
+    if (gap >= best_d) continue;
     std::size_t d = edit_distance(word, c);
     if (d < best_d) {
       best_d = d;

@@ -37,27 +37,58 @@ Location location_of(const YAML::Mark& m) {
   return {m.line >= 0 ? m.line + 1 : 1, m.column >= 0 ? m.column + 1 : 1};
 }
 
+// The YAML 1.2 core schema's number forms, scanned by hand (std::regex took most of a
+// spec's load time: four matches, with allocations, for every plain scalar).
+bool all_of(std::string_view s, bool (*in)(char)) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), in);
+}
+bool dec(char c) { return c >= '0' && c <= '9'; }
+bool oct(char c) { return c >= '0' && c <= '7'; }
+bool hex(char c) { return dec(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+std::string_view unsigned_part(std::string_view s) {
+  return !s.empty() && (s[0] == '-' || s[0] == '+') ? s.substr(1) : s;
+}
+std::size_t leading_digits(std::string_view s) {
+  std::size_t n = 0;
+  while (n < s.size() && dec(s[n])) ++n;
+  return n;
+}
+// [-+]? ( \.[0-9]+ | [0-9]+ (\.[0-9]*)? ) ([eE][-+]?[0-9]+)?
+bool is_float(std::string_view s) {
+  s = unsigned_part(s);
+  const std::size_t whole = leading_digits(s);
+  s.remove_prefix(whole);
+  if (!s.empty() && s[0] == '.') {
+    s.remove_prefix(1);
+    const std::size_t frac = leading_digits(s);
+    if (whole == 0 && frac == 0) return false;
+    s.remove_prefix(frac);
+  } else if (whole == 0) {
+    return false;
+  }
+  if (s.empty()) return true;
+  if (s[0] != 'e' && s[0] != 'E') return false;
+  return all_of(unsigned_part(s.substr(1)), dec);
+}
+
 // YAML 1.2 core schema resolution of a plain scalar.
 json::value resolve_plain(const std::string& s) {
-  static const std::regex int_re("^[-+]?[0-9]+$");
-  static const std::regex oct_re("^0o[0-7]+$");
-  static const std::regex hex_re("^0x[0-9a-fA-F]+$");
-  static const std::regex float_re("^[-+]?(\\.[0-9]+|[0-9]+(\\.[0-9]*)?)([eE][-+]?[0-9]+)?$");
+  const std::string_view v(s);
   if (s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
   if (s == "true" || s == "True" || s == "TRUE") return true;
   if (s == "false" || s == "False" || s == "FALSE") return false;
   // strtod never throws: an out-of-range value becomes +-HUGE_VAL (then range-checked by
   // the schema) instead of an exception.
-  if (std::regex_match(s, int_re)) {
+  if (all_of(unsigned_part(v), dec)) {
     std::int64_t v = 0;
     const char* first = s.data() + (s[0] == '+' ? 1 : 0);
     auto [ptr, ec] = std::from_chars(first, s.data() + s.size(), v);
     if (ec == std::errc() && ptr == s.data() + s.size()) return v;
     return std::strtod(s.c_str(), nullptr);  // too large for 64 bits: a number
   }
-  if (std::regex_match(s, oct_re)) return static_cast<std::int64_t>(std::strtoull(s.c_str() + 2, nullptr, 8));
-  if (std::regex_match(s, hex_re)) return static_cast<std::int64_t>(std::strtoull(s.c_str() + 2, nullptr, 16));
-  if (std::regex_match(s, float_re)) return std::strtod(s.c_str(), nullptr);
+  if (v.starts_with("0o") && all_of(v.substr(2), oct)) return static_cast<std::int64_t>(std::strtoull(s.c_str() + 2, nullptr, 8));
+  if (v.starts_with("0x") && all_of(v.substr(2), hex)) return static_cast<std::int64_t>(std::strtoull(s.c_str() + 2, nullptr, 16));
+  if (is_float(v)) return std::strtod(s.c_str(), nullptr);
   if (s == ".inf" || s == ".Inf" || s == ".INF" || s == "+.inf") return HUGE_VAL;
   if (s == "-.inf" || s == "-.Inf" || s == "-.INF") return -HUGE_VAL;
   if (s == ".nan" || s == ".NaN" || s == ".NAN") return NAN;

@@ -28,6 +28,8 @@ namespace diaspora::plugin {
 /// An action as the engine sees it (the C struct's content).
 struct Action {
   std::string id, kind_name, task_id, site, target_site, reason, origin;
+  std::string policy;  ///< the policy that decided it (local decisions only)
+  int attempt = -1;    ///< that policy's attempt for the task or site; 0: its "budget spent" alert; -1: none
   int kind = 0;
   std::int64_t issued_us = 0;     ///< when this plugin received it
   std::int64_t requested_us = 0;  ///< the request's own time (requester's clock); 0: unknown

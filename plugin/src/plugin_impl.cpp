@@ -881,6 +881,8 @@ void Plugin::dispatch_local(Action a) {
   if (!a.task_id.empty()) req.task_id = a.task_id;
   if (!a.site.empty()) req.site = a.site;
   if (!a.target_site.empty()) req.target_site = a.target_site;
+  if (!a.policy.empty()) req.policy = a.policy;
+  if (a.attempt >= 0) req.attempt = a.attempt;
   std::string text;
   append_event(text, next_side_id(), a.task_id.empty() ? std::nullopt : std::optional<std::string_view>(a.task_id), req,
                ctx_, a.issued_us);

@@ -116,6 +116,8 @@ Action PolicyBridge::action_of(const resilience::Decision& d, std::string id) {
   a.site = d.site;
   a.target_site = d.action == "migrate" || d.action == "speculate" ? d.target_site : std::string();
   a.reason = d.reason.substr(0, DIASPORA_MAX_TEXT);
+  a.policy = d.policy.substr(0, 256);  // the event schema's bound
+  a.attempt = d.attempt;
   a.issued_us = static_cast<std::int64_t>(d.time_s * 1e6);
   return a;
 }

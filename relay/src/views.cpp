@@ -133,10 +133,12 @@ BOOST_DESCRIBE_STRUCT(Resource, (), (workflow, resource_id, kind, state, site, m
 struct Action {
   std::string workflow, action_id, action, task_id, site, target_site, reason, policy, origin, status = "pending", message;
   std::int64_t requested_us = 0, done_us = 0, seq = 0;
+  std::int64_t attempt = -1;  ///< the deciding policy's attempt for the task or site; -1: not said
+  bool budget_spent = false;  ///< the policy's one alert that its budget is spent (an alert, attempt 0)
 };
 BOOST_DESCRIBE_STRUCT(Action, (),
                       (workflow, action_id, action, task_id, site, target_site, reason, policy, origin, status, message,
-                       requested_us, done_us, seq))
+                       requested_us, done_us, seq, attempt, budget_spent))
 
 struct Workflow {
   std::string workflow;
@@ -178,7 +180,8 @@ struct Views::State {
 namespace {
 
 constexpr std::size_t kMaxAttempts = 16, kMaxScores = 256;
-constexpr int kSnapshotFormat = 5;  // 3: sites carry failures, failures_us; 4: tasks carry recovery; 5: sites carry faults
+constexpr int kSnapshotFormat = 6;  // 3: sites carry failures, failures_us; 4: tasks carry recovery; 5: sites carry faults;
+                                    // 6: actions carry attempt, budget_spent
 
 std::string key(const std::string& wf, const std::string& id) { return wf + '\x1f' + id; }
 
@@ -438,6 +441,10 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
     a.target_site = str(d, "target_site");
     a.policy = str(d, "policy");
     a.origin = control_topic ? "operator" : "policy";
+    if (const auto* n = d.if_contains("attempt"); n && n->is_int64() && n->get_int64() >= 0) a.attempt = n->get_int64();
+    // A policy's alert is published for people: no engine answers it, so it never waits.
+    if (a.action == "alert" && a.status == "pending") a.status = "raised";
+    a.budget_spent = a.action == "alert" && a.attempt == 0;
     recovery(a.task_id, a.action, true);
     st.changed("actions", wf, id);
     return true;
@@ -1042,14 +1049,15 @@ json::object Views::query(std::string_view view, const std::map<std::string, std
     }, s.version);
   }
   if (view == "actions") {
-    const Page p = parse_page(q, {"status", "action", "task_id", "origin"}, view);
-    const Want status(q, "status"), action(q, "action"), task(q, "task_id"), origin(q, "origin");
+    const Page p = parse_page(q, {"status", "action", "task_id", "origin", "budget_spent"}, view);
+    const Want status(q, "status"), action(q, "action"), task(q, "task_id"), origin(q, "origin"),
+        budget(q, "budget_spent");
     const std::int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(
                                  std::chrono::system_clock::now().time_since_epoch()).count();
     auto unanswered = [&](const view::Action& a) { return a.status == "pending" && now - a.requested_us > kActionAnswerUs; };
     json::object page = page_of(view, s.actions, p, [&](const view::Action& a) {
       return may(a.workflow) && status(unanswered(a) ? "expired" : a.status) && action(a.action) && task(a.task_id) &&
-             origin(a.origin);
+             origin(a.origin) && budget(a.budget_spent ? "true" : "false");
     }, s.version);
     // An action no engine answered in time is shown expired, with the likely reason (an
     // answer that comes later still turns it done or failed).

@@ -1422,6 +1422,7 @@ void PolicyEngine::task_failed(std::string_view task, std::string_view site, dou
     d.task_id.assign(task);
     d.site = t.site_name;
     d.policy = "default-retry";
+    d.attempt = -1;  // not one of the policy's attempts (nor its budget's end)
     d.signal = "task.failures";
     d.detector = "threshold";
     d.value = *f.exit_code;

@@ -1,8 +1,10 @@
 #include "report_builder.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
+#include <span>
 
 #include "diaspora/event.hpp"
 #include "report_json.hpp"
@@ -93,27 +95,40 @@ json::array build_incidents(const json::object& r) {
       in.first = std::min(in.first, start);
     }
   }
+  // A decision on an instance: an action the engine received, or an alert read back from
+  // the topic (published for people only). The evidence is what its reason names before
+  // what it decided ("...; migrate to ...").
+  auto decided = [&](const std::string& task, double t, json::object d, const std::string& reason, bool spent) {
+    Incident& in = by[instance_of(task)];
+    d["at_s"] = opt_t(t);
+    d["evidence"] = reason.substr(0, reason.find("; "));
+    in.budget_spent |= spent;
+    auto at = std::find_if(in.decisions.begin(), in.decisions.end(),
+                           [&](const json::value& x) { return num(x.as_object(), "at_s", 1e300) > t; });
+    in.decisions.insert(at, std::move(d));
+    if (t >= 0 && (in.first_decision < 0 || t < in.first_decision)) in.first_decision = t;
+    if (t >= 0) in.first = std::min(in.first, t);
+  };
   for (const auto& a : arr(r, "actions")) {
     const auto& ao = a.as_object();
     const std::string task = str(ao, "task");
-    if (task.empty()) continue;  // a site's action (throttle, alert): no instance's incident
-    Incident& in = by[instance_of(task)];
+    if (task.empty()) continue;  // a site's action (throttle, drain): no instance's incident
     const std::string reason = str(ao, "reason");
-    const double t = num(ao, "received_s");
     const auto colon = reason.find(": ");
-    json::object d{{"at_s", opt_t(t)},
-                   {"kind", ao.at("kind")},
+    json::object d{{"kind", ao.at("kind")},
                    {"policy", colon == std::string::npos ? std::string() : reason.substr(0, colon)},
                    {"target_site", str(ao, "target_site")},
                    {"outcome", str(ao, "outcome")}};
     if (!str(ao, "message").empty()) d["message"] = str(ao, "message");
-    // The evidence a decision names: its reason up to what it decided ("...; migrate to ...").
-    const auto semi = reason.find("; ");
-    d["evidence"] = reason.substr(0, semi);
-    if (reason.find("budget spent") != std::string::npos) in.budget_spent = true;
-    in.decisions.push_back(std::move(d));
-    if (t >= 0 && (in.first_decision < 0 || t < in.first_decision)) in.first_decision = t;
-    if (t >= 0) in.first = std::min(in.first, t);
+    decided(task, num(ao, "received_s"), std::move(d), reason, reason.find("budget spent") != std::string::npos);
+  }
+  for (const auto& a : arr(r, "alerts")) {
+    const auto& ao = a.as_object();
+    const std::string task = str(ao, "task");
+    if (task.empty()) continue;  // about a site: no instance's incident
+    decided(task, num(ao, "t_s"),
+            json::object{{"kind", "alert"}, {"policy", str(ao, "policy")}, {"target_site", ""}, {"outcome", "raised"}},
+            str(ao, "reason"), num(ao, "attempt", -1) == 0);
   }
   // The anomaly scores on each incident's instance (and its copies), in the report's order.
   std::map<std::string, std::vector<const json::object*>> anomalies_of;
@@ -211,6 +226,7 @@ json::object build_report(const Context& ctx, const InstanceStore& store, const 
                                      {"failed", s.failed}});
   r["sites"] = std::move(site_list);
   r["anomalies"] = run.anomalies;
+  r["alerts"] = run.alerts;
   json::array insts;
   long completed = 0, failed = 0, cancelled = 0, misses = 0, with_deadline = 0, attempts = 0;
   for (const auto& inst : store.all()) {
@@ -258,8 +274,8 @@ json::object build_report(const Context& ctx, const InstanceStore& store, const 
   return r;
 }
 
-json::array read_anomalies(const Context& ctx, std::int64_t started_us) {
-  json::array out;
+PolicyRecord read_decisions(const Context& ctx, std::int64_t started_us) {
+  PolicyRecord out;
   if ((ctx.spec.policies.empty() && ctx.spec.defaults == DefaultsMode::off) || ctx.baseline()) return out;
   constexpr std::size_t kMax = 5000;
   try {
@@ -267,19 +283,25 @@ json::array read_anomalies(const Context& ctx, std::int64_t started_us) {
       const json::value* type = e.if_contains("type");
       const json::value* data = e.if_contains("data");
       const json::value* time = e.if_contains("time");
-      if (out.size() >= kMax || !type || !type->is_string() || type->get_string() != "org.diaspora.anomaly.predicted" || !data ||
-          !data->is_object() || !time || !time->is_string())
-        return;
+      if (!type || !type->is_string() || !data || !data->is_object() || !time || !time->is_string()) return;
+      const json::object& d = data->get_object();
+      const bool anomaly = type->get_string() == "org.diaspora.anomaly.predicted";
+      const bool alert = type->get_string() == "org.diaspora.action.requested" && d.if_contains("action") &&
+                         d.at("action") == "alert";
+      json::array& to = anomaly ? out.anomalies : out.alerts;
+      if ((!anomaly && !alert) || to.size() >= kMax) return;
       const auto us = parse_rfc3339_us(std::string(time->get_string()));
       if (!us || *us < started_us) return;  // an earlier run's (a relay log shared between runs)
       json::object a{{"t_s", std::round(static_cast<double>(*us - started_us) / 1e3) / 1e3}};
-      for (const char* k : {"score", "series", "detector", "explanation", "site"})
-        if (const json::value* v = data->get_object().if_contains(k)) a[k] = *v;
-      if (const json::value* v = data->get_object().if_contains("task_id")) a["task"] = *v;
-      out.push_back(std::move(a));
+      static constexpr std::array<const char*, 5> kAnomaly{"score", "series", "detector", "explanation", "site"};
+      static constexpr std::array<const char*, 4> kAlert{"site", "policy", "attempt", "reason"};
+      for (const char* k : anomaly ? std::span<const char* const>(kAnomaly) : std::span<const char* const>(kAlert))
+        if (const json::value* v = d.if_contains(k)) a[k] = *v;
+      if (const json::value* v = d.if_contains("task_id")) a["task"] = *v;
+      to.push_back(std::move(a));
     });
   } catch (const std::exception& e) {
-    ctx.say(std::string("warning: the anomaly scores were not read back for the report: ") + e.what());
+    ctx.say(std::string("warning: the policies' scores and alerts were not read back for the report: ") + e.what());
   }
   return out;
 }

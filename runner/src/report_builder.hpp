@@ -27,13 +27,14 @@ struct RunSummary {
   std::int64_t started_us = 0;  ///< wall time of the run's t = 0
   double duration_s = 0;
   boost::json::object plugin;    ///< library, version, stats
-  boost::json::array anomalies;  ///< the policies' scores read back (read_anomalies)
+  boost::json::array anomalies;  ///< the policies' scores read back (read_decisions)
+  boost::json::array alerts;     ///< the policies' alerts read back (read_decisions)
 };
 
 boost::json::object build_report(const Context& ctx, const InstanceStore& store, const Sites& sites,
                                  const std::vector<Fault>& faults, const ActionLog& actions, const RunSummary& run);
 
-/// The report's incidents, derived from its `faults`, `actions`, `anomalies` and
+/// The report's incidents, derived from its `faults`, `actions`, `alerts`, `anomalies` and
 /// `instances`: one per instance that a fault hit or an action named (a copy's actions are
 /// its original's), earliest first, each with the faults that hit it, the evidence (its
 /// failed or stopped attempts' reasons, then up to 5 anomaly scores on it from the fault,
@@ -43,10 +44,21 @@ boost::json::object build_report(const Context& ctx, const InstanceStore& store,
 /// fault, whether a budget was spent). Pure: callable from any thread.
 boost::json::array build_incidents(const boost::json::object& report);
 
-/// The anomaly scores the policies published (org.diaspora.anomaly.predicted) since
-/// `started_us`, read back from the events topic for the report's timeline: time since the
-/// start, score, series, detector, explanation, site, task; at most 5,000. Empty without
-/// policies or in the baseline. A relay that cannot be read is logged as a warning.
-boost::json::array read_anomalies(const Context& ctx, std::int64_t started_us);
+/// What the policies published since `started_us`, read back from the events topic once
+/// the run is over (the engine never receives an alert, so only the topic has them).
+struct PolicyRecord {
+  /// org.diaspora.anomaly.predicted, for the report's timeline: time since the start,
+  /// score, series, detector, explanation, site, task; at most 5,000.
+  boost::json::array anomalies;
+  /// org.diaspora.action.requested of action `alert` (published for people only): time
+  /// since the start, task, site, policy, attempt (0: the budget is spent; absent when it
+  /// is no attempt of a budget), reason; at most 5,000.
+  boost::json::array alerts;
+};
+
+/// Reads the PolicyRecord of this run. Empty without policies or in the baseline. A relay
+/// that cannot be read is logged as a warning (what was read is kept). Called by the
+/// runner's thread after the run.
+PolicyRecord read_decisions(const Context& ctx, std::int64_t started_us);
 
 }  // namespace diaspora::runner

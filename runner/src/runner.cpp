@@ -249,7 +249,9 @@ int Runner::finish() {
                                        {"reconnects", st.reconnects},
                                        {"actions_received", st.actions_received},
                                        {"close_status", lib.status_name(rc)}}}};
-  run.anomalies = read_anomalies(ctx_, start_us_);
+  PolicyRecord said = read_decisions(ctx_, start_us_);
+  run.anomalies = std::move(said.anomalies);
+  run.alerts = std::move(said.alerts);
   write_report_files(opt_.out_dir, build_report(ctx_, store_, sites_, faults_->all(), actions_, run));
   if (relay_) relay_->stop();
   ctx_.say("report: " + (opt_.out_dir / "report.json").string() + ", " + (opt_.out_dir / "report.html").string());

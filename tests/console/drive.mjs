@@ -12,7 +12,8 @@
 // reads the task table), shots (screenshots of every page at 1280x800 and 390x844, light
 // and dark, into `dir`), from_time (a topic browsed from a time), browse (a topic from its
 // start, a search by id, the search in the URL across a reload, a CSV export, the detail in
-// sight; with no `topic`, only the topics the token lists). The browser trusts the test's CA through --ignore-certificate-errors
+// sight; with no `topic`, only the topics the token lists), alarms (the Overview's alarms once
+// one containing `expect` shows). The browser trusts the test's CA through --ignore-certificate-errors
 // on 127.0.0.1 only (a test relay's development certificate).
 import { createRequire } from "node:module";
 import { spawnSync } from "node:child_process";
@@ -212,6 +213,14 @@ try {
     await page.fill("dialog input[name=reset-offset]", String(args.offset));
     await page.click("dialog button[type=submit]");
     out.result = await (await page.waitForSelector("#reset-result")).textContent();
+  } else if (scenario === "alarms") {
+    // The Overview's alarms, once one containing `expect` is shown.
+    await signIn();
+    await page.waitForSelector("header nav");
+    await go("#/overview");
+    await page.waitForFunction((t) => [...document.querySelectorAll("ul.alarms li")].some((li) => li.textContent.includes(t)),
+                               args.expect, { timeout: 20_000 });
+    out.alarms = await page.$$eval("ul.alarms li", (l) => l.map((x) => x.textContent));
   } else if (scenario === "sites") {
     await signIn();
     await page.waitForSelector("header nav");

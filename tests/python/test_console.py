@@ -66,12 +66,17 @@ def drive(scenario: str, relay, token: str, on_line=None, **args) -> dict:
     return last
 
 
-def task_events(wf: str, engine: str = "edge") -> list[dict]:
+def task_events(wf: str, engine: str = "edge", task: str = "r.0", end: str = "", **end_data) -> list[dict]:
+    """Task `task` of workflow `wf` submitted and started on site a; then ended (`end`:
+    completed, failed...) with `end_data` when asked."""
     src = f"/diaspora/{wf}/{engine}"
     evs = [
-        event("s0", source=src, type_="org.diaspora.task.submitted", data={"task_id": "r.0", "name": "r"}),
-        event("s1", source=src, type_="org.diaspora.task.started", data={"task_id": "r.0", "site": "a", "attempt": 1}),
+        event(f"{wf}-s0", source=src, type_="org.diaspora.task.submitted", data={"task_id": task, "name": task.split(".")[0]}),
+        event(f"{wf}-s1", source=src, type_="org.diaspora.task.started", data={"task_id": task, "site": "a", "attempt": 1}),
     ]
+    if end:
+        evs.append(event(f"{wf}-s2", source=src, type_=f"org.diaspora.task.{end}",
+                         data={"task_id": task, "site": "a", "attempt": 1, **end_data}))
     return evs
 
 
@@ -175,14 +180,24 @@ relay: {{url: "wss://127.0.0.1:{relay.port}", ca_file: "{creds.ca}", token_file:
 def test_an_action_on_a_finished_task_of_an_ended_run_is_warned_about_before_and_after(env):
     creds, relay, _ = env
     pub = creds.token("publish:*", "subscribe:*")
-    src = "/diaspora/fin/edge"
-    publish_events(relay, pub, "fin.events", [
-        event("f0", source=src, type_="org.diaspora.task.submitted", data={"task_id": "r.0", "name": "r"}),
-        event("f1", source=src, type_="org.diaspora.task.started", data={"task_id": "r.0", "site": "a", "attempt": 1}),
-        event("f2", source=src, type_="org.diaspora.task.completed", data={"task_id": "r.0", "site": "a", "attempt": 1})])
+    publish_events(relay, pub, "fin.events", task_events("fin", end="completed"))
     r = drive("act", relay, creds.token("admin"), workflow="fin", task="r.0")
     assert r["warning"] and "r.0 has completed" in r["warning"], r
     assert "but no engine is subscribed to fin.control.edge" in r["result"], r
+
+
+def test_alarms_name_failed_tasks_and_spent_policy_budgets(env):
+    creds, relay, _ = env
+    pub = creds.token("publish:*", "subscribe:*")
+    src = "/diaspora/bud/edge"
+    publish_events(relay, pub, "bud.events", task_events("bud", task="w.0", end="failed", reason="exit code 2") + [
+        event("b3", source=src, type_="org.diaspora.action.requested",
+              data={"action_id": "bud-a1", "action": "alert", "task_id": "w.0", "site": "a", "policy": "default-retry",
+                    "attempt": 0, "reason": "task.failures (1); restart budget spent (max_attempts 3): not acting again"})])
+    r = drive("alarms", relay, creds.token("admin"), expect="budgets spent")
+    assert any("bud: 1 failed task instances" in a for a in r["alarms"]), r
+    (spent,) = [a for a in r["alarms"] if "budgets spent" in a]
+    assert "bud/w.0 (default-retry)" in spent, r
 
 
 def test_a_site_its_engine_calls_up_while_everything_there_fails_is_shown_failing(env):

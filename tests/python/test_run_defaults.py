@@ -163,6 +163,28 @@ def test_exit_127_is_not_retried_and_a_noisy_fault_free_run_takes_no_action(tmp_
     told = [e["data"] for e in events if e["type"] == "org.diaspora.anomaly.predicted"]
     assert len(told) == 1 and told[0]["task_id"] == "missing.0", told
     assert "a retry cannot fix" in str(told[0]) or told[0].get("policy") == "default-retry", told
+    # Its action.requested names the policy and, being no attempt of its budget, no attempt.
+    (asked,) = [e["data"] for e in events if e["type"] == "org.diaspora.action.requested"]
+    assert asked["action"] == "alert" and asked["policy"] == "default-retry" and "attempt" not in asked, asked
+
+
+def test_a_spent_budget_is_one_alert_that_says_so_in_its_event_and_the_report(tmp_path):
+    # Every attempt reports a step time over the threshold: the first is restarted, the
+    # policy's budget (1) is then spent, said once, and the task finishes where it is.
+    slow = "for i in 1 2 3 4; do echo \"metric step_time_s 5\" >&$DIASPORA_PROGRESS_FD; sleep 0.5; done"
+    _, rep, out = run_ok(tmp_path, TWO_SITES + f"""tasks:
+  - name: slow
+    command: '{slow}'
+policies:
+  - {{name: too-slow, signal: task.step_time, detector: threshold, threshold: 1, action: restart, max_attempts: 1, cooldown: 0.2s}}
+""")
+    assert [a["kind"] for a in rep["actions"] if a["task"] == "slow.0"] == ["restart"], rep["actions"]
+    (inc,) = [i for i in rep["incidents"] if i["instance"] == "slow.0"]
+    assert inc["budget_spent"] is True and inc["state"] == "completed", inc
+    events = rn.stored_events(out, "defaults.events", rep["plugin"]["stats"]["events_acked"])
+    asked = [(e["data"]["action"], e["data"].get("policy"), e["data"].get("attempt"))
+             for e in events if e["type"] == "org.diaspora.action.requested"]
+    assert asked == [("restart", "too-slow", 1), ("alert", "too-slow", 0)], asked
 
 
 def test_with_no_policy_a_hung_attempt_is_restarted_within_seconds(tmp_path):

@@ -340,18 +340,34 @@ def test_an_action_nobody_reads_is_said_so_when_sent_and_shown_expired_after_a_m
         status, read = run(with_engine())
         assert status == 202 and read["subscribers"] == 1 and "warning" not in read, read
 
-        wait_until(lambda: get(relay, "actions", admin)["total"] == 2, 20, "the actions in the views")
-        assert {a["status"] for a in get(relay, "actions", admin)["items"]} == {"pending"}
+        # A policy's alerts (published for people, answered by no engine): raised, never
+        # expired; the one saying its budget is spent (attempt 0) is marked and found so.
+        publish_events(relay, pub, "gone.events", [
+            {**ev(3, "action.requested", action_id="al.1", action="alert", task_id="r.0", policy="slow",
+                  reason="step time high; cannot migrate: no other site; attempt 2 of 3", attempt=2),
+             "source": "/diaspora/gone/edge"},
+            {**ev(4, "action.requested", action_id="al.2", action="alert", task_id="r.0", policy="slow",
+                  reason="step time high; migrate budget spent (max_attempts 3): not acting again", attempt=0),
+             "source": "/diaspora/gone/edge"}])
+        wait_until(lambda: get(relay, "actions", admin)["total"] == 4, 20, "the actions in the views")
+        assert {a["action_id"]: a["status"] for a in get(relay, "actions", admin)["items"]} == {
+            body["action_id"]: "pending", read["action_id"]: "pending", "al.1": "raised", "al.2": "raised"}
+        spent = get(relay, "actions", admin, "?budget_spent=true")
+        assert [(a["action_id"], a["attempt"], a["policy"]) for a in spent["items"]] == [("al.2", 0, "slow")], spent
+        assert SCHEMA.is_valid(spent), list(SCHEMA.iter_errors(spent))[:2]
         stamp.write_text("+2m\n")  # the relay's wall clock two minutes on
         items = {a["action_id"]: a for a in get(relay, "actions", admin)["items"]}
         assert items[body["action_id"]]["status"] == "expired", items
         assert "no engine answered it within 60 s" in items[body["action_id"]]["message"], items
-        assert [a["action_id"] for a in get(relay, "actions", admin, "?status=expired")["items"]] == sorted(items), items
+        assert items["al.1"]["status"] == items["al.2"]["status"] == "raised", items
+        assert [a["action_id"] for a in get(relay, "actions", admin, "?status=expired")["items"]] == sorted(
+            [body["action_id"], read["action_id"]]), items
         publish_events(relay, pub, "gone.events", [{**ev(2, "action.done", action_id=read["action_id"], status="done",
                                                          action="restart", message="restarted"),
                                                     "source": "/diaspora/gone/edge"}])
         wait_until(lambda: {a["action_id"]: a["status"] for a in get(relay, "actions", admin)["items"]}
-                   == {body["action_id"]: "expired", read["action_id"]: "done"}, 20, "the late answer")
+                   == {body["action_id"]: "expired", read["action_id"]: "done", "al.1": "raised", "al.2": "raised"},
+                   20, "the late answer")
     finally:
         relay.stop_cleanly()
 

@@ -107,9 +107,13 @@ TEST(RunnerReport, AnIncidentGroupsAnInstancesEvidenceDecisionsAndOutcomeWithIts
                         {"reason", reason}};
   };
   rep["actions"] = json::array{
-      action("burn.2", "alert", 2.1, "default-retry: task.failures of task burn.2 on site near: ...; a retry cannot fix that"),
-      action("burn.0", "speculate", 6.5, "default-slow: task.step_time of task burn.0 on site near: relative 4x; speculate"),
-      action("burn.0@copy1", "alert", 9, "default-deadline: ...; speculate budget spent (max_attempts 1): not acting again")};
+      action("burn.0", "speculate", 6.5, "default-slow: task.step_time of task burn.0 on site near: relative 4x; speculate")};
+  // Alerts never reach the engine: the report reads them back from the topic.
+  rep["alerts"] = json::array{
+      json::object{{"t_s", 9.0}, {"task", "burn.0@copy1"}, {"policy", "default-deadline"}, {"attempt", 0},
+                   {"reason", "task.deadline_slack ...; speculate budget spent (max_attempts 1): not acting again"}},
+      json::object{{"t_s", 2.1}, {"task", "burn.2"}, {"policy", "default-retry"},
+                   {"reason", "task burn.2 on site near failed with exit status 127: a retry cannot fix that; not retried"}}};
   rep["anomalies"] = json::array{
       json::object{{"t_s", 1.0}, {"task", "burn.0"}, {"score", 0.2}, {"detector", "relative"}, {"explanation", "before"}},
       json::object{{"t_s", 6.0}, {"task", "burn.0"}, {"score", 1.0}, {"detector", "relative"}, {"explanation", "level 2 s"}},
@@ -121,10 +125,16 @@ TEST(RunnerReport, AnIncidentGroupsAnInstancesEvidenceDecisionsAndOutcomeWithIts
   EXPECT_TRUE(first.at("faults").as_array().empty());
   EXPECT_NE(json::serialize(first.at("evidence")).find("exit status 127"), std::string::npos);
   EXPECT_TRUE(first.at("reaction_s").is_null());
+  EXPECT_FALSE(first.contains("budget_spent"));  // an alert outside any budget
+  EXPECT_EQ(json::serialize(first.at("decisions")),
+            R"([{"kind":"alert","policy":"default-retry","target_site":"","outcome":"raised","at_s":2.1E0,)"
+            R"("evidence":"task burn.2 on site near failed with exit status 127: a retry cannot fix that"}])");
   const json::object& b0 = inc[1].as_object();
   EXPECT_EQ(b0.at("instance").as_string(), "burn.0");
   const json::array& ds = b0.at("decisions").as_array();
-  ASSERT_EQ(ds.size(), 2u);  // the copy's alert is its original's incident
+  ASSERT_EQ(ds.size(), 2u);  // the copy's alert is its original's incident, after the action in time
+  EXPECT_EQ(ds[1].as_object().at("kind").as_string(), "alert");
+  EXPECT_EQ(ds[1].as_object().at("policy").as_string(), "default-deadline");
   EXPECT_EQ(ds[0].as_object().at("policy").as_string(), "default-slow");
   EXPECT_EQ(ds[0].as_object().at("evidence").as_string(),
             "default-slow: task.step_time of task burn.0 on site near: relative 4x");

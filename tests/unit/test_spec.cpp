@@ -1,3 +1,5 @@
+#include <cmath>
+
 #include "diaspora/policy.hpp"
 #include "diaspora/spec.hpp"
 #include "test_helpers.hpp"
@@ -126,6 +128,28 @@ TEST(Spec, YamlScalarsFollowTheCoreSchema) {
   std::string out = all_errors(r);
   EXPECT_NE(out.find("q.yaml:1:10: error: version: must be 1"), std::string::npos) << out;
   EXPECT_NE(out.find("sites[0].workers: expected integer, got string"), std::string::npos) << out;
+}
+
+TEST(Spec, PlainScalarsResolveToTheCoreSchemasTypes) {
+  // Every number form of the YAML 1.2 core schema, and the near misses that stay strings.
+  const auto doc = diaspora::parse_yaml(
+      "[12, -7, +3, 0o17, 0x1F, 1.5, -.5, 1., 2e3, 1.5E-2, +.25e+1, .inf, -.Inf, .nan, null, ~, true, False,"
+      " 1.2.3, 0o18, 0xG, 1e, e5, ., +, -, 12a, '12', 99999999999999999999]",
+      "s.yaml");
+  ASSERT_TRUE(doc.errors.empty());
+  const auto& a = doc.root.as_array();
+  ASSERT_EQ(a.size(), 29u);
+  const std::vector<std::int64_t> ints{12, -7, 3, 15, 31};
+  for (std::size_t i = 0; i < ints.size(); ++i) EXPECT_EQ(a[i].as_int64(), ints[i]) << i;
+  const std::vector<double> reals{1.5, -0.5, 1.0, 2000.0, 0.015, 2.5};
+  for (std::size_t i = 0; i < reals.size(); ++i) EXPECT_DOUBLE_EQ(a[5 + i].as_double(), reals[i]) << i;
+  EXPECT_EQ(a[11].as_double(), HUGE_VAL);
+  EXPECT_EQ(a[12].as_double(), -HUGE_VAL);
+  EXPECT_TRUE(std::isnan(a[13].as_double()));
+  EXPECT_TRUE(a[14].is_null() && a[15].is_null());
+  EXPECT_TRUE(a[16].as_bool() && !a[17].as_bool());
+  for (std::size_t i = 18; i < 28; ++i) EXPECT_TRUE(a[i].is_string()) << i << ": " << boost::json::serialize(a[i]);
+  EXPECT_DOUBLE_EQ(a[28].as_double(), 1e20);  // too large for 64 bits: still a number
 }
 
 TEST(Spec, FileProblemsAreDiagnosticsNotExceptions) {

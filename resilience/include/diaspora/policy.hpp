@@ -81,7 +81,8 @@ struct Decision {
   std::string policy;       ///< the policy's name
   std::string reason;       ///< one readable line (docs/anomaly.md, "Reason format")
   int attempt = 0;          ///< 1-based number of this policy's action for this task (or
-                            ///< site); 0 for the one alert saying the budget is spent
+                            ///< site); 0 for the one alert saying the budget is spent; -1 for
+                            ///< an alert outside the budget (a failure no retry can fix)
   double score = 0;         ///< [0, 1]: ensemble score; 1 - 10^-phi; surprise/23 nats for
                             ///< z and CUSUM detectors; 1 for threshold and forecast rules
   std::string signal;       ///< e.g. "task.step_time"
