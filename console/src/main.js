@@ -71,6 +71,14 @@ function ErrorLine({ error }) {
 
 // ---- sign-in -----------------------------------------------------------------------------
 
+// The run of a workflow has ended (every engine closed its plugin): its pages keep the last
+// state it reached and say so.
+function RunEnded({ workflow }) {
+  if (!workflow?.ended_us) return null;
+  return html`<p class="banner warn" role="status" id="run-ended">The run of ${workflow.workflow} ended at ${fmtTime(workflow.ended_us)}
+    (every engine closed its plugin): this is the last state it reached. An action now waits for the next run's engine.</p>`;
+}
+
 function SignIn({ onDone, message }) {
   const [value, setValue] = useState("");
   const [error, setError] = useState(message || "");
@@ -178,11 +186,12 @@ function Overview() {
     <h3>Workflows</h3>
     <${ErrorLine} error=${wfs.error} />
     <div class="scroll"><table>
-      <thead><tr><th>Workflow</th><th>Events</th><th>Pending</th><th>Running</th><th>Recovering</th><th>Completed</th><th>Failed</th><th>Anomalies</th><th>Last event</th></tr></thead>
+      <thead><tr><th>Workflow</th><th>Events</th><th>Pending</th><th>Running</th><th>Recovering</th><th>Completed</th><th>Failed</th><th>Anomalies</th><th>Last event</th><th>Run ended</th></tr></thead>
       <tbody>${(wfs.data?.items || []).map((w) => html`<tr>
         <td><a href="#/tasks?workflow=${encodeURIComponent(w.workflow)}">${w.workflow}</a></td><td>${fmtNum(w.events)}</td>
         <td>${w.states.pending || 0}</td><td>${w.states.running || 0}</td><td>${w.states.recovering || 0}</td><td>${w.states.completed || 0}</td>
-        <td>${w.states.failed || 0}</td><td>${w.anomalies}</td><td>${fmtTime(w.last_us)}</td></tr>`)}</tbody>
+        <td>${w.states.failed || 0}</td><td>${w.anomalies}</td><td>${fmtTime(w.last_us)}</td>
+        <td>${w.ended_us ? fmtTime(w.ended_us) : "—"}</td></tr>`)}</tbody>
     </table></div>
   </section>`;
 }
@@ -376,7 +385,7 @@ async function sendAction(body) {
   }
 }
 
-function ActionDialog({ task, sites, onClose }) {
+function ActionDialog({ task, sites, ended, onClose }) {
   const [kind, setKind] = useState("restart");
   const [target, setTarget] = useState("");
   const [reason, setReason] = useState("");
@@ -399,6 +408,7 @@ function ActionDialog({ task, sites, onClose }) {
         <option value="">choose…</option>${sites.filter((s) => s !== task.site).map((s) => html`<option value=${s}>${s}</option>`)}</select></label>`}
       <label>Reason <input name="reason" value=${reason} onInput=${(e) => setReason(e.target.value)} /></label>
       <p>This ${kind} goes to the engine of ${task.workflow} (${task.engine || "unknown engine"}) and is recorded with your token's name.</p>
+      ${ended && html`<p class="warn" id="run-ended-warning">The run of ${task.workflow} ended at ${fmtTime(ended)}: no engine of it reads its control topic now; this ${kind} waits for the next run's engine.</p>`}
       ${["completed", "failed", "cancelled"].includes(task.state) && html`<p class="warn" id="action-warning">${task.task_id} has ${task.state}${task.end_us ? ` (at ${fmtTime(task.end_us)})` : ""}: ${kind === "restart" ? "a restart runs it again, if its engine still runs" : `a ${kind} may find nothing to act on`}.</p>`}
       <div class="buttons">
         <button type="submit" class="danger" disabled=${kind === "migrate" && !target}>Confirm ${kind}</button>
@@ -548,8 +558,10 @@ function Tasks() {
   const acts = useLoad(() => (wf ? view("actions", { workflow: wf, limit: 1000 }) : Promise.resolve(null)), [wf, tick]);
   const siteNames = (sites.data?.items || []).map((s) => s.site);
   const items = tasks.data?.items || [];
+  const current = (wfs.data?.items || []).find((w) => w.workflow === wf);
   return html`<section>
     <h2>Workflows and tasks</h2>
+    <${RunEnded} workflow=${current} />
     <div class="filters">
       <label>Workflow <select name="workflow" value=${wf} onChange=${(e) => setWorkflow(e.target.value)}>
         ${(wfs.data?.items || []).map((w) => html`<option value=${w.workflow}>${w.workflow}</option>`)}</select></label>
@@ -574,7 +586,7 @@ function Tasks() {
         <td>${fmtTime(t.last_heartbeat_us)}</td>
         <td><button onClick=${() => setActing(t)} aria-label=${"Act on " + t.task_id}>Act…</button></td></tr>`)}</tbody>
     </table></div>
-    ${acting && html`<${ActionDialog} task=${acting} sites=${siteNames} onClose=${() => setActing(null)} />`}
+    ${acting && html`<${ActionDialog} task=${acting} sites=${siteNames} ended=${current?.ended_us} onClose=${() => setActing(null)} />`}
     ${shown && items.find((t) => t.task_id === shown) && html`<${TaskDetail} task=${items.find((t) => t.task_id === shown)}
       actions=${acts.data?.items || []} onClose=${() => show("")} />`}
   </section>`;
@@ -658,12 +670,14 @@ function siteCondition(s) {
 }
 
 function Sites() {
-  const tick = useChanges((c) => c.view === "sites");
+  const tick = useChanges((c) => c.view === "sites" || c.view === "workflows");
   const wf = query().get("workflow");
   const sites = useLoad(() => view("sites", wf ? { limit: 1000, workflow: wf } : { limit: 1000 }), [tick]);
+  const wfs = useLoad(() => (wf ? view("workflows", { workflow: wf, limit: 1 }) : Promise.resolve(null)), [tick]);
   const [acting, setActing] = useState(null);
   return html`<section>
     <h2>Sites</h2>
+    <${RunEnded} workflow=${wfs.data?.items?.[0]} />
     <${ErrorLine} error=${sites.error} />
     ${(sites.data?.items || []).map((s) => html`<article class="site" data-site=${s.site}>
       <h3>${s.workflow} / ${s.site} <span class=${"state " + siteCondition(s)} title=${`reported ${s.state}; health ${fmtNum(s.health, 2)}`}>${siteCondition(s)}</span>

@@ -752,7 +752,8 @@ void Plugin::maybe_publish_stats(bool force) {
                                .reconnects = n(s.reconnects),
                                .invalid_transitions = n(s.invalid_transitions),
                                .actions_received = n(s.actions_received),
-                               .connected = s.connected != 0};
+                               .connected = s.connected != 0,
+                               .closing = stop_.load(std::memory_order_acquire) ? std::optional<bool>(true) : std::nullopt};
   std::string text;
   append_event(text, next_side_id(), std::nullopt, st, ctx_, now_us());
   add_side_event(std::move(text));

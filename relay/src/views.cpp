@@ -145,8 +145,12 @@ struct Workflow {
   std::int64_t first_us = 0, last_us = 0, events = 0, data_items = 0, data_bytes = 0, anomalies = 0;
   std::map<std::string, std::int64_t> states;  ///< task instances per state
   std::map<std::string, json::value> engines;  ///< the last plugin.stats of each engine
+  /// When the run ended: the time of the closing plugin.stats that left every engine of the
+  /// workflow closed; 0 while one is open (a later task event opens it again: a new run).
+  std::int64_t ended_us = 0;
 };
-BOOST_DESCRIBE_STRUCT(Workflow, (), (workflow, first_us, last_us, events, data_items, data_bytes, anomalies, states, engines))
+BOOST_DESCRIBE_STRUCT(Workflow, (),
+                      (workflow, first_us, last_us, events, data_items, data_bytes, anomalies, states, engines, ended_us))
 
 }  // namespace view
 
@@ -181,7 +185,7 @@ namespace {
 
 constexpr std::size_t kMaxAttempts = 16, kMaxScores = 256;
 constexpr int kSnapshotFormat = 6;  // 3: sites carry failures, failures_us; 4: tasks carry recovery; 5: sites carry faults;
-                                    // 6: actions carry attempt, budget_spent
+                                    // 6: actions carry attempt, budget_spent; workflows ended_us
 
 std::string key(const std::string& wf, const std::string& id) { return wf + '\x1f' + id; }
 
@@ -249,6 +253,7 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
   if (type.starts_with("org.diaspora.task.")) {
     const std::string id = str(d, "task_id");
     if (id.empty()) return false;
+    if (w.ended_us != 0 && t > w.ended_us) w.ended_us = 0;  // a task event after the end: a new run
     view::Task& k = st.tasks[key(wf, id)];
     const bool fresh = k.task_id.empty();
     if (fresh) k.workflow = wf, k.task_id = id, k.submitted_us = t;
@@ -507,7 +512,15 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
   }
   if (type == "org.diaspora.plugin.stats") {
     const std::string engine = str(d, "engine");
-    if (!engine.empty()) w.engines[engine] = d;
+    if (engine.empty()) return true;
+    w.engines[engine] = d;
+    auto closed = [](const json::value& s) {
+      const json::value* c = s.is_object() ? s.get_object().if_contains("closing") : nullptr;
+      return c && c->is_bool() && c->get_bool();
+    };
+    if (!closed(d)) w.ended_us = 0;
+    else if (std::all_of(w.engines.begin(), w.engines.end(), [&](const auto& e) { return closed(e.second); }))
+      w.ended_us = t;
     return true;
   }
   return true;  // a known family with nothing to keep (metric, warnings): counted in the workflow

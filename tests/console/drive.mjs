@@ -98,6 +98,8 @@ try {
     if (args.target) await page.selectOption("dialog select[name=target]", args.target);
     await page.fill("dialog input[name=reason]", "console test");
     out.warning = (await page.$("#action-warning")) && (await page.textContent("#action-warning"));
+    out.ended_banner = (await page.$("#run-ended")) && (await page.textContent("#run-ended"));
+    out.ended_warning = (await page.$("#run-ended-warning")) && (await page.textContent("#run-ended-warning"));
     await page.click("dialog button[type=submit]");
     out.result = await (await page.waitForSelector("#action-result")).textContent();
     if (args.wait_outcome) {

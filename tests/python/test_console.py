@@ -180,9 +180,16 @@ relay: {{url: "wss://127.0.0.1:{relay.port}", ca_file: "{creds.ca}", token_file:
 def test_an_action_on_a_finished_task_of_an_ended_run_is_warned_about_before_and_after(env):
     creds, relay, _ = env
     pub = creds.token("publish:*", "subscribe:*")
-    publish_events(relay, pub, "fin.events", task_events("fin", end="completed"))
+    stats = {"engine": "edge", **{k: 0 for k in ("events_accepted", "events_acked", "events_spilled", "metrics_coalesced",
+                                                  "events_lost", "spool_records", "spool_bytes", "reconnects",
+                                                  "invalid_transitions", "actions_received")}, "connected": True}
+    publish_events(relay, pub, "fin.events", task_events("fin", end="completed") + [
+        event("fin-close", source="/diaspora/fin/edge", type_="org.diaspora.plugin.stats", data={**stats, "closing": True})])
     r = drive("act", relay, creds.token("admin"), workflow="fin", task="r.0")
     assert r["warning"] and "r.0 has completed" in r["warning"], r
+    # The run ended (its engine closed its plugin): the page says so and keeps the last state.
+    assert r["ended_banner"] and "The run of fin ended at" in r["ended_banner"], r
+    assert r["ended_warning"] and "no engine of it reads its control topic now" in r["ended_warning"], r
     assert "but no engine is subscribed to fin.control.edge" in r["result"], r
 
 

@@ -8,6 +8,9 @@ Timing margins are wide on purpose (2 shared cores, sanitizer builds, tests in p
 from __future__ import annotations
 
 import json
+import ssl
+from datetime import datetime
+import urllib.request
 
 import run_harness as rn
 
@@ -239,6 +242,16 @@ def test_a_finished_run_is_served_again_and_tail_stops_at_the_end(tmp_path):
         assert t.returncode == 0, t.stderr  # it stopped by itself, at the end of the log
         types = [json.loads(line)["type"] for line in t.stdout.splitlines()]
         assert types.count("org.diaspora.task.completed") == 2, types
+        # The views say when the run ended: its plugin's closing counters, the log's last event.
+        closing = json.loads(t.stdout.splitlines()[-1])
+        assert closing["type"] == "org.diaspora.plugin.stats" and closing["data"]["closing"] is True, closing
+        ctx = ssl.create_default_context(cafile=str(out / "relay" / "certs" / "ca.pem"))
+        req = urllib.request.Request(url.group(1).replace("wss://", "https://") + "/api/v1/views/workflows",
+                                     headers={"Authorization": "Bearer " + (out / "relay" / "token").read_text().strip()})
+        (wf,) = json.loads(urllib.request.urlopen(req, context=ctx, timeout=20).read())["items"]
+        assert wf["workflow"] == "defaults" and wf["ended_us"] > 0, wf
+        closed_us = datetime.fromisoformat(closing["time"].replace("Z", "+00:00")).timestamp() * 1e6
+        assert abs(wf["ended_us"] - closed_us) < 1000, (wf, closing)
     finally:
         srv.send_signal(signal.SIGINT)
         assert srv.wait(timeout=30) == 0

@@ -473,3 +473,33 @@ def test_console_assets_are_served_with_a_strict_policy(tmp_path, creds):
     bad = RelayProcess(creds, tmp_path / "data2", config={"console_dir": str(tmp_path / "empty")})
     with pytest.raises(AssertionError, match="no index.html"):
         bad.start()
+
+
+def test_a_run_has_ended_when_every_engine_closed_its_plugin_and_a_new_run_opens_it_again(tmp_path, creds):
+    relay = RelayProcess(creds, tmp_path / "data").start()
+    pub, admin = creds.token("publish:*", "subscribe:*"), creds.token("admin")
+    counters = {k: 0 for k in ("events_accepted", "events_acked", "events_spilled", "metrics_coalesced", "events_lost",
+                               "spool_records", "spool_bytes", "reconnects", "invalid_transitions", "actions_received")}
+
+    def stats(n, engine, **more):
+        return ev(n, "plugin.stats", engine=engine, connected=True, **counters, **more)
+
+    def ended():
+        return get(relay, "workflows", admin)["items"][0]["ended_us"]
+    try:
+        publish_events(relay, pub, "end.events", [ev(1, "task.submitted", task_id="r.0", name="r"),
+                                                  stats(2, "dask"), stats(3, "slurm")])
+        wait_until(lambda: get(relay, "workflows", admin)["total"] == 1 and
+                   len(get(relay, "workflows", admin)["items"][0]["engines"]) == 2, 20, "the engines")
+        assert ended() == 0
+        publish_events(relay, pub, "end.events", [stats(4, "dask", closing=True)])
+        wait_until(lambda: get(relay, "workflows", admin)["items"][0]["engines"]["dask"].get("closing"), 20, "dask closed")
+        assert ended() == 0  # slurm's engine still runs
+        publish_events(relay, pub, "end.events", [stats(5, "slurm", closing=True)])
+        wait_until(lambda: ended() > 0, 20, "the run's end")
+        wfs = get(relay, "workflows", admin)
+        assert SCHEMA.is_valid(wfs), list(SCHEMA.iter_errors(wfs))[:2]
+        publish_events(relay, pub, "end.events", [ev(6, "task.submitted", task_id="r.1", name="r")])  # a new run
+        wait_until(lambda: ended() == 0, 20, "the new run")
+    finally:
+        relay.stop_cleanly()

@@ -215,10 +215,11 @@ struct PluginStats {
   std::int64_t invalid_transitions = 0;
   std::int64_t actions_received = 0;
   bool connected = false;
+  std::optional<bool> closing;  ///< true in the last counters, published as the plugin closes
 };
 BOOST_DESCRIBE_STRUCT(PluginStats, (),
                       (engine, events_accepted, events_acked, events_spilled, metrics_coalesced, events_lost,
-                       spool_records, spool_bytes, reconnects, invalid_transitions, actions_received, connected))
+                       spool_records, spool_bytes, reconnects, invalid_transitions, actions_received, connected, closing))
 
 /// Every Diaspora event type, sorted.
 const std::vector<std::string_view>& all_types();
