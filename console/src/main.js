@@ -385,11 +385,24 @@ async function sendAction(body) {
   }
 }
 
+// Before sending: does an engine read the control topic the action would go to? (POST with
+// dry_run: checked by the relay like the real one, nothing appended.) Its warning, or null.
+function useReaders(body) {
+  const [warning, setWarning] = useState(null);
+  useEffect(() => {
+    api("/api/v1/actions", { method: "POST", body: { ...body, dry_run: true } }).then((r) => setWarning(r.warning || null), () => setWarning(null));
+  }, []);
+  return warning;
+}
+
+const Readers = ({ warning }) => warning && html`<p class="warn" id="readers-warning">Before you send it: ${warning}.</p>`;
+
 function ActionDialog({ task, sites, ended, onClose }) {
   const [kind, setKind] = useState("restart");
   const [target, setTarget] = useState("");
   const [reason, setReason] = useState("");
   const [result, setResult] = useState(null);
+  const readers = useReaders({ workflow: task.workflow, action: "restart", task_id: task.task_id, reason: "check" });
   const ref = useRef();
   useEffect(() => ref.current?.showModal?.(), []);
   async function confirm(e) {
@@ -408,7 +421,8 @@ function ActionDialog({ task, sites, ended, onClose }) {
         <option value="">choose…</option>${sites.filter((s) => s !== task.site).map((s) => html`<option value=${s}>${s}</option>`)}</select></label>`}
       <label>Reason <input name="reason" value=${reason} onInput=${(e) => setReason(e.target.value)} /></label>
       <p>This ${kind} goes to the engine of ${task.workflow} (${task.engine || "unknown engine"}) and is recorded with your token's name.</p>
-      ${ended && html`<p class="warn" id="run-ended-warning">The run of ${task.workflow} ended at ${fmtTime(ended)}: no engine of it reads its control topic now; this ${kind} waits for the next run's engine.</p>`}
+      ${ended ? html`<p class="warn" id="run-ended-warning">The run of ${task.workflow} ended at ${fmtTime(ended)}: no engine of it reads its control topic now; this ${kind} waits for the next run's engine.</p>`
+        : html`<${Readers} warning=${readers} />`}
       ${["completed", "failed", "cancelled"].includes(task.state) && html`<p class="warn" id="action-warning">${task.task_id} has ${task.state}${task.end_us ? ` (at ${fmtTime(task.end_us)})` : ""}: ${kind === "restart" ? "a restart runs it again, if its engine still runs" : `a ${kind} may find nothing to act on`}.</p>`}
       <div class="buttons">
         <button type="submit" class="danger" disabled=${kind === "migrate" && !target}>Confirm ${kind}</button>
@@ -639,6 +653,7 @@ function SiteDialog({ site, drain, onClose }) {
   const [result, setResult] = useState(null);
   const ref = useRef();
   const kind = drain ? "drain" : "undrain";
+  const readers = useReaders({ workflow: site.workflow, action: kind, site: site.site, reason: "check", ...(site.engine ? { engine: site.engine } : {}) });
   useEffect(() => ref.current?.showModal?.(), []);
   async function confirm(e) {
     e.preventDefault();
@@ -652,6 +667,7 @@ function SiteDialog({ site, drain, onClose }) {
       <p>${drain ? "Nothing new will start on this site; attempts running there finish." : "The site takes new work again."}
         The action goes to the engine of ${site.workflow} (${site.engine || "unknown engine"}) and is recorded with your token's name.</p>
       <label>Reason <input name="reason" value=${reason} onInput=${(e) => setReason(e.target.value)} /></label>
+      <${Readers} warning=${readers} />
       <div class="buttons">
         <button type="submit" class="danger">Confirm ${kind}</button>
         <button type="button" onClick=${() => ref.current.close()}>Close</button>

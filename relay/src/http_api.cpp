@@ -232,8 +232,10 @@ std::variant<HttpReply, OperatorAction> prepare_operator_action(std::string_view
   const json::object& o = v.get_object();
   static const std::vector<std::string> keys = {"workflow", "action", "task_id", "site", "target_site", "reason", "engine"};
   for (const auto& [k, _] : o)
-    if (std::find(keys.begin(), keys.end(), std::string(k)) == keys.end())
-      return json_error(400, "bad_request", "unknown field '" + std::string(k) + "' (fields: workflow, action, task_id, site, target_site, reason, engine)");
+    if (k != "dry_run" && std::find(keys.begin(), keys.end(), std::string(k)) == keys.end())
+      return json_error(400, "bad_request", "unknown field '" + std::string(k) + "' (fields: workflow, action, task_id, site, target_site, reason, engine, dry_run)");
+  const json::value* dry = o.if_contains("dry_run");
+  if (dry && !dry->is_bool()) return json_error(400, "bad_request", "'dry_run' must be true or false");
   std::map<std::string, std::string> f;
   for (const auto& k : keys) {
     const json::value* x = o.if_contains(k);
@@ -272,6 +274,7 @@ std::variant<HttpReply, OperatorAction> prepare_operator_action(std::string_view
   OperatorAction a;
   a.action_id = "op-" + make_uuid();
   a.topic = wf + ".control." + engine;
+  a.dry_run = dry && dry->get_bool();
   json::object data{{"action_id", a.action_id}, {"action", f["action"]}, {"reason", f["reason"]}};
   for (const char* k : {"task_id", "site", "target_site"})
     if (f.count(k)) data[k] = f[k];

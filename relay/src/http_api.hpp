@@ -64,6 +64,7 @@ struct OperatorAction {
   std::string payload;     ///< the org.diaspora.action.requested CloudEvent (JSON)
   std::string dedupe_key;  ///< source \x1f id
   std::string action_id;
+  bool dry_run = false;    ///< POST /api/v1/actions with "dry_run": true: checked, not appended
 };
 
 /// POST /api/v1/actions: checks the token (admin or control:<workflow>; 401/403) and the

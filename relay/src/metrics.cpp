@@ -1,5 +1,7 @@
 #include "metrics.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include "diaspora/token.hpp"
@@ -25,7 +27,23 @@ void Metrics::subscribed(const std::string& pattern, int delta) {
   std::lock_guard lock(mutex);
   auto it = subscriptions.try_emplace(pattern, 0).first;
   it->second += delta;
-  if (it->second <= 0) subscriptions.erase(it);
+  if (it->second > 0) return;
+  subscriptions.erase(it);
+  closed_us[pattern] = std::chrono::duration_cast<std::chrono::microseconds>(
+                           std::chrono::system_clock::now().time_since_epoch()).count();
+  if (closed_us.size() > kMaxClosed)  // forget the pattern closed longest ago
+    closed_us.erase(std::min_element(closed_us.begin(), closed_us.end(),
+                                     [](const auto& a, const auto& b) { return a.second < b.second; }));
+}
+
+std::int64_t Metrics::last_subscribed_us(const std::string& topic, std::int64_t now_us) {
+  std::lock_guard lock(mutex);
+  for (const auto& [pattern, count] : subscriptions)
+    if (topic_matches(pattern, topic)) return now_us;
+  std::int64_t last = 0;
+  for (const auto& [pattern, t] : closed_us)
+    if (topic_matches(pattern, topic)) last = std::max(last, t);
+  return last;
 }
 
 std::int64_t Metrics::subscribers(const std::string& topic) {

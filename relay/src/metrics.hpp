@@ -37,8 +37,14 @@ struct Metrics {
 
   /// Open subscriptions whose topic or pattern covers `topic` now.
   std::int64_t subscribers(const std::string& topic);
+  /// When a subscription covering `topic` was last open, µs since the Unix epoch: `now_us`
+  /// while one is, the time the last one closed otherwise, 0 when none was since the relay
+  /// started (or its pattern was forgotten: the last kMaxClosed closed patterns are kept).
+  std::int64_t last_subscribed_us(const std::string& topic, std::int64_t now_us);
 
+  static constexpr std::size_t kMaxClosed = 4096;
   std::map<std::string, std::int64_t> subscriptions;  // pattern -> open subscriptions; guarded by mutex
+  std::map<std::string, std::int64_t> closed_us;      // pattern -> when its last subscription closed; guarded by mutex
 };
 
 /// The Prometheus text exposition (version 0.0.4) of `m` and of the log's fsync histogram

@@ -1079,15 +1079,31 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   // durable record of who asked what); answered 202 once it is durable.
   void post_action(http::request<http::string_body> req) {
     auto prepared = relay::prepare_operator_action(req.body(), bearer_of(req), api_context());
-    append_and_answer(std::move(req), std::move(prepared), [](Relay::Impl& impl, const relay::OperatorAction& a, std::uint64_t offset) {
-      // Who reads the control topic now (its engine; a console's tail of it counts too): an
-      // action to a run that ended, or whose engine is away, waits there for nobody, and
-      // the operator should know.
-      const std::int64_t readers = impl.metrics.subscribers(a.topic);
-      json::object answer{{"action_id", a.action_id}, {"topic", a.topic}, {"offset", offset}, {"subscribers", readers}};
-      if (readers == 0)
-        answer["warning"] = "no engine is subscribed to " + a.topic +
-                            " now: nothing will carry the action out unless one subscribes (has the run ended?)";
+    // Who reads the control topic now (its engine; a console's tail of it counts too): an
+    // action to a run that ended, or whose engine is away, waits there for nobody, and the
+    // operator should know, before sending (dry_run) and after.
+    auto readers = [](Relay::Impl& impl, const relay::OperatorAction& a) {
+      const std::int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch()).count();
+      const std::int64_t n = impl.metrics.subscribers(a.topic), last = impl.metrics.last_subscribed_us(a.topic, now);
+      json::object answer{{"topic", a.topic}, {"subscribers", n}, {"last_subscribed_us", last}};
+      if (n == 0)
+        answer["warning"] = "no engine is subscribed to " + a.topic + " now (" +
+                            (last > 0 ? "the last subscription ended at " + format_rfc3339(std::chrono::system_clock::time_point(
+                                                                                  std::chrono::microseconds(last)))
+                                      : std::string("none since the relay started")) +
+                            "): nothing will carry the action out unless one subscribes (has the run ended?)";
+      return answer;
+    };
+    if (auto* a = std::get_if<relay::OperatorAction>(&prepared); a && a->dry_run) {
+      json::object answer = readers(*relay_, *a);
+      answer["dry_run"] = true;
+      return respond(req, http::status::ok, "application/json", json::serialize(answer) + "\n");
+    }
+    append_and_answer(std::move(req), std::move(prepared), [readers](Relay::Impl& impl, const relay::OperatorAction& a, std::uint64_t offset) {
+      json::object answer = readers(impl, a);
+      answer["action_id"] = a.action_id;
+      answer["offset"] = offset;
       return answer;
     });
   }

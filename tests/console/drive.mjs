@@ -100,6 +100,8 @@ try {
     out.warning = (await page.$("#action-warning")) && (await page.textContent("#action-warning"));
     out.ended_banner = (await page.$("#run-ended")) && (await page.textContent("#run-ended"));
     out.ended_warning = (await page.$("#run-ended-warning")) && (await page.textContent("#run-ended-warning"));
+    if (args.readers_warning) await page.waitForSelector("#readers-warning", { timeout: 10_000 });
+    out.readers_warning = (await page.$("#readers-warning")) && (await page.textContent("#readers-warning"));
     await page.click("dialog button[type=submit]");
     out.result = await (await page.waitForSelector("#action-result")).textContent();
     if (args.wait_outcome) {

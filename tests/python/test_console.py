@@ -160,6 +160,7 @@ def test_operator_actions_need_control_scope_and_reach_the_engine(env):
         done = drive("act", relay, creds.token("subscribe:*", "control:ops", subject="operator"), workflow="ops",
                      task="r.0", wait_outcome="done")
         assert done["result"].startswith("Sent: op-"), done
+        assert done["readers_warning"] is None, done  # its engine reads the control topic
         assert done["outcome"] == "done" and "restarted r.0 (console test)" in done["outcome_row"], done
         assert [a.kind for a in engine.received] == ["restart"]
     finally:
@@ -205,6 +206,9 @@ def test_alarms_name_failed_tasks_and_spent_policy_budgets(env):
     assert any("bud: 1 failed task instances" in a for a in r["alarms"]), r
     (spent,) = [a for a in r["alarms"] if "budgets spent" in a]
     assert "bud/w.0 (default-retry)" in spent, r
+    # An action to it: no engine reads its control topic (killed, never closed): said before sending.
+    r = drive("act", relay, creds.token("admin"), workflow="bud", task="w.0", readers_warning=True)
+    assert "no engine is subscribed to bud.control.edge now (none since the relay started)" in r["readers_warning"], r
 
 
 def test_a_site_its_engine_calls_up_while_everything_there_fails_is_shown_failing(env):

@@ -329,6 +329,12 @@ def test_an_action_nobody_reads_is_said_so_when_sent_and_shown_expired_after_a_m
                                                    "source": "/diaspora/gone/edge"}])
         wait_until(lambda: get(relay, "tasks", admin)["total"] == 1, 20, "the views")
         act = {"workflow": "gone", "action": "restart", "task_id": "r.0", "reason": "late"}
+        # Asked before sending (dry_run): checked like the real one, answered, nothing appended.
+        status, dry = https_post(relay, "/api/v1/actions", {**act, "dry_run": True}, admin)
+        assert status == 200 and dry["dry_run"] is True and dry["subscribers"] == 0 and "action_id" not in dry, dry
+        assert "no engine is subscribed to gone.control.edge now (none since the relay started)" in dry["warning"], dry
+        assert https_post(relay, "/api/v1/actions", {**act, "dry_run": "yes"}, admin)[0] == 400
+        assert https_post(relay, "/api/v1/actions", {**act, "dry_run": True}, creds.token("subscribe:*"))[0] == 403
         status, body = https_post(relay, "/api/v1/actions", act, admin)
         assert status == 202 and body["subscribers"] == 0, body
         assert "no engine is subscribed to gone.control.edge" in body["warning"], body
@@ -339,6 +345,11 @@ def test_an_action_nobody_reads_is_said_so_when_sent_and_shown_expired_after_a_m
             return https_post(relay, "/api/v1/actions", {**act, "reason": "read"}, admin)
         status, read = run(with_engine())
         assert status == 202 and read["subscribers"] == 1 and "warning" not in read, read
+        # The engine gone: when its subscription ended is said.
+        wait_until(lambda: https_post(relay, "/api/v1/actions", {**act, "dry_run": True}, admin)[1]["subscribers"] == 0,
+                   20, "the engine's subscription closed")
+        dry = https_post(relay, "/api/v1/actions", {**act, "dry_run": True}, admin)[1]
+        assert "now (the last subscription ended at 20" in dry["warning"] and dry["last_subscribed_us"] > 0, dry
 
         # A policy's alerts (published for people, answered by no engine): raised, never
         # expired; the one saying its budget is spent (attempt 0) is marked and found so.
