@@ -616,11 +616,25 @@ function span(xs, pad) {
 
 // Health (line, over time), each prediction's anomaly score (points), the deciding policy's
 // threshold on the score's scale (dashed steps) and forecast crossings (points at t + eta).
+// Over this long without a point of the site's health (the views add one every 10 s while
+// events about it come), the site was silent: the health line breaks there.
+const kSilenceS = 30;
+
 function ScoreChart({ site }) {
   const ref = useRef();
+  const [gaps, setGaps] = useState(0);
   useEffect(() => {
     const rows = [];
-    for (const p of site.history) rows.push({ t: p.t_us / 1e6, health: p.health });
+    let silences = 0;
+    site.history.forEach((p, i) => {
+      const t = p.t_us / 1e6, prev = i > 0 ? site.history[i - 1].t_us / 1e6 : t;
+      if (t - prev > kSilenceS) {
+        rows.push({ t: prev + 10, health: null });  // known until the next keep-alive was due; then nothing
+        silences++;
+      }
+      rows.push({ t, health: p.health });
+    });
+    setGaps(silences);
     const last = site.history[site.history.length - 1];
     if (last && site.updated_us > last.t_us) rows.push({ t: site.updated_us / 1e6, health: site.health });  // to its last event
     for (const p of site.scores) {
@@ -638,14 +652,17 @@ function ScoreChart({ site }) {
       series: [{},
         // Health holds its value until the next change the views recorded: steps, not slopes
         // (a straight line between two sparse points drew recoveries that did not happen).
-        { label: "health", stroke: "#2b8a3e", width: 2, spanGaps: true, paths: uPlot.paths.stepped({ align: 1 }) },
+        // A silence is a gap (null), not a value held across it; rows of the other series
+        // have no health (undefined), which the line spans.
+        { label: "health", stroke: "#2b8a3e", width: 2, spanGaps: false, paths: uPlot.paths.stepped({ align: 1 }) },
         { label: "anomaly score", stroke: "#d9480f", width: 0, points: { show: true, size: 7, fill: "#d9480f" } },
         { label: "policy threshold", stroke: "#868e96", dash: [6, 4], width: 1.5, spanGaps: true, paths: uPlot.paths.stepped({ align: 1 }) },
         { label: "forecast crossing", stroke: "#1971c2", width: 0, points: { show: true, size: 9, fill: "#1971c2" } }],
-    }, [col("t"), col("health"), col("score"), col("thr"), col("forecast")], ref.current);
+    }, [col("t"), rows.map((r) => r.health), col("score"), col("thr"), col("forecast")], ref.current);
     return () => plot.destroy();
   }, [site]);
-  return html`<div class="chart" ref=${ref}></div>`;
+  return html`<div class="chart" ref=${ref} data-gaps=${gaps}></div>
+    ${gaps > 0 && html`<p class="explain">Gaps in the health line: no event about the site for over ${kSilenceS} s (${gaps}).</p>`}`;
 }
 
 function SiteDialog({ site, drain, onClose }) {

@@ -116,7 +116,8 @@ struct Site {
   double health = 1;        ///< diaspora::site_health() of what the views see (site_health.hpp)
   std::string explanation;  ///< of the last prediction
   std::vector<ScorePoint> scores;  ///< the last 256 predictions about it
-  std::vector<HealthPoint> history;  ///< health over time: its last 256 changes (one a second at most)
+  std::vector<HealthPoint> history;  ///< health over time: its last 256 changes (one a second at most),
+                                     ///< and a point every 10 s while events about the site come
   std::vector<FaultMark> faults;     ///< the last 64 faults reported on it
 };
 BOOST_DESCRIBE_STRUCT(Site, (),
@@ -203,6 +204,11 @@ void add_failure(view::Site& s, std::int64_t t_us) {
   s.failures_us = std::max(s.failures_us, t_us);
 }
 
+// A point of a site's health at each change, and one every 10 s while events about the site
+// keep coming (update_health, and the task events' keep-alive in apply_event): a longer
+// interval between two points is a silence, which a chart can show as a gap.
+constexpr std::int64_t kKeepaliveUs = 10'000'000;
+
 // How a site's health follows from what the views saw of it (diaspora::site_health: the
 // policies' and the runner's definition too). Every engine publishing on the site counts.
 void update_health(view::Site& s, std::int64_t now_us) {
@@ -212,7 +218,9 @@ void update_health(view::Site& s, std::int64_t now_us) {
   in.failure_rate = s.failure_rate;
   in.failures = decay_failures(s.failures, static_cast<double>(now_us - s.failures_us) / 1e6);
   s.health = site_health(in);
-  if (!s.history.empty() && std::abs(s.history.back().health - s.health) < 0.01) return;
+  if (!s.history.empty() && std::abs(s.history.back().health - s.health) < 0.01 &&
+      now_us - s.history.back().t_us < kKeepaliveUs)
+    return;
   if (s.history.size() > 1 && now_us - s.history[s.history.size() - 2].t_us < 1'000'000) {
     s.history.back() = {now_us, s.health};  // one point a second at most: the last one stands
     return;
@@ -264,6 +272,10 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
     if (const double a = num(d, "attempt", 0); a > 0) k.attempt = static_cast<std::int64_t>(a);
     if (std::string s = str(d, "site"); !s.empty()) k.site = std::move(s);
     if (std::string s = str(d, "worker"); !s.empty()) k.worker = std::move(s);
+    if (!k.site.empty())  // any event of a task there keeps the site's health line going
+      if (auto it = st.sites.find(key(wf, k.site));
+          it == st.sites.end() || it->second.history.empty() || t - it->second.history.back().t_us >= kKeepaliveUs)
+        update_health(site_of(k.site), t);
     auto last_attempt = [&]() -> view::Attempt* {
       return k.attempts.empty() || k.attempts.back().attempt != k.attempt ? nullptr : &k.attempts.back();
     };

@@ -231,6 +231,8 @@ try {
     await go(`#/sites?workflow=${args.workflow}`);
     await page.waitForSelector("h3 span.state");
     out.badges = await page.$$eval("h3 span.state", (b) => b.map((x) => ({ text: x.textContent, title: x.title, heading: x.parentElement.textContent })));
+    out.gaps = await page.$$eval("article.site", (a) => a.map((x) => ({ site: x.dataset.site, gaps: Number(x.querySelector(".chart")?.dataset.gaps ?? -1),
+                                                                      note: x.querySelector(".chart + p.explain")?.textContent ?? null })));
   } else if (scenario === "task") {
     // A task's detail panel, opened from the list, then again from its URL.
     await signIn();

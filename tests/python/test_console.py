@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 import run_harness as rn
-from relay_harness import (BIN, Credentials, RelayProcess, event, free_port, https_get, publish_events, request, run,
-                           session, wait_until, write_spec)
+from relay_harness import (BIN, Credentials, RelayProcess, clock_env, event, free_port, https_get, publish_events, request,
+                           run, session, wait_until, write_spec)
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVE = ROOT / "tests" / "console" / "drive.mjs"
@@ -228,6 +228,37 @@ def test_a_site_its_engine_calls_up_while_everything_there_fails_is_shown_failin
     r = drive("sites", relay, creds.token("admin"), workflow="sick")
     (badge,) = [b for b in r["badges"] if b["heading"].startswith("sick / a") and "health" in b["title"]]
     assert badge["text"] == "failing" and "reported up" in badge["title"], r["badges"]
+
+
+def test_a_sites_silence_is_a_gap_in_its_health_line_not_a_held_value(env, tmp_path):
+    # A relay of its own, on a wall clock the test steps (libfaketime): two minutes without
+    # an event about site a, then events again.
+    creds, _, _ = env
+    stamp = tmp_path / "faketime"
+    stamp.write_text("+0\n")
+    relay = RelayProcess(creds, tmp_path / "data", port=free_port(), config={"console_dir": str(CONSOLE)})
+    relay.env = clock_env(stamp)
+    relay.start()
+    pub, admin = creds.token("publish:*", "subscribe:*"), creds.token("admin")
+
+    def history():
+        items = json.loads(https_get(relay, "/api/v1/views/sites?workflow=quiet", admin))["items"]
+        return [p["t_us"] for p in items[0]["history"]] if items else []
+    try:
+        publish_events(relay, pub, "quiet.events", task_events("quiet", task="q.0", end="completed"))
+        wait_until(lambda: len(history()) >= 1, 20, "the site's first health point")
+        stamp.write_text("+2m\n")
+        publish_events(relay, pub, "quiet.events", [
+            event("quiet-late", source="/diaspora/quiet/edge", type_="org.diaspora.task.started",
+                  data={"task_id": "q.1", "site": "a", "attempt": 1})])
+        wait_until(lambda: len(history()) >= 2 and history()[-1] - history()[-2] > 100e6, 20, "a point after the silence")
+        r = drive("sites", relay, admin, workflow="quiet")
+        (chart,) = r["gaps"]
+        assert chart["gaps"] == 1 and "no event about the site for over 30 s" in chart["note"], r["gaps"]
+        # Events every few seconds are no silence: a point each 10 s at most apart, no gap.
+        assert all(g["gaps"] == 0 for g in drive("sites", env[1], admin, workflow="sick")["gaps"])
+    finally:
+        relay.stop_cleanly()
 
 
 def test_an_admin_resets_a_consumer_group_from_the_consumers_page(env):
