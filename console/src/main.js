@@ -75,9 +75,12 @@ function ErrorLine({ error }) {
 // state it reached and say so.
 function RunEnded({ workflow }) {
   if (!workflow?.ended_us) return null;
-  return html`<p class="banner warn" role="status" id="run-ended">The run of ${workflow.workflow} ended at ${fmtTime(workflow.ended_us)}
-    (every engine closed its plugin): this is the last state it reached. An action now waits for the next run's engine.</p>`;
+  return html`<p class="banner warn" role="status" id="run-ended">${`The run of ${workflow.workflow} ended at ${fmtTime(workflow.ended_us)} ` +
+    "(every engine closed its plugin): this is the last state it reached. An action now waits for the next run's engine."}</p>`;
 }
+
+// "1 action", "2 actions".
+const count = (n, noun) => `${n} ${noun}${n === 1 ? "" : "s"}`;
 
 function SignIn({ onDone, message }) {
   const [value, setValue] = useState("");
@@ -160,15 +163,15 @@ function Overview() {
   const alarms = [];
   if (relayDown.since || err?.status === 0)
     alarms.push(`The relay cannot be reached${relayDown.since ? " since " + new Date(relayDown.since).toLocaleTimeString() : ""}: what is shown is the last state seen`);
-  if (rates?.slow) alarms.push(`${rates.slow} slow subscribers disconnected`);
+  if (rates?.slow) alarms.push(`${count(rates.slow, "slow subscriber")} disconnected`);
   for (const w of wfs.data?.items || []) {
-    if ((w.states.failed || 0) > 0) alarms.push(`${w.workflow}: ${w.states.failed} failed task instances`);
-    if ((w.states.recovering || 0) > 0) alarms.push(`${w.workflow}: ${w.states.recovering} task instances recovering (a restart or migration under way)`);
+    if ((w.states.failed || 0) > 0) alarms.push(`${w.workflow}: ${count(w.states.failed, "failed task instance")}`);
+    if ((w.states.recovering || 0) > 0) alarms.push(`${w.workflow}: ${count(w.states.recovering, "task instance")} recovering (a restart or migration under way)`);
   }
-  if (expired.data?.total > 0) alarms.push(`${expired.data.total} actions no engine answered (Actions page, status expired)`);
+  if (expired.data?.total > 0) alarms.push(`${count(expired.data.total, "action")} no engine answered (Actions page, status expired)`);
   if (spent.data?.total > 0) {
     const named = spent.data.items.map((a) => `${a.workflow}/${a.task_id || a.site} (${a.policy || "a policy"})`).join(", ");
-    alarms.push(`${spent.data.total} policy budgets spent, nothing more will be done for them: ${named}${spent.data.total > spent.data.items.length ? ", …" : ""}`);
+    alarms.push(`${count(spent.data.total, "policy budget")} spent, nothing more will be done for ${spent.data.total === 1 ? "it" : "them"}: ${named}${spent.data.total > spent.data.items.length ? ", …" : ""}`);
   }
   return html`<section>
     <h2>Overview</h2>
@@ -470,8 +473,7 @@ function Timeline({ tasks, actions, faults = [] }) {
       ${[0, 0.25, 0.5, 0.75, 1].map((f) => html`<span class="tick" style=${{ left: `${100 * f}%` }}>${
         new Date((rows.t0 + f * (rows.t1 - rows.t0)) / 1000).toLocaleTimeString()}${f > 0 ? ` (+${fmtNum((f * (rows.t1 - rows.t0)) / 1e6, 0)} s)` : ""}</span>`)}
     </div></div>
-    <p class="legend"><span class="bar completed"></span> completed <span class="bar failed"></span> failed
-      <span class="bar running"></span> running <span class="bar cancelled"></span> stopped ◆ anomaly ▲ action ⚡ fault (✓ ended)</p>
+    <p class="legend"><span class="bar completed"></span> completed <span class="bar failed"></span> failed${" "}<span class="bar running"></span> running${" "}<span class="bar cancelled"></span> stopped ◆ anomaly ▲ action ⚡ fault (✓ ended)</p>
   </div>`;
 }
 
@@ -694,12 +696,14 @@ function SiteDialog({ site, drain, onClose }) {
   </dialog>`;
 }
 
-// What a site's badge says: its engine's report, unless the health the views measure
-// disagrees (an engine that says "up" while everything there fails is not up to an
-// operator): under 0.3 failing, under 0.7 degraded (docs/console.md).
+// What a site's badge says: its engine's report, unless the health the views measure is
+// worse (an engine that says "up" or "degraded" while everything there fails is failing to
+// an operator): under 0.3 failing, under 0.7 degraded (docs/console.md).
 function siteCondition(s) {
-  if (s.state !== "up") return s.state;
-  return s.health < 0.3 ? "failing" : s.health < 0.7 ? "degraded" : "up";
+  const rank = { up: 0, degraded: 1, failing: 2 };
+  if (!(s.state in rank)) return s.state;  // down, or a state of the engine's own
+  const measured = s.health < 0.3 ? "failing" : s.health < 0.7 ? "degraded" : "up";
+  return rank[measured] > rank[s.state] ? measured : s.state;  // the worse of the two
 }
 
 function Sites() {

@@ -202,9 +202,9 @@ def test_alarms_name_failed_tasks_and_spent_policy_budgets(env):
         event("b3", source=src, type_="org.diaspora.action.requested",
               data={"action_id": "bud-a1", "action": "alert", "task_id": "w.0", "site": "a", "policy": "default-retry",
                     "attempt": 0, "reason": "task.failures (1); restart budget spent (max_attempts 3): not acting again"})])
-    r = drive("alarms", relay, creds.token("admin"), expect="budgets spent")
-    assert any("bud: 1 failed task instances" in a for a in r["alarms"]), r
-    (spent,) = [a for a in r["alarms"] if "budgets spent" in a]
+    r = drive("alarms", relay, creds.token("admin"), expect="policy budget spent")
+    assert any("bud: 1 failed task instance" in a for a in r["alarms"]), r
+    (spent,) = [a for a in r["alarms"] if "1 policy budget spent, nothing more will be done for it" in a]
     assert "bud/w.0 (default-retry)" in spent, r
     # An action to it: no engine reads its control topic (killed, never closed): said before sending.
     r = drive("act", relay, creds.token("admin"), workflow="bud", task="w.0", readers_warning=True)
@@ -215,19 +215,24 @@ def test_a_site_its_engine_calls_up_while_everything_there_fails_is_shown_failin
     creds, relay, _ = env
     pub = creds.token("publish:*", "subscribe:*")
     src = "/diaspora/sick/edge"
-    evs = [event("s-up", source=src, type_="org.diaspora.resource.status",
-                 data={"resource_id": "site/a", "kind": "site", "state": "up", "site": "a"})]
-    for i in range(12):
-        evs += [event(f"s{i}", source=src, type_="org.diaspora.task.started", data={"task_id": f"t.{i}", "site": "a", "attempt": 1}),
+    # Site a is called up, site b degraded; everything on both fails.
+    evs = [event(f"s-{site}", source=src, type_="org.diaspora.resource.status",
+                 data={"resource_id": site, "kind": "site", "state": state, "site": site})
+           for site, state in (("a", "up"), ("b", "degraded"))]
+    for i in range(24):
+        site = "ab"[i % 2]
+        evs += [event(f"s{i}", source=src, type_="org.diaspora.task.started", data={"task_id": f"t.{i}", "site": site, "attempt": 1}),
                 event(f"f{i}", source=src, type_="org.diaspora.task.failed",
-                      data={"task_id": f"t.{i}", "site": "a", "attempt": 1, "reason": "segfault"})]
+                      data={"task_id": f"t.{i}", "site": site, "attempt": 1, "reason": "segfault"})]
     publish_events(relay, pub, "sick.events", evs)
-    site = wait_until(lambda: [s for s in json.loads(https_get(relay, "/api/v1/views/sites?workflow=sick", creds.token("admin")))["items"]
-                               if s["health"] < 0.3], 20, "the views' health falling")[0]
-    assert site["state"] == "up", site  # what the engine said
+    def sick_sites():
+        return {s["site"]: s["state"] for s in json.loads(https_get(relay, "/api/v1/views/sites?workflow=sick",
+                                                                    creds.token("admin")))["items"] if s["health"] < 0.3}
+    wait_until(lambda: sick_sites() == {"a": "up", "b": "degraded"}, 20, "both sites' health falling")
     r = drive("sites", relay, creds.token("admin"), workflow="sick")
-    (badge,) = [b for b in r["badges"] if b["heading"].startswith("sick / a") and "health" in b["title"]]
-    assert badge["text"] == "failing" and "reported up" in badge["title"], r["badges"]
+    for site, reported in (("a", "up"), ("b", "degraded")):  # what the engine said, and what the views measure
+        (badge,) = [b for b in r["badges"] if b["heading"].startswith(f"sick / {site}") and "health" in b["title"]]
+        assert badge["text"] == "failing" and f"reported {reported}" in badge["title"], r["badges"]
 
 
 def test_a_sites_silence_is_a_gap_in_its_health_line_not_a_held_value(env, tmp_path):
