@@ -6,6 +6,7 @@
 #   make fuzz                         every target, 60 s each
 #   FUZZ_SECONDS=600 FUZZ_TARGETS="frame token" make fuzz
 #   FUZZ_NO_BUILD=1 FUZZ_TARGETS=views make fuzz   # no build: beside another run
+#   FUZZ_TIMEOUT=30 ...   # seconds an input may take (default 10; more on a machine busy with other work)
 #
 # New inputs that reach new code are kept in build-fuzz/corpus/<target>/ (the next run
 # starts from them). A crash, hang (10 s), leak, sanitizer report or broken invariant stops
@@ -46,7 +47,7 @@ for t in $TARGETS; do
   log=$OUT/findings/$t.log
   echo "== fuzz_$t: ${SECONDS_EACH} s"
   # -rss_limit_mb: the log and views targets open a store per input; 2 GiB is ample.
-  (cd $OUT && ./fuzz/fuzz_$t -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 \
+  (cd $OUT && ./fuzz/fuzz_$t -max_total_time="$SECONDS_EACH" -timeout="${FUZZ_TIMEOUT:-10}" -rss_limit_mb=2048 \
       -artifact_prefix=findings/$t- -print_final_stats=1 corpus/$t "${seeds[@]}") >"$log" 2>&1
   rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)

@@ -76,6 +76,20 @@ RelayConfig load_relay_config(const std::filesystem::path& file) {
   if (const auto* v = r.if_contains("public_metrics")) c.public_metrics = v->as_bool();
   if (const auto* v = r.if_contains("views")) c.views = v->as_bool();
   if (auto v = num(r, "threads")) c.threads = static_cast<int>(*v);
+  if (auto v = str(r, "storage")) c.storage = *v;
+  const auto& js = sub(r, "jetstream");
+  if (const auto* urls = js.if_contains("urls"); urls && urls->is_array())
+    for (const auto& u : urls->get_array()) c.jetstream.urls.emplace_back(u.get_string());
+  if (auto v = num(js, "replicas")) c.jetstream.replicas = static_cast<int>(*v);
+  if (auto v = str(js, "credentials_file")) c.jetstream.credentials_file = *v;
+  const auto& jtls = sub(js, "tls");
+  if (auto v = str(jtls, "ca")) c.jetstream.tls_ca = *v;
+  if (auto v = str(jtls, "cert")) c.jetstream.tls_cert = *v;
+  if (auto v = str(jtls, "key")) c.jetstream.tls_key = *v;
+  if (auto v = str(js, "prefix")) c.jetstream.prefix = *v;
+  if (auto v = str(js, "subject_root")) c.jetstream.subject_root = *v;
+  if (auto v = str(js, "duplicate_window")) c.jetstream.duplicate_window = seconds_of(*v);
+  if (auto v = str(js, "timeout")) c.jetstream.timeout = seconds_of(*v);
   return c;
 }
 
@@ -102,6 +116,17 @@ void validate_relay_config(const RelayConfig& c) {
   if (c.max_event_bytes > c.max_frame_bytes) throw RelayConfigError("max_event_bytes must not exceed max_frame_bytes");
   // A log record holds at most 16 MiB with its headers, producer id and (source, id) key.
   if (c.max_event_bytes > (15u << 20)) throw RelayConfigError("max_event_bytes must be at most 15MiB (the log's record limit is 16MiB)");
+  if (c.storage != "embedded" && c.storage != "jetstream") throw RelayConfigError("storage must be embedded or jetstream");
+  if (c.storage == "jetstream") {
+    if (c.jetstream.urls.empty()) throw RelayConfigError("storage: jetstream needs jetstream.urls (nats://HOST:PORT, ...)");
+    if (c.jetstream.replicas < 1 || c.jetstream.replicas > 5) throw RelayConfigError("jetstream.replicas must be 1 to 5");
+    if (c.jetstream.timeout < std::chrono::seconds(1)) throw RelayConfigError("jetstream.timeout must be at least 1s");
+    if (!c.jetstream.credentials_file.empty()) need_file(c.jetstream.credentials_file, "jetstream.credentials_file");
+    if (!c.jetstream.tls_ca.empty()) need_file(c.jetstream.tls_ca, "jetstream.tls.ca");
+    if (c.jetstream.tls_cert.empty() != c.jetstream.tls_key.empty())
+      throw RelayConfigError("jetstream.tls.cert and jetstream.tls.key go together");
+    if (!c.jetstream.tls_cert.empty()) need_file(c.jetstream.tls_cert, "jetstream.tls.cert"), need_file(c.jetstream.tls_key, "jetstream.tls.key");
+  }
   if (c.max_inflight_batches < 1 || c.subscriber_queue_frames < 1 || c.max_batch_events < 1 || c.delivery_batch_events < 1 ||
       c.max_consumer_groups < 1 || c.max_topics < 1)
     throw RelayConfigError("limits must be at least 1");

@@ -418,7 +418,11 @@ HttpReply handle_http(bool get_or_head, std::string_view raw_target, const std::
   const std::string& path = target.path;
   if (!get_or_head) return text(405, "only GET is supported\n");
   if (path == "/healthz") return text(200, "ok\n");
-  if (path == "/readyz") return ctx.stopping ? text(503, "shutting down\n") : text(200, "ready\n");
+  if (path == "/readyz") {
+    if (ctx.stopping) return text(503, "shutting down\n");
+    if (auto why = ctx.store.unready()) return text(503, *why + "\n");
+    return text(200, "ready\n");
+  }
   if (path == "/metrics") {
     if (!ctx.public_metrics)
       if (auto refusal = refuse_unless_admin(bearer, ctx)) return *refusal;

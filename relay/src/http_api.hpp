@@ -16,7 +16,7 @@
 
 #include "diaspora/token.hpp"
 #include "metrics.hpp"
-#include "topic_log.hpp"
+#include "store.hpp"
 #include "views.hpp"
 
 namespace diaspora::relay {
@@ -43,7 +43,7 @@ struct HttpReply {
 
 /// What the endpoints read.
 struct ApiContext {
-  const LogStore& store;
+  const Store& store;
   const TokenVerifier& verifier;
   Metrics& metrics;
   bool public_metrics = true;

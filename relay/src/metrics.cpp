@@ -54,7 +54,7 @@ std::int64_t Metrics::subscribers(const std::string& topic) {
   return n;
 }
 
-std::string render_metrics(Metrics& metrics, const LogStore& store) {
+std::string render_metrics(Metrics& metrics, const Store& store) {
   std::string out;
   auto line = [&](const std::string& s) { out += s + "\n"; };
   auto esc = [](const std::string& s) {

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <string>
 
-#include "topic_log.hpp"
+#include "store.hpp"
 
 namespace diaspora::relay {
 
@@ -49,6 +49,6 @@ struct Metrics {
 
 /// The Prometheus text exposition (version 0.0.4) of `m` and of the log's fsync histogram
 /// and consumer lag.
-std::string render_metrics(Metrics& m, const LogStore& store);
+std::string render_metrics(Metrics& m, const Store& store);
 
 }  // namespace diaspora::relay

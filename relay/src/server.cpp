@@ -43,6 +43,7 @@
 #include "event_text.hpp"
 #include "http_api.hpp"
 #include "metrics.hpp"
+#include "jetstream_store.hpp"
 #include "topic_log.hpp"
 #include "views.hpp"
 
@@ -142,7 +143,7 @@ class WsSession;
 
 struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
   RelayConfig cfg;
-  std::unique_ptr<relay::LogStore> store;
+  std::unique_ptr<relay::Store> store;
   std::unique_ptr<relay::Views> views;  ///< reads `store`: made after it, reset before it
   std::filesystem::path console_dir;    ///< the console's assets (cfg.console_dir or found), or empty
   std::optional<TokenVerifier> verifier;
@@ -690,7 +691,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
             frame += R"(,"events":[)";
             std::uint64_t next = cursor.next;
             count = relay_->store->visit(topic, cursor.next, cfg.delivery_batch_events, cfg.delivery_batch_bytes,
-                                         [&](const relay::LogStore::RecordRef& r) {
+                                         [&](const relay::Store::RecordRef& r) {
                                            if (next != cursor.next) frame += ',';
                                            else frame.reserve(frame.size() + std::min<std::size_t>(2 * r.payload.size() * cfg.delivery_batch_events, cfg.delivery_batch_bytes + 65536));
                                            frame += R"({"offset":)";
@@ -1261,15 +1262,35 @@ Relay::Relay(RelayConfig config) : self_(std::make_shared<Impl>()) {
 
   self_->tls_contexts.push_back(make_tls_context(cfg, self_->metrics));
 
-  relay::LogOptions lo;
-  lo.data_dir = cfg.data_dir;
-  lo.fsync = relay::FsyncPolicy::parse(cfg.fsync);
-  lo.segment_bytes = cfg.segment_bytes;
-  lo.retention_bytes = cfg.retention_bytes;
-  lo.retention_age = cfg.retention_age;
-  lo.max_groups = cfg.max_consumer_groups;
-  lo.max_topics = cfg.max_topics;
-  self_->store = std::make_unique<relay::LogStore>(lo);
+  if (cfg.storage == "jetstream") {  // the topics in a NATS JetStream cluster
+    relay::JetStreamOptions jo;
+    jo.urls = cfg.jetstream.urls;
+    jo.creds_file = cfg.jetstream.credentials_file.string();
+    jo.ca_file = cfg.jetstream.tls_ca.string();
+    jo.cert_file = cfg.jetstream.tls_cert.string();
+    jo.key_file = cfg.jetstream.tls_key.string();
+    jo.replicas = cfg.jetstream.replicas;
+    jo.retention_bytes = cfg.retention_bytes;
+    jo.retention_age = cfg.retention_age;
+    jo.duplicate_window = cfg.jetstream.duplicate_window;
+    jo.max_topics = cfg.max_topics;
+    jo.max_groups = cfg.max_consumer_groups;
+    jo.prefix = cfg.jetstream.prefix;
+    jo.subject_root = cfg.jetstream.subject_root;
+    jo.timeout = cfg.jetstream.timeout;
+    std::filesystem::create_directories(cfg.data_dir);  // the views' snapshot, this relay's own cache
+    self_->store = std::make_unique<relay::JetStreamStore>(jo);
+  } else {
+    relay::LogOptions lo;
+    lo.data_dir = cfg.data_dir;
+    lo.fsync = relay::FsyncPolicy::parse(cfg.fsync);
+    lo.segment_bytes = cfg.segment_bytes;
+    lo.retention_bytes = cfg.retention_bytes;
+    lo.retention_age = cfg.retention_age;
+    lo.max_groups = cfg.max_consumer_groups;
+    lo.max_topics = cfg.max_topics;
+    self_->store = std::make_unique<relay::LogStore>(lo);
+  }
   if (cfg.views) self_->views = std::make_unique<relay::Views>(*self_->store, relay::Views::Options{cfg.data_dir / "views"});
   self_->console_dir = find_console_dir(cfg.console_dir);
   std::weak_ptr<Impl> weak = self_;

@@ -126,7 +126,7 @@ BrowseRequest parse_browse(const std::map<std::string, std::string>& q) {
   return r;
 }
 
-BrowseResult browse(const LogStore& store, const std::string& topic, const BrowseRequest& rq) {
+BrowseResult browse(const Store& store, const std::string& topic, const BrowseRequest& rq) {
   BrowseResult out;
   out.first_offset = store.first_offset(topic);
   out.end_offset = store.committed_offset(topic);
@@ -153,7 +153,7 @@ BrowseResult browse(const LogStore& store, const std::string& topic, const Brows
     while (cur < end && more()) {
       const std::size_t want = std::min<std::uint64_t>({kChunk, rq.max_scan - out.records, end - cur});
       std::uint64_t last = cur;
-      const std::size_t seen = store.visit(topic, cur, want, kChunkBytes, [&](const LogStore::RecordRef& r) {
+      const std::size_t seen = store.visit(topic, cur, want, kChunkBytes, [&](const Store::RecordRef& r) {
         if (r.offset >= end || !more()) return;
         consider(r.offset, r.time_us, r.payload);
         last = r.offset;
@@ -171,12 +171,12 @@ BrowseResult browse(const LogStore& store, const std::string& topic, const Brows
       case BrowseRequest::Start::earliest: hi = std::min(first + 1, end); break;
       case BrowseRequest::Start::latest: hi = end; break;
     }
-    std::vector<std::pair<LogStore::RecordRef, std::string>> chunk;
+    std::vector<std::pair<Store::RecordRef, std::string>> chunk;
     while (hi > first && more()) {
       std::uint64_t lo = hi - std::min<std::uint64_t>({kChunk, rq.max_scan - out.records, hi - first});
       for (;;) {
         chunk.clear();
-        store.visit(topic, lo, hi - lo, kChunkBytes, [&](const LogStore::RecordRef& r) {
+        store.visit(topic, lo, hi - lo, kChunkBytes, [&](const Store::RecordRef& r) {
           if (r.offset < hi) chunk.push_back({r, std::string(r.payload)});
         });
         // The byte bound (or offsets lost at the top) stopped the read short of hi: the

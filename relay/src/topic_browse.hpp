@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "topic_log.hpp"
+#include "store.hpp"
 
 namespace diaspora::relay {
 
@@ -78,7 +78,7 @@ struct BrowseResult {
 };
 
 /// Scans `topic` as asked. An unknown topic has nothing to scan (empty result).
-BrowseResult browse(const LogStore& store, const std::string& topic, const BrowseRequest& request);
+BrowseResult browse(const Store& store, const std::string& topic, const BrowseRequest& request);
 
 /// The result as the reply body: a JSON object (format json), one compact CloudEvent per
 /// line (jsonl), or CSV with a header row (offset, appended, time, id, source, type,

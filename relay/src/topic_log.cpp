@@ -236,15 +236,6 @@ const std::vector<double> kFsyncBounds = {0.0001, 0.00025, 0.0005, 0.001, 0.0025
 
 }  // namespace
 
-bool valid_topic_char(char c) noexcept {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
-}
-
-bool valid_topic_name(std::string_view name) noexcept {
-  if (name.empty() || name.size() > 200 || name.front() == '.') return false;
-  return std::all_of(name.begin(), name.end(), valid_topic_char);
-}
-
 FsyncPolicy FsyncPolicy::parse(std::string_view text) {
   FsyncPolicy p;
   if (text == "always") return p;
@@ -1156,14 +1147,6 @@ void LogStore::append(std::string topic, std::string producer_id, std::uint64_t 
     self_->queue_.push_back(Pending{std::move(topic), std::move(producer_id), seq, std::move(records), std::move(done)});
   }
   self_->queue_cv_.notify_one();
-}
-
-std::vector<StoredRecord> LogStore::read(const std::string& topic, std::uint64_t from, std::size_t max_records,
-                                         std::size_t max_bytes) const {
-  std::vector<StoredRecord> out;
-  visit(topic, from, max_records, max_bytes,
-        [&](const RecordRef& r) { out.push_back(StoredRecord{r.offset, r.time_us, std::string(r.payload)}); });
-  return out;
 }
 
 std::size_t LogStore::visit(const std::string& topic, std::uint64_t from, std::size_t max_records,

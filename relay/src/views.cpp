@@ -667,7 +667,7 @@ std::string view_workflow_of(std::string_view topic) {
 
 // ---- Views ----------------------------------------------------------------------------------
 
-Views::Views(const LogStore& store, Options options) : store_(store), opt_(std::move(options)), st_(std::make_unique<State>()) {
+Views::Views(const Store& store, Options options) : store_(store), opt_(std::move(options)), st_(std::make_unique<State>()) {
   fs::create_directories(opt_.dir);
   const fs::path file = opt_.dir / "snapshot.json";
   if (!fs::exists(file)) {
@@ -771,7 +771,7 @@ std::size_t Views::read_topic(const std::string& topic, std::size_t max_records)
   view::Workflow* w = wit == st_->workflows.end() ? nullptr : &wit->second;
   std::uint64_t next = from;
   alignas(std::max_align_t) unsigned char arena[16384];
-  auto apply_one = [&](const LogStore::RecordRef& r) {
+  auto apply_one = [&](const Store::RecordRef& r) {
     if (fast_heartbeat(*st_, w, wf, r.time_us, r.payload)) {
       ++applied_;
       return;
@@ -786,7 +786,7 @@ std::size_t Views::read_topic(const std::string& topic, std::size_t max_records)
       w = wit == st_->workflows.end() ? nullptr : &wit->second;
     }
   };
-  const std::size_t n = store_.visit(topic, from, max_records, 4u << 20, [&](const LogStore::RecordRef& r) {
+  const std::size_t n = store_.visit(topic, from, max_records, 4u << 20, [&](const Store::RecordRef& r) {
     if (!lk.owns_lock()) lk.lock();
     next = r.offset + 1;
     apply_one(r);

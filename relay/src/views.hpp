@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "diaspora/error.hpp"
-#include "topic_log.hpp"
+#include "store.hpp"
 
 namespace diaspora::relay {
 
@@ -59,7 +59,7 @@ class Views {
   /// Loads the snapshot if there is a usable one (else starts from the beginning of the
   /// log; a snapshot that does not parse or is ahead of the log is set aside as
   /// snapshot.json.bad and said in snapshot_note()). Throws Error when `dir` cannot be made.
-  Views(const LogStore& store, Options options);
+  Views(const Store& store, Options options);
   /// Stops the reader and writes a last snapshot.
   ~Views();
   Views(const Views&) = delete;
@@ -117,7 +117,7 @@ class Views {
   void run();
   std::size_t read_topic(const std::string& topic, std::size_t max_records);
 
-  const LogStore& store_;
+  const Store& store_;
   Options opt_;
   std::unique_ptr<State> st_;
   mutable std::shared_mutex mu_;

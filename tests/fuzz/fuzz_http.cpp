@@ -16,6 +16,7 @@
 #include "diaspora/token.hpp"
 #include "fuzz_support.hpp"
 #include "http_api.hpp"
+#include "topic_log.hpp"
 
 using namespace diaspora;
 namespace fs = std::filesystem;

@@ -11,6 +11,7 @@
 
 #include "test_helpers.hpp"
 #include "topic_browse.hpp"
+#include "topic_log.hpp"
 
 namespace diaspora::relay {
 namespace {

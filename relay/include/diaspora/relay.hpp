@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "diaspora/error.hpp"
 
@@ -43,6 +44,18 @@ struct RelayConfig {
   std::optional<std::filesystem::path> console_dir;  ///< the console's built assets (default: found beside the build or install)
   bool views = true;                          ///< materialise the views (/api/v1/views/, the console) from the events topics
   int threads = 2;                            ///< I/O threads
+  std::string storage = "embedded";           ///< embedded (the log under data_dir) | jetstream
+  /// A NATS JetStream cluster as the store (storage: jetstream; docs/relay.md).
+  struct JetStream {
+    std::vector<std::string> urls;            ///< nats:// or tls:// URLs of the cluster's servers
+    int replicas = 3;                         ///< each topic's stream and the relays' buckets
+    std::filesystem::path credentials_file;   ///< NATS user credentials; empty: none
+    std::filesystem::path tls_ca, tls_cert, tls_key;  ///< TLS to the servers; empty: none
+    std::string prefix = "DIASPORA";          ///< stream and bucket names
+    std::string subject_root = "diaspora";    ///< the streams' subjects
+    std::chrono::seconds duplicate_window{120};  ///< JetStream's Nats-Msg-Id window
+    std::chrono::seconds timeout{5};          ///< each request to the cluster, an append's acknowledgements
+  } jetstream;
 };
 
 /// The configuration cannot be used: a bad value, a missing file, or a certificate, key or

@@ -1,0 +1,616 @@
+#include "jetstream_store.hpp"
+
+#include <nats/nats.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "diaspora/thread_name.hpp"
+
+namespace diaspora::relay {
+
+namespace {
+
+constexpr char kHex[] = "0123456789ABCDEF";
+
+// The text of a failed NATS call: the status, the library's detail and JetStream's code.
+std::string nats_error(natsStatus s, jsErrCode jerr = static_cast<jsErrCode>(0)) {
+  std::string out = natsStatus_GetText(s);
+  natsStatus last = NATS_OK;
+  if (const char* detail = nats_GetLastError(&last); detail && *detail && std::string_view(detail) != out)
+    out += std::string(" (") + detail + ")";
+  if (jerr != 0) out += " [JetStream error " + std::to_string(static_cast<int>(jerr)) + "]";
+  return out;
+}
+
+std::optional<std::uint64_t> parse_u64(std::string_view s) {
+  std::uint64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size() || s.empty()) return std::nullopt;
+  return v;
+}
+
+// Owns a natsMsg / jsStreamInfo / kvEntry for the scope.
+struct MsgGuard {
+  natsMsg* m = nullptr;
+  ~MsgGuard() { natsMsg_Destroy(m); }
+};
+struct InfoGuard {
+  jsStreamInfo* si = nullptr;
+  ~InfoGuard() { jsStreamInfo_Destroy(si); }
+};
+struct EntryGuard {
+  kvEntry* e = nullptr;
+  ~EntryGuard() { kvEntry_Destroy(e); }
+};
+
+}  // namespace
+
+std::string jetstream_name(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (unsigned char c : text) {
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-') {
+      out += static_cast<char>(c);
+    } else {
+      out += '_';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+std::optional<std::string> jetstream_unname(std::string_view name) {
+  std::string out;
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    if (name[i] != '_') {
+      out += name[i];
+      continue;
+    }
+    if (i + 2 >= name.size()) return std::nullopt;  // '_' needs two hex digits after it
+    const int hi = hex(name[i + 1]), lo = hex(name[i + 2]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out += static_cast<char>(hi * 16 + lo);
+    i += 2;
+  }
+  return out;
+}
+
+struct JetStreamStore::Impl {
+  JetStreamOptions opt;
+  natsOptions* nopts = nullptr;
+  natsConnection* nc = nullptr;
+  jsCtx* js = nullptr;
+  kvStore* producers = nullptr;
+  kvStore* groups = nullptr;
+  natsSubscription* stored_sub = nullptr;
+  CommitListener listener;
+
+  // The batch being published (the writer's), which the ack handler fills.
+  struct Acks {
+    std::map<std::string, std::size_t> index;  // Nats-Msg-Id -> record
+    std::vector<std::uint64_t> seq;            // 0: none yet
+    std::vector<char> dup, failed;
+    std::size_t answered = 0;
+    std::string error;
+  };
+  std::mutex ack_mu;
+  std::condition_variable ack_cv;
+  Acks acks;
+
+  struct Pending {
+    std::string topic, producer_id;
+    std::uint64_t seq = 0;
+    std::vector<AppendRecord> records;
+    Completion done;
+  };
+  std::mutex q_mu;
+  std::condition_variable q_cv;
+  std::deque<Pending> queue;
+  bool stopping = false;
+  std::thread writer;
+
+  mutable std::mutex known_mu;
+  std::set<std::string> known_streams;  // created or seen by this relay
+  std::set<std::string> known_groups;   // group names committed through this relay, or listed
+  bool groups_listed = false;
+  std::atomic<std::uint64_t> msg_counter{0};
+  std::string instance = std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+
+  std::string stream_of(const std::string& topic) const { return opt.prefix + "-" + jetstream_name(topic); }
+  std::string subject_of(const std::string& topic) const { return opt.subject_root + ".t." + jetstream_name(topic); }
+  std::string stored_subject_of(const std::string& topic) const {
+    return opt.subject_root + ".stored." + jetstream_name(topic);
+  }
+  std::optional<std::string> topic_of_stream(std::string_view stream) const {
+    if (!stream.starts_with(opt.prefix + "-")) return std::nullopt;
+    return jetstream_unname(stream.substr(opt.prefix.size() + 1));
+  }
+
+  jsOptions request_options() const {
+    jsOptions o;
+    jsOptions_Init(&o);
+    o.Wait = opt.timeout.count();
+    return o;
+  }
+
+  // The stream's state; nullopt for a topic with no stream. Throws Error on a failed request.
+  std::optional<jsStreamState> state(const std::string& topic, TopicInfo* info = nullptr) const {
+    InfoGuard g;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    jsOptions o = request_options();
+    const natsStatus s = js_GetStreamInfo(&g.si, js, stream_of(topic).c_str(), &o, &jerr);
+    if (s == NATS_NOT_FOUND || jerr == JSStreamNotFoundErr) return std::nullopt;
+    if (s != NATS_OK) throw Error("JetStream: the stream of topic '" + topic + "': " + nats_error(s, jerr));
+    if (info) {
+      info->name = topic;
+      info->next_offset = g.si->State.LastSeq;
+      info->first_offset = g.si->State.Msgs == 0 ? g.si->State.LastSeq : g.si->State.FirstSeq - 1;
+      info->bytes = g.si->State.Bytes;
+      info->segments = 0;
+      info->retention_bytes = g.si->Config && g.si->Config->MaxBytes > 0 ? static_cast<std::uint64_t>(g.si->Config->MaxBytes) : 0;
+      info->retention_age_s = g.si->Config ? g.si->Config->MaxAge / 1'000'000'000 : 0;
+    }
+    jsStreamState st = g.si->State;
+    st.Subjects = nullptr, st.Deleted = nullptr, st.Lost = nullptr;  // owned by the info destroyed here
+    return st;
+  }
+
+  std::vector<std::string> list_topics() const {
+    jsStreamNamesList* list = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    jsOptions o = request_options();
+    const natsStatus s = js_StreamNames(&list, js, &o, &jerr);
+    if (s == NATS_NOT_FOUND) return {};
+    if (s != NATS_OK) throw Error("JetStream: the list of streams: " + nats_error(s, jerr));
+    std::vector<std::string> out;
+    for (int i = 0; i < list->Count; ++i)
+      if (auto t = topic_of_stream(list->List[i]); t && valid_topic_name(*t)) out.push_back(std::move(*t));
+    jsStreamNamesList_Destroy(list);
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  // Makes the topic's stream unless it exists; false with the reason and the nack code.
+  bool ensure_stream(const std::string& topic, std::string& error, const char*& code) {
+    const std::string name = stream_of(topic);
+    {
+      std::lock_guard lk(known_mu);
+      if (known_streams.contains(name)) return true;
+    }
+    if (name.size() > 240) {
+      error = "topic '" + topic + "' is too long for a JetStream stream name (" + std::to_string(name.size()) +
+              " characters encoded, at most 240)";
+      code = "bad_request";
+      return false;
+    }
+    try {
+      if (!state(topic)) {
+        if (list_topics().size() >= opt.max_topics) {
+          error = "the relay keeps at most " + std::to_string(opt.max_topics) + " topics (jetstream.max_topics)";
+          code = "too_many_topics";
+          return false;
+        }
+        jsStreamConfig sc;
+        jsStreamConfig_Init(&sc);
+        const std::string subject = subject_of(topic), stored = stored_subject_of(topic);
+        const char* subjects[] = {subject.c_str()};
+        sc.Name = name.c_str();
+        sc.Subjects = subjects;
+        sc.SubjectsLen = 1;
+        sc.Storage = js_FileStorage;
+        sc.Replicas = opt.replicas;
+        sc.MaxBytes = opt.retention_bytes > 0 ? static_cast<std::int64_t>(opt.retention_bytes) : -1;
+        sc.MaxAge = static_cast<std::int64_t>(opt.retention_age.count()) * 1'000'000'000;
+        sc.Duplicates = static_cast<std::int64_t>(opt.duplicate_window.count()) * 1'000'000'000;
+        sc.Discard = js_DiscardOld;
+        sc.AllowDirect = true;
+        jsRePublish rp{subject.c_str(), stored.c_str(), true};
+        sc.RePublish = &rp;
+        InfoGuard g;
+        jsErrCode jerr = static_cast<jsErrCode>(0);
+        jsOptions o = request_options();
+        const natsStatus s = js_AddStream(&g.si, js, &sc, &o, &jerr);
+        if (s != NATS_OK && jerr != JSStreamNameExistErr) {  // another relay's, made meanwhile: fine
+          error = "JetStream: creating the stream of topic '" + topic + "': " + nats_error(s, jerr);
+          return false;
+        }
+      }
+    } catch (const Error& e) {
+      error = e.what();
+      return false;
+    }
+    std::lock_guard lk(known_mu);
+    known_streams.insert(name);
+    return true;
+  }
+
+  // The key of a producer's high-water mark on a topic.
+  static std::string producer_key(const std::string& producer, const std::string& topic) {
+    return jetstream_name(producer) + "." + jetstream_name(topic);
+  }
+
+  // The producer's high-water mark on the topic, kept in the cluster; nullopt when it has
+  // none. Throws Error.
+  std::optional<std::uint64_t> high_water(const std::string& producer, const std::string& topic) const {
+    EntryGuard g;
+    const natsStatus s = kvStore_Get(&g.e, producers, producer_key(producer, topic).c_str());
+    if (s == NATS_NOT_FOUND) return std::nullopt;
+    if (s != NATS_OK) throw Error("JetStream: producer " + producer + "'s last batch: " + nats_error(s));
+    return parse_u64(std::string_view(static_cast<const char*>(kvEntry_Value(g.e)),
+                                      static_cast<std::size_t>(kvEntry_ValueLen(g.e))));
+  }
+
+  static void on_ack(jsCtx*, natsMsg* msg, jsPubAck* pa, jsPubAckErr* pae, void* closure) {
+    auto* self = static_cast<Impl*>(closure);
+    const char* id = nullptr;
+    natsMsgHeader_Get(msg, "Nats-Msg-Id", &id);
+    std::lock_guard lk(self->ack_mu);
+    Acks& a = self->acks;
+    if (auto it = id ? a.index.find(id) : a.index.end(); it != a.index.end()) {
+      const std::size_t i = it->second;
+      if (pa) {
+        a.seq[i] = pa->Sequence;
+        a.dup[i] = pa->Duplicate;
+      } else {
+        a.failed[i] = 1;
+        if (a.error.empty())
+          a.error = pae ? nats_error(pae->Err, pae->ErrCode) + (pae->ErrText ? std::string(": ") + pae->ErrText : "")
+                        : std::string("no acknowledgement");
+      }
+      ++a.answered;
+    }
+    natsMsg_Destroy(msg);
+    self->ack_cv.notify_all();
+  }
+
+  AppendResult publish(Pending& p) {
+    AppendResult r;
+    if (!ensure_stream(p.topic, r.error, r.code)) return r;
+    std::optional<std::uint64_t> hw;
+    if (!p.producer_id.empty()) {
+      try {
+        hw = high_water(p.producer_id, p.topic);
+        // Written before, through this relay or another: acknowledged at the topic's end. (A
+        // batch a crash cut short has no mark yet: its resend is written again, and what
+        // was stored of it is dropped by (source, id) within the duplicate window.)
+        if (hw && p.seq <= *hw) {
+          const auto st = state(p.topic);
+          r.ok = true;
+          r.duplicate_batch = true;
+          r.first_offset = st ? st->LastSeq : 0;
+          return r;
+        }
+      } catch (const Error& e) {
+        r.error = e.what();
+        return r;
+      }
+    }
+    const std::string subject = subject_of(p.topic);
+    {
+      std::lock_guard lk(ack_mu);
+      acks = Acks{};
+      acks.seq.assign(p.records.size(), 0);
+      acks.dup.assign(p.records.size(), 0);
+      acks.failed.assign(p.records.size(), 0);
+    }
+    std::vector<std::string> ids(p.records.size());
+    for (std::size_t i = 0; i < p.records.size(); ++i) {
+      // (source, id) as the message id, so JetStream drops a resend in its window; a record
+      // without one gets an id of its own (no dedupe, as in the embedded log).
+      const std::string& k = p.records[i].dedupe_key;
+      ids[i] = k.empty() ? "r-" + instance + "-" + std::to_string(msg_counter.fetch_add(1))
+                         : "e-" + std::to_string(k.find('\x1f')) + "-" + jetstream_name(k);
+      std::lock_guard lk(ack_mu);
+      acks.index.emplace(ids[i], i);
+    }
+    std::size_t sent = 0;
+    for (std::size_t i = 0; i < p.records.size(); ++i) {
+      natsMsg* m = nullptr;
+      natsStatus s = natsMsg_Create(&m, subject.c_str(), nullptr, p.records[i].payload.data(),
+                                    static_cast<int>(p.records[i].payload.size()));
+      if (s == NATS_OK) s = natsMsgHeader_Set(m, "Nats-Msg-Id", ids[i].c_str());
+      jsPubOptions po;
+      jsPubOptions_Init(&po);
+      po.MaxWait = opt.timeout.count();
+      if (s == NATS_OK) s = js_PublishMsgAsync(js, &m, &po);
+      natsMsg_Destroy(m);  // a no-op once the library owns it
+      if (s != NATS_OK) {
+        std::lock_guard lk(ack_mu);
+        if (acks.error.empty()) acks.error = "publishing to JetStream: " + nats_error(s);
+        break;
+      }
+      ++sent;
+    }
+    {
+      std::unique_lock lk(ack_mu);
+      ack_cv.wait_for(lk, opt.timeout + std::chrono::seconds(1), [&] { return acks.answered >= sent; });
+      if (acks.answered < sent && acks.error.empty()) acks.error = "JetStream did not acknowledge every record in time";
+      if (sent < p.records.size() || !acks.error.empty()) {
+        r.error = "JetStream: " + acks.error;
+        acks.index.clear();  // late answers find nothing
+        return r;
+      }
+      std::uint64_t first = 0;
+      for (std::size_t i = 0; i < p.records.size(); ++i) {
+        if (acks.dup[i]) {
+          ++r.duplicates;
+        } else {
+          ++r.written;
+          if (first == 0) first = acks.seq[i];
+        }
+      }
+      r.first_offset = first > 0 ? first - 1 : (acks.seq.empty() ? 0 : acks.seq.back());
+      acks.index.clear();
+    }
+    if (!p.producer_id.empty()) {
+      const std::string v = std::to_string(p.seq);
+      uint64_t rev = 0;
+      if (const natsStatus s = kvStore_PutString(&rev, producers, producer_key(p.producer_id, p.topic).c_str(), v.c_str());
+          s != NATS_OK) {
+        r.error = "JetStream: recording producer " + p.producer_id + "'s batch: " + nats_error(s);
+        return r;  // stored; the resend it causes is dropped by (source, id)
+      }
+    }
+    r.ok = true;
+    return r;
+  }
+
+  void writer_main() {
+    name_this_thread("js-writer");
+    for (;;) {
+      Pending p;
+      {
+        std::unique_lock lk(q_mu);
+        q_cv.wait(lk, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;
+        p = std::move(queue.front());
+        queue.pop_front();
+      }
+      AppendResult r = publish(p);
+      if (p.done) p.done(r);
+    }
+  }
+
+  static void on_stored(natsConnection*, natsSubscription*, natsMsg* msg, void* closure) {
+    auto* self = static_cast<Impl*>(closure);
+    const char* stream = nullptr;
+    const char* seq = nullptr;
+    if (natsMsgHeader_Get(msg, "Nats-Stream", &stream) == NATS_OK && natsMsgHeader_Get(msg, "Nats-Sequence", &seq) == NATS_OK)
+      if (auto topic = self->topic_of_stream(stream); topic && self->listener)
+        if (auto n = parse_u64(seq)) self->listener(*topic, *n);  // offset n - 1 stored: next is n
+    natsMsg_Destroy(msg);
+  }
+
+  kvStore* bucket(const std::string& name) {
+    kvStore* kv = nullptr;
+    natsStatus s = js_KeyValue(&kv, js, name.c_str());
+    if (s == NATS_OK) return kv;
+    kvConfig kc;
+    kvConfig_Init(&kc);
+    kc.Bucket = name.c_str();
+    kc.History = 1;
+    kc.Replicas = opt.replicas;
+    kc.StorageType = js_FileStorage;
+    s = js_CreateKeyValue(&kv, js, &kc);
+    if (s != NATS_OK) throw Error("JetStream: the key-value bucket " + name + ": " + nats_error(s));
+    return kv;
+  }
+};
+
+JetStreamStore::JetStreamStore(JetStreamOptions options) : self_(std::make_unique<Impl>()) {
+  Impl& s = *self_;
+  s.opt = std::move(options);
+  if (s.opt.urls.empty()) throw Error("jetstream: no server URL (jetstream.urls)");
+  auto check = [&](natsStatus st, const std::string& what) {
+    if (st != NATS_OK) throw Error("jetstream: " + what + ": " + nats_error(st));
+  };
+  std::vector<const char*> urls;
+  for (const auto& u : s.opt.urls) urls.push_back(u.c_str());
+  std::string joined;
+  for (const auto& u : s.opt.urls) joined += (joined.empty() ? "" : ", ") + u;
+  try {
+    check(natsOptions_Create(&s.nopts), "options");
+    check(natsOptions_SetServers(s.nopts, urls.data(), static_cast<int>(urls.size())), "servers");
+    check(natsOptions_SetTimeout(s.nopts, s.opt.timeout.count()), "timeout");
+    check(natsOptions_SetMaxReconnect(s.nopts, -1), "reconnects");
+    check(natsOptions_SetReconnectWait(s.nopts, 250), "reconnect wait");
+    check(natsOptions_SetRetryOnFailedConnect(s.nopts, false, nullptr, nullptr), "connect retry");
+    if (!s.opt.ca_file.empty()) {
+      check(natsOptions_SetSecure(s.nopts, true), "TLS");
+      check(natsOptions_LoadCATrustedCertificates(s.nopts, s.opt.ca_file.c_str()), "CA file " + s.opt.ca_file);
+    }
+    if (!s.opt.cert_file.empty())
+      check(natsOptions_LoadCertificatesChain(s.nopts, s.opt.cert_file.c_str(), s.opt.key_file.c_str()),
+            "client certificate " + s.opt.cert_file);
+    if (!s.opt.creds_file.empty())
+      check(natsOptions_SetUserCredentialsFromFiles(s.nopts, s.opt.creds_file.c_str(), nullptr),
+            "credentials " + s.opt.creds_file);
+    if (const natsStatus st = natsConnection_Connect(&s.nc, s.nopts); st != NATS_OK)
+      throw Error("jetstream: cannot reach any of " + joined + ": " + nats_error(st));
+    jsOptions jo;
+    jsOptions_Init(&jo);
+    jo.Wait = s.opt.timeout.count();
+    jo.PublishAsync.AckHandler = &Impl::on_ack;
+    jo.PublishAsync.AckHandlerClosure = &s;
+    jo.PublishAsync.MaxPending = 65536;
+    check(natsConnection_JetStream(&s.js, s.nc, &jo), "JetStream context");
+    jsAccountInfo* ai = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    if (const natsStatus st = js_GetAccountInfo(&ai, s.js, nullptr, &jerr); st != NATS_OK)
+      throw Error("jetstream: " + joined + " answers, but not as JetStream (is it enabled? nats-server -js): " +
+                  nats_error(st, jerr));
+    jsAccountInfo_Destroy(ai);
+    s.producers = s.bucket(s.opt.prefix + "_PRODUCERS");
+    s.groups = s.bucket(s.opt.prefix + "_GROUPS");
+  } catch (...) {
+    kvStore_Destroy(s.producers);
+    kvStore_Destroy(s.groups);
+    jsCtx_Destroy(s.js);
+    natsConnection_Destroy(s.nc);
+    natsOptions_Destroy(s.nopts);
+    throw;
+  }
+  s.writer = std::thread([&s] { s.writer_main(); });
+}
+
+JetStreamStore::~JetStreamStore() {
+  Impl& s = *self_;
+  {
+    std::lock_guard lk(s.q_mu);
+    s.stopping = true;
+  }
+  s.q_cv.notify_all();
+  if (s.writer.joinable()) s.writer.join();
+  if (s.stored_sub) natsSubscription_Unsubscribe(s.stored_sub);
+  natsSubscription_Destroy(s.stored_sub);
+  kvStore_Destroy(s.producers);
+  kvStore_Destroy(s.groups);
+  jsCtx_Destroy(s.js);
+  natsConnection_Close(s.nc);
+  natsConnection_Destroy(s.nc);
+  natsOptions_Destroy(s.nopts);
+}
+
+void JetStreamStore::append(std::string topic, std::string producer_id, std::uint64_t seq,
+                            std::vector<AppendRecord> records, Completion done) {
+  {
+    std::lock_guard lk(self_->q_mu);
+    self_->queue.push_back(Impl::Pending{std::move(topic), std::move(producer_id), seq, std::move(records), std::move(done)});
+  }
+  self_->q_cv.notify_one();
+}
+
+std::size_t JetStreamStore::visit(const std::string& topic, std::uint64_t from, std::size_t max_records,
+                                  std::size_t max_bytes, const std::function<void(const RecordRef&)>& fn) const {
+  if (max_records == 0) return 0;
+  const auto st = self_->state(topic);
+  if (!st || st->Msgs == 0) return 0;
+  const std::string stream = self_->stream_of(topic);
+  std::size_t n = 0, bytes = 0;
+  for (std::uint64_t seq = std::max(from + 1, st->FirstSeq); seq <= st->LastSeq && n < max_records && (n == 0 || bytes < max_bytes);
+       ++seq) {
+    MsgGuard g;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    jsOptions o = self_->request_options();
+    const natsStatus s = js_GetMsg(&g.m, self_->js, stream.c_str(), seq, &o, &jerr);
+    if (s == NATS_NOT_FOUND) continue;  // removed by retention meanwhile
+    if (s != NATS_OK) throw Error("JetStream: reading topic '" + topic + "' at offset " + std::to_string(seq - 1) + ": " +
+                                  nats_error(s, jerr));
+    const auto len = static_cast<std::size_t>(natsMsg_GetDataLength(g.m));
+    fn(RecordRef{seq - 1, natsMsg_GetTime(g.m) / 1000, std::string_view(natsMsg_GetData(g.m), len)});
+    ++n;
+    bytes += len;
+  }
+  return n;
+}
+
+std::uint64_t JetStreamStore::committed_offset(const std::string& topic) const {
+  const auto st = self_->state(topic);
+  return st ? st->LastSeq : 0;
+}
+
+std::uint64_t JetStreamStore::first_offset(const std::string& topic) const {
+  const auto st = self_->state(topic);
+  if (!st) return 0;
+  return st->Msgs == 0 ? st->LastSeq : st->FirstSeq - 1;
+}
+
+std::uint64_t JetStreamStore::offset_at_time(const std::string& topic, std::int64_t time_us) const {
+  std::uint64_t lo = first_offset(topic), hi = committed_offset(topic);
+  // The first offset in [lo, hi) stored at or after time_us (store times do not go back).
+  while (lo < hi) {
+    const std::uint64_t mid = lo + (hi - lo) / 2;
+    std::int64_t t = 0;
+    if (visit(topic, mid, 1, 1, [&](const RecordRef& r) { t = r.time_us; }) == 0) return hi;
+    if (t >= time_us) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
+std::vector<std::string> JetStreamStore::topics() const { return self_->list_topics(); }
+
+std::optional<TopicInfo> JetStreamStore::info(const std::string& topic) const {
+  TopicInfo i;
+  if (!self_->state(topic, &i)) return std::nullopt;
+  return i;
+}
+
+void JetStreamStore::set_commit_listener(CommitListener listener) {
+  Impl& s = *self_;
+  s.listener = std::move(listener);
+  const std::string subject = s.opt.subject_root + ".stored.*";
+  if (const natsStatus st = natsConnection_Subscribe(&s.stored_sub, s.nc, subject.c_str(), &Impl::on_stored, &s); st != NATS_OK)
+    throw Error("jetstream: subscribing to " + subject + ": " + nats_error(st));
+}
+
+void JetStreamStore::commit_group_offset(const std::string& group, const std::string& topic, std::uint64_t offset) {
+  if (!valid_topic_name(group) || !valid_topic_name(topic))
+    throw Error("consumer group '" + group + "' or topic '" + topic + "' is not a valid name");
+  Impl& s = *self_;
+  {
+    std::lock_guard lk(s.known_mu);
+    if (!s.known_groups.contains(group)) {
+      if (!s.groups_listed) {
+        for (const auto& [g, t, o] : group_offsets()) s.known_groups.insert(g);
+        s.groups_listed = true;
+      }
+      if (!s.known_groups.contains(group) && s.known_groups.size() >= s.opt.max_groups)
+        throw GroupLimitError("the relay keeps at most " + std::to_string(s.opt.max_groups) + " consumer groups");
+      s.known_groups.insert(group);
+    }
+  }
+  const std::string key = jetstream_name(group) + "." + jetstream_name(topic), v = std::to_string(offset);
+  uint64_t rev = 0;
+  if (const natsStatus st = kvStore_PutString(&rev, s.groups, key.c_str(), v.c_str()); st != NATS_OK)
+    throw Error("JetStream: committing group " + group + " on " + topic + ": " + nats_error(st));
+}
+
+std::optional<std::uint64_t> JetStreamStore::group_offset(const std::string& group, const std::string& topic) const {
+  EntryGuard g;
+  const std::string key = jetstream_name(group) + "." + jetstream_name(topic);
+  const natsStatus s = kvStore_Get(&g.e, self_->groups, key.c_str());
+  if (s == NATS_NOT_FOUND) return std::nullopt;
+  if (s != NATS_OK) throw Error("JetStream: group " + group + " on " + topic + ": " + nats_error(s));
+  return parse_u64(std::string_view(static_cast<const char*>(kvEntry_Value(g.e)), static_cast<std::size_t>(kvEntry_ValueLen(g.e))));
+}
+
+std::vector<std::tuple<std::string, std::string, std::uint64_t>> JetStreamStore::group_offsets() const {
+  std::vector<std::tuple<std::string, std::string, std::uint64_t>> out;
+  kvKeysList keys{};
+  const natsStatus s = kvStore_Keys(&keys, self_->groups, nullptr);
+  if (s == NATS_NOT_FOUND) return out;
+  if (s != NATS_OK) throw Error("JetStream: the consumer groups: " + nats_error(s));
+  for (int i = 0; i < keys.Count; ++i) {
+    const std::string_view k(keys.Keys[i]);
+    const auto dot = k.find('.');
+    if (dot == std::string_view::npos) continue;
+    auto group = jetstream_unname(k.substr(0, dot)), topic = jetstream_unname(k.substr(dot + 1));
+    if (!group || !topic) continue;
+    if (auto off = group_offset(*group, *topic)) out.emplace_back(std::move(*group), std::move(*topic), *off);
+  }
+  kvKeysList_Destroy(&keys);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::optional<std::string> JetStreamStore::unready() const {
+  if (natsConnection_Status(self_->nc) == NATS_CONN_STATUS_CONNECTED) return std::nullopt;
+  return std::string("no connection to the JetStream cluster (reconnecting)");
+}
+
+}  // namespace diaspora::relay

@@ -1,0 +1,90 @@
+// The relay's topics kept in a NATS JetStream cluster (relay.yaml `storage: jetstream`):
+// any number of relays in front of one replicated log, holding no state of their own.
+//
+// How the store's contract maps onto JetStream (docs/relay.md, "Storage on JetStream"):
+//   * a topic is a stream of its own, `<prefix>-<topic>` (characters other than
+//     [A-Za-z0-9-] written _XX), with one subject, `<subject root>.t.<encoded topic>`;
+//     offset N is stream sequence N + 1, so offsets stay dense and per topic;
+//   * an append is acknowledged once JetStream acknowledged every record of the batch
+//     (stored by a quorum of the stream's replicas); each record carries Nats-Msg-Id =
+//     its (source, id), so JetStream drops a resent event inside its duplicate window;
+//   * the (producer, seq) high-water marks live in the KV bucket `<prefix>_PRODUCERS`, so a
+//     batch resent to another relay, or after any outage, is still a duplicate;
+//   * consumer-group offsets live in the KV bucket `<prefix>_GROUPS`;
+//   * the commit listener hears every record stored by any relay: each stream republishes
+//     the headers of what it stored to `<subject root>.stored.<encoded topic>`.
+//
+// Thread model: as Store's. One writer thread publishes the batches in order; reads are
+// JetStream requests made on the caller's thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "store.hpp"
+
+namespace diaspora::relay {
+
+/// Where the cluster is and how its streams are made.
+struct JetStreamOptions {
+  std::vector<std::string> urls;  ///< nats://host:port or tls://host:port, tried in turn
+  std::string creds_file;         ///< a NATS user credentials file; empty: none
+  std::string ca_file;            ///< trusted CAs for the servers' certificates (TLS); empty: no TLS unless tls://
+  std::string cert_file, key_file;  ///< the relay's client certificate (mutual TLS); empty: none
+  int replicas = 3;                 ///< each stream's and bucket's replicas (1 to 5)
+  std::uint64_t retention_bytes = 0;     ///< per topic; 0 = unlimited
+  std::chrono::seconds retention_age{0};  ///< 0 = unlimited
+  std::chrono::seconds duplicate_window{120};  ///< JetStream's Nats-Msg-Id window
+  std::size_t max_topics = 10000;   ///< streams of this prefix; an append creating one more fails (too_many_topics)
+  std::size_t max_groups = 10000;   ///< consumer groups; a commit adding one more throws GroupLimitError
+  std::string prefix = "DIASPORA";  ///< stream and bucket names: [A-Za-z0-9-_]
+  std::string subject_root = "diaspora";  ///< subjects of the streams: a NATS token
+  std::chrono::milliseconds timeout{5000};  ///< each JetStream request, and an append's acknowledgements
+};
+
+/// A stream or bucket name of `text`: [A-Za-z0-9-] kept, anything else as _XX (hex).
+std::string jetstream_name(std::string_view text);
+/// The inverse of jetstream_name; nullopt when `name` is not one.
+std::optional<std::string> jetstream_unname(std::string_view name);
+
+/// The topics of a JetStream cluster.
+class JetStreamStore final : public Store {
+ public:
+  /// Connects (the servers in turn, reconnecting for ever once connected), creates the KV
+  /// buckets when missing and starts the writer and notification threads. Throws Error
+  /// naming the servers and the reason when none can be reached or JetStream is off.
+  explicit JetStreamStore(JetStreamOptions options);
+  /// Finishes the batches already appended (or fails them past the timeout), then closes.
+  ~JetStreamStore() override;
+  JetStreamStore(const JetStreamStore&) = delete;
+  JetStreamStore& operator=(const JetStreamStore&) = delete;
+
+  /// Durable = acknowledged by JetStream (stored by a quorum of the stream's replicas);
+  /// fails with storage_error (the server's reason) when the cluster does not acknowledge
+  /// within the timeout, e.g. without a quorum.
+  void append(std::string topic, std::string producer_id, std::uint64_t seq, std::vector<AppendRecord> records,
+              Completion done) override;
+  std::size_t visit(const std::string& topic, std::uint64_t from, std::size_t max_records, std::size_t max_bytes,
+                    const std::function<void(const RecordRef&)>& fn) const override;
+  std::uint64_t committed_offset(const std::string& topic) const override;
+  std::uint64_t first_offset(const std::string& topic) const override;
+  std::uint64_t offset_at_time(const std::string& topic, std::int64_t time_us) const override;
+  std::vector<std::string> topics() const override;
+  std::optional<TopicInfo> info(const std::string& topic) const override;
+  void set_commit_listener(CommitListener listener) override;
+  void commit_group_offset(const std::string& group, const std::string& topic, std::uint64_t offset) override;
+  std::optional<std::uint64_t> group_offset(const std::string& group, const std::string& topic) const override;
+  std::vector<std::tuple<std::string, std::string, std::uint64_t>> group_offsets() const override;
+
+  /// "no connection to the JetStream cluster" while the connection is down.
+  std::optional<std::string> unready() const override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> self_;
+};
+
+}  // namespace diaspora::relay

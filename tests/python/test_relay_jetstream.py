@@ -1,0 +1,182 @@
+"""The relay on a NATS JetStream cluster (relay.yaml `storage: jetstream`): real
+nats-server processes (Debian's) on 127.0.0.1 and real relays in front of them.
+Two relays share one log: what one is given, the other serves, in order, once; a
+producer's resent batch is a duplicate on either relay; a consumer group resumes on the
+other relay where it committed; /readyz follows the connection to the cluster."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from relay_harness import (Credentials, RelayProcess, collect_all, event, free_port, https_get, https_status, recv,
+                           request, run, session, wait_until)
+
+NATS = shutil.which("nats-server") or "/usr/sbin/nats-server"
+
+
+class NatsServer:
+    """One nats-server with JetStream on 127.0.0.1 (its store under `root`), optionally a
+    node of a cluster (`routes`: the other nodes' cluster ports)."""
+
+    def __init__(self, root: Path, name: str = "n1", cluster_port: int = 0, routes: list[int] | None = None):
+        self.root, self.name = root, name
+        self.port = free_port()
+        self.cluster_port, self.routes = cluster_port, routes or []
+        self.proc: subprocess.Popen | None = None
+        self.log = root / f"{name}.log"
+
+    def start(self) -> "NatsServer":
+        self.root.mkdir(parents=True, exist_ok=True)
+        args = [NATS, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.root / self.name), "-n", self.name]
+        if self.cluster_port:
+            args += ["--cluster_name", "diaspora", "--cluster", f"nats://127.0.0.1:{self.cluster_port}",
+                     "--routes", ",".join(f"nats://127.0.0.1:{p}" for p in self.routes)]
+        self.proc = subprocess.Popen(args, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
+        wait_until(lambda: "Server is ready" in self.log.read_text(errors="replace") or self.proc.poll() is not None,
+                   20, f"nats-server {self.name}")
+        assert self.proc.poll() is None, self.log.read_text()
+        return self
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=20)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=20)
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+
+@pytest.fixture
+def creds(tmp_path):
+    return Credentials(tmp_path / "creds")
+
+
+def js_relay(creds, tmp_path: Path, name: str, urls: list[str], **more) -> RelayProcess:
+    return RelayProcess(creds, tmp_path / name, config={
+        "storage": "jetstream", "jetstream": {"urls": urls, "replicas": 1, "timeout": "3s", **more}})
+
+
+def admin(creds):
+    return creds.token("admin")
+
+
+async def publish(ws, topic: str, seq: int, events: list[dict]) -> dict:
+    await ws.send(json.dumps({"op": "publish", "topic": topic, "seq": seq, "events": events}))
+    return await recv(ws)
+
+
+@pytest.fixture
+def cluster(creds, tmp_path):
+    """One nats-server and two relays on it, a and b; stopped (and their logs checked) after."""
+    nats = NatsServer(tmp_path / "nats").start()
+    a = js_relay(creds, tmp_path, "a", [nats.url]).start()
+    b = js_relay(creds, tmp_path, "b", [nats.url]).start()
+    yield a, b
+    a.stop_cleanly()
+    b.stop_cleanly()
+    nats.stop()
+
+
+def test_two_relays_on_one_jetstream_serve_one_log_in_order_once(creds, tmp_path, cluster):
+    a, b = cluster
+
+    async def go():
+        ws = await session(a, admin(creds), producer_id="p-1")
+        ack = await publish(ws, "beam.events", 1, [event(i) for i in range(200)])
+        assert ack["op"] == "ack" and ack["count"] == 200 and ack["first_offset"] == 0, ack
+        # Live: a subscriber on b from the latest hears what a is given next.
+        sub = await session(b, admin(creds))
+        r = await request(sub, {"op": "subscribe", "id": "live", "topic": "beam.events", "from": "latest"})
+        assert r["op"] == "subscribed" and r["offsets"] == {"beam.events": 200}, r
+        ack = await publish(ws, "beam.events", 2, [event(i) for i in range(200, 300)])
+        assert ack["op"] == "ack", ack
+        live = []
+        while len(live) < 100:
+            m = await recv(sub)
+            if m["op"] == "events":
+                live += [e["offset"] for e in m["events"]]
+        assert live == list(range(200, 300))
+        # The producer's resend, to the other relay: a duplicate batch (the high-water
+        # mark lives in the cluster); the same events in a new batch: each dropped once.
+        wb = await session(b, admin(creds), producer_id="p-1")
+        again = await publish(wb, "beam.events", 2, [event(i) for i in range(200, 300)])
+        assert again["op"] == "ack" and again.get("duplicate_batch") is True and again["count"] == 0, again
+        fresh = await publish(wb, "beam.events", 3, [event(i) for i in range(290, 310)])
+        assert fresh["op"] == "ack" and fresh["duplicates"] == 10 and fresh["count"] == 10, fresh
+        assert fresh["first_offset"] == 300, fresh
+        got = await collect_all(b, admin(creds), "beam.events", 310)
+        assert [o for o, _ in got] == list(range(310))
+        assert [e["id"] for _, e in got] == [str(i) for i in range(310)]
+    run(go())
+    topics = json.loads(https_get(b, "/api/v1/topics", admin(creds)))["topics"]
+    (beam,) = [t for t in topics if t["name"] == "beam.events"]
+    assert beam["first_offset"] == 0 and beam["next_offset"] == 310, beam
+    # Kept by JetStream, not by either relay: a stream of the topic, the producers' bucket.
+    streams = {p.name for p in (tmp_path / "nats").glob("n1/jetstream/*/streams/*")}
+    assert {"DIASPORA-beam_2Eevents", "KV_DIASPORA_PRODUCERS", "KV_DIASPORA_GROUPS"} <= streams, streams
+    assert not (tmp_path / "a" / "topics").exists() and not (tmp_path / "b" / "topics").exists()
+
+
+def test_a_consumer_group_resumes_on_the_other_relay_where_it_committed(creds, cluster):
+    a, b = cluster
+
+    async def go():
+        ws = await session(a, admin(creds))
+        assert (await publish(ws, "g.events", 0, [event(i) for i in range(10)]))["op"] == "ack"
+        c1 = await session(a, admin(creds))
+        await request(c1, {"op": "subscribe", "id": "s", "topic": "g.events", "from": "earliest", "group": "console"})
+        got = []
+        while len(got) < 10:
+            m = await recv(c1)
+            if m["op"] == "events":
+                got += [e["offset"] for e in m["events"]]
+        r = await request(c1, {"op": "commit", "group": "console", "topic": "g.events", "offset": 4})
+        assert r == {"op": "committed", "group": "console", "topic": "g.events", "offset": 4}, r
+        await c1.close()
+        c2 = await session(b, admin(creds))
+        r = await request(c2, {"op": "subscribe", "id": "s", "topic": "g.events", "from": "latest", "group": "console"})
+        assert r["offsets"] == {"g.events": 4}, r  # the commit, kept in the cluster, wins over from
+    run(go())
+    body = json.loads(https_get(b, "/api/v1/topics/g.events", admin(creds)))
+    assert body["groups"] == [{"group": "console", "offset": 4, "lag": 6}], body
+
+
+def test_readyz_follows_the_connection_to_the_cluster_and_a_publish_without_it_is_nacked(creds, tmp_path):
+    nats = NatsServer(tmp_path / "nats").start()
+    a = js_relay(creds, tmp_path, "a", [nats.url]).start()
+    try:
+        assert https_status(a, "/readyz") == 200
+        nats.kill()
+        wait_until(lambda: https_status(a, "/readyz") == 503, 20, "/readyz to say not ready")
+
+        async def nacked():
+            ws = await session(a, admin(creds))
+            return await publish(ws, "down.events", 0, [event(1)])
+        r = run(nacked())
+        assert r["op"] == "nack" and r["code"] == "storage_error", r
+        nats.start()  # the same port and store
+        wait_until(lambda: https_status(a, "/readyz") == 200, 30, "/readyz to say ready again")
+    finally:
+        a.stop_cleanly()
+        nats.stop()
+
+
+def test_a_relay_that_cannot_reach_its_cluster_says_so_and_exits(creds, tmp_path):
+    port = free_port()
+    relay = js_relay(creds, tmp_path, "a", [f"nats://127.0.0.1:{port}"])
+    with pytest.raises(AssertionError) as e:
+        relay.start()
+    assert f"cannot reach any of nats://127.0.0.1:{port}" in str(e.value), str(e.value)
