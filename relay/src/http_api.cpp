@@ -412,8 +412,10 @@ std::optional<std::string> bearer_token(std::optional<std::string_view> v) {
   return std::string();
 }
 
-HttpReply handle_http(bool get_or_head, std::string_view raw_target, const std::optional<std::string>& bearer,
-                      const ApiContext& ctx) {
+namespace {
+
+HttpReply route(bool get_or_head, std::string_view raw_target, const std::optional<std::string>& bearer,
+                const ApiContext& ctx) {
   const Target target = parse_target(raw_target);
   const std::string& path = target.path;
   if (!get_or_head) return text(405, "only GET is supported\n");
@@ -437,6 +439,17 @@ HttpReply handle_http(bool get_or_head, std::string_view raw_target, const std::
   }
   if (path.starts_with("/console/")) return serve_console(path.substr(std::string("/console/").size()), ctx);
   return text(404, "not found: " + path + "\n");
+}
+
+}  // namespace
+
+HttpReply handle_http(bool get_or_head, std::string_view raw_target, const std::optional<std::string>& bearer,
+                      const ApiContext& ctx) {
+  try {
+    return route(get_or_head, raw_target, bearer, ctx);
+  } catch (const Error& e) {  // the store cannot be read now (a cluster out of reach): said, nothing else lost
+    return json_error(503, "storage_error", e.what());
+  }
 }
 
 }  // namespace diaspora::relay

@@ -123,6 +123,50 @@ struct JetStreamStore::Impl {
   bool stopping = false;
   std::thread writer;
 
+  // Each topic's ends as last known: from its stream's state (asked again when a second
+  // old), raised by every record stored (ours, or any relay's through the republished
+  // headers). committed_offset() answers from it without a request.
+  struct Ends {
+    std::uint64_t first = 0, next = 0;
+    std::chrono::steady_clock::time_point asked{};
+  };
+  mutable std::mutex ends_mu;
+  mutable std::map<std::string, Ends> ends;
+  mutable std::vector<std::string> last_topics;  // the last list of topics the cluster gave
+
+  void note_stored(const std::string& topic, std::uint64_t next) const {
+    std::lock_guard lk(ends_mu);
+    Ends& e = ends[topic];
+    e.next = std::max(e.next, next);
+  }
+
+  // The topic's ends: cached under a second old, else asked; nullopt for a topic with no
+  // stream. Throws Error when the cluster cannot be asked and nothing is known.
+  std::optional<Ends> ends_of(const std::string& topic) const {
+    const auto now = std::chrono::steady_clock::now();
+    {
+      std::lock_guard lk(ends_mu);
+      if (auto it = ends.find(topic); it != ends.end() && now - it->second.asked < std::chrono::seconds(1)) return it->second;
+    }
+    try {
+      const auto st = state(topic);
+      std::lock_guard lk(ends_mu);
+      if (!st) {
+        ends.erase(topic);
+        return std::nullopt;
+      }
+      Ends& e = ends[topic];
+      e.next = std::max(e.next, st->LastSeq);
+      e.first = st->Msgs == 0 ? st->LastSeq : st->FirstSeq - 1;
+      e.asked = now;
+      return e;
+    } catch (const Error&) {
+      std::lock_guard lk(ends_mu);
+      if (auto it = ends.find(topic); it != ends.end()) return it->second;  // the last known, until the cluster answers
+      throw;
+    }
+  }
+
   mutable std::mutex known_mu;
   std::set<std::string> known_streams;  // created or seen by this relay
   std::set<std::string> known_groups;   // group names committed through this relay, or listed
@@ -181,6 +225,8 @@ struct JetStreamStore::Impl {
       if (auto t = topic_of_stream(list->List[i]); t && valid_topic_name(*t)) out.push_back(std::move(*t));
     jsStreamNamesList_Destroy(list);
     std::sort(out.begin(), out.end());
+    std::lock_guard lk(ends_mu);
+    last_topics = out;
     return out;
   }
 
@@ -238,6 +284,18 @@ struct JetStreamStore::Impl {
     return true;
   }
 
+  // Runs a request again while the cluster has no one to answer it (a stream's leader being
+  // elected after a node was lost: a few seconds), up to the timeout.
+  template <class F>
+  natsStatus patiently(F&& f) const {
+    const auto until = std::chrono::steady_clock::now() + opt.timeout;
+    for (;;) {
+      const natsStatus s = f();
+      if ((s != NATS_NO_RESPONDERS && s != NATS_TIMEOUT) || std::chrono::steady_clock::now() >= until) return s;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+
   // The key of a producer's high-water mark on a topic.
   static std::string producer_key(const std::string& producer, const std::string& topic) {
     return jetstream_name(producer) + "." + jetstream_name(topic);
@@ -247,7 +305,12 @@ struct JetStreamStore::Impl {
   // none. Throws Error.
   std::optional<std::uint64_t> high_water(const std::string& producer, const std::string& topic) const {
     EntryGuard g;
-    const natsStatus s = kvStore_Get(&g.e, producers, producer_key(producer, topic).c_str());
+    const std::string key = producer_key(producer, topic);
+    const natsStatus s = patiently([&] {
+      kvEntry_Destroy(g.e);
+      g.e = nullptr;
+      return kvStore_Get(&g.e, producers, key.c_str());
+    });
     if (s == NATS_NOT_FOUND) return std::nullopt;
     if (s != NATS_OK) throw Error("JetStream: producer " + producer + "'s last batch: " + nats_error(s));
     return parse_u64(std::string_view(static_cast<const char*>(kvEntry_Value(g.e)),
@@ -355,11 +418,13 @@ struct JetStreamStore::Impl {
       }
       r.first_offset = first > 0 ? first - 1 : (acks.seq.empty() ? 0 : acks.seq.back());
       acks.index.clear();
+      if (!acks.seq.empty()) note_stored(p.topic, *std::max_element(acks.seq.begin(), acks.seq.end()));
     }
     if (!p.producer_id.empty()) {
       const std::string v = std::to_string(p.seq);
       uint64_t rev = 0;
-      if (const natsStatus s = kvStore_PutString(&rev, producers, producer_key(p.producer_id, p.topic).c_str(), v.c_str());
+      const std::string key = producer_key(p.producer_id, p.topic);
+      if (const natsStatus s = patiently([&] { return kvStore_PutString(&rev, producers, key.c_str(), v.c_str()); });
           s != NATS_OK) {
         r.error = "JetStream: recording producer " + p.producer_id + "'s batch: " + nats_error(s);
         return r;  // stored; the resend it causes is dropped by (source, id)
@@ -390,8 +455,11 @@ struct JetStreamStore::Impl {
     const char* stream = nullptr;
     const char* seq = nullptr;
     if (natsMsgHeader_Get(msg, "Nats-Stream", &stream) == NATS_OK && natsMsgHeader_Get(msg, "Nats-Sequence", &seq) == NATS_OK)
-      if (auto topic = self->topic_of_stream(stream); topic && self->listener)
-        if (auto n = parse_u64(seq)) self->listener(*topic, *n);  // offset n - 1 stored: next is n
+      if (auto topic = self->topic_of_stream(stream))
+        if (auto n = parse_u64(seq)) {  // offset n - 1 stored: next is n
+          self->note_stored(*topic, *n);
+          if (self->listener) self->listener(*topic, *n);
+        }
     natsMsg_Destroy(msg);
   }
 
@@ -497,11 +565,11 @@ void JetStreamStore::append(std::string topic, std::string producer_id, std::uin
 std::size_t JetStreamStore::visit(const std::string& topic, std::uint64_t from, std::size_t max_records,
                                   std::size_t max_bytes, const std::function<void(const RecordRef&)>& fn) const {
   if (max_records == 0) return 0;
-  const auto st = self_->state(topic);
-  if (!st || st->Msgs == 0) return 0;
+  const auto ends = self_->ends_of(topic);
+  if (!ends || from >= ends->next) return 0;
   const std::string stream = self_->stream_of(topic);
   std::size_t n = 0, bytes = 0;
-  for (std::uint64_t seq = std::max(from + 1, st->FirstSeq); seq <= st->LastSeq && n < max_records && (n == 0 || bytes < max_bytes);
+  for (std::uint64_t seq = std::max(from, ends->first) + 1; seq <= ends->next && n < max_records && (n == 0 || bytes < max_bytes);
        ++seq) {
     MsgGuard g;
     jsErrCode jerr = static_cast<jsErrCode>(0);
@@ -519,14 +587,21 @@ std::size_t JetStreamStore::visit(const std::string& topic, std::uint64_t from, 
 }
 
 std::uint64_t JetStreamStore::committed_offset(const std::string& topic) const {
-  const auto st = self_->state(topic);
-  return st ? st->LastSeq : 0;
+  try {
+    const auto e = self_->ends_of(topic);
+    return e ? e->next : 0;
+  } catch (const Error&) {
+    return 0;  // never known, and the cluster cannot be asked now
+  }
 }
 
 std::uint64_t JetStreamStore::first_offset(const std::string& topic) const {
-  const auto st = self_->state(topic);
-  if (!st) return 0;
-  return st->Msgs == 0 ? st->LastSeq : st->FirstSeq - 1;
+  try {
+    const auto e = self_->ends_of(topic);
+    return e ? e->first : 0;
+  } catch (const Error&) {
+    return 0;
+  }
 }
 
 std::uint64_t JetStreamStore::offset_at_time(const std::string& topic, std::int64_t time_us) const {
@@ -542,7 +617,14 @@ std::uint64_t JetStreamStore::offset_at_time(const std::string& topic, std::int6
   return lo;
 }
 
-std::vector<std::string> JetStreamStore::topics() const { return self_->list_topics(); }
+std::vector<std::string> JetStreamStore::topics() const {
+  try {
+    return self_->list_topics();
+  } catch (const Error&) {
+    std::lock_guard lk(self_->ends_mu);
+    return self_->last_topics;  // the last list, until the cluster answers
+  }
+}
 
 std::optional<TopicInfo> JetStreamStore::info(const std::string& topic) const {
   TopicInfo i;
@@ -576,7 +658,8 @@ void JetStreamStore::commit_group_offset(const std::string& group, const std::st
   }
   const std::string key = jetstream_name(group) + "." + jetstream_name(topic), v = std::to_string(offset);
   uint64_t rev = 0;
-  if (const natsStatus st = kvStore_PutString(&rev, s.groups, key.c_str(), v.c_str()); st != NATS_OK)
+  if (const natsStatus st = s.patiently([&] { return kvStore_PutString(&rev, s.groups, key.c_str(), v.c_str()); });
+      st != NATS_OK)
     throw Error("JetStream: committing group " + group + " on " + topic + ": " + nats_error(st));
 }
 

@@ -67,11 +67,17 @@ class JetStreamStore final : public Store {
   /// within the timeout, e.g. without a quorum.
   void append(std::string topic, std::string producer_id, std::uint64_t seq, std::vector<AppendRecord> records,
               Completion done) override;
+  /// One request per event (JetStream's get by sequence). Throws Error when the cluster
+  /// cannot be asked.
   std::size_t visit(const std::string& topic, std::uint64_t from, std::size_t max_records, std::size_t max_bytes,
                     const std::function<void(const RecordRef&)>& fn) const override;
+  /// From what this relay knows (the stream's state asked at most once a second, raised by
+  /// every record any relay stored): no request on the common path. While the cluster
+  /// cannot be asked, the last known value (0 for a topic never seen). Never throws.
   std::uint64_t committed_offset(const std::string& topic) const override;
   std::uint64_t first_offset(const std::string& topic) const override;
   std::uint64_t offset_at_time(const std::string& topic, std::int64_t time_us) const override;
+  /// The streams of this prefix; while the cluster cannot be asked, the last list it gave.
   std::vector<std::string> topics() const override;
   std::optional<TopicInfo> info(const std::string& topic) const override;
   void set_commit_listener(CommitListener listener) override;

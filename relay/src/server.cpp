@@ -657,8 +657,21 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     pump();
   }
 
-  // Fills the send queue from the log while there is room; a full queue pauses delivery.
+  // Fills the send queue from the log while there is room; a full queue pauses delivery. A
+  // store that cannot be read now (a cluster out of reach) stops this round: the next
+  // commit, or the next frame sent, tries again.
   void pump() {
+    try {
+      pump_once();
+    } catch (const Error& e) {
+      if (!store_error_said_) std::fprintf(stderr, "diaspora-relay: delivery paused: %s\n", e.what());
+      store_error_said_ = true;
+      return;
+    }
+    store_error_said_ = false;
+  }
+
+  void pump_once() {
     if (closing_) return;
     const auto& cfg = relay_->cfg;
     bool progressed = true;
@@ -852,6 +865,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   bool pinging_ = false;            // an idle ping is being sent
   bool writing_ = false;
   bool closing_ = false;
+  bool store_error_said_ = false;  // pump() logged that the store cannot be read; once per outage
   bool close_after_drain_ = false;
   websocket::close_code close_code_ = websocket::close_code::normal;
   std::string close_reason_;
