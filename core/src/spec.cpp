@@ -311,6 +311,9 @@ WorkflowSpec build(const YamlDocument& doc, std::string file) {
 
   const json::object& relay = sub(r, "relay");
   w.relay.url = get_str(relay, "url", "embedded");
+  if (const json::value* f = relay.if_contains("failover"); f && f->is_array())
+    for (const auto& u : f->get_array())
+      if (u.is_string()) w.relay.failover.emplace_back(u.get_string());
   if (auto s = opt_str(relay, "ca_file")) w.relay.ca_file = *s;
   if (auto s = opt_str(relay, "token_file")) w.relay.token_file = *s;
   if (auto s = opt_str(relay, "data_dir")) w.relay.data_dir = *s;

@@ -80,10 +80,10 @@ json::value resolve_plain(const std::string& s) {
   // strtod never throws: an out-of-range value becomes +-HUGE_VAL (then range-checked by
   // the schema) instead of an exception.
   if (all_of(unsigned_part(v), dec)) {
-    std::int64_t v = 0;
+    std::int64_t n = 0;
     const char* first = s.data() + (s[0] == '+' ? 1 : 0);
-    auto [ptr, ec] = std::from_chars(first, s.data() + s.size(), v);
-    if (ec == std::errc() && ptr == s.data() + s.size()) return v;
+    auto [ptr, ec] = std::from_chars(first, s.data() + s.size(), n);
+    if (ec == std::errc() && ptr == s.data() + s.size()) return n;
     return std::strtod(s.c_str(), nullptr);  // too large for 64 bits: a number
   }
   if (v.starts_with("0o") && all_of(v.substr(2), oct)) return static_cast<std::int64_t>(std::strtoull(s.c_str() + 2, nullptr, 8));

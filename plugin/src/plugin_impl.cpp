@@ -106,6 +106,7 @@ Config Config::from_spec(const WorkflowSpec& spec, const std::filesystem::path& 
                       "DIASPORA_RELAY_URL in the environment");
   if (!c.url.starts_with("wss://"))
     throw ConfigError("relay URL '" + c.url + "' must start with wss:// (the relay only speaks TLS)");
+  c.failover = spec.relay.failover;
   if (auto ca = env("DIASPORA_RELAY_CA")) c.ca_file = *ca;
   else if (spec.relay.ca_file) c.ca_file = resolve(*spec.relay.ca_file, base_dir);
   if (auto tf = env("DIASPORA_RELAY_TOKEN_FILE")) c.token_file = *tf;
@@ -471,9 +472,18 @@ void Plugin::publisher_main() {
   finalize();
 }
 
+std::string Plugin::relay_url() const {
+  const std::size_t at = relay_at_.load(std::memory_order_relaxed) % (1 + cfg_.failover.size());
+  return at == 0 ? cfg_.url : cfg_.failover[at - 1];
+}
+
+void Plugin::next_relay() {
+  if (!cfg_.failover.empty()) relay_at_.fetch_add(1, std::memory_order_relaxed);
+}
+
 RelayClientOptions Plugin::client_options(const std::string& client_id) const {
   RelayClientOptions o;
-  o.url = cfg_.url;
+  o.url = relay_url();
   o.ca_file = cfg_.ca_file;
   o.client_id = client_id;
   o.timeout = 5000ms;
@@ -504,8 +514,10 @@ void Plugin::try_connect() {
     client_.reset();
     thread_local std::mt19937 rng{std::random_device{}()};
     const auto wait = equal_jitter(backoff_, rng);  // then the backoff doubles
-    set_error("relay " + cfg_.url + ": " + e.what() + " (retrying in " + std::to_string(wait.count()) +
-              " ms; events are kept in the spool meanwhile)");
+    const std::string failed = relay_url();
+    next_relay();  // with failover relays: the next one, in turn
+    set_error("relay " + failed + ": " + e.what() + " (retrying " + (cfg_.failover.empty() ? "" : "with " + relay_url() + " ") +
+              "in " + std::to_string(wait.count()) + " ms; events are kept in the spool meanwhile)");
     next_connect_ = Clock::now() + wait;
     backoff_ = std::clamp(backoff_ * 2, cfg_.reconnect_min, cfg_.reconnect_max);
   }
@@ -513,6 +525,7 @@ void Plugin::try_connect() {
 
 void Plugin::on_disconnect(const std::string& why) {
   client_.reset();
+  next_relay();  // with failover relays: reconnect to the next one, in turn
   refused_end_.reset();  // the spool rewinds: those records are read (and skipped) again
   connected_.store(0);
   set_error("lost the relay session: " + why + " (unacked events went back to the spool; reconnecting)");

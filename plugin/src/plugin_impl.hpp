@@ -63,6 +63,7 @@ class ConfigError : public Error {
 struct Config {
   std::string workflow, engine_id;
   std::string url;  ///< wss://...
+  std::vector<std::string> failover;  ///< more relays on the same store, tried in turn after url
   std::filesystem::path ca_file, token_file;
   std::string events_topic, control_topic;
   std::filesystem::path spool_dir;
@@ -138,6 +139,10 @@ class Plugin {
   void take_coalesced(const std::function<void(std::string_view)>& sink);
   std::vector<std::string> take_side_events();
   RelayClientOptions client_options(const std::string& client_id) const;
+  /// The relay in use: url, or one of failover after losing it. Any thread.
+  std::string relay_url() const;
+  /// Moves to the next relay of url + failover (the one in use was lost). Any thread.
+  void next_relay();
   /// Feeds a record to the tracker (and policies) and appends its event to `out`; a time
   /// in ticks becomes wall-clock time here. Under feed_mu_ (tracker, policies, tick_clock_).
   void append_record_event(std::string& out, const RecordView& r, std::string_view id, std::uint64_t coalesced);
@@ -220,6 +225,7 @@ class Plugin {
   std::atomic<std::uint64_t> acked_{0}, spilled_{0}, lost_{0}, reconnects_{0},
       rejected_{0}, invalid_{0};
   std::atomic<int> connected_{0}, control_connected_{0};
+  std::atomic<std::size_t> relay_at_{0};  ///< index in url + failover of the relay in use
 
   mutable std::mutex error_mu_;
   std::string last_error_;

@@ -222,3 +222,49 @@ def test_a_three_node_cluster_keeps_three_copies_and_serves_through_a_node_kille
         b.stop_cleanly()
         for n in nodes:
             n.stop()
+
+
+def test_the_plugin_fails_over_to_the_other_relay_and_keeps_every_event_once_in_order(creds, tmp_path, cluster):
+    import threading
+
+    import plugin_ctypes as pc
+    from relay_harness import relay_events, write_spec
+    from test_plugin import check_exactly_once_in_order
+
+    a, b = cluster
+    token_file = tmp_path / "token"
+    token_file.write_text(creds.token("publish:plug.*", "subscribe:plug.*") + "\n")
+    spec = write_spec(tmp_path, creds, token_file, a.port)
+    doc = json.loads(spec.read_text())
+    doc["relay"]["failover"] = [f"wss://127.0.0.1:{b.port}"]  # the other relay on the same cluster
+    spec.write_text(json.dumps(doc))
+    p = pc.Plugin(spec)
+    tasks, done = 1500, threading.Event()
+
+    def engine():
+        for t in range(tasks):
+            tid = f"task-{t}"
+            p.task("submitted", tid, site="local", attempt=1)
+            p.task("started", tid, site="local", worker="w0")
+            for k in range(3):
+                p.task("heartbeat", tid, metrics={"k": float(k)})
+            p.task("completed", tid, has_exit_code=1, exit_code=0)
+            time.sleep(0.002)  # a steady stream across the kill
+        done.set()
+
+    th = threading.Thread(target=engine)
+    th.start()
+    try:
+        pc.wait_for(lambda: p.stats()["events_acked"] > 0 and p.stats()["connected"] == 1, 30, "acks from relay a")
+        # Killed while the engine has handed over events a has not acknowledged.
+        pc.wait_for(lambda: (lambda s: s["events_accepted"] > s["events_acked"])(p.stats()), 30, "unacked events")
+        assert not done.is_set(), "the stream ended before the relay was killed"
+        a.kill()
+        th.join(120)
+        assert done.is_set()
+        pc.wait_for(lambda: p.stats()["connected"] == 1, 30, "the session with relay b")
+        assert p.stats()["reconnects"] >= 1
+        assert p.close(60000) == pc.OK, p.last_error()
+        check_exactly_once_in_order(relay_events(b, creds.token("subscribe:*"), tasks * 6), tasks)
+    finally:
+        th.join(5)

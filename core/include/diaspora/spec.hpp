@@ -50,6 +50,9 @@ struct Location {
 
 struct RelaySpec {
   std::string url = "embedded";  ///< "embedded" or wss://host:port[/path]
+  /// More relays in front of the same store (relays on one JetStream cluster), tried in
+  /// turn after `url` when the one in use is lost (the plugin; docs/relay.md).
+  std::vector<std::string> failover;
   std::optional<std::filesystem::path> ca_file;
   std::optional<std::filesystem::path> token_file;
   std::optional<std::filesystem::path> data_dir;
