@@ -123,6 +123,35 @@ struct JetStreamStore::Impl {
   bool stopping = false;
   std::thread writer;
 
+  // JetStream's own health, asked once a second (a connected server whose cluster lost its
+  // quorum answers the connection but not JetStream): what /readyz says.
+  std::thread health;
+  std::condition_variable health_cv;  // with q_mu: wakes the health thread to stop
+  mutable std::mutex health_mu;
+  std::string unhealthy;  // why JetStream does not answer now; empty: it does
+
+  void health_main() {
+    name_this_thread("js-health");
+    std::unique_lock lk(q_mu);
+    while (!stopping) {
+      lk.unlock();
+      jsAccountInfo* ai = nullptr;
+      jsErrCode jerr = static_cast<jsErrCode>(0);
+      jsOptions o;
+      jsOptions_Init(&o);
+      o.Wait = 1000;
+      const natsStatus s = js_GetAccountInfo(&ai, js, &o, &jerr);
+      jsAccountInfo_Destroy(ai);
+      {
+        std::lock_guard hk(health_mu);
+        unhealthy = s == NATS_OK ? std::string() : "JetStream does not answer (" + nats_error(s, jerr) +
+                                                      "): has the cluster lost its quorum?";
+      }
+      lk.lock();
+      health_cv.wait_for(lk, std::chrono::seconds(1), [&] { return stopping; });
+    }
+  }
+
   // Each topic's ends as last known: from its stream's state (asked again when a second
   // old), raised by every record stored (ours, or any relay's through the republished
   // headers). committed_offset() answers from it without a request.
@@ -533,6 +562,7 @@ JetStreamStore::JetStreamStore(JetStreamOptions options) : self_(std::make_uniqu
     throw;
   }
   s.writer = std::thread([&s] { s.writer_main(); });
+  s.health = std::thread([&s] { s.health_main(); });
 }
 
 JetStreamStore::~JetStreamStore() {
@@ -542,7 +572,9 @@ JetStreamStore::~JetStreamStore() {
     s.stopping = true;
   }
   s.q_cv.notify_all();
+  s.health_cv.notify_all();
   if (s.writer.joinable()) s.writer.join();
+  if (s.health.joinable()) s.health.join();
   if (s.stored_sub) natsSubscription_Unsubscribe(s.stored_sub);
   natsSubscription_Destroy(s.stored_sub);
   kvStore_Destroy(s.producers);
@@ -692,8 +724,11 @@ std::vector<std::tuple<std::string, std::string, std::uint64_t>> JetStreamStore:
 }
 
 std::optional<std::string> JetStreamStore::unready() const {
-  if (natsConnection_Status(self_->nc) == NATS_CONN_STATUS_CONNECTED) return std::nullopt;
-  return std::string("no connection to the JetStream cluster (reconnecting)");
+  if (natsConnection_Status(self_->nc) != NATS_CONN_STATUS_CONNECTED)
+    return std::string("no connection to the JetStream cluster (reconnecting)");
+  std::lock_guard lk(self_->health_mu);
+  if (!self_->unhealthy.empty()) return self_->unhealthy;
+  return std::nullopt;
 }
 
 }  // namespace diaspora::relay

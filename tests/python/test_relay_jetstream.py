@@ -7,6 +7,7 @@ other relay where it committed; /readyz follows the connection to the cluster.""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import shutil
 import signal
@@ -39,7 +40,9 @@ class NatsServer:
         if self.cluster_port:
             args += ["--cluster_name", "diaspora", "--cluster", f"nats://127.0.0.1:{self.cluster_port}",
                      "--routes", ",".join(f"nats://127.0.0.1:{p}" for p in self.routes)]
-        self.proc = subprocess.Popen(args, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
+        # Killed with the test's process, should it die first (a crash must not leave servers behind).
+        self.proc = subprocess.Popen(args, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
+                                     preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))  # PR_SET_PDEATHSIG
         wait_until(lambda: "Server is ready" in self.log.read_text(errors="replace") or self.proc.poll() is not None,
                    20, f"nats-server {self.name}")
         assert self.proc.poll() is None, self.log.read_text()
@@ -65,6 +68,22 @@ def creds(tmp_path):
     return Credentials(tmp_path / "creds")
 
 
+def stop_all(relays: list[RelayProcess], nodes: list[NatsServer]) -> None:
+    """Stops every relay (checking its log and exit) and every node, all of them even when one
+    check fails; then raises the first failure."""
+    failures = []
+    for r in relays:
+        try:
+            r.stop_cleanly()
+        except AssertionError as e:
+            failures.append(e)
+            r.kill()
+    for n in nodes:
+        n.stop()
+    if failures:
+        raise failures[0]
+
+
 def js_relay(creds, tmp_path: Path, name: str, urls: list[str], **more) -> RelayProcess:
     return RelayProcess(creds, tmp_path / name, config={
         "storage": "jetstream", "jetstream": {"urls": urls, "replicas": 1, "timeout": "3s", **more}})
@@ -86,9 +105,7 @@ def cluster(creds, tmp_path):
     a = js_relay(creds, tmp_path, "a", [nats.url]).start()
     b = js_relay(creds, tmp_path, "b", [nats.url]).start()
     yield a, b
-    a.stop_cleanly()
-    b.stop_cleanly()
-    nats.stop()
+    stop_all([a, b], [nats])
 
 
 def test_two_relays_on_one_jetstream_serve_one_log_in_order_once(creds, tmp_path, cluster):
@@ -171,8 +188,7 @@ def test_readyz_follows_the_connection_to_the_cluster_and_a_publish_without_it_i
         nats.start()  # the same port and store
         wait_until(lambda: https_status(a, "/readyz") == 200, 30, "/readyz to say ready again")
     finally:
-        a.stop_cleanly()
-        nats.stop()
+        stop_all([a], [nats])
 
 
 def test_a_relay_that_cannot_reach_its_cluster_says_so_and_exits(creds, tmp_path):
@@ -218,10 +234,7 @@ def test_a_three_node_cluster_keeps_three_copies_and_serves_through_a_node_kille
         assert [o for o, _ in got] == list(range(1000)) and [e["id"] for _, e in got] == [str(i) for i in range(1000)]
         nodes[1].start()
     finally:
-        a.stop_cleanly()
-        b.stop_cleanly()
-        for n in nodes:
-            n.stop()
+        stop_all([a, b], nodes)
 
 
 def test_the_plugin_fails_over_to_the_other_relay_and_keeps_every_event_once_in_order(creds, tmp_path, cluster):
@@ -268,3 +281,42 @@ def test_the_plugin_fails_over_to_the_other_relay_and_keeps_every_event_once_in_
         check_exactly_once_in_order(relay_events(b, creds.token("subscribe:*"), tasks * 6), tasks)
     finally:
         th.join(5)
+
+
+def test_a_cluster_that_loses_its_quorum_nacks_says_not_ready_and_recovers_with_nothing_acked_lost(creds, tmp_path):
+    cports = [free_port() for _ in range(3)]
+    nodes = [NatsServer(tmp_path / "nats", f"n{i + 1}", cports[i], [p for j, p in enumerate(cports) if j != i]) for i in range(3)]
+    for n in nodes:
+        n.start()
+    wait_until(lambda: any("JetStream cluster new metadata leader" in n.log.read_text(errors="replace") for n in nodes),
+               60, "a metadata leader")
+    a = js_relay(creds, tmp_path, "a", [nodes[0].url], replicas=3).start()
+    try:
+        async def send(seq: int, first: int):
+            ws = await session(a, admin(creds), producer_id="p-q")
+            return await publish(ws, "q.events", seq, [event(i) for i in range(first, first + 100)])
+        assert run(send(1, 0))["op"] == "ack"
+        nodes[1].kill()
+        nodes[2].kill()  # one node of three: no quorum
+        wait_until(lambda: https_status(a, "/readyz") == 503, 30, "/readyz to say not ready")
+        assert "quorum" in https_get_status_text(a, "/readyz")
+        r = run(send(2, 100))
+        assert r["op"] == "nack" and r["code"] == "storage_error", r  # documented: nacked, not acked
+        nodes[1].start()
+        nodes[2].start()
+        wait_until(lambda: https_status(a, "/readyz") == 200, 90, "/readyz to say ready again")
+        for _ in range(40):  # the producer sends its nacked batch again, as the plugin does
+            r = run(send(2, 100))
+            if r["op"] == "ack":
+                break
+            time.sleep(0.5)
+        assert r["op"] == "ack", r
+        got = run(collect_all(a, admin(creds), "q.events", 200))
+        assert [o for o, _ in got] == list(range(200)) and [e["id"] for _, e in got] == [str(i) for i in range(200)]
+    finally:
+        stop_all([a], nodes)
+
+
+def https_get_status_text(relay, path: str) -> str:
+    from relay_harness import https_request
+    return https_request(relay, "GET", path)[2]
