@@ -63,6 +63,17 @@ class NatsServer:
         return f"nats://127.0.0.1:{self.port}"
 
 
+def three_nodes(root: Path) -> list[NatsServer]:
+    """A three-node JetStream cluster on 127.0.0.1, started, with a metadata leader."""
+    cports = [free_port() for _ in range(3)]
+    nodes = [NatsServer(root / "nats", f"n{i + 1}", cports[i], [p for j, p in enumerate(cports) if j != i]) for i in range(3)]
+    for n in nodes:
+        n.start()
+    wait_until(lambda: any("JetStream cluster new metadata leader" in n.log.read_text(errors="replace") for n in nodes),
+               60, "a metadata leader")
+    return nodes
+
+
 @pytest.fixture
 def creds(tmp_path):
     return Credentials(tmp_path / "creds")
@@ -201,12 +212,7 @@ def test_a_relay_that_cannot_reach_its_cluster_says_so_and_exits(creds, tmp_path
 
 def test_a_three_node_cluster_keeps_three_copies_and_serves_through_a_node_killed(creds, tmp_path):
     # Three nodes routed to each other; streams and buckets with 3 replicas.
-    cports = [free_port() for _ in range(3)]
-    nodes = [NatsServer(tmp_path / "nats", f"n{i + 1}", cports[i], [p for j, p in enumerate(cports) if j != i]) for i in range(3)]
-    for n in nodes:
-        n.start()
-    wait_until(lambda: any("JetStream cluster new metadata leader" in n.log.read_text(errors="replace") for n in nodes),
-               60, "a metadata leader")
+    nodes = three_nodes(tmp_path)
     urls = [n.url for n in nodes]
     a = js_relay(creds, tmp_path, "a", urls[:1] + urls[1:], replicas=3).start()
     b = js_relay(creds, tmp_path, "b", urls[2:] + urls[:2], replicas=3).start()
@@ -284,12 +290,7 @@ def test_the_plugin_fails_over_to_the_other_relay_and_keeps_every_event_once_in_
 
 
 def test_a_cluster_that_loses_its_quorum_nacks_says_not_ready_and_recovers_with_nothing_acked_lost(creds, tmp_path):
-    cports = [free_port() for _ in range(3)]
-    nodes = [NatsServer(tmp_path / "nats", f"n{i + 1}", cports[i], [p for j, p in enumerate(cports) if j != i]) for i in range(3)]
-    for n in nodes:
-        n.start()
-    wait_until(lambda: any("JetStream cluster new metadata leader" in n.log.read_text(errors="replace") for n in nodes),
-               60, "a metadata leader")
+    nodes = three_nodes(tmp_path)
     a = js_relay(creds, tmp_path, "a", [nodes[0].url], replicas=3).start()
     try:
         async def send(seq: int, first: int):
