@@ -88,9 +88,11 @@ class Plugin:
         return rc
 
 
-def report_tasks(p: Plugin, tasks: int, prefix: str = "task") -> int:
+def report_tasks(p: Plugin, tasks: int, prefix: str = "task", pace: float = 0) -> int:
     """Reports `tasks` full lifecycles; each task's heartbeats carry seq metrics 0..2 so
-    that order can be checked on the relay. Returns the number of events."""
+    that order can be checked on the relay; `pace` seconds after each task (a steady
+    stream). Returns the number of events."""
+    import time
     for t in range(tasks):
         tid = f"{prefix}-{t}"
         assert p.task("submitted", tid, site="local", attempt=1) == OK
@@ -98,6 +100,8 @@ def report_tasks(p: Plugin, tasks: int, prefix: str = "task") -> int:
         for k in range(3):
             assert p.task("heartbeat", tid, metrics={"k": float(k)}) == OK
         assert p.task("completed", tid, has_exit_code=1, exit_code=0) == OK
+        if pace:
+            time.sleep(pace)
     return tasks * 6
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from relay_harness import (Credentials, RelayProcess, collect_all, event, free_port, https_get, https_status, recv,
-                           request, run, session, wait_until)
+from relay_harness import (Credentials, RelayProcess, collect_all, event, free_port, https_get, https_request, https_status,
+                           recv, request, run, session, wait_until)
 
 NATS = shutil.which("nats-server") or "/usr/sbin/nats-server"
 
@@ -261,14 +261,7 @@ def test_the_plugin_fails_over_to_the_other_relay_and_keeps_every_event_once_in_
     tasks, done = 1500, threading.Event()
 
     def engine():
-        for t in range(tasks):
-            tid = f"task-{t}"
-            p.task("submitted", tid, site="local", attempt=1)
-            p.task("started", tid, site="local", worker="w0")
-            for k in range(3):
-                p.task("heartbeat", tid, metrics={"k": float(k)})
-            p.task("completed", tid, has_exit_code=1, exit_code=0)
-            time.sleep(0.002)  # a steady stream across the kill
+        pc.report_tasks(p, tasks, pace=0.002)  # a steady stream across the kill
         done.set()
 
     th = threading.Thread(target=engine)
@@ -300,7 +293,7 @@ def test_a_cluster_that_loses_its_quorum_nacks_says_not_ready_and_recovers_with_
         nodes[1].kill()
         nodes[2].kill()  # one node of three: no quorum
         wait_until(lambda: https_status(a, "/readyz") == 503, 30, "/readyz to say not ready")
-        assert "quorum" in https_get_status_text(a, "/readyz")
+        assert "quorum" in https_request(a, "GET", "/readyz")[2]
         r = run(send(2, 100))
         assert r["op"] == "nack" and r["code"] == "storage_error", r  # documented: nacked, not acked
         nodes[1].start()
@@ -316,8 +309,3 @@ def test_a_cluster_that_loses_its_quorum_nacks_says_not_ready_and_recovers_with_
         assert [o for o, _ in got] == list(range(200)) and [e["id"] for _, e in got] == [str(i) for i in range(200)]
     finally:
         stop_all([a], nodes)
-
-
-def https_get_status_text(relay, path: str) -> str:
-    from relay_harness import https_request
-    return https_request(relay, "GET", path)[2]
