@@ -314,7 +314,7 @@ def test_a_run_with_a_fault_shows_its_tasks_anomaly_and_migration_on_the_timelin
   - {{name: a, engine: local, workers: 1}}
   - {{name: b, engine: local, workers: 1}}
 tasks:
-  - {{name: burn, kind: cpu-burn, args: {{seconds: 10, step: 0.25}}, count: 1, preferred_sites: [a]}}
+  - {{name: burn, kind: cpu-burn, args: {{seconds: 10, step: 0.1}}, count: 1, preferred_sites: [a]}}
 {rn.MOVE_OFF}
 faults:
   - {{at: 4s, kind: slow-site, site: a, factor: 8, for: 30s}}

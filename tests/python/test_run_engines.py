@@ -95,12 +95,7 @@ tasks:
     args: {{seconds: 14, step: 0.1}}
     count: 1
     preferred_sites: [dsk]
-# Steps of 0.1 s: a remote worker's heartbeat is its step, and a step slowed past the mean
-# gap + 3 s (30x here; 16x was seen on a loaded machine with 0.25 s steps) is a silence that
-# default-revive restarts on the same site before the migration.
-policies:
-  - {{name: move-off, signal: task.step_time, detector: relative, threshold: 3, for: 3, action: migrate,
-     targets: [burn]}}
+{rn.MOVE_OFF}
 faults:
   - {{at: 6s, kind: slow-site, site: dsk, factor: 8, for: 30s}}
 """)

@@ -24,7 +24,8 @@ RESTART = rn.RESTART_FAILED + """  - name: restart-silent
 """
 
 
-def burn_spec(faults: str, policies: str = RESTART, seconds: float = 4, count: int = 2, sites: str = "") -> str:
+def burn_spec(faults: str, policies: str = RESTART, seconds: float = 4, count: int = 2, sites: str = "",
+              step: float = 0.25) -> str:
     return f"""version: 1
 name: faults
 sites:
@@ -32,7 +33,7 @@ sites:
 {sites}tasks:
   - name: burn
     kind: cpu-burn
-    args: {{seconds: {seconds}, step: 0.25}}
+    args: {{seconds: {seconds}, step: {step}}}
     count: {count}
 {policies}
 faults:
@@ -93,13 +94,9 @@ def test_baseline_waits_for_heartbeat_silence(tmp_path):
 
 
 def test_slow_site_is_migrated_off(tmp_path):
-    policies = rn.MOVE_OFF
-    # A fixed bound on the step time (a step is 0.25 s of CPU; slowed 8x it takes 2 s of wall
-    # time whatever the load): under the sanitizer with tests in parallel, contention made the
-    # ewma's scale too wide for z >= 15 three times running (CI, twice). The ewma detector is
-    # covered by the unit tests (test_policy); here the point is the migration.
+    policies = rn.MOVE_OFF  # the ewma detector is covered by the unit tests (test_policy)
     spec = rn.write_spec(tmp_path, burn_spec("  - {at: 8s, kind: slow-site, site: a, factor: 8, for: 30s}\n",
-                                             policies=policies, seconds=14, count=1,
+                                             policies=policies, seconds=14, count=1, step=0.1,
                                              sites="  - {name: b, engine: local, workers: 1}\n")
                          .replace("    count: 1\n", "    count: 1\n    preferred_sites: [a]\n"))
     out = tmp_path / "out"
@@ -110,7 +107,7 @@ def test_slow_site_is_migrated_off(tmp_path):
     assert [a["site"] for a in inst["attempts"]] == ["a", "b"], inst
     assert inst["attempts"][0]["outcome"] == "stopped" and "migration to b" in inst["attempts"][0]["reason"]
     (mig,) = rn.actions(rep, "migrate")
-    assert mig["outcome"] == "done" and mig["target_site"] == "b" and "threshold" in mig["reason"]
+    assert mig["outcome"] == "done" and mig["target_site"] == "b" and "relative" in mig["reason"], mig
     assert rep["faults"][0]["hit"][0]["reaction_s"] < 30  # (bench/run measures it on a quiet machine)
 
 
