@@ -104,6 +104,7 @@ struct JetStreamStore::Impl {
     std::map<std::string, std::size_t> index;  // Nats-Msg-Id -> record
     std::vector<std::uint64_t> seq;            // 0: none yet
     std::vector<char> dup, failed;
+    std::vector<int> code;  // the JetStream error code of a refused record
     std::size_t answered = 0;
     std::string error;
   };
@@ -320,7 +321,9 @@ struct JetStreamStore::Impl {
     const auto until = std::chrono::steady_clock::now() + opt.timeout;
     for (;;) {
       const natsStatus s = f();
-      if ((s != NATS_NO_RESPONDERS && s != NATS_TIMEOUT) || std::chrono::steady_clock::now() >= until) return s;
+      if ((s != NATS_NO_RESPONDERS && s != NATS_TIMEOUT && s != NATS_INSUFFICIENT_BUFFER) ||
+          std::chrono::steady_clock::now() >= until)
+        return s;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
@@ -359,6 +362,7 @@ struct JetStreamStore::Impl {
         a.dup[i] = pa->Duplicate;
       } else {
         a.failed[i] = 1;
+        if (pae) a.code[i] = static_cast<int>(pae->ErrCode);
         if (a.error.empty())
           a.error = pae ? nats_error(pae->Err, pae->ErrCode) + (pae->ErrText ? std::string(": ") + pae->ErrText : "")
                         : std::string("no acknowledgement");
@@ -369,13 +373,38 @@ struct JetStreamStore::Impl {
     self->ack_cv.notify_all();
   }
 
+  // Per (producer, topic): the seq of a batch that was not stored (the writer's alone). A
+  // failed batch may leave some of its records unstored; were the producer's later batches,
+  // already on their way, stored before the batch is sent again, its records would follow
+  // them: so they are refused until the producer sends that batch again (the plugin does, in
+  // order, on a new session) or the cluster records it as stored (through another relay).
+  std::map<std::string, std::uint64_t> blocked;
+
   AppendResult publish(Pending& p) {
+    AppendResult r = publish_in_order(p);
+    if (!r.ok && !p.producer_id.empty()) {
+      const std::string key = producer_key(p.producer_id, p.topic);
+      auto [it, fresh] = blocked.try_emplace(key, p.seq);
+      if (!fresh) it->second = std::min(it->second, p.seq);
+    }
+    return r;
+  }
+
+  AppendResult publish_in_order(Pending& p) {
     AppendResult r;
     if (!ensure_stream(p.topic, r.error, r.code)) return r;
     std::optional<std::uint64_t> hw;
     if (!p.producer_id.empty()) {
       try {
         hw = high_water(p.producer_id, p.topic);
+        if (auto b = blocked.find(producer_key(p.producer_id, p.topic)); b != blocked.end()) {
+          if (p.seq > b->second && !(hw && *hw >= b->second)) {
+            r.error = "JetStream: batch " + std::to_string(b->second) + " of producer " + p.producer_id + " on " +
+                      p.topic + " was not stored: send it again before batch " + std::to_string(p.seq);
+            return r;
+          }
+          blocked.erase(b);
+        }
         // Written before, through this relay or another: acknowledged at the topic's end. (A
         // batch a crash cut short has no mark yet: its resend is written again, and what
         // was stored of it is dropped by (source, id) within the duplicate window.)
@@ -398,6 +427,7 @@ struct JetStreamStore::Impl {
       acks.seq.assign(p.records.size(), 0);
       acks.dup.assign(p.records.size(), 0);
       acks.failed.assign(p.records.size(), 0);
+      acks.code.assign(p.records.size(), 0);
     }
     std::vector<std::string> ids(p.records.size());
     for (std::size_t i = 0; i < p.records.size(); ++i) {
@@ -409,33 +439,56 @@ struct JetStreamStore::Impl {
       std::lock_guard lk(ack_mu);
       acks.index.emplace(ids[i], i);
     }
-    std::size_t sent = 0;
-    for (std::size_t i = 0; i < p.records.size(); ++i) {
-      natsMsg* m = nullptr;
-      natsStatus s = natsMsg_Create(&m, subject.c_str(), nullptr, p.records[i].payload.data(),
-                                    static_cast<int>(p.records[i].payload.size()));
-      if (s == NATS_OK) s = natsMsgHeader_Set(m, "Nats-Msg-Id", ids[i].c_str());
-      jsPubOptions po;
-      jsPubOptions_Init(&po);
-      po.MaxWait = opt.timeout.count();
-      if (s == NATS_OK) s = js_PublishMsgAsync(js, &m, &po);
-      natsMsg_Destroy(m);  // a no-op once the library owns it
-      if (s != NATS_OK) {
-        std::lock_guard lk(ack_mu);
-        if (acks.error.empty()) acks.error = "publishing to JetStream: " + nats_error(s);
-        break;
+    // The records go out together (one round trip for the batch), each after the first of a
+    // round expecting the one before it to be the stream's last message
+    // (Nats-Expected-Last-Msg-Id): so what is stored of a batch is always a prefix of it, in
+    // order, even when a record is lost with a node or a connection and a later one is not.
+    // A record refused only because another writer's message came between it and the one
+    // before it (another relay on the same topic) starts the next round.
+    for (std::size_t from = 0; from < p.records.size();) {
+      std::size_t sent = from;
+      for (std::size_t i = from; i < p.records.size(); ++i) {
+        natsMsg* m = nullptr;
+        natsStatus s = natsMsg_Create(&m, subject.c_str(), nullptr, p.records[i].payload.data(),
+                                      static_cast<int>(p.records[i].payload.size()));
+        if (s == NATS_OK) s = natsMsgHeader_Set(m, "Nats-Msg-Id", ids[i].c_str());
+        jsPubOptions po;
+        jsPubOptions_Init(&po);
+        po.MaxWait = opt.timeout.count();
+        if (i > from) po.ExpectLastMsgId = ids[i - 1].c_str();
+        if (s == NATS_OK) s = js_PublishMsgAsync(js, &m, &po);
+        natsMsg_Destroy(m);  // a no-op once the library owns it
+        if (s != NATS_OK) {
+          std::lock_guard lk(ack_mu);
+          if (acks.error.empty()) acks.error = "publishing to JetStream: " + nats_error(s);
+          break;
+        }
+        ++sent;
       }
-      ++sent;
-    }
-    {
       std::unique_lock lk(ack_mu);
-      ack_cv.wait_for(lk, opt.timeout + std::chrono::seconds(1), [&] { return acks.answered >= sent; });
-      if (acks.answered < sent && acks.error.empty()) acks.error = "JetStream did not acknowledge every record in time";
-      if (sent < p.records.size() || !acks.error.empty()) {
-        r.error = "JetStream: " + acks.error;
+      ack_cv.wait_for(lk, opt.timeout + std::chrono::seconds(1), [&] { return acks.answered >= sent - from; });
+      std::size_t first_unstored = from;
+      while (first_unstored < sent && acks.seq[first_unstored] != 0) ++first_unstored;
+      if (first_unstored == p.records.size()) break;  // all stored
+      const bool interleaved = first_unstored > from && first_unstored < sent && acks.answered >= sent - from &&
+                               acks.code[first_unstored] == JSStreamWrongLastMsgIDErr;
+      if (!interleaved) {
+        if (acks.answered < sent - from && acks.error.empty()) acks.error = "JetStream did not acknowledge every record in time";
+        r.error = "JetStream: " + (acks.error.empty() ? std::string("a record was not stored") : acks.error);
         acks.index.clear();  // late answers find nothing
         return r;
       }
+      for (std::size_t i = first_unstored; i < p.records.size(); ++i) {
+        acks.seq[i] = 0;
+        acks.dup[i] = acks.failed[i] = 0;
+        acks.code[i] = 0;
+      }
+      acks.answered = 0;
+      acks.error.clear();
+      from = first_unstored;
+    }
+    {
+      std::lock_guard lk(ack_mu);
       std::uint64_t first = 0;
       for (std::size_t i = 0; i < p.records.size(); ++i) {
         if (acks.dup[i]) {
@@ -525,6 +578,10 @@ JetStreamStore::JetStreamStore(JetStreamOptions options) : self_(std::make_uniqu
     check(natsOptions_SetTimeout(s.nopts, s.opt.timeout.count()), "timeout");
     check(natsOptions_SetMaxReconnect(s.nopts, -1), "reconnects");
     check(natsOptions_SetReconnectWait(s.nopts, 250), "reconnect wait");
+    // (Almost) no buffer while reconnecting (0 is the 8 MiB default): a publish then fails at
+    // once instead of reaching the cluster later, after its batch was answered (and after
+    // the records of a batch lost with the connection).
+    check(natsOptions_SetReconnectBufSize(s.nopts, 1), "reconnect buffer");
     check(natsOptions_SetRetryOnFailedConnect(s.nopts, false, nullptr, nullptr), "connect retry");
     if (!s.opt.ca_file.empty()) {
       check(natsOptions_SetSecure(s.nopts, true), "TLS");

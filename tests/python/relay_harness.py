@@ -337,13 +337,14 @@ def write_spec(tmp_path: Path, creds: Credentials, token_file: Path, port: int, 
 
 
 def relay_events(relay: RelayProcess, token: str, n: int, topic: str = "plug.events",
-                 counted=lambda e: e["type"].startswith("org.diaspora.task.")) -> list[dict]:
+                 counted=lambda e: e["type"].startswith("org.diaspora.task."), within_s: float = 60) -> list[dict]:
     """Every event of `topic` from the start, once `n` of them satisfy `counted` (then
-    whatever else is already there, read until 0.5 s pass without more)."""
+    whatever else is already there, read until 0.5 s pass without more), or what came
+    within `within_s` seconds."""
     async def go():
         ws = await session(relay, token)
         await ws.send(json.dumps({"op": "subscribe", "id": "all", "topic": topic, "from": "earliest"}))
-        out, deadline = [], time.monotonic() + 60
+        out, deadline = [], time.monotonic() + within_s
         while time.monotonic() < deadline:
             try:
                 m = await asyncio.wait_for(ws.recv(), 0.5)
