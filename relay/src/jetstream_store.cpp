@@ -20,6 +20,11 @@ namespace {
 
 constexpr char kHex[] = "0123456789ABCDEF";
 
+// A character jetstream_name keeps as it is.
+constexpr bool kept(unsigned char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
+}
+
 // The text of a failed NATS call: the status, the library's detail and JetStream's code.
 std::string nats_error(natsStatus s, jsErrCode jerr = static_cast<jsErrCode>(0)) {
   std::string out = natsStatus_GetText(s);
@@ -28,13 +33,6 @@ std::string nats_error(natsStatus s, jsErrCode jerr = static_cast<jsErrCode>(0))
     out += std::string(" (") + detail + ")";
   if (jerr != 0) out += " [JetStream error " + std::to_string(static_cast<int>(jerr)) + "]";
   return out;
-}
-
-std::optional<std::uint64_t> parse_u64(std::string_view s) {
-  std::uint64_t v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || p != s.data() + s.size() || s.empty()) return std::nullopt;
-  return v;
 }
 
 // Owns a natsMsg / jsStreamInfo / kvEntry for the scope.
@@ -57,7 +55,7 @@ std::string jetstream_name(std::string_view text) {
   std::string out;
   out.reserve(text.size());
   for (unsigned char c : text) {
-    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-') {
+    if (kept(c)) {
       out += static_cast<char>(c);
     } else {
       out += '_';
@@ -77,16 +75,41 @@ std::optional<std::string> jetstream_unname(std::string_view name) {
   };
   for (std::size_t i = 0; i < name.size(); ++i) {
     if (name[i] != '_') {
+      if (!kept(static_cast<unsigned char>(name[i]))) return std::nullopt;
       out += name[i];
       continue;
     }
     if (i + 2 >= name.size()) return std::nullopt;  // '_' needs two hex digits after it
     const int hi = hex(name[i + 1]), lo = hex(name[i + 2]);
     if (hi < 0 || lo < 0) return std::nullopt;
-    out += static_cast<char>(hi * 16 + lo);
+    const auto c = static_cast<unsigned char>(hi * 16 + lo);
+    if (kept(c)) return std::nullopt;  // jetstream_name keeps it as it is: not one of its names
+    out += static_cast<char>(c);
     i += 2;
   }
   return out;
+}
+
+std::optional<std::uint64_t> parse_stored_number(std::string_view s) {
+  std::uint64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size() || s.empty()) return std::nullopt;
+  return v;
+}
+
+std::optional<std::string> topic_of_stream_name(std::string_view stream, std::string_view prefix) {
+  if (stream.size() <= prefix.size() || !stream.starts_with(prefix) || stream[prefix.size()] != '-') return std::nullopt;
+  auto topic = jetstream_unname(stream.substr(prefix.size() + 1));
+  if (!topic || !valid_topic_name(*topic)) return std::nullopt;
+  return topic;
+}
+
+std::optional<std::pair<std::string, std::string>> parse_group_key(std::string_view key) {
+  const auto dot = key.find('.');
+  if (dot == std::string_view::npos) return std::nullopt;
+  auto group = jetstream_unname(key.substr(0, dot)), topic = jetstream_unname(key.substr(dot + 1));
+  if (!group || !topic || !valid_topic_name(*group) || !valid_topic_name(*topic)) return std::nullopt;
+  return std::pair{std::move(*group), std::move(*topic)};
 }
 
 struct JetStreamStore::Impl {
@@ -210,8 +233,7 @@ struct JetStreamStore::Impl {
     return opt.subject_root + ".stored." + jetstream_name(topic);
   }
   std::optional<std::string> topic_of_stream(std::string_view stream) const {
-    if (!stream.starts_with(opt.prefix + "-")) return std::nullopt;
-    return jetstream_unname(stream.substr(opt.prefix.size() + 1));
+    return topic_of_stream_name(stream, opt.prefix);
   }
 
   jsOptions request_options() const {
@@ -252,7 +274,7 @@ struct JetStreamStore::Impl {
     if (s != NATS_OK) throw Error("JetStream: the list of streams: " + nats_error(s, jerr));
     std::vector<std::string> out;
     for (int i = 0; i < list->Count; ++i)
-      if (auto t = topic_of_stream(list->List[i]); t && valid_topic_name(*t)) out.push_back(std::move(*t));
+      if (auto t = topic_of_stream(list->List[i])) out.push_back(std::move(*t));
     jsStreamNamesList_Destroy(list);
     std::sort(out.begin(), out.end());
     std::lock_guard lk(ends_mu);
@@ -345,7 +367,7 @@ struct JetStreamStore::Impl {
     });
     if (s == NATS_NOT_FOUND) return std::nullopt;
     if (s != NATS_OK) throw Error("JetStream: producer " + producer + "'s last batch: " + nats_error(s));
-    return parse_u64(std::string_view(static_cast<const char*>(kvEntry_Value(g.e)),
+    return parse_stored_number(std::string_view(static_cast<const char*>(kvEntry_Value(g.e)),
                                       static_cast<std::size_t>(kvEntry_ValueLen(g.e))));
   }
 
@@ -538,7 +560,7 @@ struct JetStreamStore::Impl {
     const char* seq = nullptr;
     if (natsMsgHeader_Get(msg, "Nats-Stream", &stream) == NATS_OK && natsMsgHeader_Get(msg, "Nats-Sequence", &seq) == NATS_OK)
       if (auto topic = self->topic_of_stream(stream))
-        if (auto n = parse_u64(seq)) {  // offset n - 1 stored: next is n
+        if (auto n = parse_stored_number(seq)) {  // offset n - 1 stored: next is n
           self->note_stored(*topic, *n);
           if (self->listener) self->listener(*topic, *n);
         }
@@ -758,7 +780,7 @@ std::optional<std::uint64_t> JetStreamStore::group_offset(const std::string& gro
   const natsStatus s = kvStore_Get(&g.e, self_->groups, key.c_str());
   if (s == NATS_NOT_FOUND) return std::nullopt;
   if (s != NATS_OK) throw Error("JetStream: group " + group + " on " + topic + ": " + nats_error(s));
-  return parse_u64(std::string_view(static_cast<const char*>(kvEntry_Value(g.e)), static_cast<std::size_t>(kvEntry_ValueLen(g.e))));
+  return parse_stored_number(std::string_view(static_cast<const char*>(kvEntry_Value(g.e)), static_cast<std::size_t>(kvEntry_ValueLen(g.e))));
 }
 
 std::vector<std::tuple<std::string, std::string, std::uint64_t>> JetStreamStore::group_offsets() const {
@@ -767,15 +789,13 @@ std::vector<std::tuple<std::string, std::string, std::uint64_t>> JetStreamStore:
   const natsStatus s = kvStore_Keys(&keys, self_->groups, nullptr);
   if (s == NATS_NOT_FOUND) return out;
   if (s != NATS_OK) throw Error("JetStream: the consumer groups: " + nats_error(s));
-  for (int i = 0; i < keys.Count; ++i) {
-    const std::string_view k(keys.Keys[i]);
-    const auto dot = k.find('.');
-    if (dot == std::string_view::npos) continue;
-    auto group = jetstream_unname(k.substr(0, dot)), topic = jetstream_unname(k.substr(dot + 1));
-    if (!group || !topic) continue;
-    if (auto off = group_offset(*group, *topic)) out.emplace_back(std::move(*group), std::move(*topic), *off);
-  }
-  kvKeysList_Destroy(&keys);
+  struct KeysGuard {
+    kvKeysList* k;
+    ~KeysGuard() { kvKeysList_Destroy(k); }
+  } guard{&keys};
+  for (int i = 0; i < keys.Count; ++i)
+    if (auto gt = parse_group_key(keys.Keys[i]))
+      if (auto off = group_offset(gt->first, gt->second)) out.emplace_back(std::move(gt->first), std::move(gt->second), *off);
   std::sort(out.begin(), out.end());
   return out;
 }

@@ -21,7 +21,10 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "store.hpp"
@@ -47,8 +50,23 @@ struct JetStreamOptions {
 
 /// A stream or bucket name of `text`: [A-Za-z0-9-] kept, anything else as _XX (hex).
 std::string jetstream_name(std::string_view text);
-/// The inverse of jetstream_name; nullopt when `name` is not one.
+/// The inverse of jetstream_name; nullopt when `name` is not one (jetstream_name of the
+/// result gives `name` back: `_2D` for `-` or lowercase hex are not names it makes).
 std::optional<std::string> jetstream_unname(std::string_view name);
+
+// What the relay reads back from the cluster (stream names, bucket keys and values,
+// republished headers): anyone who can write to the cluster can put anything there, so
+// each is parsed strictly (tests/fuzz/fuzz_jetstream.cpp). Pure functions, any thread.
+
+/// A number the relay wrote as decimal text (a batch seq, a group's offset, a stream
+/// sequence in a `Nats-Sequence` header); nullopt for anything else (signs, spaces, overflow).
+std::optional<std::uint64_t> parse_stored_number(std::string_view text);
+/// The topic of the stream `stream` when it is one of this prefix ("<prefix>-<encoded
+/// topic>") and the topic a valid name; else nullopt.
+std::optional<std::string> topic_of_stream_name(std::string_view stream, std::string_view prefix);
+/// (group, topic) of a key of the groups bucket ("<encoded group>.<encoded topic>", both
+/// valid names); nullopt for any other key.
+std::optional<std::pair<std::string, std::string>> parse_group_key(std::string_view key);
 
 /// The topics of a JetStream cluster.
 class JetStreamStore final : public Store {

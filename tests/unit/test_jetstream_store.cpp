@@ -1,11 +1,15 @@
-// The JetStream store's names (relay/src/jetstream_store.hpp); the store itself runs
-// against real nats-server processes in tests/python/test_relay_jetstream.py.
+// The JetStream store's names and what it reads back from the cluster
+// (relay/src/jetstream_store.hpp); the store itself runs against real nats-server processes
+// in tests/python/test_relay_jetstream.py.
 #include "jetstream_store.hpp"
 
 #include <gtest/gtest.h>
 
 using diaspora::relay::jetstream_name;
 using diaspora::relay::jetstream_unname;
+using diaspora::relay::parse_group_key;
+using diaspora::relay::parse_stored_number;
+using diaspora::relay::topic_of_stream_name;
 
 TEST(JetStreamNames, EveryTopicCharacterOutsideTheSafeOnesIsEscapedAndComesBack) {
   EXPECT_EQ(jetstream_name("beam.events"), "beam_2Eevents");
@@ -19,5 +23,24 @@ TEST(JetStreamNames, EveryTopicCharacterOutsideTheSafeOnesIsEscapedAndComesBack)
     EXPECT_EQ(jetstream_unname(n), t);
   }
   // Not names this store made: refused, not guessed.
-  for (const char* bad : {"a_", "a_2", "a_ZZ", "a_2e"}) EXPECT_FALSE(jetstream_unname(bad)) << bad;
+  // "_2D" and "_61" decode to characters jetstream_name keeps ('-', 'a'); '.' and ' ' are
+  // never in one of its names: two streams must not read back as one topic.
+  for (const char* bad : {"a_", "a_2", "a_ZZ", "a_2e", "a_2D", "_61", "a.b", "a b"})
+    EXPECT_FALSE(jetstream_unname(bad)) << bad;
+}
+
+TEST(JetStreamNames, WhatTheClusterHoldsIsReadBackOnlyWhenTheRelayCouldHaveWrittenIt) {
+  EXPECT_EQ(topic_of_stream_name("DIASPORA-beam_2Eevents", "DIASPORA"), "beam.events");
+  EXPECT_FALSE(topic_of_stream_name("DIASPORAX-beam", "DIASPORA"));  // another prefix
+  EXPECT_FALSE(topic_of_stream_name("DIASPORA-", "DIASPORA"));       // no topic
+  EXPECT_FALSE(topic_of_stream_name("DIASPORA-_2Ebeam", "DIASPORA"));  // ".beam": not a valid topic
+  const auto gt = parse_group_key("ops-group.beam_2Eevents");
+  ASSERT_TRUE(gt);
+  EXPECT_EQ(gt->first, "ops-group");
+  EXPECT_EQ(gt->second, "beam.events");
+  EXPECT_FALSE(parse_group_key("ops_2Dgroup.beam_2Eevents"));  // '-' is kept: "_2D" is no name of it
+  EXPECT_FALSE(parse_group_key("ops-group"));                  // no topic
+  EXPECT_EQ(parse_stored_number("18446744073709551615"), UINT64_MAX);
+  for (const char* bad : {"", "-1", "+1", " 1", "1 ", "18446744073709551616", "0x10"})
+    EXPECT_FALSE(parse_stored_number(bad)) << bad;
 }
