@@ -15,6 +15,9 @@ echo
 echo "== relay vs NATS JetStream (bench/relay/compare.sh)"
 bash bench/relay/compare.sh "$BUILD_DIR"
 echo
+echo "== relay on a 3-node JetStream cluster: embedded relay, 1-3 relays on the cluster, JetStream directly (bench/relay/jetstream.sh)"
+bash bench/relay/jetstream.sh "$BUILD_DIR"
+echo
 echo "== relay views: cost at the full publish rate (on vs off), build rate and query latency (bench/relay/views.sh)"
 bash bench/relay/views.sh "$BUILD_DIR"
 echo

@@ -5,7 +5,7 @@
 // subscribers parse each event to read its send time, as ours do.
 //
 //   bench_jetstream --url nats://127.0.0.1:4222 --producers 4 --subscribers 1
-//                   --events 400000 --size 256 --window 8000 [--rate 20000] [--json]
+//                   --events 400000 --size 256 --window 8000 [--rate 20000] [--replicas 3] [--json]
 #include <nats/nats.h>
 
 #include <boost/json.hpp>
@@ -33,6 +33,7 @@ struct Args {
   long long events = 200000;
   std::size_t size = 256, window = 8000;
   double rate = 0;
+  int replicas = 1;  // copies of the stream (a cluster's servers)
   bool json_out = false;
 };
 
@@ -95,10 +96,11 @@ int main(int argc, char** argv) {
     else if (k == "--size") a.size = std::stoul(val());
     else if (k == "--window") a.window = std::stoul(val());
     else if (k == "--rate") a.rate = std::stod(val());
+    else if (k == "--replicas") a.replicas = std::stoi(val());
     else if (k == "--json") a.json_out = true;
     else {
       std::fprintf(stderr, "usage: bench_jetstream [--url U] [--producers N] [--subscribers M] [--events E] [--size B] "
-                           "[--window W] [--rate R] [--json]\n");
+                           "[--window W] [--rate R] [--replicas N] [--json]\n");
       return 2;
     }
   }
@@ -117,6 +119,7 @@ int main(int argc, char** argv) {
   cfg.Subjects = subjects;
   cfg.SubjectsLen = 1;
   cfg.Storage = js_FileStorage;
+  cfg.Replicas = a.replicas;
   jsStreamInfo* si = nullptr;
   jsErrCode jerr = static_cast<jsErrCode>(0);
   check(js_AddStream(&si, ajs, &cfg, nullptr, &jerr), "add stream");

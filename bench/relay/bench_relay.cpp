@@ -44,31 +44,45 @@ struct BenchArgs {
   int disk_probe = 0;  // fdatasync samples taken in the data directory after the run
   bool task_events = false;  // publish task heartbeats on <x>.events (what the views read)
   bool views = true;         // embedded relay: materialise the views
+  std::vector<std::string> jetstream;  // embedded relays: storage on this NATS JetStream cluster
+  int replicas = 3;                    // with --jetstream: copies of each topic's stream
+  int relays = 1;                      // embedded relays (more than one: with --jetstream)
 };
 
 
 
 
 int run_bench(BenchArgs a) {
-  std::unique_ptr<Relay> embedded;
+  std::vector<std::unique_ptr<Relay>> relays;  // embedded: producers and subscribers spread over them
+  std::vector<std::string> urls;
   std::filesystem::path tmp;
   if (a.url.empty()) {
+    if (a.relays > 1 && a.jetstream.empty())
+      throw Error("--relays " + std::to_string(a.relays) + " needs --jetstream: embedded logs are not shared");
     tmp = std::filesystem::temp_directory_path() / ("diaspora-bench-" + make_uuid().substr(0, 8));
     write_dev_certificates(tmp / "certs");
     write_secret_file(tmp / "secret");
-    RelayConfig cfg;
-    cfg.listen = "127.0.0.1:0";
-    cfg.data_dir = a.data_dir.empty() ? tmp / "data" : std::filesystem::path(a.data_dir);
-    cfg.tls_cert = tmp / "certs/server.pem";
-    cfg.tls_key = tmp / "certs/server-key.pem";
-    cfg.auth_secret_file = tmp / "secret";
-    cfg.fsync = a.fsync;
-    cfg.validate_payloads = true;
-    cfg.threads = a.threads;
-    cfg.views = a.views;
-    embedded = std::make_unique<Relay>(cfg);
-    embedded->start();
-    a.url = "wss://127.0.0.1:" + std::to_string(embedded->port());
+    for (int r = 0; r < a.relays; ++r) {
+      RelayConfig cfg;
+      cfg.listen = "127.0.0.1:0";
+      cfg.data_dir = a.data_dir.empty() ? tmp / ("data-" + std::to_string(r))
+                                        : std::filesystem::path(a.data_dir) / std::to_string(r);
+      cfg.tls_cert = tmp / "certs/server.pem";
+      cfg.tls_key = tmp / "certs/server-key.pem";
+      cfg.auth_secret_file = tmp / "secret";
+      cfg.fsync = a.fsync;
+      cfg.validate_payloads = true;
+      cfg.threads = a.threads;
+      cfg.views = a.views;
+      if (!a.jetstream.empty()) {
+        cfg.storage = "jetstream";
+        cfg.jetstream.urls = a.jetstream;
+        cfg.jetstream.replicas = a.replicas;
+      }
+      relays.push_back(std::make_unique<Relay>(cfg));
+      relays.back()->start();
+      urls.push_back("wss://127.0.0.1:" + std::to_string(relays.back()->port()));
+    }
     a.ca = (tmp / "certs/ca.pem").string();
     TokenClaims c;
     c.subject = "bench";
@@ -76,10 +90,12 @@ int run_bench(BenchArgs a) {
     c.issued_at = std::chrono::time_point_cast<std::chrono::seconds>(std::chrono::system_clock::now());
     c.expires_at = c.issued_at + std::chrono::hours(2);
     a.token = issue_token(load_secret_file(tmp / "secret"), c);
+  } else {
+    urls.push_back(a.url);
   }
+  Relay* embedded = relays.empty() ? nullptr : relays.front().get();
   std::string topic = a.task_events ? "bench-" + make_uuid().substr(0, 8) + ".events" : "bench." + make_uuid().substr(0, 8);
   RelayClientOptions base;
-  base.url = a.url;
   base.ca_file = a.ca;
   base.token = a.token;
 
@@ -101,6 +117,7 @@ int run_bench(BenchArgs a) {
     subs.emplace_back([&, s] {
       try {
         RelayClientOptions o = base;
+        o.url = urls[static_cast<std::size_t>(s) % urls.size()];
         o.client_id = "bench-sub-" + std::to_string(s);
         RelayClient client(o);
         client.send(frames::subscribe(std::to_string(s), topic, "earliest"));
@@ -147,6 +164,7 @@ int run_bench(BenchArgs a) {
     prods.emplace_back([&, p] {
       try {
         RelayClientOptions o = base;
+        o.url = urls[static_cast<std::size_t>(p) % urls.size()];
         o.client_id = "bench-pub-" + std::to_string(p);
         o.producer_id = "bench-" + topic + "-" + std::to_string(p);
         RelayClient client(o);
@@ -224,7 +242,7 @@ int run_bench(BenchArgs a) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     views_catch_up_s = std::chrono::duration<double>(Clock::now() - t_end).count();
   }
-  if (embedded) embedded->stop();
+  for (auto& r : relays) r->stop();
   std::vector<double> disk_us;
   if (a.disk_probe > 0 && !failed) {
     try {
@@ -248,6 +266,8 @@ int run_bench(BenchArgs a) {
          p999 = percentile(latencies_us, 0.999);
   if (a.json_out) {
     std::cout << json::serialize(json::object{{"system", "diaspora-relay"},
+                                              {"storage", a.jetstream.empty() ? "embedded" : "jetstream"},
+                                              {"relays", static_cast<int>(urls.size())},
                                               {"producers", a.producers},
                                               {"subscribers", a.subscribers},
                                               {"events", acked.load()},
@@ -314,6 +334,16 @@ int bench_main(int argc, char** argv) {
                   "Publish org.diaspora.task.heartbeat events on <x>.events (what the relay's views read) instead of "
                   "org.example.bench on bench.<x>");
   relay->add_option("--views", a->views, "Embedded relay: materialise the views (true/false)")->capture_default_str();
+  relay->add_option("--jetstream", a->jetstream,
+                    "Embedded relays: store on this NATS JetStream cluster (its URLs) instead of the embedded log")
+      ->delimiter(',');
+  relay->add_option("--replicas", a->replicas, "With --jetstream: copies of each topic's stream")
+      ->check(CLI::Range(1, 5))
+      ->capture_default_str();
+  relay->add_option("--relays", a->relays,
+                    "Embedded relays (with --jetstream), producers and subscribers spread over them in turn")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -127,7 +127,7 @@ struct JetStreamStore::Impl {
     std::map<std::string, std::size_t> index;  // Nats-Msg-Id -> record
     std::vector<std::uint64_t> seq;            // 0: none yet
     std::vector<char> dup, failed;
-    std::vector<int> code;  // the JetStream error code of a refused record
+    std::vector<int> code, status;  // a refused record's JetStream error code and client status
     std::size_t answered = 0;
     std::string error;
   };
@@ -384,7 +384,10 @@ struct JetStreamStore::Impl {
         a.dup[i] = pa->Duplicate;
       } else {
         a.failed[i] = 1;
-        if (pae) a.code[i] = static_cast<int>(pae->ErrCode);
+        if (pae) {
+          a.code[i] = static_cast<int>(pae->ErrCode);
+          a.status[i] = static_cast<int>(pae->Err);
+        }
         if (a.error.empty())
           a.error = pae ? nats_error(pae->Err, pae->ErrCode) + (pae->ErrText ? std::string(": ") + pae->ErrText : "")
                         : std::string("no acknowledgement");
@@ -450,6 +453,7 @@ struct JetStreamStore::Impl {
       acks.dup.assign(p.records.size(), 0);
       acks.failed.assign(p.records.size(), 0);
       acks.code.assign(p.records.size(), 0);
+      acks.status.assign(p.records.size(), 0);
     }
     std::vector<std::string> ids(p.records.size());
     for (std::size_t i = 0; i < p.records.size(); ++i) {
@@ -467,6 +471,7 @@ struct JetStreamStore::Impl {
     // order, even when a record is lost with a node or a connection and a later one is not.
     // A record refused only because another writer's message came between it and the one
     // before it (another relay on the same topic) starts the next round.
+    const auto deadline = std::chrono::steady_clock::now() + opt.timeout;
     for (std::size_t from = 0; from < p.records.size();) {
       std::size_t sent = from;
       for (std::size_t i = from; i < p.records.size(); ++i) {
@@ -492,9 +497,13 @@ struct JetStreamStore::Impl {
       std::size_t first_unstored = from;
       while (first_unstored < sent && acks.seq[first_unstored] != 0) ++first_unstored;
       if (first_unstored == p.records.size()) break;  // all stored
-      const bool interleaved = first_unstored > from && first_unstored < sent && acks.answered >= sent - from &&
-                               acks.code[first_unstored] == JSStreamWrongLastMsgIDErr;
-      if (!interleaved) {
+      const bool answered = acks.answered >= sent - from && first_unstored < sent;
+      const bool interleaved = answered && first_unstored > from && acks.code[first_unstored] == JSStreamWrongLastMsgIDErr;
+      // No leader to answer yet (the stream of a topic another relay has just made, a node
+      // lost): the same records again shortly, within the timeout.
+      const bool no_leader = answered && acks.status[first_unstored] == NATS_NO_RESPONDERS &&
+                             std::chrono::steady_clock::now() < deadline;
+      if (!interleaved && !no_leader) {
         if (acks.answered < sent - from && acks.error.empty()) acks.error = "JetStream did not acknowledge every record in time";
         r.error = "JetStream: " + (acks.error.empty() ? std::string("a record was not stored") : acks.error);
         acks.index.clear();  // late answers find nothing
@@ -503,11 +512,15 @@ struct JetStreamStore::Impl {
       for (std::size_t i = first_unstored; i < p.records.size(); ++i) {
         acks.seq[i] = 0;
         acks.dup[i] = acks.failed[i] = 0;
-        acks.code[i] = 0;
+        acks.code[i] = acks.status[i] = 0;
       }
       acks.answered = 0;
       acks.error.clear();
       from = first_unstored;
+      if (!interleaved) {
+        lk.unlock();
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
     }
     {
       std::lock_guard lk(ack_mu);
