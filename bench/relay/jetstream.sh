@@ -38,7 +38,8 @@ urls="nats://127.0.0.1:${ports[0]},nats://127.0.0.1:${ports[1]},nats://127.0.0.1
 
 common=(--json --producers "$PRODUCERS" --subscribers 1 --events "$EVENTS" --size 256 --batch 500 --window 16)
 results="$work/results.jsonl"
-row() {  # LABEL JSON
+row() {  # LABEL JSON: a run that printed no figures stops the script (its error is above)
+  if [ -z "$2" ]; then echo "jetstream.sh: the run \"$1\" failed (a loaded machine: see its error above)" >&2; exit 1; fi
   printf '{"label": "%s", "m": %s}\n' "$1" "$2" >> "$results"
 }
 row "embedded relay (its log, fsync always)" "$("$BIN/diaspora" bench relay "${common[@]}")"
