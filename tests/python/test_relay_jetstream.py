@@ -197,6 +197,44 @@ def test_two_relays_writing_one_topic_at_once_keep_each_producers_batches_whole_
     assert interleaved(got) > 0, "no batch was interleaved in 5 rounds"
 
 
+def test_the_views_of_both_relays_answer_the_same_and_a_relay_with_an_empty_disk_rebuilds_them(creds, tmp_path, cluster):
+    """Relays hold no state of their own: each builds its views from the streams, so what one
+    relay is given, the other's views show, and a relay started on an empty data directory
+    answers the same once it has read the streams."""
+    import shutil
+
+    from relay_harness import publish_events, wait_until
+    from test_views import ev, get, workflow_events
+
+    a, b = cluster
+    admin_token = admin(creds)
+    pub = creds.token("publish:*", "subscribe:*")
+    publish_events(a, pub, "beam.events", workflow_events(0))
+    publish_events(b, pub, "beam.control.engine",
+                   [ev(100, "action.requested", action_id="op1", action="cancel", reason="operator", task_id="r.1")])
+
+    def views(relay) -> dict:
+        out = {v: get(relay, v, admin_token, "?workflow=beam") for v in ("tasks", "sites", "actions")}
+        for x in out["actions"]["items"]:
+            del x["seq"]  # the order this relay learned of each action: topics are read in any order at a rebuild
+        return out
+
+    def settled(relay) -> bool:
+        w = get(relay, "workflows", admin_token, "?workflow=beam")["items"]
+        return bool(w) and w[0]["events"] == 12
+    wait_until(lambda: settled(a) and settled(b), 30, "both relays' views")
+    on_a = views(a)
+    assert on_a == views(b)
+    r1 = [t for t in on_a["tasks"]["items"] if t["task_id"] == "r.1"][0]
+    assert [(x["site"], x["outcome"]) for x in r1["attempts"]] == [("b", "failed"), ("a", "running")], r1
+    assert {x["action_id"]: x["status"] for x in on_a["actions"]["items"]} == {"a1": "done", "op1": "pending"}
+    b.stop_cleanly()
+    shutil.rmtree(b.data_dir)
+    b.start()
+    wait_until(lambda: settled(b), 30, "the views rebuilt from the streams")
+    assert views(b) == on_a
+
+
 def test_a_consumer_group_resumes_on_the_other_relay_where_it_committed(creds, cluster):
     a, b = cluster
 
