@@ -6,6 +6,7 @@
 #include <deque>
 #include <fstream>
 #include <iostream>
+#include <memory>
 
 #include "diaspora/event.hpp"
 #include "diaspora/client.hpp"
@@ -21,12 +22,33 @@ struct Connection {
   std::string url, ca, token, token_file, client_cert, client_key;
 
   void add(CLI::App* cmd) {
-    cmd->add_option("--url", url, "Relay URL, wss://HOST:PORT")->required();
+    cmd->add_option("--url", url,
+                    "Relay URL, wss://HOST:PORT; several, comma-separated (relays on one JetStream cluster): the "
+                    "first that answers")
+        ->required();
     cmd->add_option("--ca", ca, "CA certificate that signed the relay's certificate (PEM)");
     cmd->add_option("--token", token, "Bearer token");
     cmd->add_option("--token-file", token_file, "File holding the bearer token");
     cmd->add_option("--client-cert", client_cert, "Client certificate for mutual TLS");
     cmd->add_option("--client-key", client_key, "Client key for mutual TLS");
+  }
+  /// A connection to the first relay of --url that answers; RelayClientError naming each
+  /// relay and why when none does. `o`: options() with what the command adds.
+  std::unique_ptr<RelayClient> connect(RelayClientOptions o) const {
+    std::string why;
+    std::size_t at = 0;
+    for (;;) {
+      const std::size_t comma = url.find(',', at);
+      o.url = url.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+      try {
+        return std::make_unique<RelayClient>(o);
+      } catch (const RelayClientError& e) {
+        if (comma == std::string::npos && why.empty()) throw;  // one relay: its own error
+        why += "\n  " + o.url + ": " + e.what();
+      }
+      if (comma == std::string::npos) throw RelayClientError("no relay of --url answered:" + why);
+      at = comma + 1;
+    }
   }
   RelayClientOptions options() const {
     RelayClientOptions o;
@@ -110,7 +132,8 @@ int run_publish(const PublishArgs& a) {
   }
   RelayClientOptions o = a.conn.options();
   o.producer_id = producer;
-  RelayClient client(o);
+  const auto connection = a.conn.connect(o);
+  RelayClient& client = *connection;
   auto start = std::chrono::steady_clock::now();
   std::uint64_t acked = 0, duplicates = 0, seq = 0;
   std::size_t next = 0, inflight = 0;
@@ -154,7 +177,8 @@ struct TailArgs {
 };
 
 int run_tail(const TailArgs& a) {
-  RelayClient client(a.conn.options());
+  const auto connection = a.conn.connect(a.conn.options());
+  RelayClient& client = *connection;
   frames::From from{std::string_view(a.from)};
   if (a.from != "earliest" && a.from != "latest") {
     try {

@@ -235,6 +235,24 @@ def test_the_views_of_both_relays_answer_the_same_and_a_relay_with_an_empty_disk
     assert views(b) == on_a
 
 
+def test_the_cli_takes_several_relays_and_uses_the_first_that_answers(creds, cluster):
+    from relay_harness import DIASPORA, sh
+
+    a, b = cluster
+    tok = creds.token("publish:*", "subscribe:*")
+    both = f"{a.url},{b.url}"
+    a.kill()
+    p = sh(DIASPORA, "publish", "--url", both, "--ca", creds.ca, "--token", tok, "--topic", "cli", "--count", "20")
+    assert p.stdout.startswith("acked 20 of 20 events"), p.stdout
+    p = sh(DIASPORA, "tail", "--url", both, "--ca", creds.ca, "--token", tok, "--topic", "cli", "--from", "earliest",
+           "--count", "20", "--offsets")
+    assert [json.loads(line)["offset"] for line in p.stdout.splitlines()] == list(range(20))
+    b.kill()
+    p = sh(DIASPORA, "tail", "--url", both, "--ca", creds.ca, "--token", tok, "--topic", "cli", "--count", "1", check=False)
+    assert p.returncode != 0 and "no relay of --url answered" in p.stderr, p.stderr
+    assert f"{a.url}:" in p.stderr and f"{b.url}:" in p.stderr, p.stderr  # each relay and why
+
+
 def test_a_consumer_group_resumes_on_the_other_relay_where_it_committed(creds, cluster):
     a, b = cluster
 
