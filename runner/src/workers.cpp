@@ -133,6 +133,12 @@ void Workers::on_message(Site& s, Slot& slot, const json::object& m) {
   } else if (op == "done" || op == "failed") {
     if (s.remote()) remote_.release(s, slot);  // a one-shot worker: it exits when the channel closes
     slot.inst = slot.att = -1;
+    // A checkpoint asked for while the last step ran: the worker ended without reading it
+    // (with nothing running it ignores one), so it is answered here, not left pending.
+    if (!slot.pending_checkpoint.empty())
+      actions_.acknowledge(std::exchange(slot.pending_checkpoint, ""), false,
+                           std::string("the attempt ") + (op == "done" ? "completed" : "failed") +
+                               " before it wrote the checkpoint");
     if (op == "done") {
       if (const json::value* r = m.if_contains("result"); r && r->is_object() && inst.state != InstanceState::completed)
         inst.result = r->get_object();
