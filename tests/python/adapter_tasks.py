@@ -50,6 +50,13 @@ def reached(marker_dir: str | Path, attempt: str, step: int = 0) -> dict | None:
     return m if m is not None and m.get("step", 0) >= step else None
 
 
+# The migrate policy of the slowed-site tests: steps 3x the task's normal on that site (a
+# DutyCycle slows them 10x). A z-score of the steps (ewma) depends on the noise that the
+# machine's load adds to the normal steps: the Parsl test failed with it in CI.
+SLOW_MIGRATE = [{"name": "move-off", "signal": "task.step_time", "detector": "relative", "threshold": 3, "for": 3,
+                 "action": "migrate"}]
+
+
 class DutyCycle(threading.Thread):
     """SIGSTOP / SIGCONT of `pids` (stopped `off` s, running `on` s) until stop()."""
 

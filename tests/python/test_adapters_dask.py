@@ -27,8 +27,7 @@ import distributed  # noqa: E402  (requirements.lock: scripts/install-deps.sh in
 from distributed import Client, LocalCluster  # noqa: E402
 
 SITES = [{"name": "a", "engine": "dask", "endpoint": "local"}, {"name": "b", "engine": "dask", "endpoint": "local"}]
-MIGRATE = [{"name": "move-off", "signal": "task.step_time", "detector": "ewma", "threshold": 15, "for": 3,
-            "action": "migrate"}]
+MIGRATE = at.SLOW_MIGRATE
 
 
 @pytest.fixture

@@ -26,8 +26,7 @@ from diaspora.futures import ResilientExecutor  # noqa: E402
 
 RESTART = [{"name": "restart-failed", "signal": "task.failures", "detector": "threshold", "threshold": 1,
             "action": "restart"}]
-MIGRATE = [{"name": "move-off", "signal": "task.step_time", "detector": "ewma", "threshold": 15, "for": 3,
-            "action": "migrate"}]
+MIGRATE = at.SLOW_MIGRATE
 SPECULATE = [{"name": "copy-silent", "signal": "task.heartbeat_gap", "detector": "phi-accrual", "threshold": 8,
               "action": "speculate"}]
 SITES = [{"name": "a", "engine": "local", "workers": 2}, {"name": "b", "engine": "local", "workers": 2}]

@@ -327,16 +327,9 @@ def children(pid: int) -> list[int]:
     return out
 
 
-# Ten times the task's normal step on that site (a DutyCycle of 0.45 s stopped, 0.05 s running)
-# against a threshold of 3 (a z-score of the steps, ewma, depends on the noise that the
-# machine's load adds to the normal steps).
-SLOW_MIGRATE = [{"name": "move-off", "signal": "task.step_time", "detector": "relative", "threshold": 3, "for": 3,
-                 "action": "migrate"}]
-
-
 def test_a_slowed_site_is_migrated_off_to_the_other_executor(relay, token, tmp_path):
     marks = tmp_path / "marks"
-    with loaded(relay, token, tmp_path, SLOW_MIGRATE) as (d, ex):
+    with loaded(relay, token, tmp_path, at.SLOW_MIGRATE) as (d, ex):
         fut = step_app(80, 0.05, 3, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
         tid = task_of(ex, fut)
         m = first_marker(marks, tid, step=10)
