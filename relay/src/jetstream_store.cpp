@@ -384,7 +384,14 @@ struct JetStreamStore::Impl {
         InfoGuard g;
         jsErrCode jerr = static_cast<jsErrCode>(0);
         jsOptions o = request_options();
-        const natsStatus s = js_AddStream(&g.si, js, &sc, &o, &jerr);
+        // No peers to place it on yet (a cluster forming, a node lost): asked again within the timeout.
+        const auto until = std::chrono::steady_clock::now() + opt.timeout;
+        natsStatus s = js_AddStream(&g.si, js, &sc, &o, &jerr);
+        while (s != NATS_OK && jerr == JSClusterNoPeersErr && std::chrono::steady_clock::now() < until) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(250));
+          jerr = static_cast<jsErrCode>(0);
+          s = js_AddStream(&g.si, js, &sc, &o, &jerr);
+        }
         if (s != NATS_OK && jerr != JSStreamNameExistErr) {  // another relay's, made meanwhile: fine
           error = "JetStream: creating the stream of topic '" + topic + "': " + nats_error(s, jerr);
           return false;
@@ -653,9 +660,17 @@ struct JetStreamStore::Impl {
     kc.History = 1;
     kc.Replicas = opt.replicas;
     kc.StorageType = js_FileStorage;
-    s = js_CreateKeyValue(&kv, js, &kc);
-    if (s != NATS_OK) throw Error("JetStream: the key-value bucket " + name + ": " + nats_error(s));
-    return kv;
+    // A relay started with its cluster may ask before the cluster knows enough peers to
+    // place the bucket on ("no suitable peers for placement"): it asks again within the timeout.
+    const auto until = std::chrono::steady_clock::now() + opt.timeout;
+    for (;;) {
+      s = js_CreateKeyValue(&kv, js, &kc);
+      if (s == NATS_OK) return kv;
+      const std::string why = nats_error(s);
+      if (std::chrono::steady_clock::now() >= until) throw Error("JetStream: the key-value bucket " + name + ": " + why);
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      if (js_KeyValue(&kv, js, name.c_str()) == NATS_OK) return kv;  // made meanwhile by another relay
+    }
   }
 };
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ctypes
 import hashlib
 import hmac
 import json
 import os
 import re
+import shutil
 import signal
 import ssl
 import struct
@@ -37,6 +39,49 @@ def sh(*args, check=True) -> subprocess.CompletedProcess:
     if check and p.returncode != 0:
         raise AssertionError(f"{args} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
     return p
+
+
+NATS = shutil.which("nats-server") or "/usr/sbin/nats-server"
+
+
+class NatsServer:
+    """One nats-server with JetStream on 127.0.0.1 (its store under `root`), optionally a
+    node of a cluster (`routes`: the other nodes' cluster ports)."""
+
+    def __init__(self, root: Path, name: str = "n1", cluster_port: int = 0, routes: list[int] | None = None):
+        self.root, self.name = root, name
+        self.port = free_port()
+        self.cluster_port, self.routes = cluster_port, routes or []
+        self.proc: subprocess.Popen | None = None
+        self.log = root / f"{name}.log"
+
+    def start(self) -> "NatsServer":
+        self.root.mkdir(parents=True, exist_ok=True)
+        args = [NATS, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.root / self.name), "-n", self.name]
+        if self.cluster_port:
+            args += ["--cluster_name", "diaspora", "--cluster", f"nats://127.0.0.1:{self.cluster_port}",
+                     "--routes", ",".join(f"nats://127.0.0.1:{p}" for p in self.routes)]
+        # Killed with the test's process, should it die first (a crash must not leave servers behind).
+        self.proc = subprocess.Popen(args, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
+                                     preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))  # PR_SET_PDEATHSIG
+        wait_until(lambda: "Server is ready" in self.log.read_text(errors="replace") or self.proc.poll() is not None,
+                   20, f"nats-server {self.name}")
+        assert self.proc.poll() is None, self.log.read_text()
+        return self
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=20)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=20)
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
 
 
 class Credentials:

@@ -1,7 +1,9 @@
 """Browsing a topic from a point through a real relay (GET /api/v1/topics/{topic}/events,
 docs/protocol.md): from an offset, a time, either end, forward and backward, with filters
 the relay applies over the whole topic, bounded scans that say what they looked at,
-exports as JSON lines and CSV; and the topics a token sees are those it may subscribe to."""
+exports as JSON lines and CSV; and the topics a token sees are those it may subscribe to.
+Each test runs on both stores: the embedded log and a NATS JetStream server
+(relay.yaml `storage: jetstream`, a real nats-server)."""
 
 from __future__ import annotations
 
@@ -13,16 +15,24 @@ import urllib.parse
 
 import pytest
 
-from relay_harness import Credentials, RelayProcess, event, https_request, request, run, session
+from relay_harness import Credentials, NatsServer, RelayProcess, event, https_request, run, session
+from relay_harness import request as ask
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
+@pytest.fixture(scope="module", params=["embedded", "jetstream"])
+def world(tmp_path_factory, request):
     """A relay holding wf.events (1,200 events in two batches of appends a moment apart)
     and other.events (3); the time between the two batches."""
     root = tmp_path_factory.mktemp("browse")
     creds = Credentials(root / "creds")
-    relay = RelayProcess(creds, root / "data").start()
+    nats = None
+    store = request.param
+    if store == "jetstream":
+        nats = NatsServer(root / "nats").start()
+        relay = RelayProcess(creds, root / "data", config={
+            "storage": "jetstream", "jetstream": {"urls": [nats.url], "replicas": 1, "timeout": "3s"}}).start()
+    else:
+        relay = RelayProcess(creds, root / "data").start()
     admin = creds.token("admin")
 
     def ev(i):
@@ -36,21 +46,25 @@ def world(tmp_path_factory):
         ws = await session(relay, admin, producer_id="p")
         seq = 0
         for lo in range(0, 600, 100):
-            assert (await request(ws, {"op": "publish", "topic": "wf.events", "seq": seq,
+            assert (await ask(ws, {"op": "publish", "topic": "wf.events", "seq": seq,
                                        "events": [ev(i) for i in range(lo, lo + 100)]}))["op"] == "ack"
             seq += 1
         await __import__("asyncio").sleep(1.2)
         between = time.time() - 0.6
         for lo in range(600, 1200, 100):
-            assert (await request(ws, {"op": "publish", "topic": "wf.events", "seq": seq,
+            assert (await ask(ws, {"op": "publish", "topic": "wf.events", "seq": seq,
                                        "events": [ev(i) for i in range(lo, lo + 100)]}))["op"] == "ack"
             seq += 1
-        assert (await request(ws, {"op": "publish", "topic": "other.events", "seq": seq,
+        assert (await ask(ws, {"op": "publish", "topic": "other.events", "seq": seq,
                                    "events": [event(f"o-{i}") for i in range(3)]}))["op"] == "ack"
         return between
     between = run(go())
     yield relay, creds, admin, between
-    relay.stop_cleanly()
+    try:
+        relay.stop_cleanly()
+    finally:
+        if nats:
+            nats.stop()
 
 
 def get(relay, token, path, **params):
