@@ -7,7 +7,6 @@
 #include <charconv>
 #include <condition_variable>
 #include <deque>
-#include <list>
 #include <map>
 #include <mutex>
 #include <set>
@@ -147,68 +146,6 @@ struct JetStreamStore::Impl {
   std::deque<Pending> queue;
   bool stopping = false;
   std::thread writer;
-
-  // Sequential reads: a pull consumer of a topic's stream (ephemeral, in memory, no acks)
-  // positioned at `next` (a stream sequence), with what it delivered beyond the last read
-  // kept for the next. A read that starts where another ended takes that one over: a
-  // subscriber catching up costs a request per 256 records, not one per record.
-  struct Reader {
-    std::string topic;
-    std::uint64_t next = 0;
-    natsSubscription* sub = nullptr;
-    std::deque<natsMsg*> ahead;  // fetched, not yet read (from `next` on)
-    ~Reader() {
-      for (natsMsg* m : ahead) natsMsg_Destroy(m);
-      if (sub) natsSubscription_Unsubscribe(sub);  // deletes the ephemeral consumer
-      natsSubscription_Destroy(sub);
-    }
-  };
-  static constexpr std::size_t kMaxReaders = 64;
-  mutable std::mutex readers_mu;
-  mutable std::list<std::unique_ptr<Reader>> readers;  // most recently used first
-
-  std::unique_ptr<Reader> take_reader(const std::string& topic, std::uint64_t next) const {
-    {
-      std::lock_guard lk(readers_mu);
-      for (auto it = readers.begin(); it != readers.end(); ++it)
-        if ((*it)->topic == topic && (*it)->next == next) {
-          auto r = std::move(*it);
-          readers.erase(it);
-          return r;
-        }
-    }
-    auto r = std::make_unique<Reader>();
-    r->topic = topic;
-    r->next = next;
-    const std::string stream = stream_of(topic), subject = subject_of(topic);
-    jsSubOptions so;
-    jsSubOptions_Init(&so);
-    so.Stream = stream.c_str();
-    so.Config.DeliverPolicy = js_DeliverByStartSequence;
-    so.Config.OptStartSeq = next;
-    so.Config.AckPolicy = js_AckNone;
-    so.Config.MemoryStorage = true;
-    so.Config.Replicas = 1;
-    so.Config.InactiveThreshold = std::chrono::nanoseconds(std::chrono::minutes(2)).count();
-    jsOptions o = request_options();
-    jsErrCode jerr = static_cast<jsErrCode>(0);
-    if (const natsStatus s = js_PullSubscribe(&r->sub, js, subject.c_str(), nullptr, &o, &so, &jerr); s != NATS_OK) {
-      r->sub = nullptr;
-      throw Error("JetStream: reading topic '" + topic + "': a consumer from offset " + std::to_string(next - 1) + ": " +
-                  nats_error(s, jerr));
-    }
-    return r;
-  }
-
-  void give_back(std::unique_ptr<Reader> r) const {
-    std::unique_ptr<Reader> evicted;  // destroyed outside the lock (an unsubscribe is a request)
-    std::lock_guard lk(readers_mu);
-    readers.push_front(std::move(r));
-    if (readers.size() > kMaxReaders) {
-      evicted = std::move(readers.back());
-      readers.pop_back();
-    }
-  }
 
   // JetStream's own health, asked once a second (a connected server whose cluster lost its
   // quorum answers the connection but not JetStream): what /readyz says.
@@ -747,7 +684,6 @@ JetStreamStore::~JetStreamStore() {
   if (s.health.joinable()) s.health.join();
   if (s.stored_sub) natsSubscription_Unsubscribe(s.stored_sub);
   natsSubscription_Destroy(s.stored_sub);
-  s.readers.clear();
   kvStore_Destroy(s.producers);
   kvStore_Destroy(s.groups);
   jsCtx_Destroy(s.js);
@@ -770,57 +706,10 @@ std::size_t JetStreamStore::visit(const std::string& topic, std::uint64_t from, 
   if (max_records == 0) return 0;
   const auto ends = self_->ends_of(topic);
   if (!ends || from >= ends->next) return 0;
-  const std::uint64_t last = ends->next;  // the stream sequence of the last record known
-  std::uint64_t next = std::max(from, ends->first) + 1;  // the stream sequence to read next
-  auto reader = self_->take_reader(topic, next);
-  std::size_t n = 0, bytes = 0;
-  while (reader->next <= last && n < max_records && (n == 0 || bytes < max_bytes)) {
-    if (reader->ahead.empty()) {
-      natsMsgList list{};
-      jsFetchRequest req;
-      jsFetchRequest_Init(&req);
-      req.Batch = static_cast<int>(std::min<std::uint64_t>(256, last - reader->next + 1));
-      req.NoWait = true;  // what is there now: the records up to `last` are
-      req.Expires = std::chrono::nanoseconds(self_->opt.timeout).count();
-      const natsStatus s = natsSubscription_FetchRequest(&list, reader->sub, &req);
-      if (s != NATS_OK || list.Count == 0) {
-        // Nothing though the stream holds more: the consumer may be gone (the server drops
-        // one idle for 2 minutes) or the records removed by retention meanwhile. This
-        // reader is dropped, and the records are asked for one by one below.
-        natsMsgList_Destroy(&list);
-        reader.reset();
-        break;
-      }
-      for (int i = 0; i < list.Count; ++i) {
-        reader->ahead.push_back(list.Msgs[i]);
-        list.Msgs[i] = nullptr;  // owned by the reader now
-      }
-      natsMsgList_Destroy(&list);
-    }
-    natsMsg* m = reader->ahead.front();
-    jsMsgMetaData* meta = nullptr;
-    if (natsMsg_GetMetaData(&meta, m) != NATS_OK)
-      throw Error("JetStream: reading topic '" + topic + "': a message without its stream sequence");
-    const std::uint64_t seq = meta->Sequence.Stream;
-    const std::int64_t time_us = meta->Timestamp / 1000;
-    jsMsgMetaData_Destroy(meta);
-    if (seq > last) break;  // beyond what this read was asked to see: kept for the next one
-    const auto len = static_cast<std::size_t>(natsMsg_GetDataLength(m));
-    if (seq >= reader->next) {
-      fn(RecordRef{seq - 1, time_us, std::string_view(natsMsg_GetData(m), len)});
-      ++n;
-      bytes += len;
-    }
-    reader->next = next = seq + 1;
-    reader->ahead.pop_front();
-    natsMsg_Destroy(m);
-  }
-  if (reader) {
-    self_->give_back(std::move(reader));
-    return n;
-  }
   const std::string stream = self_->stream_of(topic);
-  for (std::uint64_t seq = next; seq <= last && n < max_records && (n == 0 || bytes < max_bytes); ++seq) {
+  std::size_t n = 0, bytes = 0;
+  for (std::uint64_t seq = std::max(from, ends->first) + 1; seq <= ends->next && n < max_records && (n == 0 || bytes < max_bytes);
+       ++seq) {
     MsgGuard g;
     jsErrCode jerr = static_cast<jsErrCode>(0);
     jsOptions o = self_->request_options();

@@ -822,6 +822,10 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     }
     reply_bytes_ -= queue_.front().reply_bytes;
     queue_.pop_front();
+    // A frame went out: the peer is reading (a dead one stops taking bytes once the socket's
+    // buffers are full). Its pong may wait behind a long backlog we are sending it: a
+    // subscriber busy reading one is not idle.
+    last_heard_ = Clock::now();
     if (close_after_drain_ && queue_.empty()) return maybe_close();
     if (!queue_.empty()) do_write();
     if (close_after_drain_) return;
