@@ -126,7 +126,7 @@ struct JetStreamStore::Impl {
   struct Acks {
     std::map<std::string, std::size_t> index;  // Nats-Msg-Id -> record
     std::vector<std::uint64_t> seq;            // 0: none yet
-    std::vector<char> dup, failed;
+    std::vector<char> dup;
     std::vector<int> code, status;  // a refused record's JetStream error code and client status
     std::size_t answered = 0;
     std::string error;
@@ -322,13 +322,12 @@ struct JetStreamStore::Impl {
         jsErrCode jerr = static_cast<jsErrCode>(0);
         jsOptions o = request_options();
         // No peers to place it on yet (a cluster forming, a node lost): asked again within the timeout.
-        const auto until = std::chrono::steady_clock::now() + opt.timeout;
-        natsStatus s = js_AddStream(&g.si, js, &sc, &o, &jerr);
-        while (s != NATS_OK && jerr == JSClusterNoPeersErr && std::chrono::steady_clock::now() < until) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(250));
-          jerr = static_cast<jsErrCode>(0);
-          s = js_AddStream(&g.si, js, &sc, &o, &jerr);
-        }
+        const natsStatus s = patiently(
+            [&] {
+              jerr = static_cast<jsErrCode>(0);
+              return js_AddStream(&g.si, js, &sc, &o, &jerr);
+            },
+            [&](natsStatus) { return jerr == JSClusterNoPeersErr; });
         if (s != NATS_OK && jerr != JSStreamNameExistErr) {  // another relay's, made meanwhile: fine
           error = "JetStream: creating the stream of topic '" + topic + "': " + nats_error(s, jerr);
           return false;
@@ -343,18 +342,23 @@ struct JetStreamStore::Impl {
     return true;
   }
 
-  // Runs a request again while the cluster has no one to answer it (a stream's leader being
-  // elected after a node was lost: a few seconds), up to the timeout.
-  template <class F>
-  natsStatus patiently(F&& f) const {
+  // Runs a request again, up to the timeout, while `again(status)` says the cluster could not
+  // take it yet; by default while it has no one to answer it (a stream's leader being
+  // elected after a node was lost: a few seconds; the connection reconnecting).
+  template <class F, class Again>
+  natsStatus patiently(F&& f, Again&& again) const {
     const auto until = std::chrono::steady_clock::now() + opt.timeout;
     for (;;) {
       const natsStatus s = f();
-      if ((s != NATS_NO_RESPONDERS && s != NATS_TIMEOUT && s != NATS_INSUFFICIENT_BUFFER) ||
-          std::chrono::steady_clock::now() >= until)
-        return s;
+      if (s == NATS_OK || !again(s) || std::chrono::steady_clock::now() >= until) return s;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+  }
+  template <class F>
+  natsStatus patiently(F&& f) const {
+    return patiently(std::forward<F>(f), [](natsStatus s) {
+      return s == NATS_NO_RESPONDERS || s == NATS_TIMEOUT || s == NATS_INSUFFICIENT_BUFFER;
+    });
   }
 
   // The key of a producer's high-water mark on a topic.
@@ -390,7 +394,6 @@ struct JetStreamStore::Impl {
         a.seq[i] = pa->Sequence;
         a.dup[i] = pa->Duplicate;
       } else {
-        a.failed[i] = 1;
         if (pae) {
           a.code[i] = static_cast<int>(pae->ErrCode);
           a.status[i] = static_cast<int>(pae->Err);
@@ -458,7 +461,6 @@ struct JetStreamStore::Impl {
       acks = Acks{};
       acks.seq.assign(p.records.size(), 0);
       acks.dup.assign(p.records.size(), 0);
-      acks.failed.assign(p.records.size(), 0);
       acks.code.assign(p.records.size(), 0);
       acks.status.assign(p.records.size(), 0);
     }
@@ -518,7 +520,7 @@ struct JetStreamStore::Impl {
       }
       for (std::size_t i = first_unstored; i < p.records.size(); ++i) {
         acks.seq[i] = 0;
-        acks.dup[i] = acks.failed[i] = 0;
+        acks.dup[i] = 0;
         acks.code[i] = acks.status[i] = 0;
       }
       acks.answered = 0;
@@ -589,8 +591,6 @@ struct JetStreamStore::Impl {
 
   kvStore* bucket(const std::string& name) {
     kvStore* kv = nullptr;
-    natsStatus s = js_KeyValue(&kv, js, name.c_str());
-    if (s == NATS_OK) return kv;
     kvConfig kc;
     kvConfig_Init(&kc);
     kc.Bucket = name.c_str();
@@ -599,15 +599,14 @@ struct JetStreamStore::Impl {
     kc.StorageType = js_FileStorage;
     // A relay started with its cluster may ask before the cluster knows enough peers to
     // place the bucket on ("no suitable peers for placement"): it asks again within the timeout.
-    const auto until = std::chrono::steady_clock::now() + opt.timeout;
-    for (;;) {
-      s = js_CreateKeyValue(&kv, js, &kc);
-      if (s == NATS_OK) return kv;
-      const std::string why = nats_error(s);
-      if (std::chrono::steady_clock::now() >= until) throw Error("JetStream: the key-value bucket " + name + ": " + why);
-      std::this_thread::sleep_for(std::chrono::milliseconds(250));
-      if (js_KeyValue(&kv, js, name.c_str()) == NATS_OK) return kv;  // made meanwhile by another relay
-    }
+    const natsStatus s = patiently(
+        [&] {
+          if (js_KeyValue(&kv, js, name.c_str()) == NATS_OK) return NATS_OK;  // made before, by any relay
+          return js_CreateKeyValue(&kv, js, &kc);
+        },
+        [](natsStatus) { return true; });
+    if (s != NATS_OK) throw Error("JetStream: the key-value bucket " + name + ": " + nats_error(s));
+    return kv;
   }
 };
 

@@ -289,21 +289,30 @@ def test_a_three_node_cluster_keeps_three_copies_and_serves_through_a_node_kille
         stop_all([a, b], nodes)
 
 
-def test_the_plugin_fails_over_to_the_other_relay_and_keeps_every_event_once_in_order(creds, tmp_path, cluster):
-    import threading
-
+def failover_plugin(creds, tmp_path: Path, a: RelayProcess, b: RelayProcess):
+    """The engine plugin (ctypes) on relay a, with relay b (the same cluster) as its
+    `relay.failover`, publishing and subscribing on plug.*."""
     import plugin_ctypes as pc
-    from relay_harness import relay_events, write_spec
-    from test_plugin import check_exactly_once_in_order
+    from relay_harness import write_spec
 
-    a, b = cluster
     token_file = tmp_path / "token"
     token_file.write_text(creds.token("publish:plug.*", "subscribe:plug.*") + "\n")
     spec = write_spec(tmp_path, creds, token_file, a.port)
     doc = json.loads(spec.read_text())
-    doc["relay"]["failover"] = [f"wss://127.0.0.1:{b.port}"]  # the other relay on the same cluster
+    doc["relay"]["failover"] = [b.url]
     spec.write_text(json.dumps(doc))
-    p = pc.Plugin(spec)
+    return pc.Plugin(spec)
+
+
+def test_the_plugin_fails_over_to_the_other_relay_and_keeps_every_event_once_in_order(creds, tmp_path, cluster):
+    import threading
+
+    import plugin_ctypes as pc
+    from relay_harness import relay_events
+    from test_plugin import check_exactly_once_in_order
+
+    a, b = cluster
+    p = failover_plugin(creds, tmp_path, a, b)
     tasks, done = 1500, threading.Event()
 
     def engine():
@@ -367,7 +376,7 @@ def test_a_long_stream_through_the_plugin_outlives_a_killed_node_and_a_killed_re
     import threading
 
     import plugin_ctypes as pc
-    from relay_harness import relay_events, write_spec
+    from relay_harness import relay_events
     from test_plugin import check_exactly_once_in_order
 
     tasks = 16_667 if not os.environ.get("DIASPORA_SANITIZED") else 2_800
@@ -377,13 +386,7 @@ def test_a_long_stream_through_the_plugin_outlives_a_killed_node_and_a_killed_re
     b = js_relay(creds, tmp_path, "b", urls, replicas=3).start()
     p = th = None
     try:
-        token_file = tmp_path / "token"
-        token_file.write_text(creds.token("publish:plug.*", "subscribe:plug.*") + "\n")
-        spec = write_spec(tmp_path, creds, token_file, a.port)
-        doc = json.loads(spec.read_text())
-        doc["relay"]["failover"] = [f"wss://127.0.0.1:{b.port}"]
-        spec.write_text(json.dumps(doc))
-        p = pc.Plugin(spec)
+        p = failover_plugin(creds, tmp_path, a, b)
         done = threading.Event()
         th = threading.Thread(target=lambda: (pc.report_tasks(p, tasks, pace=0.0002), done.set()))
         th.start()
