@@ -284,37 +284,25 @@ async def consume_group(ep: Endpoint, token: str, group: str, log: GroupLog, sto
 
 # ---- the nemesis ----------------------------------------------------------------------------
 
-class Netns:
-    """A network namespace for the relay, joined to this one by a veth pair the test makes
-    (host end 10.213.K.1/30, namespace end 10.213.K.2/30): a partition takes the namespace's
-    end down, so nothing passes either way and nobody is told (a cable pulled, not a
-    reset); healing brings it up, and the TCP connections that lived through it go on if
-    their retransmissions have not given up. Removed at close()."""
+_T0 = time.monotonic()
 
-    def __init__(self):
-        k = os.getpid() % 100000
-        self.name, self.host_if, self.ns_if = f"dchaos{k}", f"dc{k}h", f"dc{k}n"
-        self.host_ip, self.ns_ip = f"10.213.{k % 250}.1", f"10.213.{k % 250}.2"
-        self.close()  # what a killed earlier run of this pid left
-        for cmd in (["ip", "netns", "add", self.name],
-                    ["ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if],
-                    ["ip", "link", "set", self.ns_if, "netns", self.name],
-                    ["ip", "addr", "add", f"{self.host_ip}/30", "dev", self.host_if],
-                    ["ip", "link", "set", self.host_if, "up"],
-                    self.inside("ip", "addr", "add", f"{self.ns_ip}/30", "dev", self.ns_if),
-                    self.inside("ip", "link", "set", self.ns_if, "up"),
-                    self.inside("ip", "link", "set", "lo", "up")):
-            subprocess.run(cmd, check=True, capture_output=True)
 
-    def inside(self, *cmd: str) -> list[str]:
-        return ["ip", "netns", "exec", self.name, *cmd]
+def say(what: str) -> None:
+    """A progress line on stderr (with the seconds since the chaos module was loaded): what
+    a run killed by its time limit has left to say where it was."""
+    print(f"chaos [{time.monotonic() - _T0:7.1f} s] {what}", file=sys.stderr, flush=True)
 
-    def link(self, up: bool) -> None:
-        subprocess.run(self.inside("ip", "link", "set", self.ns_if, "up" if up else "down"), check=True)
 
-    def close(self) -> None:
-        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)  # its peer goes with it
-        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
+class Faults(list):
+    """The faults a scenario injected, in order; each is said as it strikes."""
+
+    def __init__(self, scenario: str):
+        super().__init__()
+        self.scenario = scenario
+
+    def append(self, fault: str) -> None:
+        say(f"{self.scenario}: {fault}")
+        super().append(fault)
 
 
 class World:
@@ -326,7 +314,7 @@ class World:
         self.root = root
         self.rng = random.Random(seed)
         self.creds = rh.Credentials(root / "creds")
-        self.netns = Netns() if netns else None
+        self.netns = rh.Netns() if netns else None
         ips = (self.netns.ns_ip,) if self.netns else ()
         # A server certificate that runs out `cert_valid_s` seconds from now (the cert
         # scenario), or one that names the namespace's address.
@@ -348,7 +336,8 @@ class World:
         self.relay.start()
         self.proxy = None if self.netns else Proxy(self.relay.port, seed)
         self.ep = Endpoint(self.relay.url if self.netns else f"wss://127.0.0.1:{self.proxy.port}", self.creds)
-        self.faults: list[str] = []
+        self.faults = Faults(root.name)
+        say(f"{root.name}: started")
 
     def heal(self) -> None:
         """Whatever the network faults left, undone (before the checker reads)."""
@@ -358,6 +347,7 @@ class World:
             self.netns.link(True)
 
     def close(self) -> None:
+        say(f"{self.root.name}: closing")
         if self.proxy:
             self.proxy.close()
         if self.relay.proc and self.relay.proc.poll() is None:
@@ -540,6 +530,9 @@ class Result:
     seconds: float
     problems: list
 
+    def __post_init__(self) -> None:
+        say(f"{self.name}: checked: {self.row()}")
+
     def row(self) -> str:
         return (f"| {self.name} | {', '.join(sorted(set(self.faults)))} ({len(self.faults)}) | {self.acked_events} | "
                 f"{self.lost} | {self.duplicated} | {self.phantom} | {self.reconnects} | "
@@ -611,10 +604,17 @@ def check(w: World, hist: History, glog: GroupLog, name: str, seconds: float) ->
 
 # ---- scenarios ------------------------------------------------------------------------------
 
+def log_tail(path: Path, n: int = 3000) -> str:
+    return path.read_text(errors="replace")[-n:] if path.exists() else f"({path} not written)"
+
+
 def scenario(root: Path, name: str, nemesis, *, producers: int = 2, batches: int = 200, seed: int = 1,
-             disk_bytes: int | None = None, window: int = 4, pace: float = 0.01, netns: bool = False) -> Result:
+             disk_bytes: int | None = None, window: int = 4, pace: float = 0.01, netns: bool = False,
+             bound_s: float = 900) -> Result:
     """Runs `producers` producers and a consumer group against a relay behind the proxy (or
-    in a network namespace) while `nemesis(world)` injects faults; then checks the history."""
+    in a network namespace) while `nemesis(world)` injects faults; then checks the history.
+    AssertionError (with the faults so far and the relay's log) when it is not done within
+    `bound_s` seconds."""
     w = World(root / name, seed, disk_bytes, netns=netns)
     hist, glog = History(), GroupLog()
     t0 = time.monotonic()
@@ -633,7 +633,11 @@ def scenario(root: Path, name: str, nemesis, *, producers: int = 2, batches: int
             await asyncio.sleep(2.0)
             stop.set()
             await group
-        run_loop(go(), 900)
+        try:
+            run_loop(go(), bound_s)
+        except asyncio.TimeoutError:
+            raise AssertionError(f"{name}: not done after {bound_s:g} s; faults so far: {list(w.faults)}; "
+                                 f"the relay's log ends:\n{log_tail(w.relay.log)}") from None
         return check(w, hist, glog, name, time.monotonic() - t0)
     finally:
         w.close()
@@ -655,7 +659,7 @@ async def step_clock(w: World, stamp_file: Path, steps=(("-1h", 3.0), ("+2h", 3.
 
 def plugin_scenario(root: Path, name: str, nemesis, seconds: float = 12, seed: int = 1,
                     env: dict | None = None, token_s: float | None = None, cert_valid_s: float | None = None,
-                    log_says: tuple[str, ...] = (), engine: str = "run") -> Result:
+                    log_says: tuple[str, ...] = (), engine: str = "run", bound_s: float = 600) -> Result:
     """The engine plugin as the producer while `nemesis(world)` strikes: `diaspora run`
     publishes a stream of task instances to the relay behind the proxy (`engine` "run"), or
     a Dask LocalCluster with diaspora.dask on its scheduler runs a stream of tasks
@@ -663,7 +667,9 @@ def plugin_scenario(root: Path, name: str, nemesis, seconds: float = 12, seed: i
     it accepted was acknowledged and none lost; the relay holds each of them exactly once,
     and every task's submitted and completed events; the producer's output says each of
     `log_says` (what it reported of the fault). `token_s`: the plugin's token runs out that
-    many seconds from now (else in an hour); `cert_valid_s`: the relay's certificate does."""
+    many seconds from now (else in an hour); `cert_valid_s`: the relay's certificate does.
+    Not done within `bound_s` seconds: the producer is killed and the check fails with its
+    output and the relay's log."""
     w = World(root / name, seed, cert_valid_s=cert_valid_s)
     t0 = time.monotonic()
     try:
@@ -710,13 +716,19 @@ def plugin_scenario(root: Path, name: str, nemesis, seconds: float = 12, seed: i
             await nemesis(w)
             while proc.poll() is None:
                 await asyncio.sleep(0.2)
+        timed_out = False
         try:
-            run_loop(go(), 600)
+            run_loop(go(), bound_s)
+        except asyncio.TimeoutError:
+            timed_out = True
         finally:
             if proc.poll() is None:
                 proc.kill()
             log = proc.communicate()[0]
             (root / name / "run.log").write_text(log)
+        if timed_out:
+            raise AssertionError(f"{name}: not done after {bound_s:g} s; faults so far: {list(w.faults)}; the "
+                                 f"producer's output ends:\n{log[-3000:]}\nthe relay's log ends:\n{log_tail(w.relay.log)}")
         problems = [] if proc.returncode == 0 else [f"{cmd[1]} exited {proc.returncode}: {log[-1500:]}"]
         problems += [f"the producer's output never says {said!r}" for said in log_says if said not in log]
         if engine == "run":
@@ -760,12 +772,13 @@ def plugin_scenario(root: Path, name: str, nemesis, seconds: float = 12, seed: i
         w.close()
 
 
-def clock_scenario(root: Path, seconds: float, steps=(("-1h", 3.0), ("+2h", 3.0), ("+0", 0.0))) -> Result:
+def clock_scenario(root: Path, seconds: float, steps=(("-1h", 3.0), ("+2h", 3.0), ("+0", 0.0)), **kw) -> Result:
     """`diaspora run` (its plugin and policies) on a wall clock stepped back and forth."""
     stamp = root / "clock" / "faketime"
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text("+0\n")
-    return plugin_scenario(root, "clock", lambda w: step_clock(w, stamp, steps), seconds=seconds, env=rh.clock_env(stamp))
+    return plugin_scenario(root, "clock", lambda w: step_clock(w, stamp, steps), seconds=seconds, env=rh.clock_env(stamp),
+                           **kw)
 
 
 def short_form(root: Path) -> list[Result]:
@@ -782,16 +795,20 @@ def short_form(root: Path) -> list[Result]:
     # Dask with the sanitized plugin needs the sanitizer's runtime preloaded into Python,
     # which Dask does not survive: the sanitized pass leaves Dask out, as tests/CMakeLists.txt
     # does its adapter tests (the plugin's own code runs under it in `plugin`).
-    dask = [] if os.environ.get("DIASPORA_SANITIZED") else [plugin_scenario(root, "dask", plugin_faults, seconds=8, engine="dask")]
-    return [scenario(root, "mixed", mixed, batches=150),
-            scenario(root, "disk-full", lambda w: disk_full(w, 2.0), batches=150, disk_bytes=16 << 20),
-            scenario(root, "veth", lambda w: veth_partition(w, 2.0, times=2), batches=150, netns=True),
-            plugin_scenario(root, "plugin", plugin_faults, seconds=8),
-            clock_scenario(root, seconds=10),
+    # Each scenario takes 5 to 25 s (under ASan too): one not done in 150 s fails with what
+    # it knows, well before CTest's limit (tests/CMakeLists.txt).
+    b = {"bound_s": 150}
+    dask = [] if os.environ.get("DIASPORA_SANITIZED") else [
+        plugin_scenario(root, "dask", plugin_faults, seconds=8, engine="dask", **b)]
+    return [scenario(root, "mixed", mixed, batches=150, **b),
+            scenario(root, "disk-full", lambda w: disk_full(w, 2.0), batches=150, disk_bytes=16 << 20, **b),
+            scenario(root, "veth", lambda w: veth_partition(w, 2.0, times=2), batches=150, netns=True, **b),
+            plugin_scenario(root, "plugin", plugin_faults, seconds=8, **b),
+            clock_scenario(root, seconds=10, **b),
             plugin_scenario(root, "token", lambda w: token_expiry(w, 2.0), seconds=12, token_s=5,
-                            log_says=("token expired",)),
+                            log_says=("token expired",), **b),
             plugin_scenario(root, "cert", lambda w: cert_expiry(w, 2.0), seconds=14, cert_valid_s=6,
-                            log_says=("certificate has expired",))] + dask
+                            log_says=("certificate has expired",), **b)] + dask
 
 
 def long_form(root: Path, only: str | None = None) -> list[Result]:

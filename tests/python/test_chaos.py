@@ -14,6 +14,7 @@ on the CI machines)."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 from pathlib import Path
@@ -23,7 +24,15 @@ import chaos  # noqa: E402
 
 
 def test_faults_lose_and_duplicate_no_acknowledged_event(tmp_path):
-    results = {r.name: r for r in chaos.short_form(tmp_path)}
+    # Should a scenario hang, every thread's stack is on stderr before CTest's limit ends
+    # the run (CTest runs this file with -s, so the scenarios' progress lines are there too).
+    limit = float(os.environ.get("DIASPORA_TEST_TIMEOUT", "0"))
+    if limit > 30:
+        faulthandler.dump_traceback_later(limit - 20, exit=False)
+    try:
+        results = {r.name: r for r in chaos.short_form(tmp_path)}
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     print("\n" + chaos.HEADER + "\n" + "\n".join(r.row() for r in results.values()))
     for r in results.values():
         assert not r.problems, r.row()
