@@ -3,6 +3,7 @@
 
 #include <fstream>
 #include <iterator>
+#include <set>
 
 #include <arpa/inet.h>
 
@@ -90,6 +91,17 @@ RelayConfig load_relay_config(const std::filesystem::path& file) {
   if (auto v = str(js, "subject_root")) c.jetstream.subject_root = *v;
   if (auto v = str(js, "duplicate_window")) c.jetstream.duplicate_window = seconds_of(*v);
   if (auto v = str(js, "timeout")) c.jetstream.timeout = seconds_of(*v);
+  if (const auto* srcs = js.if_contains("sources"); srcs && srcs->is_array())
+    for (const auto& v : srcs->get_array()) {
+      const json::object& o = v.get_object();
+      RelayConfig::JetStream::Source src{str(o, "domain").value_or(""), str(o, "prefix").value_or(""),
+                                         str(o, "subject_root").value_or("")};
+      if (const auto* t = o.if_contains("topics"); t && t->is_array()) {
+        src.topics.clear();
+        for (const auto& p : t->get_array()) src.topics.emplace_back(p.get_string());
+      }
+      c.jetstream.sources.push_back(std::move(src));
+    }
   return c;
 }
 
@@ -126,6 +138,15 @@ void validate_relay_config(const RelayConfig& c) {
     if (c.jetstream.tls_cert.empty() != c.jetstream.tls_key.empty())
       throw RelayConfigError("jetstream.tls.cert and jetstream.tls.key go together");
     if (!c.jetstream.tls_cert.empty()) need_file(c.jetstream.tls_cert, "jetstream.tls.cert"), need_file(c.jetstream.tls_key, "jetstream.tls.key");
+    std::set<std::string> domains;
+    for (const auto& src : c.jetstream.sources) {
+      if (src.subject_root == c.jetstream.subject_root)
+        throw RelayConfigError("jetstream.sources: domain " + src.domain + " has this relay's own subject_root '" +
+                               src.subject_root + "': each domain's relays need their own, else the streams of one "
+                               "capture the other's events over the leaf connection");
+      if (!domains.insert(src.domain).second)
+        throw RelayConfigError("jetstream.sources: domain " + src.domain + " is listed twice");
+    }
   }
   if (c.max_inflight_batches < 1 || c.subscriber_queue_frames < 1 || c.max_batch_events < 1 || c.delivery_batch_events < 1 ||
       c.max_consumer_groups < 1 || c.max_topics < 1)

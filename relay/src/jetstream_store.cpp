@@ -1,18 +1,23 @@
 #include "jetstream_store.hpp"
 
+#include <boost/json.hpp>
 #include <nats/nats.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <charconv>
+#include <iostream>
 #include <condition_variable>
 #include <deque>
 #include <map>
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "diaspora/thread_name.hpp"
+#include "diaspora/token.hpp"
 
 namespace diaspora::relay {
 
@@ -97,6 +102,12 @@ std::optional<std::uint64_t> parse_stored_number(std::string_view s) {
   return v;
 }
 
+bool stored_event_text(std::string_view payload) {
+  boost::system::error_code ec;
+  const boost::json::value v = boost::json::parse(payload, ec);
+  return !ec && v.is_object();
+}
+
 std::optional<std::string> topic_of_stream_name(std::string_view stream, std::string_view prefix) {
   if (stream.size() <= prefix.size() || !stream.starts_with(prefix) || stream[prefix.size()] != '-') return std::nullopt;
   auto topic = jetstream_unname(stream.substr(prefix.size() + 1));
@@ -110,6 +121,32 @@ std::optional<std::pair<std::string, std::string>> parse_group_key(std::string_v
   auto group = jetstream_unname(key.substr(0, dot)), topic = jetstream_unname(key.substr(dot + 1));
   if (!group || !topic || !valid_topic_name(*group) || !valid_topic_name(*topic)) return std::nullopt;
   return std::pair{std::move(*group), std::move(*topic)};
+}
+
+std::optional<std::string> invalid_source(const JetStreamSource& source, const JetStreamOptions& own) {
+  // 1 to `most` characters of [A-Za-z0-9-], and '_' where `underscore` (relay.schema.json's rules)
+  auto name = [](const std::string& t, std::size_t most, bool underscore) {
+    return !t.empty() && t.size() <= most && std::all_of(t.begin(), t.end(), [&](unsigned char c) {
+      return std::isalnum(c) || c == '-' || (underscore && c == '_');
+    });
+  };
+  if (!name(source.domain, 64, true))
+    return "jetstream.sources: domain '" + source.domain + "' must be 1 to 64 of [A-Za-z0-9_-] (the jetstream.domain of its nats-server)";
+  if (!name(source.prefix, 32, false))
+    return "jetstream.sources: prefix '" + source.prefix + "' must be 1 to 32 of [A-Za-z0-9-] (its relay's jetstream.prefix)";
+  if (!name(source.subject_root, 32, true))
+    return "jetstream.sources: subject_root '" + source.subject_root + "' must be 1 to 32 of [A-Za-z0-9_-] (its relay's jetstream.subject_root)";
+  if (source.subject_root == own.subject_root)
+    return "jetstream.sources: domain " + source.domain + " has this relay's own subject_root '" + own.subject_root +
+           "': give each domain's relays their own (else the streams of one capture the other's events over the leaf connection)";
+  if (source.topics.empty()) return "jetstream.sources: domain " + source.domain + " lists no topics (omit topics for all)";
+  for (const auto& t : source.topics) {
+    const bool ok = !t.empty() && t.size() <= 200 && std::all_of(t.begin(), t.end(), [](unsigned char c) {
+                      return std::isalnum(c) || c == '.' || c == '-' || c == '_' || c == '*';
+                    });
+    if (!ok) return "jetstream.sources: domain " + source.domain + ": topic pattern '" + t + "' is not a topic name or a pattern with '*'";
+  }
+  return std::nullopt;
 }
 
 struct JetStreamStore::Impl {
@@ -282,6 +319,65 @@ struct JetStreamStore::Impl {
     return out;
   }
 
+  // A stream of another domain this relay's stream of a topic holds: JetStream sources it
+  // through the domain's API, only what that domain's relays published (its subject).
+  struct SourceRef {
+    std::string stream, filter, api;
+    auto key() const { return std::tie(stream, api); }
+    bool operator<(const SourceRef& o) const { return key() < o.key(); }
+  };
+  mutable std::mutex fed_mu;
+  std::map<std::string, std::set<SourceRef>> sourced;  // topic -> what it holds of other domains
+
+  // A topic's stream configuration and the strings it points into (not movable: build it
+  // in place with build()).
+  struct StreamSpec {
+    std::string name, subject, stored;
+    std::vector<SourceRef> refs;
+    std::vector<jsExternalStream> ext;
+    std::vector<jsStreamSource> src;
+    std::vector<jsStreamSource*> src_ptrs;
+    const char* subjects[1] = {nullptr};
+    jsRePublish rp{};
+    jsStreamConfig sc{};
+    StreamSpec() = default;
+    StreamSpec(const StreamSpec&) = delete;
+    StreamSpec& operator=(const StreamSpec&) = delete;
+  };
+  void build(StreamSpec& sp, const std::string& topic, const std::set<SourceRef>& refs) const {
+    sp.name = stream_of(topic), sp.subject = subject_of(topic), sp.stored = stored_subject_of(topic);
+    sp.refs.assign(refs.begin(), refs.end());
+    sp.ext.resize(sp.refs.size());
+    sp.src.resize(sp.refs.size());
+    sp.src_ptrs.clear();
+    for (std::size_t i = 0; i < sp.refs.size(); ++i) {
+      jsExternalStream_Init(&sp.ext[i]);
+      sp.ext[i].APIPrefix = sp.refs[i].api.c_str();
+      sp.ext[i].DeliverPrefix = "";  // libnats 3.4 writes it whether set or not
+      jsStreamSource_Init(&sp.src[i]);
+      sp.src[i].Name = sp.refs[i].stream.c_str();
+      sp.src[i].FilterSubject = sp.refs[i].filter.c_str();
+      sp.src[i].External = &sp.ext[i];
+      sp.src_ptrs.push_back(&sp.src[i]);
+    }
+    jsStreamConfig_Init(&sp.sc);
+    sp.subjects[0] = sp.subject.c_str();
+    sp.sc.Name = sp.name.c_str();
+    sp.sc.Subjects = sp.subjects;
+    sp.sc.SubjectsLen = 1;
+    sp.sc.Storage = js_FileStorage;
+    sp.sc.Replicas = opt.replicas;
+    sp.sc.MaxBytes = opt.retention_bytes > 0 ? static_cast<std::int64_t>(opt.retention_bytes) : -1;
+    sp.sc.MaxAge = static_cast<std::int64_t>(opt.retention_age.count()) * 1'000'000'000;
+    sp.sc.Duplicates = static_cast<std::int64_t>(opt.duplicate_window.count()) * 1'000'000'000;
+    sp.sc.Discard = js_DiscardOld;
+    sp.sc.AllowDirect = true;
+    sp.rp = jsRePublish{sp.subject.c_str(), sp.stored.c_str(), true};
+    sp.sc.RePublish = &sp.rp;
+    sp.sc.Sources = sp.src_ptrs.empty() ? nullptr : sp.src_ptrs.data();
+    sp.sc.SourcesLen = static_cast<int>(sp.src_ptrs.size());
+  }
+
   // Makes the topic's stream unless it exists; false with the reason and the nack code.
   bool ensure_stream(const std::string& topic, std::string& error, const char*& code) {
     const std::string name = stream_of(topic);
@@ -302,36 +398,13 @@ struct JetStreamStore::Impl {
           code = "too_many_topics";
           return false;
         }
-        jsStreamConfig sc;
-        jsStreamConfig_Init(&sc);
-        const std::string subject = subject_of(topic), stored = stored_subject_of(topic);
-        const char* subjects[] = {subject.c_str()};
-        sc.Name = name.c_str();
-        sc.Subjects = subjects;
-        sc.SubjectsLen = 1;
-        sc.Storage = js_FileStorage;
-        sc.Replicas = opt.replicas;
-        sc.MaxBytes = opt.retention_bytes > 0 ? static_cast<std::int64_t>(opt.retention_bytes) : -1;
-        sc.MaxAge = static_cast<std::int64_t>(opt.retention_age.count()) * 1'000'000'000;
-        sc.Duplicates = static_cast<std::int64_t>(opt.duplicate_window.count()) * 1'000'000'000;
-        sc.Discard = js_DiscardOld;
-        sc.AllowDirect = true;
-        jsRePublish rp{subject.c_str(), stored.c_str(), true};
-        sc.RePublish = &rp;
-        InfoGuard g;
-        jsErrCode jerr = static_cast<jsErrCode>(0);
-        jsOptions o = request_options();
-        // No peers to place it on yet (a cluster forming, a node lost): asked again within the timeout.
-        const natsStatus s = patiently(
-            [&] {
-              jerr = static_cast<jsErrCode>(0);
-              return js_AddStream(&g.si, js, &sc, &o, &jerr);
-            },
-            [&](natsStatus) { return jerr == JSClusterNoPeersErr; });
-        if (s != NATS_OK && jerr != JSStreamNameExistErr) {  // another relay's, made meanwhile: fine
-          error = "JetStream: creating the stream of topic '" + topic + "': " + nats_error(s, jerr);
-          return false;
+        std::set<SourceRef> refs;
+        {
+          std::lock_guard lk(fed_mu);
+          if (auto it = sourced.find(topic); it != sourced.end()) refs = it->second;
         }
+        const natsStatus s = put_stream(topic, refs, false, error);
+        if (s != NATS_OK) return false;
       }
     } catch (const Error& e) {
       error = e.what();
@@ -340,6 +413,168 @@ struct JetStreamStore::Impl {
     std::lock_guard lk(known_mu);
     known_streams.insert(name);
     return true;
+  }
+
+  // Makes the topic's stream with `refs` as its sources (`update`: changes the existing
+  // stream's configuration to them). Another relay's stream made meanwhile is fine; any other
+  // failure is said in `error`.
+  natsStatus put_stream(const std::string& topic, const std::set<SourceRef>& refs, bool update, std::string& error) {
+    StreamSpec sp;
+    build(sp, topic, refs);
+    InfoGuard g;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    jsOptions o = request_options();
+    // No peers to place it on yet (a cluster forming, a node lost): asked again within the timeout.
+    natsStatus s = patiently(
+        [&] {
+          jerr = static_cast<jsErrCode>(0);
+          jsStreamInfo_Destroy(g.si);
+          g.si = nullptr;
+          return update ? js_UpdateStream(&g.si, js, &sp.sc, &o, &jerr) : js_AddStream(&g.si, js, &sp.sc, &o, &jerr);
+        },
+        [&](natsStatus) { return jerr == JSClusterNoPeersErr; });
+    if (s != NATS_OK && !update && jerr == JSStreamNameExistErr) s = NATS_OK;  // another relay's, made meanwhile
+    if (s != NATS_OK)
+      error = std::string("JetStream: ") + (update ? "changing" : "creating") + " the stream of topic '" + topic + "': " +
+              nats_error(s, jerr);
+    return s;
+  }
+
+  // A record no relay wrote (not one JSON object), skipped: said once a topic on stderr.
+  mutable std::mutex foreign_mu;
+  mutable std::set<std::string> foreign_said;
+  void foreign_record(const std::string& topic, std::uint64_t offset) const {
+    std::lock_guard lk(foreign_mu);
+    if (!foreign_said.insert(topic).second) return;
+    std::cerr << "diaspora-relay: topic '" << topic << "' offset " << offset
+              << " in JetStream is not an event a relay stored (another writer to the cluster?): skipped, as every such record of the topic\n";
+  }
+
+  // ---- sites federated (opt.sources) ----
+  std::vector<jsCtx*> source_js;  // one per opt.sources: its domain's JetStream API
+  std::vector<std::string> source_down;  // (federation thread) why a source cannot be asked; empty: it can
+  std::thread federation;
+  std::map<std::string, std::uint64_t> followed;  // (federation thread) sourced topic -> the next offset told
+
+  void federation_main() {
+    name_this_thread("js-federation");
+    std::unique_lock lk(q_mu);
+    for (unsigned tick = 0; !stopping; ++tick) {
+      lk.unlock();
+      if (tick % 4 == 0)
+        for (std::size_t i = 0; i < opt.sources.size(); ++i) sync_source(i);
+      follow_sourced();
+      lk.lock();
+      health_cv.wait_for(lk, opt.federation_interval / 4, [&] { return stopping; });
+    }
+  }
+
+  // Says (on stderr, once a change) whether source i can be asked.
+  void source_state(std::size_t i, std::string why) {
+    if (why == source_down[i]) return;
+    const JetStreamSource& src = opt.sources[i];
+    if (why.empty())
+      std::cerr << "diaspora-relay: jetstream.sources: domain " << src.domain << " answers again\n";
+    else
+      std::cerr << "diaspora-relay: jetstream.sources: domain " << src.domain << ": " << why
+                << " (JetStream catches its topics up once it answers)\n";
+    source_down[i] = std::move(why);
+  }
+
+  // Lists source i's topics and gives each one it takes a stream here sourcing it.
+  void sync_source(std::size_t i) {
+    const JetStreamSource& src = opt.sources[i];
+    jsStreamNamesList* list = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    jsOptions o = request_options();
+    const natsStatus s = js_StreamNames(&list, source_js[i], &o, &jerr);
+    if (s == NATS_NOT_FOUND) return source_state(i, "");  // no stream there yet
+    if (s != NATS_OK) return source_state(i, "cannot be asked for its streams: " + nats_error(s, jerr));
+    source_state(i, "");
+    std::vector<std::pair<std::string, std::string>> found;  // (its stream, topic)
+    for (int k = 0; k < list->Count; ++k)
+      if (auto t = topic_of_stream_name(list->List[k], src.prefix))
+        if (std::any_of(src.topics.begin(), src.topics.end(), [&](const std::string& p) { return topic_matches(p, *t); }))
+          found.emplace_back(list->List[k], std::move(*t));
+    jsStreamNamesList_Destroy(list);
+    for (auto& [stream, topic] : found) {
+      SourceRef ref{stream, src.subject_root + ".t." + jetstream_name(topic), "$JS." + src.domain + ".API"};
+      {
+        std::lock_guard lk(fed_mu);
+        if (auto it = sourced.find(topic); it != sourced.end() && it->second.contains(ref)) continue;
+      }
+      std::string error;
+      if (!add_source(topic, ref, error)) source_state(i, error);
+    }
+  }
+
+  // The topic's stream here, made or changed to source `ref` as well as what it sources
+  // already (another relay of this domain may have added other domains'). False with the reason.
+  bool add_source(const std::string& topic, const SourceRef& ref, std::string& error) {
+    std::set<SourceRef> refs{ref};
+    bool exists = false;
+    {
+      InfoGuard g;
+      jsErrCode jerr = static_cast<jsErrCode>(0);
+      jsOptions o = request_options();
+      const natsStatus s = js_GetStreamInfo(&g.si, js, stream_of(topic).c_str(), &o, &jerr);
+      if (s == NATS_OK && g.si->Config) {
+        exists = true;
+        bool has = false;
+        for (int k = 0; k < g.si->Config->SourcesLen; ++k) {
+          const jsStreamSource* x = g.si->Config->Sources[k];
+          SourceRef r{x->Name ? x->Name : "", x->FilterSubject ? x->FilterSubject : "",
+                      x->External && x->External->APIPrefix ? x->External->APIPrefix : ""};
+          has = has || r.key() == ref.key();
+          refs.insert(std::move(r));
+        }
+        if (has) {
+          std::lock_guard lk(fed_mu);
+          sourced[topic] = refs;
+          return true;
+        }
+      } else if (s != NATS_NOT_FOUND && jerr != JSStreamNotFoundErr) {
+        error = "the stream of topic '" + topic + "': " + nats_error(s, jerr);
+        return false;
+      }
+    }
+    if (!exists && list_topics().size() >= opt.max_topics) {
+      error = "topic '" + topic + "' not taken: the relay keeps at most " + std::to_string(opt.max_topics) +
+              " topics (jetstream.max_topics)";
+      return false;
+    }
+    if (put_stream(topic, refs, exists, error) != NATS_OK) return false;
+    std::lock_guard lk(fed_mu);
+    sourced[topic] = std::move(refs);
+    std::lock_guard kl(known_mu);
+    known_streams.insert(stream_of(topic));
+    return true;
+  }
+
+  // Tells the listener how far each sourced stream has come (JetStream republishes only
+  // what this domain's producers published there, not what it sourced).
+  void follow_sourced() {
+    std::vector<std::string> topics;
+    CommitListener tell;
+    {
+      std::lock_guard lk(fed_mu);
+      for (const auto& [t, refs] : sourced) topics.push_back(t);
+      tell = listener;
+    }
+    for (const auto& t : topics) {
+      std::optional<jsStreamState> st;
+      try {
+        st = state(t);
+      } catch (const Error&) {
+        continue;  // asked again at the next turn
+      }
+      if (!st) continue;
+      std::uint64_t& told = followed[t];
+      if (st->LastSeq <= told) continue;
+      told = st->LastSeq;
+      note_stored(t, told);
+      if (tell) tell(t, told);
+    }
   }
 
   // Runs a request again, up to the timeout, while `again(status)` says the cluster could not
@@ -659,7 +894,19 @@ JetStreamStore::JetStreamStore(JetStreamOptions options) : self_(std::make_uniqu
     jsAccountInfo_Destroy(ai);
     s.producers = s.bucket(s.opt.prefix + "_PRODUCERS");
     s.groups = s.bucket(s.opt.prefix + "_GROUPS");
+    for (const auto& src : s.opt.sources) {
+      if (auto why = invalid_source(src, s.opt)) throw Error(*why);
+      jsOptions so;
+      jsOptions_Init(&so);
+      so.Wait = s.opt.timeout.count();
+      so.Domain = src.domain.c_str();
+      jsCtx* ctx = nullptr;
+      check(natsConnection_JetStream(&ctx, s.nc, &so), "JetStream context of domain " + src.domain);
+      s.source_js.push_back(ctx);
+      s.source_down.emplace_back();
+    }
   } catch (...) {
+    for (jsCtx* ctx : s.source_js) jsCtx_Destroy(ctx);
     kvStore_Destroy(s.producers);
     kvStore_Destroy(s.groups);
     jsCtx_Destroy(s.js);
@@ -669,6 +916,7 @@ JetStreamStore::JetStreamStore(JetStreamOptions options) : self_(std::make_uniqu
   }
   s.writer = std::thread([&s] { s.writer_main(); });
   s.health = std::thread([&s] { s.health_main(); });
+  if (!s.opt.sources.empty()) s.federation = std::thread([&s] { s.federation_main(); });
 }
 
 JetStreamStore::~JetStreamStore() {
@@ -681,6 +929,8 @@ JetStreamStore::~JetStreamStore() {
   s.health_cv.notify_all();
   if (s.writer.joinable()) s.writer.join();
   if (s.health.joinable()) s.health.join();
+  if (s.federation.joinable()) s.federation.join();
+  for (jsCtx* ctx : s.source_js) jsCtx_Destroy(ctx);
   if (s.stored_sub) natsSubscription_Unsubscribe(s.stored_sub);
   natsSubscription_Destroy(s.stored_sub);
   kvStore_Destroy(s.producers);
@@ -717,7 +967,12 @@ std::size_t JetStreamStore::visit(const std::string& topic, std::uint64_t from, 
     if (s != NATS_OK) throw Error("JetStream: reading topic '" + topic + "' at offset " + std::to_string(seq - 1) + ": " +
                                   nats_error(s, jerr));
     const auto len = static_cast<std::size_t>(natsMsg_GetDataLength(g.m));
-    fn(RecordRef{seq - 1, natsMsg_GetTime(g.m) / 1000, std::string_view(natsMsg_GetData(g.m), len)});
+    const std::string_view payload(natsMsg_GetData(g.m), len);
+    if (!stored_event_text(payload)) {  // another writer's: a gap in the offsets, as retention leaves
+      self_->foreign_record(topic, seq - 1);
+      continue;
+    }
+    fn(RecordRef{seq - 1, natsMsg_GetTime(g.m) / 1000, payload});
     ++n;
     bytes += len;
   }
@@ -772,7 +1027,10 @@ std::optional<TopicInfo> JetStreamStore::info(const std::string& topic) const {
 
 void JetStreamStore::set_commit_listener(CommitListener listener) {
   Impl& s = *self_;
-  s.listener = std::move(listener);
+  {
+    std::lock_guard lk(s.fed_mu);  // the federation thread reads it
+    s.listener = std::move(listener);
+  }
   const std::string subject = s.opt.subject_root + ".stored.*";
   if (const natsStatus st = natsConnection_Subscribe(&s.stored_sub, s.nc, subject.c_str(), &Impl::on_stored, &s); st != NATS_OK)
     throw Error("jetstream: subscribing to " + subject + ": " + nats_error(st));

@@ -12,10 +12,13 @@
 //     batch resent to another relay, or after any outage, is still a duplicate;
 //   * consumer-group offsets live in the KV bucket `<prefix>_GROUPS`;
 //   * the commit listener hears every record stored by any relay: each stream republishes
-//     the headers of what it stored to `<subject root>.stored.<encoded topic>`.
+//     the headers of what it stored to `<subject root>.stored.<encoded topic>`;
+//   * sites federated (options.sources): a topic of another domain's relay is sourced into
+//     this relay's stream of the topic (filtered on that relay's subject); a federation
+//     thread lists the sources' topics and follows how far each sourced stream has come.
 //
 // Thread model: as Store's. One writer thread publishes the batches in order; reads are
-// JetStream requests made on the caller's thread.
+// JetStream requests made on the caller's thread; with sources, one federation thread.
 #pragma once
 
 #include <chrono>
@@ -30,6 +33,18 @@
 #include "store.hpp"
 
 namespace diaspora::relay {
+
+/// Another relay's topics, in another JetStream domain (a site's leaf node, or the centre),
+/// that this relay's topics also hold (relay.yaml `jetstream.sources`, docs/relay.md,
+/// "Sites federated"): JetStream sources each of its streams into this relay's stream of
+/// the same topic, only what that relay's producers published there (its subject), so two
+/// relays sourcing each other's topics never send an event back where it came from.
+struct JetStreamSource {
+  std::string domain;        ///< its JetStream domain (its server's jetstream.domain): a NATS token
+  std::string prefix;        ///< its relay's jetstream.prefix
+  std::string subject_root;  ///< its relay's jetstream.subject_root
+  std::vector<std::string> topics{"*"};  ///< which of its topics (patterns with '*')
+};
 
 /// Where the cluster is and how its streams are made.
 struct JetStreamOptions {
@@ -46,7 +61,15 @@ struct JetStreamOptions {
   std::string prefix = "DIASPORA";  ///< stream and bucket names: [A-Za-z0-9-_]
   std::string subject_root = "diaspora";  ///< subjects of the streams: a NATS token
   std::chrono::milliseconds timeout{5000};  ///< each JetStream request, and an append's acknowledgements
+  std::vector<JetStreamSource> sources;    ///< other domains' topics held here too; empty: none
+  /// How often the sources' topics are listed (a new topic there gets its stream here), and
+  /// four times as often how far each sourced stream has come (what subscribers are told).
+  std::chrono::milliseconds federation_interval{1000};
 };
+
+/// The reason `source` cannot be used (empty or invalid names, a bad pattern, its domain or
+/// its prefix and subject root this relay's own); nullopt when it can. Any thread.
+std::optional<std::string> invalid_source(const JetStreamSource& source, const JetStreamOptions& own);
 
 /// A stream or bucket name of `text`: [A-Za-z0-9-] kept, anything else as _XX (hex).
 std::string jetstream_name(std::string_view text);
@@ -61,6 +84,10 @@ std::optional<std::string> jetstream_unname(std::string_view name);
 /// A number the relay wrote as decimal text (a batch seq, a group's offset, a stream
 /// sequence in a `Nats-Sequence` header); nullopt for anything else (signs, spaces, overflow).
 std::optional<std::uint64_t> parse_stored_number(std::string_view text);
+/// True when `payload`, a record read back from a stream, is what a relay stores: one JSON
+/// object (an event). Anything else was put there by another writer to the cluster: the
+/// relay skips it rather than pass it to its subscribers.
+bool stored_event_text(std::string_view payload);
 /// The topic of the stream `stream` when it is one of this prefix ("<prefix>-<encoded
 /// topic>") and the topic a valid name; else nullopt.
 std::optional<std::string> topic_of_stream_name(std::string_view stream, std::string_view prefix);

@@ -1296,6 +1296,8 @@ Relay::Relay(RelayConfig config) : self_(std::make_shared<Impl>()) {
     jo.prefix = cfg.jetstream.prefix;
     jo.subject_root = cfg.jetstream.subject_root;
     jo.timeout = cfg.jetstream.timeout;
+    for (const auto& src : cfg.jetstream.sources)
+      jo.sources.push_back(relay::JetStreamSource{src.domain, src.prefix, src.subject_root, src.topics});
     std::filesystem::create_directories(cfg.data_dir);  // the views' snapshot, this relay's own cache
     self_->store = std::make_unique<relay::JetStreamStore>(jo);
   } else {

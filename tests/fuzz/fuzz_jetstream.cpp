@@ -2,7 +2,7 @@
 // write to it can put anything: stream names (topic_of_stream_name), keys of the groups
 // bucket (parse_group_key), the numbers kept in the buckets and in the streams'
 // republished `Nats-Sequence` headers (parse_stored_number), and the names themselves
-// (jetstream_unname). The first byte steers: even, the rest is read as the cluster would
+// (jetstream_unname), and the records themselves (stored_event_text). The first byte steers: even, the rest is read as the cluster would
 // give it; odd, it is split into two parts ("\n--\n") that are encoded as the relay encodes
 // them, and must read back as they were. Invariants: what is read back is what the relay
 // would have written for it (a name encodes back to itself; a topic or group read back is a
@@ -28,6 +28,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       FUZZ_CHECK(valid_topic_name(gt->first) && valid_topic_name(gt->second));
       FUZZ_CHECK(jetstream_name(gt->first) + "." + jetstream_name(gt->second) == text);
     }
+    if (stored_event_text(text)) FUZZ_CHECK(text.find('{') != std::string_view::npos);  // one JSON object
     if (auto n = parse_stored_number(text)) {
       char buf[24];
       auto [end, ec] = std::to_chars(buf, buf + sizeof buf, *n);

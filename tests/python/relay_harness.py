@@ -45,22 +45,42 @@ NATS = shutil.which("nats-server") or "/usr/sbin/nats-server"
 
 
 class NatsServer:
-    """One nats-server with JetStream on 127.0.0.1 (its store under `root`), optionally a
-    node of a cluster (`routes`: the other nodes' cluster ports)."""
+    """One nats-server with JetStream (its store under `root`) on 127.0.0.1, or on `host` in
+    the network namespace `netns`; optionally a node of a cluster (`routes`: the other
+    nodes' cluster ports), with a JetStream `domain`, taking leaf nodes on `leaf_port`, or
+    a leaf node of the servers at `leaf_remotes` (nats-leaf:// URLs)."""
 
-    def __init__(self, root: Path, name: str = "n1", cluster_port: int = 0, routes: list[int] | None = None):
+    def __init__(self, root: Path, name: str = "n1", cluster_port: int = 0, routes: list[int] | None = None, *,
+                 host: str = "127.0.0.1", netns: str | None = None, domain: str | None = None,
+                 leaf_port: int = 0, leaf_remotes: list[str] | None = None):
         self.root, self.name = root, name
+        self.host, self.netns = host, netns
         self.port = free_port()
         self.cluster_port, self.routes = cluster_port, routes or []
+        self.domain, self.leaf_port, self.leaf_remotes = domain, leaf_port, leaf_remotes or []
         self.proc: subprocess.Popen | None = None
         self.log = root / f"{name}.log"
 
     def start(self) -> "NatsServer":
         self.root.mkdir(parents=True, exist_ok=True)
-        args = [NATS, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.root / self.name), "-n", self.name]
+        args = [NATS, "-a", self.host, "-p", str(self.port), "-js", "-sd", str(self.root / self.name), "-n", self.name]
         if self.cluster_port:
             args += ["--cluster_name", "diaspora", "--cluster", f"nats://127.0.0.1:{self.cluster_port}",
                      "--routes", ",".join(f"nats://127.0.0.1:{p}" for p in self.routes)]
+        if self.domain or self.leaf_port or self.leaf_remotes:  # what only a configuration file says
+            conf: dict = {"jetstream": {"domain": self.domain}} if self.domain else {}
+            leaf: dict = {}
+            if self.leaf_port:
+                leaf["listen"] = f"{self.host}:{self.leaf_port}"
+            if self.leaf_remotes:
+                leaf["remotes"] = [{"url": u} for u in self.leaf_remotes]
+            if leaf:
+                conf["leafnodes"] = leaf
+            conf_file = self.root / f"{self.name}.conf"
+            conf_file.write_text(json.dumps(conf))  # nats-server reads JSON as its configuration
+            args += ["-c", str(conf_file)]
+        if self.netns:
+            args = ["ip", "netns", "exec", self.netns] + args  # ip execs the server: the pid is the server's
         # Killed with the test's process, should it die first (a crash must not leave servers behind).
         self.proc = subprocess.Popen(args, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
                                      preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))  # PR_SET_PDEATHSIG
@@ -81,7 +101,7 @@ class NatsServer:
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"nats://{self.host}:{self.port}"
 
 
 class Credentials:
@@ -184,6 +204,40 @@ def clock_env(stamp_file: Path) -> dict:
     return env
 
 
+class Netns:
+    """A network namespace for the relay, joined to this one by a veth pair the test makes
+    (host end 10.213.K.1/30, namespace end 10.213.K.2/30): a partition takes the namespace's
+    end down, so nothing passes either way and nobody is told (a cable pulled, not a
+    reset); healing brings it up, and the TCP connections that lived through it go on if
+    their retransmissions have not given up. Removed at close()."""
+
+    def __init__(self, tag: str = "c"):
+        k = os.getpid() % 100000  # with `tag` (one letter), one namespace of this process among others
+        self.name, self.host_if, self.ns_if = f"d{tag}chaos{k}", f"d{tag}{k}h", f"d{tag}{k}n"
+        net = (k + ord(tag) * 7) % 250
+        self.host_ip, self.ns_ip = f"10.213.{net}.1", f"10.213.{net}.2"
+        self.close()  # what a killed earlier run of this pid left
+        for cmd in (["ip", "netns", "add", self.name],
+                    ["ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if],
+                    ["ip", "link", "set", self.ns_if, "netns", self.name],
+                    ["ip", "addr", "add", f"{self.host_ip}/30", "dev", self.host_if],
+                    ["ip", "link", "set", self.host_if, "up"],
+                    self.inside("ip", "addr", "add", f"{self.ns_ip}/30", "dev", self.ns_if),
+                    self.inside("ip", "link", "set", self.ns_if, "up"),
+                    self.inside("ip", "link", "set", "lo", "up")):
+            subprocess.run(cmd, check=True, capture_output=True)
+
+    def inside(self, *cmd: str) -> list[str]:
+        return ["ip", "netns", "exec", self.name, *cmd]
+
+    def link(self, up: bool) -> None:
+        subprocess.run(self.inside("ip", "link", "set", self.ns_if, "up" if up else "down"), check=True)
+
+    def close(self) -> None:
+        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)  # its peer goes with it
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
+
+
 class RelayProcess:
     """A diaspora-relay child process; restartable on the same data directory."""
 
@@ -260,6 +314,22 @@ class RelayProcess:
     @property
     def url(self) -> str:
         return f"wss://{self.host}:{self.port}"
+
+
+def stop_all(relays: list[RelayProcess], nodes: list[NatsServer]) -> None:
+    """Stops every relay (checking its log and exit) and every node, all of them even when one
+    check fails; then raises the first failure."""
+    failures = []
+    for r in relays:
+        try:
+            r.stop_cleanly()
+        except AssertionError as e:
+            failures.append(e)
+            r.kill()
+    for n in nodes:
+        n.stop()
+    if failures:
+        raise failures[0]
 
 
 async def connect(relay: RelayProcess, token: str | None = None, path: str = "/v1",

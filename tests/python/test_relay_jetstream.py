@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from relay_harness import (Credentials, NatsServer, RelayProcess, collect_all, event, free_port, https_get, https_request,
-                           https_status, recv, request, run, session, wait_until)
+                           https_status, publish_events, recv, request, run, session, stop_all, wait_until)
 
 def three_nodes(root: Path) -> list[NatsServer]:
     """A three-node JetStream cluster on 127.0.0.1, started, with a metadata leader."""
@@ -31,22 +31,6 @@ def three_nodes(root: Path) -> list[NatsServer]:
 @pytest.fixture
 def creds(tmp_path):
     return Credentials(tmp_path / "creds")
-
-
-def stop_all(relays: list[RelayProcess], nodes: list[NatsServer]) -> None:
-    """Stops every relay (checking its log and exit) and every node, all of them even when one
-    check fails; then raises the first failure."""
-    failures = []
-    for r in relays:
-        try:
-            r.stop_cleanly()
-        except AssertionError as e:
-            failures.append(e)
-            r.kill()
-    for n in nodes:
-        n.stop()
-    if failures:
-        raise failures[0]
 
 
 def js_relay(creds, tmp_path: Path, name: str, urls: list[str], **more) -> RelayProcess:
@@ -185,6 +169,43 @@ def test_the_views_of_both_relays_answer_the_same_and_a_relay_with_an_empty_disk
     b.start()
     wait_until(lambda: settled(b), 30, "the views rebuilt from the streams")
     assert views(b) == on_a
+
+
+def nats_publish(nats: NatsServer, subject: str, payloads: list[bytes]) -> None:
+    """Publishes `payloads` on `subject` in NATS's own text protocol (what any other writer
+    to the cluster could do), then waits for the server's PONG."""
+    import socket
+    with socket.create_connection(("127.0.0.1", nats.port), timeout=10) as c:
+        c.recv(4096)  # INFO
+        out = b'CONNECT {"verbose":false,"pedantic":false}\r\n'
+        for p in payloads:
+            out += f"PUB {subject} {len(p)}\r\n".encode() + p + b"\r\n"
+        c.sendall(out + b"PING\r\n")
+        got = b""
+        while b"PONG" not in got:
+            chunk = c.recv(4096)
+            assert chunk, got
+            got += chunk
+
+
+def test_records_another_writer_put_in_a_stream_are_skipped_not_passed_on(creds, tmp_path):
+    nats = NatsServer(tmp_path / "nats").start()
+    a = js_relay(creds, tmp_path, "a", [nats.url]).start()
+    try:
+        publish_events(a, admin(creds), "beam.events", [event(0), event(1)])
+        # Offsets 2 to 4: not events (garbage, JSON that is not an object, a truncated one).
+        nats_publish(nats, "diaspora.t.beam_2Eevents", [b"junk \x00\xff", b"[1,2]", b'{"id": "x"'])
+        publish_events(a, admin(creds), "beam.events", [event(5)])
+
+        async def go():
+            return await collect_all(a, admin(creds), "beam.events", 3)
+        got = run(go())
+        assert [(o, e["id"]) for o, e in got] == [(0, "0"), (1, "1"), (5, "5")], got
+        browsed = json.loads(https_get(a, "/api/v1/topics/beam.events/events?from=earliest", admin(creds)))
+        assert [e["offset"] for e in browsed["events"]] == [0, 1, 5], browsed
+    finally:
+        stop_all([a], [nats])
+    assert "offset 2 in JetStream is not an event a relay stored" in a.log.read_text()
 
 
 def test_the_cli_takes_several_relays_and_uses_the_first_that_answers(creds, cluster):

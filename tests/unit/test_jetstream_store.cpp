@@ -1,6 +1,6 @@
 // The JetStream store's names and what it reads back from the cluster
 // (relay/src/jetstream_store.hpp); the store itself runs against real nats-server processes
-// in tests/python/test_relay_jetstream.py.
+// in tests/python/test_relay_jetstream.py and test_relay_federation.py.
 #include "jetstream_store.hpp"
 
 #include <gtest/gtest.h>
@@ -10,6 +10,10 @@ using diaspora::relay::jetstream_unname;
 using diaspora::relay::parse_group_key;
 using diaspora::relay::parse_stored_number;
 using diaspora::relay::topic_of_stream_name;
+using diaspora::relay::invalid_source;
+using diaspora::relay::JetStreamOptions;
+using diaspora::relay::JetStreamSource;
+using diaspora::relay::stored_event_text;
 
 TEST(JetStreamNames, EveryTopicCharacterOutsideTheSafeOnesIsEscapedAndComesBack) {
   EXPECT_EQ(jetstream_name("beam.events"), "beam_2Eevents");
@@ -43,4 +47,29 @@ TEST(JetStreamNames, WhatTheClusterHoldsIsReadBackOnlyWhenTheRelayCouldHaveWritt
   EXPECT_EQ(parse_stored_number("18446744073709551615"), UINT64_MAX);
   for (const char* bad : {"", "-1", "+1", " 1", "1 ", "18446744073709551616", "0x10"})
     EXPECT_FALSE(parse_stored_number(bad)) << bad;
+}
+
+TEST(JetStreamNames, OnlyAJsonObjectReadBackIsAnEventTheRelayStored) {
+  EXPECT_TRUE(stored_event_text(R"({"id":"1","source":"/s"})"));
+  for (const char* bad : {"", "junk", "[1,2]", "\"text\"", "1", "{\"id\": \"x\"", "{} {}", "null"})
+    EXPECT_FALSE(stored_event_text(bad)) << bad;
+}
+
+TEST(JetStreamSources, ASourceIsRefusedWithTheReasonWhenItCannotBeUsed) {
+  JetStreamOptions own;  // prefix DIASPORA, subject_root diaspora
+  EXPECT_EQ(invalid_source(JetStreamSource{"siteA", "siteA", "siteA", {"*"}}, own), std::nullopt);
+  const std::pair<JetStreamSource, const char*> bad[] = {
+      {{"", "siteA", "siteA", {"*"}}, "domain ''"},
+      {{"site.A", "siteA", "siteA", {"*"}}, "domain 'site.A'"},
+      {{"siteA", "site_A", "siteA", {"*"}}, "prefix 'site_A'"},
+      {{"siteA", "siteA", "site.A", {"*"}}, "subject_root 'site.A'"},
+      {{"siteA", "siteA", "diaspora", {"*"}}, "this relay's own subject_root"},
+      {{"siteA", "siteA", "siteA", {}}, "lists no topics"},
+      {{"siteA", "siteA", "siteA", {"a b"}}, "topic pattern 'a b'"},
+  };
+  for (const auto& [src, said] : bad) {
+    const auto why = invalid_source(src, own);
+    ASSERT_TRUE(why) << said;
+    EXPECT_NE(why->find(said), std::string::npos) << *why;
+  }
 }

@@ -55,6 +55,12 @@ struct RelayConfig {
     std::string subject_root = "diaspora";    ///< the streams' subjects
     std::chrono::seconds duplicate_window{120};  ///< JetStream's Nats-Msg-Id window
     std::chrono::seconds timeout{5};          ///< each request to the cluster, an append's acknowledgements
+    /// Sites federated: another JetStream domain's relay whose topics this relay's hold too.
+    struct Source {
+      std::string domain, prefix, subject_root;  ///< its domain, its relay's prefix and subject root
+      std::vector<std::string> topics{"*"};      ///< which of its topics (patterns with '*')
+    };
+    std::vector<Source> sources;
   } jetstream;
 };
 
