@@ -217,6 +217,14 @@ struct RefChecker {
     }
     refs("faults", "site", sites, "site");
     refs("faults", "task", jobs, "task");
+    if (const json::array* site_list = section("sites")) {
+      for (std::size_t i = 0; i < site_list->size(); ++i) {
+        const json::string* engine = str_field((*site_list)[i], "engine");
+        if (engine && *engine == "slurm" && (*site_list)[i].get_object().contains("relay"))
+          report(Path{std::string("sites"), i, std::string("relay")},
+                 "a slurm site has no relay of its own yet: its SPANK plugin publishes to the run's relay (remove it)");
+      }
+    }
 
     if (const json::array* tasks = section("tasks")) {
       for (std::size_t i = 0; i < tasks->size(); ++i) {
@@ -309,15 +317,19 @@ WorkflowSpec build(const YamlDocument& doc, std::string file) {
   w.defaults = defaults == "off" ? DefaultsMode::off : defaults == "observe" ? DefaultsMode::observe : DefaultsMode::on;
   w.sensitivity = opt_num(r, "sensitivity").value_or(1.0);
 
-  const json::object& relay = sub(r, "relay");
-  w.relay.url = get_str(relay, "url", "embedded");
-  if (const json::value* f = relay.if_contains("failover"); f && f->is_array())
-    for (const auto& u : f->get_array())
-      if (u.is_string()) w.relay.failover.emplace_back(u.get_string());
-  if (auto s = opt_str(relay, "ca_file")) w.relay.ca_file = *s;
-  if (auto s = opt_str(relay, "token_file")) w.relay.token_file = *s;
-  if (auto s = opt_str(relay, "data_dir")) w.relay.data_dir = *s;
-  w.relay.topic_prefix = opt_str(relay, "topic_prefix");
+  auto relay_of = [](const json::object& relay) {
+    RelaySpec out;
+    out.url = get_str(relay, "url", "embedded");
+    if (const json::value* f = relay.if_contains("failover"); f && f->is_array())
+      for (const auto& u : f->get_array())
+        if (u.is_string()) out.failover.emplace_back(u.get_string());
+    if (auto s = opt_str(relay, "ca_file")) out.ca_file = *s;
+    if (auto s = opt_str(relay, "token_file")) out.token_file = *s;
+    if (auto s = opt_str(relay, "data_dir")) out.data_dir = *s;
+    out.topic_prefix = opt_str(relay, "topic_prefix");
+    return out;
+  };
+  w.relay = relay_of(sub(r, "relay"));
 
   const json::object& plugin = sub(r, "plugin");
   if (auto s = opt_str(plugin, "library")) w.plugin.library = *s;
@@ -346,6 +358,7 @@ WorkflowSpec build(const YamlDocument& doc, std::string file) {
     s.speed = opt_num(o, "speed").value_or(1.0);
     s.cost = opt_num(o, "cost").value_or(0.0);
     s.attributes = scalar_map(o, "attributes");
+    if (const json::value* rv = o.if_contains("relay"); rv && rv->is_object()) s.relay = relay_of(rv->get_object());
     s.location = loc("sites", i);
     w.sites.push_back(std::move(s));
   });

@@ -726,7 +726,10 @@ struct JetStreamStore::Impl {
         jsPubOptions po;
         jsPubOptions_Init(&po);
         po.MaxWait = opt.timeout.count();
-        if (i > from) po.ExpectLastMsgId = ids[i - 1].c_str();
+        // The order chain (each record expects the one before it), except in a federation:
+        // JetStream 2.9 checks the header again on each copy it sources, where other
+        // streams' records come between (the copies were refused and the source stalled).
+        if (i > from && opt.sources.empty()) po.ExpectLastMsgId = ids[i - 1].c_str();
         if (s == NATS_OK) s = js_PublishMsgAsync(js, &m, &po);
         natsMsg_Destroy(m);  // a no-op once the library owns it
         if (s != NATS_OK) {

@@ -61,7 +61,10 @@ struct JetStreamOptions {
   std::string prefix = "DIASPORA";  ///< stream and bucket names: [A-Za-z0-9-_]
   std::string subject_root = "diaspora";  ///< subjects of the streams: a NATS token
   std::chrono::milliseconds timeout{5000};  ///< each JetStream request, and an append's acknowledgements
-  std::vector<JetStreamSource> sources;    ///< other domains' topics held here too; empty: none
+  /// Other domains' topics held here too; empty: none. A relay with sources is in a
+  /// federation: its own records carry no order chain (Nats-Expected-Last-Msg-Id), which
+  /// JetStream 2.9 would check again on the copies other domains source.
+  std::vector<JetStreamSource> sources;
   /// How often the sources' topics are listed (a new topic there gets its stream here), and
   /// four times as often how far each sourced stream has come (what subscribers are told).
   std::chrono::milliseconds federation_interval{1000};

@@ -21,7 +21,7 @@
 #include "lifecycle.hpp"
 #include "live_view.hpp"
 #include "placement.hpp"
-#include "plugin_bridge.hpp"
+#include "plugin_set.hpp"
 #include "rehearsal_jobs.hpp"
 #include "report_builder.hpp"
 #include "report_files.hpp"
@@ -82,7 +82,7 @@ class Runner {
   bool finished() const { return !streams_.open() && store_.open() == 0; }
   int finish();
   void dispatch() { lifecycle_.dispatch(placement_); }
-  /// What wakes the loop's poll: an action (the plugin bridge's pipe) or a signal.
+  /// What wakes the loop's poll: an action (the plugins' pipe) or a signal.
   std::array<int, 2> wake_fds() const { return {wake_.fd[0], signal_pipe_fd()}; }
 
   WakePipe wake_;
@@ -92,7 +92,7 @@ class Runner {
   SteadyClock clock_;
   std::int64_t start_us_ = now_us();
   std::unique_ptr<EmbeddedRelay> relay_;
-  PluginBridge plugin_;
+  PluginSet plugin_;
   Context ctx_;
   InstanceStore store_;
   Sites sites_;
@@ -131,9 +131,13 @@ void Runner::start_relay_and_plugin() {
     ctx_.relay_url = relay_->url();
     ctx_.ca_file = relay_->ca_file();
     ctx_.token_file = relay_->token_file();
-    ::setenv("DIASPORA_RELAY_URL", ctx_.relay_url.c_str(), 1);
-    ::setenv("DIASPORA_RELAY_CA", ctx_.ca_file.c_str(), 1);
-    ::setenv("DIASPORA_RELAY_TOKEN_FILE", ctx_.token_file.c_str(), 1);
+    // The run's plugin is told in its document; the processes the run starts, in the
+    // environment (set after the plugins open: it would override a site plugin's relay).
+    json::object& r = root["relay"].is_object() ? root["relay"].get_object() : (root["relay"] = json::object{}).get_object();
+    r.erase("data_dir");
+    r["url"] = ctx_.relay_url;
+    r["ca_file"] = ctx_.ca_file.string();
+    r["token_file"] = ctx_.token_file.string();
     ctx_.say("relay: embedded at " + ctx_.relay_url + ", log in " + data.string());
     ctx_.say("console: https://127.0.0.1:" + std::to_string(relay_->port()) + "/console/ (token " +
              ctx_.token_file.string() + ", CA " + ctx_.ca_file.string() + "); after the run: diaspora run --serve " +
@@ -144,8 +148,37 @@ void Runner::start_relay_and_plugin() {
     if (spec_.relay.token_file) ctx_.token_file = in_.base_dir / *spec_.relay.token_file;
     ctx_.say("relay: " + ctx_.relay_url);
   }
-  plugin_.open(spec_.plugin.library ? fs::path(root["plugin"].get_object()["library"].get_string().c_str()) : fs::path(), doc);
-  ctx_.say("plugin: " + plugin_.library().path.string() + " (" + plugin_.library().library_version() + ")");
+  // Sites with a relay of their own (sites federated): a plugin each, on the run's document
+  // with that relay (its files found from the spec's folder) and a spool of its own.
+  std::vector<std::pair<std::string, json::value>> site_docs;
+  const json::array* site_list = root.contains("sites") && root["sites"].is_array() ? &root["sites"].get_array() : nullptr;
+  for (std::size_t i = 0; site_list && i < site_list->size(); ++i) {
+    const SiteSpec& ss = spec_.sites[i];
+    if (!ss.relay) continue;
+    json::value sd = doc;
+    json::object& sr = sd.get_object();
+    json::object relay = (*site_list)[i].get_object().at("relay").get_object();
+    for (const char* f : {"ca_file", "token_file"})
+      if (const json::value* v = relay.if_contains(f); v && v->is_string())
+        relay[f] = (in_.base_dir / std::string(v->get_string())).string();
+    if (root.contains("relay") && root["relay"].is_object())
+      if (const json::value* tp = root["relay"].get_object().if_contains("topic_prefix")) relay["topic_prefix"] = *tp;
+    sr["relay"] = std::move(relay);
+    json::object& sp = sr["plugin"].get_object();
+    sp["spool_dir"] = (opt_.out_dir / "spool" / ("site-" + ss.name)).string();
+    sp["normals"] = (opt_.out_dir / ("normals-" + ss.name + ".json")).string();
+    site_docs.emplace_back(ss.name, std::move(sd));
+    ctx_.say("site " + ss.name + ": its events go to its own relay, " + ss.relay->url);
+  }
+  plugin_.open(spec_.plugin.library ? fs::path(root["plugin"].get_object()["library"].get_string().c_str()) : fs::path(), doc,
+               site_docs);
+  if (relay_) {
+    ::setenv("DIASPORA_RELAY_URL", ctx_.relay_url.c_str(), 1);
+    ::setenv("DIASPORA_RELAY_CA", ctx_.ca_file.c_str(), 1);
+    ::setenv("DIASPORA_RELAY_TOKEN_FILE", ctx_.token_file.c_str(), 1);
+  }
+  ctx_.say("plugin: " + plugin_.library().path.string() + " (" + plugin_.library().library_version() + ")" +
+           (plugin_.size() > 1 ? ", " + std::to_string(plugin_.size()) + " instances (the run's relay and each site's)" : ""));
 }
 
 // --resume: first the plugin delivers what the killed runner left in its spool, then the

@@ -469,16 +469,25 @@ async def disk_full(w: World, seconds: float) -> None:
     `seconds` (publishes are nacked storage_error; reads go on), then frees the space."""
     await asyncio.sleep(0.5)
     filler = w.mount / "filler"
-    with open(filler, "wb") as f:
+    # Unbuffered, each error caught: the relay may fill the disk first (then even opening
+    # the filler fails), and a buffered file's close would raise again, leaving the disk full
+    # for ever (it hung the sanitized pass in CI: the producers waited for acks).
+    try:
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             while True:
-                f.write(b"\0" * 65536)
-                f.flush()
+                os.write(fd, b"\0" * 65536)
         except OSError:
             pass
-    w.faults.append(f"disk full {seconds:g}s")
-    await asyncio.sleep(seconds)
-    filler.unlink()
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+    try:
+        w.faults.append(f"disk full {seconds:g}s")
+        await asyncio.sleep(seconds)
+    finally:
+        filler.unlink(missing_ok=True)
 
 
 # ---- the check ------------------------------------------------------------------------------
@@ -627,8 +636,7 @@ def scenario(root: Path, name: str, nemesis, *, producers: int = 2, batches: int
             work = [asyncio.create_task(produce(w.ep, token, f"p{k}", batches, hist, window, pace))
                     for k in range(producers)]
             nem = asyncio.create_task(nemesis(w))
-            await asyncio.gather(*work)
-            await nem
+            await asyncio.gather(nem, *work)  # a nemesis that fails ends the scenario at once
             # Let the group catch up with everything before it stops.
             await asyncio.sleep(2.0)
             stop.set()

@@ -232,6 +232,9 @@ class Netns:
 
     def link(self, up: bool) -> None:
         subprocess.run(self.inside("ip", "link", "set", self.ns_if, "up" if up else "down"), check=True)
+        if up:  # neighbours the cut left unresolved: a new connection would get "no route to host" for a while
+            subprocess.run(["ip", "neigh", "flush", "dev", self.host_if], capture_output=True)
+            subprocess.run(self.inside("ip", "neigh", "flush", "dev", self.ns_if), capture_output=True)
 
     def close(self) -> None:
         subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)  # its peer goes with it

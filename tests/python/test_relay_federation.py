@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
+import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from relay_harness import (DIASPORA, Credentials, NatsServer, Netns, RelayProcess, event, free_port, https_get,
-                           publish_events, recv, relay_events, request, run, session, sh, stop_all, wait_until)
+                           publish_events, recv, request, run, session, sh, stop_all, wait_until)
 
 SITES = ("siteA", "siteB")
 PARTITION_S = 30.0
@@ -32,107 +34,217 @@ def federated_relay(creds: Credentials, root: Path, name: str, nats: NatsServer,
                       "subject_root": subject_root, "sources": sources}}, **where).start()
 
 
-def events_of(relay: RelayProcess, token: str, topic: str, n: int, within_s: float = 90) -> list[dict]:
-    """The events of `topic` on `relay` once it holds at least `n` (or what it holds after
-    `within_s` seconds)."""
-    return relay_events(relay, token, n, topic, counted=lambda e: True, within_s=within_s)
+def events_of(relay: RelayProcess, token: str, topic: str, n: int | None = None, within_s: float = 90) -> list[dict]:
+    """The first `n` events of `topic` on `relay` (None: as many as its topic holds now), or
+    those that came within `within_s` seconds. Returns as soon as it has them (the topic
+    may be growing)."""
+    if n is None:
+        topics = json.loads(https_get(relay, "/api/v1/topics", token))["topics"]
+        n = next((t["next_offset"] for t in topics if t["name"] == topic), 0)
+
+    async def go():
+        ws = await session(relay, token)
+        await ws.send(json.dumps({"op": "subscribe", "id": "all", "topic": topic, "from": "earliest"}))
+        out, deadline = [], time.monotonic() + within_s
+        while len(out) < n and time.monotonic() < deadline:
+            try:
+                m = json.loads(await asyncio.wait_for(ws.recv(), 0.5))
+            except asyncio.TimeoutError:
+                continue
+            if m["op"] == "events":
+                out += [e["event"] for e in m["events"]]
+        await ws.close()
+        return out[:n]
+    return run(go())
 
 
-def test_two_sites_cut_off_for_30s_keep_working_and_the_centre_then_holds_each_event_once(tmp_path):
-    creds = Credentials(tmp_path / "creds")
-    ns = Netns("f")
-    servers: list[NatsServer] = []
-    relays: list[RelayProcess] = []
-    try:
-        creds.renew_server_cert(86400, ips=(ns.ns_ip,))  # the centre relay is reached on the namespace's address
-        token = creds.token("admin")
-        leaf_port = free_port()
-        hub = NatsServer(tmp_path / "nats", "centre", host=ns.ns_ip, netns=ns.name, domain="centre",
-                         leaf_port=leaf_port).start()
-        servers.append(hub)
-        site_nats = {s: NatsServer(tmp_path / "nats", s, domain=s,
-                                   leaf_remotes=[f"nats-leaf://{ns.ns_ip}:{leaf_port}"]).start() for s in SITES}
-        servers += site_nats.values()
-        centre = federated_relay(creds, tmp_path, "CENTRE", hub, "centre",
-                                 [{"domain": s, "prefix": s, "subject_root": s} for s in SITES],
-                                 host=ns.ns_ip, netns=ns.name)
-        relays.append(centre)
-        site = {s: federated_relay(creds, tmp_path, s, site_nats[s], s,
-                                   [{"domain": "centre", "prefix": "CENTRE", "subject_root": "centre",
-                                     "topics": ["*.control"]}]) for s in SITES}
-        relays += site.values()
+class Federation:
+    """The centre (its nats-server, domain `centre`, and relay CENTRE) in a network namespace
+    the test makes; each site (a nats-server with its own domain on a leaf node of the
+    centre's, and a relay of its own) outside it. cut() takes the veth down, heal() up."""
 
-        def batch(s: str, lo: int, hi: int) -> list[dict]:
-            return [event(f"{s}-{i}", source=f"/{s}", data={"i": i}) for i in range(lo, hi)]
-
-        # Before the cut: a subscriber at the centre hears the sites' events as they come
-        # (JetStream sources them; the relay follows how far the sourced streams came).
-        async def live_at_centre():
-            ws = await session(centre, token)
-            await ws.send(json.dumps({"op": "subscribe", "id": "live", "topic": "fed.events", "from": "earliest"}))
-            assert (await recv(ws))["op"] == "subscribed"
-            for s in SITES:
-                pub = await session(site[s], token)
-                ack = await request(pub, {"op": "publish", "topic": "fed.events", "seq": 0, "events": batch(s, 0, 100)})
-                assert ack["op"] == "ack", ack
-            got = []
-            deadline = time.monotonic() + 60
-            while len(got) < 200:
-                assert time.monotonic() < deadline, f"the centre heard {len(got)} of 200 events live"
-                try:
-                    m = json.loads(await asyncio.wait_for(ws.recv(), 1))
-                except asyncio.TimeoutError:
-                    continue
-                if m["op"] == "events":
-                    got += [e["event"]["id"] for e in m["events"]]
-            return got
-        live = run(live_at_centre())
-        assert sorted(live) == sorted(f"{s}-{i}" for s in SITES for i in range(100))
-        # Control both ways: the operator's action at the centre reaches both sites, a site's
-        # own action reaches the centre; neither comes back.
-        publish_events(centre, token, "fed.control", [event("op-1", source="/console")])
-        publish_events(site["siteA"], token, "fed.control", [event("a-1", source="/siteA")])
-        wait_until(lambda: len(events_of(site["siteB"], token, "fed.control", 1, 5)) >= 1, 60,
-                   "the centre's action at site B")
-
-        # The cut: the namespace's end of the veth goes down, nothing passes either way.
-        ns.link(False)
-        t_cut = time.monotonic()
-        k = 100
-        while time.monotonic() - t_cut < PARTITION_S:
-            for s in SITES:  # each site still takes (acks) and serves its events
-                publish_events(site[s], token, "fed.events", batch(s, k, k + 20))
-            k += 20
-            time.sleep(0.5)
-        publish_events(site["siteB"], token, "fed.control", [event("b-1", source="/siteB")])
-        for s in SITES:
-            held = events_of(site[s], token, "fed.events", 0, 3)
-            assert [e["id"] for e in held] == [f"{s}-{i}" for i in range(k)], f"{s} during the cut"
-        cut_for = time.monotonic() - t_cut
-        ns.link(True)
-
-        # After the heal the centre catches up: every event of both sites once, each site's
-        # in its order.
-        total = k * len(SITES)
-        at_centre = events_of(centre, token, "fed.events", total)
-        ids = [e["id"] for e in at_centre]
-        assert len(ids) == total and len(set(ids)) == total, \
-            f"the centre holds {len(ids)} events ({len(set(ids))} distinct) of {total}"
-        for s in SITES:
-            assert [e["data"]["i"] for e in at_centre if e["source"] == f"/{s}"] == list(range(k)), s
-        control = {"centre": events_of(centre, token, "fed.control", 3),
-                   **{s: events_of(site[s], token, "fed.control", 2) for s in SITES}}
-        assert sorted(e["id"] for e in control["centre"]) == ["a-1", "b-1", "op-1"], control["centre"]
-        assert sorted(e["id"] for e in control["siteA"]) == ["a-1", "op-1"], control["siteA"]
-        assert sorted(e["id"] for e in control["siteB"]) == ["b-1", "op-1"], control["siteB"]
-        topics = {t["name"]: t for t in json.loads(https_get(centre, "/api/v1/topics", token))["topics"]}
-        assert topics["fed.events"]["next_offset"] == total, topics
-        print(f"cut for {cut_for:.1f} s; {k} events a site; the centre holds {total}")
-    finally:
+    def __init__(self, root: Path):
+        self.creds = Credentials(root / "creds")
+        self.ns = Netns("f")
+        self.servers: list[NatsServer] = []
+        self.relays: list[RelayProcess] = []
         try:
-            stop_all(relays, servers)
+            self.creds.renew_server_cert(86400, ips=(self.ns.ns_ip,))  # the centre is reached on the namespace's address
+            self.token = self.creds.token("admin")
+            leaf_port = free_port()
+            hub = NatsServer(root / "nats", "centre", host=self.ns.ns_ip, netns=self.ns.name, domain="centre",
+                             leaf_port=leaf_port).start()
+            self.servers.append(hub)
+            site_nats = {s: NatsServer(root / "nats", s, domain=s,
+                                       leaf_remotes=[f"nats-leaf://{self.ns.ns_ip}:{leaf_port}"]).start() for s in SITES}
+            self.servers += site_nats.values()
+            self.centre = federated_relay(self.creds, root, "CENTRE", hub, "centre",
+                                          [{"domain": s, "prefix": s, "subject_root": s} for s in SITES],
+                                          host=self.ns.ns_ip, netns=self.ns.name)
+            self.relays.append(self.centre)
+            self.site = {s: federated_relay(self.creds, root, s, site_nats[s], s,
+                                            [{"domain": "centre", "prefix": "CENTRE", "subject_root": "centre",
+                                              "topics": ["*.control", "*.control.*"]}]) for s in SITES}
+            self.relays += self.site.values()
+        except BaseException:
+            self.close()
+            raise
+
+    def cut(self) -> None:
+        self.ns.link(False)
+
+    def heal(self) -> None:
+        self.ns.link(True)
+
+    def close(self) -> None:
+        """Stops every relay (checking its log and exit status) and server, then the namespace."""
+        try:
+            stop_all(self.relays, self.servers)
         finally:
-            ns.close()
+            self.ns.close()
+
+
+@pytest.fixture
+def fed(tmp_path):
+    f = Federation(tmp_path)
+    yield f
+    f.close()
+
+
+def test_two_sites_cut_off_for_30s_keep_working_and_the_centre_then_holds_each_event_once(fed):
+    token, centre, site = fed.token, fed.centre, fed.site
+
+    def batch(s: str, lo: int, hi: int) -> list[dict]:
+        return [event(f"{s}-{i}", source=f"/{s}", data={"i": i}) for i in range(lo, hi)]
+
+    # Before the cut: a subscriber at the centre hears the sites' events as they come
+    # (JetStream sources them; the relay follows how far the sourced streams came).
+    async def live_at_centre():
+        ws = await session(centre, token)
+        await ws.send(json.dumps({"op": "subscribe", "id": "live", "topic": "fed.events", "from": "earliest"}))
+        assert (await recv(ws))["op"] == "subscribed"
+        for s in SITES:
+            pub = await session(site[s], token)
+            ack = await request(pub, {"op": "publish", "topic": "fed.events", "seq": 0, "events": batch(s, 0, 100)})
+            assert ack["op"] == "ack", ack
+        got = []
+        deadline = time.monotonic() + 60
+        while len(got) < 200:
+            assert time.monotonic() < deadline, f"the centre heard {len(got)} of 200 events live"
+            try:
+                m = json.loads(await asyncio.wait_for(ws.recv(), 1))
+            except asyncio.TimeoutError:
+                continue
+            if m["op"] == "events":
+                got += [e["event"]["id"] for e in m["events"]]
+        return got
+    live = run(live_at_centre())
+    assert sorted(live) == sorted(f"{s}-{i}" for s in SITES for i in range(100))
+    # Control both ways: the operator's action at the centre reaches both sites, a site's
+    # own action reaches the centre; neither comes back.
+    publish_events(centre, token, "fed.control", [event("op-1", source="/console")])
+    publish_events(site["siteA"], token, "fed.control", [event("a-1", source="/siteA")])
+    wait_until(lambda: len(events_of(site["siteB"], token, "fed.control", 1, 5)) >= 1, 60,
+               "the centre's action at site B")
+
+    # The cut: the namespace's end of the veth goes down, nothing passes either way.
+    fed.cut()
+    t_cut = time.monotonic()
+    k = 100
+    while time.monotonic() - t_cut < PARTITION_S:
+        for s in SITES:  # each site still takes (acks) and serves its events
+            publish_events(site[s], token, "fed.events", batch(s, k, k + 20))
+        k += 20
+        time.sleep(0.5)
+    publish_events(site["siteB"], token, "fed.control", [event("b-1", source="/siteB")])
+    for s in SITES:
+        held = events_of(site[s], token, "fed.events")
+        assert [e["id"] for e in held] == [f"{s}-{i}" for i in range(k)], f"{s} during the cut"
+    cut_for = time.monotonic() - t_cut
+    fed.heal()
+
+    # After the heal the centre catches up: every event of both sites once, each site's
+    # in its order.
+    total = k * len(SITES)
+    at_centre = events_of(centre, token, "fed.events", total)
+    ids = [e["id"] for e in at_centre]
+    assert len(ids) == total and len(set(ids)) == total, \
+        f"the centre holds {len(ids)} events ({len(set(ids))} distinct) of {total}"
+    for s in SITES:
+        assert [e["data"]["i"] for e in at_centre if e["source"] == f"/{s}"] == list(range(k)), s
+    control = {"centre": events_of(centre, token, "fed.control", 3),
+               **{s: events_of(site[s], token, "fed.control", 2) for s in SITES}}
+    assert sorted(e["id"] for e in control["centre"]) == ["a-1", "b-1", "op-1"], control["centre"]
+    assert sorted(e["id"] for e in control["siteA"]) == ["a-1", "op-1"], control["siteA"]
+    assert sorted(e["id"] for e in control["siteB"]) == ["b-1", "op-1"], control["siteB"]
+    topics = {t["name"]: t for t in json.loads(https_get(centre, "/api/v1/topics", token))["topics"]}
+    assert topics["fed.events"]["next_offset"] == total, topics
+    print(f"cut for {cut_for:.1f} s; {k} events a site; the centre holds {total}")
+
+
+def test_diaspora_run_with_a_relay_per_site_keeps_both_sites_running_and_acting_through_a_30s_cut(fed, tmp_path):
+    """`diaspora run` on a two-site workflow whose sites each have their own relay
+    (sites[].relay; the run's relay is the centre): cut off from the centre for 30 s, both
+    sites go on running tasks, and site A's policy moves the task of a worker killed there,
+    its decision stored at site A during the cut; the run ends with every task done, and
+    after the heal the centre holds every event of both sites once."""
+    token_file = tmp_path / "token"
+    token_file.write_text(fed.token)
+    relay_of = lambda r: {"url": r.url, "ca_file": str(fed.creds.ca), "token_file": str(token_file)}
+    spec = {"version": 1, "name": "fedrun", "relay": relay_of(fed.centre),
+            "plugin": {"reconnect_max": "1s"},
+            "sites": [{"name": s, "engine": "local", "workers": 2, "relay": relay_of(fed.site[s])} for s in SITES],
+            "tasks": [{"name": "nap", "kind": "sleep", "args": {"seconds": 0.4}, "rate": 5, "duration": "40s"}],
+            "faults": [{"at": "15s", "kind": "kill-worker", "site": "siteA"}]}
+    spec_file = tmp_path / "fedrun.yaml"
+    spec_file.write_text(json.dumps(spec))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([str(DIASPORA), "run", str(spec_file), "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(5)  # the sites have started tasks
+        fed.cut()
+        t_cut = time.monotonic()
+        # During the cut each site's relay takes its site's events: site A's holds the
+        # killed worker's failure and the policy's restart.
+        def site_a_acted():
+            evs = events_of(fed.site["siteA"], fed.token, "fedrun.events")
+            return any(e["type"] == "org.diaspora.action.requested" for e in evs)
+        wait_until(site_a_acted, PARTITION_S, "site A's policy acting while cut off")
+        counts_during = {s: len(events_of(fed.site[s], fed.token, "fedrun.events")) for s in SITES}
+        time.sleep(max(0.0, PARTITION_S - (time.monotonic() - t_cut)))
+        for s in SITES:  # still running: more events at each site than earlier in the cut
+            assert len(events_of(fed.site[s], fed.token, "fedrun.events")) > counts_during[s], s
+        fed.heal()
+        log = proc.communicate(timeout=180)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            (tmp_path / "run.log").write_text(proc.communicate()[0])
+    (tmp_path / "run.log").write_text(log)
+    assert proc.returncode == 0, log[-3000:]
+    assert "siteA: its events go to its own relay" in log, log[:2000]
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["plugin"]["stats"]["close_status"] == "DIASPORA_OK", rep["plugin"]
+    at_site = {s: events_of(fed.site[s], fed.token, "fedrun.events") for s in SITES}
+    # Each site's relay holds its own site's attempts only.
+    for s in SITES:
+        started = [e["data"].get("site") for e in at_site[s] if e["type"] == "org.diaspora.task.started"]
+        assert started and set(started) == {s}, (s, sorted(set(map(str, started))))
+        assert any(e["type"] == "org.diaspora.task.completed" for e in at_site[s]), s
+    # The centre also holds the run's own plugin's events (those of no site).
+    expected = {(e["source"], e["id"]) for s in SITES for e in at_site[s]}
+    keys: list = []
+
+    def centre_caught_up():
+        nonlocal keys
+        keys = [(e["source"], e["id"]) for e in events_of(fed.centre, fed.token, "fedrun.events")]
+        return expected <= set(keys)
+    try:
+        wait_until(centre_caught_up, 60, "the centre to hold every site event", interval=1)
+    except AssertionError:
+        raise AssertionError(f"{len(expected - set(keys))} of {len(expected)} site events missing at the centre") from None
+    assert len(keys) == len(set(keys)), "an event twice at the centre"
 
 
 def test_a_source_that_would_capture_the_relays_own_events_is_refused_at_start(tmp_path):

@@ -233,3 +233,40 @@ TEST(Spec, PolicyEngineErrorsAreAtTheKeyAtFault) {
         << e.diagnostics()[1].str();
   }
 }
+
+TEST(Spec, ASiteMayHaveARelayOfItsOwnExceptASlurmSite) {
+  auto r = load_spec_string(R"(version: 1
+name: fed
+relay: {url: "wss://centre:7443"}
+sites:
+  - name: a
+    engine: local
+    relay: {url: "wss://site-a:7443", failover: ["wss://site-a2:7443"], ca_file: ca.pem, token_file: a.jwt}
+  - name: b
+    engine: local
+tasks:
+  - {name: n, kind: sleep, args: {seconds: 1}}
+)",
+                            "fed.yaml");
+  ASSERT_TRUE(r.ok()) << all_errors(r);
+  const auto& a = r.spec->sites[0];
+  ASSERT_TRUE(a.relay);
+  EXPECT_EQ(a.relay->url, "wss://site-a:7443");
+  EXPECT_EQ(a.relay->failover, std::vector<std::string>{"wss://site-a2:7443"});
+  EXPECT_EQ(a.relay->ca_file, std::filesystem::path("ca.pem"));
+  EXPECT_EQ(a.relay->token_file, std::filesystem::path("a.jwt"));
+  EXPECT_FALSE(r.spec->sites[1].relay);
+  auto slurm = load_spec_string(R"(version: 1
+name: fed
+sites:
+  - name: a
+    engine: slurm
+    relay: {url: "wss://site-a:7443"}
+tasks:
+  - {name: n, kind: sleep, args: {seconds: 1}}
+)",
+                                "slurm.yaml");
+  EXPECT_NE(all_errors(slurm).find("slurm.yaml:6:12: error: sites[0].relay: a slurm site has no relay of its own yet"),
+            std::string::npos)
+      << all_errors(slurm);
+}

@@ -95,6 +95,9 @@ struct SiteSpec {
   double speed = 1.0;
   double cost = 0.0;
   ScalarMap attributes;
+  /// The site's own relay (sites federated, docs/relay.md): its attempts' events go there
+  /// through a plugin of its own. Unset: the run's relay. Never embedded.
+  std::optional<RelaySpec> relay;
   Location location;
 };
 
