@@ -212,6 +212,12 @@ def test_diaspora_run_with_a_relay_per_site_keeps_both_sites_running_and_acting_
             return any(e["type"] == "org.diaspora.action.requested" for e in evs)
         wait_until(site_a_acted, PARTITION_S, "site A's policy acting while cut off")
         counts_during = {s: len(events_of(fed.site[s], fed.token, "fedrun.events")) for s in SITES}
+        # Site A's console answers from its own relay during the cut: its tasks, and the
+        # action its policy took.
+        view = lambda r, v, q="": json.loads(https_get(r, f"/api/v1/views/{v}?workflow=fedrun&limit=1000{q}", fed.token))
+        assert {t["site"] for t in view(fed.site["siteA"], "tasks")["items"] if t.get("site")} <= {"siteA", "siteB"}
+        local = view(fed.site["siteA"], "actions")["items"]
+        assert any(a["action"] == "migrate" for a in local), [(a.get("action"), a.get("origin")) for a in local] or view(fed.site["siteA"], "tasks")["total"]
         time.sleep(max(0.0, PARTITION_S - (time.monotonic() - t_cut)))
         for s in SITES:  # still running: more events at each site than earlier in the cut
             assert len(events_of(fed.site[s], fed.token, "fedrun.events")) > counts_during[s], s
@@ -245,6 +251,10 @@ def test_diaspora_run_with_a_relay_per_site_keeps_both_sites_running_and_acting_
     except AssertionError:
         raise AssertionError(f"{len(expected - set(keys))} of {len(expected)} site events missing at the centre") from None
     assert len(keys) == len(set(keys)), "an event twice at the centre"
+    # The centre's views (its console) hold every task of both sites, done.
+    tasks = view(fed.centre, "tasks")
+    assert tasks["total"] == len(rep["instances"]) and {t["state"] for t in tasks["items"]} == {"completed"}, \
+        (tasks["total"], len(rep["instances"]), sorted({t["state"] for t in tasks["items"]}))
 
 
 def test_a_source_that_would_capture_the_relays_own_events_is_refused_at_start(tmp_path):
