@@ -452,7 +452,8 @@ struct JetStreamStore::Impl {
 
   // ---- sites federated (opt.sources) ----
   std::vector<jsCtx*> source_js;  // one per opt.sources: its domain's JetStream API
-  std::vector<std::string> source_down;  // (federation thread) why a source cannot be asked; empty: it can
+  mutable std::mutex seen_mu;
+  std::vector<SourceStatus> seen;  // per opt.sources: what the federation thread last saw
   std::thread federation;
   std::map<std::string, std::uint64_t> followed;  // (federation thread) sourced topic -> the next offset told
 
@@ -471,14 +472,18 @@ struct JetStreamStore::Impl {
 
   // Says (on stderr, once a change) whether source i can be asked.
   void source_state(std::size_t i, std::string why) {
-    if (why == source_down[i]) return;
+    std::lock_guard lk(seen_mu);
+    SourceStatus& st = seen[i];
+    if (why == st.why && st.asked) return;
     const JetStreamSource& src = opt.sources[i];
-    if (why.empty())
+    if (why.empty() && !st.why.empty())
       std::cerr << "diaspora-relay: jetstream.sources: domain " << src.domain << " answers again\n";
-    else
+    else if (!why.empty())
       std::cerr << "diaspora-relay: jetstream.sources: domain " << src.domain << ": " << why
                 << " (JetStream catches its topics up once it answers)\n";
-    source_down[i] = std::move(why);
+    st.asked = true;
+    st.up = why.empty();
+    st.why = std::move(why);
   }
 
   // Lists source i's topics and gives each one it takes a stream here sourcing it.
@@ -497,6 +502,10 @@ struct JetStreamStore::Impl {
         if (std::any_of(src.topics.begin(), src.topics.end(), [&](const std::string& p) { return topic_matches(p, *t); }))
           found.emplace_back(list->List[k], std::move(*t));
     jsStreamNamesList_Destroy(list);
+    {
+      std::lock_guard lk(seen_mu);
+      seen[i].topics = found.size();
+    }
     for (auto& [stream, topic] : found) {
       SourceRef ref{stream, src.subject_root + ".t." + jetstream_name(topic), "$JS." + src.domain + ".API"};
       {
@@ -561,20 +570,26 @@ struct JetStreamStore::Impl {
       for (const auto& [t, refs] : sourced) topics.push_back(t);
       tell = listener;
     }
+    std::vector<std::uint64_t> lag(opt.sources.size(), 0);  // per source: what JetStream has yet to copy
     for (const auto& t : topics) {
-      std::optional<jsStreamState> st;
-      try {
-        st = state(t);
-      } catch (const Error&) {
-        continue;  // asked again at the next turn
+      InfoGuard g;
+      jsErrCode jerr = static_cast<jsErrCode>(0);
+      jsOptions o = request_options();
+      if (js_GetStreamInfo(&g.si, js, stream_of(t).c_str(), &o, &jerr) != NATS_OK) continue;  // asked again next turn
+      for (int k = 0; k < g.si->SourcesLen; ++k) {
+        const jsStreamSourceInfo* si = g.si->Sources[k];
+        const std::string api = si && si->External && si->External->APIPrefix ? si->External->APIPrefix : "";
+        for (std::size_t i = 0; i < opt.sources.size(); ++i)
+          if (api == "$JS." + opt.sources[i].domain + ".API") lag[i] += si->Lag;
       }
-      if (!st) continue;
       std::uint64_t& told = followed[t];
-      if (st->LastSeq <= told) continue;
-      told = st->LastSeq;
+      if (g.si->State.LastSeq <= told) continue;
+      told = g.si->State.LastSeq;
       note_stored(t, told);
       if (tell) tell(t, told);
     }
+    std::lock_guard lk(seen_mu);
+    for (std::size_t i = 0; i < seen.size(); ++i) seen[i].lag = lag[i];
   }
 
   // Runs a request again, up to the timeout, while `again(status)` says the cluster could not
@@ -906,7 +921,7 @@ JetStreamStore::JetStreamStore(JetStreamOptions options) : self_(std::make_uniqu
       jsCtx* ctx = nullptr;
       check(natsConnection_JetStream(&ctx, s.nc, &so), "JetStream context of domain " + src.domain);
       s.source_js.push_back(ctx);
-      s.source_down.emplace_back();
+      s.seen.emplace_back().domain = src.domain;
     }
   } catch (...) {
     for (jsCtx* ctx : s.source_js) jsCtx_Destroy(ctx);
@@ -1086,6 +1101,11 @@ std::vector<std::tuple<std::string, std::string, std::uint64_t>> JetStreamStore:
       if (auto off = group_offset(gt->first, gt->second)) out.emplace_back(std::move(gt->first), std::move(gt->second), *off);
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::vector<Store::SourceStatus> JetStreamStore::sources() const {
+  std::lock_guard lk(self_->seen_mu);
+  return self_->seen;
 }
 
 std::optional<std::string> JetStreamStore::unready() const {

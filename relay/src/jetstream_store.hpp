@@ -133,6 +133,8 @@ class JetStreamStore final : public Store {
   std::optional<std::uint64_t> group_offset(const std::string& group, const std::string& topic) const override;
   std::vector<std::tuple<std::string, std::string, std::uint64_t>> group_offsets() const override;
 
+  /// Each of options.sources as the federation thread last saw it. Any thread.
+  std::vector<SourceStatus> sources() const override;
   /// Why appends cannot be taken now: no connection to the cluster, or JetStream not
   /// answering (asked once a second: a cluster that lost its quorum); nullopt when they can.
   std::optional<std::string> unready() const override;

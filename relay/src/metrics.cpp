@@ -113,6 +113,19 @@ std::string render_metrics(Metrics& metrics, const Store& store) {
   line("diaspora_relay_fsync_seconds_bucket{le=\"+Inf\"} " + std::to_string(fs.count));
   line("diaspora_relay_fsync_seconds_sum " + std::to_string(fs.sum));
   line("diaspora_relay_fsync_seconds_count " + std::to_string(fs.count));
+  if (const auto srcs = store.sources(); !srcs.empty()) {
+    line("# HELP diaspora_relay_jetstream_source_up 1 while the source domain answers (jetstream.sources), else 0.");
+    line("# TYPE diaspora_relay_jetstream_source_up gauge");
+    for (const auto& x : srcs) line("diaspora_relay_jetstream_source_up{domain=\"" + esc(x.domain) + "\"} " + (x.up ? "1" : "0"));
+    line("# HELP diaspora_relay_jetstream_source_topics The source domain's topics this relay holds too.");
+    line("# TYPE diaspora_relay_jetstream_source_topics gauge");
+    for (const auto& x : srcs)
+      line("diaspora_relay_jetstream_source_topics{domain=\"" + esc(x.domain) + "\"} " + std::to_string(x.topics));
+    line("# HELP diaspora_relay_jetstream_source_lag Records of the source domain JetStream reports not yet copied here.");
+    line("# TYPE diaspora_relay_jetstream_source_lag gauge");
+    for (const auto& x : srcs)
+      line("diaspora_relay_jetstream_source_lag{domain=\"" + esc(x.domain) + "\"} " + std::to_string(x.lag));
+  }
   line("# HELP diaspora_relay_consumer_lag Events between a group's committed offset and the end of the topic.");
   line("# TYPE diaspora_relay_consumer_lag gauge");
   for (const auto& [g, t, off] : store.group_offsets()) {

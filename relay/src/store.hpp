@@ -132,6 +132,19 @@ class Store {
   };
   virtual FsyncStats fsync_stats() const { return {}; }
 
+  /// Another domain whose topics the store holds too (sites federated, JetStreamStore):
+  /// whether it answers, how many of its topics are taken, what JetStream has yet to copy.
+  struct SourceStatus {
+    std::string domain;
+    bool asked = false;       ///< asked at least once
+    bool up = false;          ///< its last listing answered
+    std::string why;          ///< why not, when it did not
+    std::uint64_t topics = 0;  ///< its topics this store holds
+    std::uint64_t lag = 0;     ///< records JetStream reports not yet copied (as last asked)
+  };
+  /// For /metrics; empty for a store without sources. Any thread.
+  virtual std::vector<SourceStatus> sources() const { return {}; }
+
   /// Why the store cannot take appends now (for /readyz: e.g. the connection to a cluster
   /// is down); nullopt when it can. Any thread.
   virtual std::optional<std::string> unready() const { return std::nullopt; }

@@ -266,6 +266,51 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
     const bool fresh = k.task_id.empty();
     if (fresh) k.workflow = wf, k.task_id = id, k.submitted_us = t;
     const std::string old_state = fresh ? "" : k.state;
+    const std::string ev_kind = type.substr(std::string_view("org.diaspora.task.").size());
+    // An attempt's end counted against (or for) its site.
+    auto count_end = [&](const std::string& site, bool ok) {
+      view::Site& s = site_of(site);
+      (ok ? s.completed : s.failed)++;
+      decay_rate(s, t);
+      if (ok) s.rate += 1.0 / 60.0;
+      s.failure_rate = 0.9 * s.failure_rate + (ok ? 0.0 : 0.1);
+      if (!ok) add_failure(s, t);
+      update_health(s, t);
+    };
+    // A late event of an earlier attempt (at a federated centre each site's events come
+    // through a source of their own: attempt 2 may be seen done at one site before attempt
+    // 1's failure at the other): it starts or ends that attempt's record only; the task
+    // keeps the state of its latest attempt.
+    if (const double a = num(d, "attempt", 0); !fresh && a > 0 && static_cast<std::int64_t>(a) < k.attempt) {
+      const auto n = static_cast<std::int64_t>(a);
+      const bool ends = ev_kind == "completed" || ev_kind == "failed" || ev_kind == "cancelled";
+      if (ev_kind != "started" && !ends) return false;  // nothing of it is the task's now
+      auto it = std::find_if(k.attempts.begin(), k.attempts.end(), [&](const view::Attempt& x) { return x.attempt == n; });
+      if (it == k.attempts.end()) {
+        view::Attempt rec;
+        rec.attempt = n;
+        rec.site = str(d, "site");
+        rec.worker = str(d, "worker");
+        auto at = std::find_if(k.attempts.begin(), k.attempts.end(), [&](const view::Attempt& x) { return x.attempt > n; });
+        it = k.attempts.insert(at, std::move(rec));
+        if (ev_kind == "started" && !it->site.empty()) ++site_of(it->site).started, ++site_of(it->site).running;
+      }
+      if (ev_kind == "started" && it->start_us == 0) it->start_us = t;
+      if (ends && it->end_us == 0) {
+        if (it->start_us != 0 && !it->site.empty()) {
+          view::Site& s = site_of(it->site);
+          s.running = std::max<std::int64_t>(0, s.running - 1);
+        }
+        it->outcome = ev_kind;
+        it->reason = str(d, "reason");
+        it->end_us = t;
+        if (ev_kind != "cancelled" && !it->site.empty()) count_end(it->site, ev_kind == "completed");
+      }
+      if (k.attempts.size() > kMaxAttempts) k.attempts.erase(k.attempts.begin());
+      k.updated_us = std::max(k.updated_us, t);
+      st.changed("tasks", wf, id);
+      return true;
+    }
     k.updated_us = t;
     if (const std::string src = str(ev, "source"); src.starts_with("/diaspora/") && src.rfind('/') > 10)
       k.engine = src.substr(src.rfind('/') + 1);
@@ -290,7 +335,6 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
         }
       }
     };
-    const std::string ev_kind = type.substr(std::string_view("org.diaspora.task.").size());
     if (ev_kind == "submitted") {
       k.state = "pending";
       if (std::string n = str(d, "name"); !n.empty()) k.name = std::move(n);
@@ -352,16 +396,7 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
       k.reason = str(d, "reason");
       if (ev_kind == "completed") k.progress = 1;
       end_attempt(ev_kind.c_str(), k.reason);
-      if (ev_kind != "cancelled" && !k.site.empty()) {
-        view::Site& s = site_of(k.site);
-        const bool ok = ev_kind == "completed";
-        (ok ? s.completed : s.failed)++;
-        decay_rate(s, t);
-        if (ok) s.rate += 1.0 / 60.0;
-        s.failure_rate = 0.9 * s.failure_rate + (ok ? 0.0 : 0.1);
-        if (!ok) add_failure(s, t);
-        update_health(s, t);
-      }
+      if (ev_kind != "cancelled" && !k.site.empty()) count_end(k.site, ev_kind == "completed");
     } else if (ev_kind == "restarted" || ev_kind == "migrated") {
       k.reason = str(d, "reason");
       k.recovery = true;

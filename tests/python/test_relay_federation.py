@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from relay_harness import (DIASPORA, Credentials, NatsServer, Netns, RelayProcess, event, free_port, https_get,
+from relay_harness import (DIASPORA, Credentials, NatsServer, Netns, RelayProcess, event, free_port, https_get, metric,
                            publish_events, recv, request, run, session, sh, stop_all, wait_until)
 
 SITES = ("siteA", "siteB")
@@ -157,7 +157,8 @@ def test_two_sites_cut_off_for_30s_keep_working_and_the_centre_then_holds_each_e
         k += 20
         time.sleep(0.5)
     publish_events(site["siteB"], token, "fed.control", [event("b-1", source="/siteB")])
-    for s in SITES:
+    for s in SITES:  # each site's /metrics says the centre does not answer
+        assert metric(https_get(site[s], "/metrics"), 'diaspora_relay_jetstream_source_up{domain="centre"}') == 0, s
         held = events_of(site[s], token, "fed.events")
         assert [e["id"] for e in held] == [f"{s}-{i}" for i in range(k)], f"{s} during the cut"
     cut_for = time.monotonic() - t_cut
@@ -179,6 +180,16 @@ def test_two_sites_cut_off_for_30s_keep_working_and_the_centre_then_holds_each_e
     assert sorted(e["id"] for e in control["siteB"]) == ["b-1", "op-1"], control["siteB"]
     topics = {t["name"]: t for t in json.loads(https_get(centre, "/api/v1/topics", token))["topics"]}
     assert topics["fed.events"]["next_offset"] == total, topics
+    # The centre's view of each source: up, its two topics taken, nothing left to copy (as
+    # the federation thread last asked, a quarter of a second at most ago).
+    def sources_seen():
+        metrics = https_get(centre, "/metrics")
+        return [[metric(metrics, f'diaspora_relay_jetstream_source_{m}{{domain="{s}"}}') for m in ("up", "topics", "lag")]
+                for s in SITES]
+    try:
+        wait_until(lambda: sources_seen() == [[1, 2, 0]] * len(SITES), 10, "the centre's metrics of its sources")
+    except AssertionError:
+        raise AssertionError(f"up, topics, lag of {SITES} at the centre: {sources_seen()}") from None
     print(f"cut for {cut_for:.1f} s; {k} events a site; the centre holds {total}")
 
 

@@ -486,3 +486,42 @@ TEST(Views, SiteHealthOverTimeThresholdsAndDrain) {
   v.catch_up();
   EXPECT_TRUE(q(v, "sites")["items"].as_array()[0].at("drained").as_bool());  // a failed undrain changes nothing
 }
+
+// At a federated centre each site's events come through a source of their own: a task
+// migrated from site a to site b may be seen done at b before its failure at a arrives.
+// The late events of the earlier attempt fill in its record; the task stays completed.
+TEST(Views, ALateEventOfAnEarlierAttemptDoesNotUndoTheLatestOne) {
+  Fixture f;
+  f.publish("fed.events", {
+      f.ev("task.submitted", {{"task_id", "t.0"}, {"name", "t"}, {"attempt", 1}}),
+      f.ev("task.submitted", {{"task_id", "t.0"}, {"name", "t"}, {"attempt", 2}}),  // site b's, first at the centre
+      f.ev("task.started", {{"task_id", "t.0"}, {"site", "b"}, {"worker", "b/w0"}, {"attempt", 2}}),
+      f.ev("task.completed", {{"task_id", "t.0"}, {"site", "b"}, {"attempt", 2}}),
+      f.ev("task.started", {{"task_id", "t.0"}, {"site", "a"}, {"worker", "a/w0"}, {"attempt", 1}}),  // site a's, late
+      f.ev("task.heartbeat", {{"task_id", "t.0"}, {"site", "a"}, {"attempt", 1}}),
+      f.ev("task.failed", {{"task_id", "t.0"}, {"site", "a"}, {"attempt", 1}, {"reason", "worker died"}}),
+  });
+  Views v(*f.store, f.options());
+  v.catch_up();
+  auto tasks = q(v, "tasks");
+  ASSERT_EQ(tasks["total"].as_int64(), 1);
+  const auto& t = tasks["items"].as_array()[0].as_object();
+  EXPECT_EQ(t.at("state").as_string(), "completed");
+  EXPECT_EQ(t.at("attempt").as_int64(), 2);
+  EXPECT_EQ(t.at("site").as_string(), "b");
+  const auto& attempts = t.at("attempts").as_array();
+  ASSERT_EQ(attempts.size(), 2u);
+  EXPECT_EQ(attempts[0].at("attempt").as_int64(), 1);
+  EXPECT_EQ(attempts[0].at("site").as_string(), "a");
+  EXPECT_EQ(attempts[0].at("outcome").as_string(), "failed");
+  EXPECT_EQ(attempts[0].at("reason").as_string(), "worker died");
+  EXPECT_EQ(attempts[1].at("outcome").as_string(), "completed");
+  auto sites = q(v, "sites");
+  ASSERT_EQ(sites["total"].as_int64(), 2);
+  const auto& a = sites["items"].as_array()[0].as_object();
+  EXPECT_EQ(a.at("failed").as_int64(), 1);  // the late failure still counts against its site
+  EXPECT_EQ(a.at("running").as_int64(), 0);
+  const auto wf = q(v, "workflows")["items"].as_array()[0].as_object();
+  EXPECT_EQ(wf.at("states").at("completed").as_int64(), 1);
+  EXPECT_FALSE(wf.at("states").as_object().contains("failed"));
+}
