@@ -281,7 +281,11 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
     // through a source of their own: attempt 2 may be seen done at one site before attempt
     // 1's failure at the other): it starts or ends that attempt's record only; the task
     // keeps the state of its latest attempt.
-    if (const double a = num(d, "attempt", 0); !fresh && a > 0 && static_cast<std::int64_t>(a) < k.attempt) {
+    // (The latest attempt is the latest one started: a restart or migration names the
+    // attempt to come, and the failure of the running one may follow it.)
+    std::int64_t latest_started = 0;
+    for (const auto& x : k.attempts) latest_started = std::max(latest_started, x.attempt);
+    if (const double a = num(d, "attempt", 0); !fresh && a > 0 && static_cast<std::int64_t>(a) < latest_started) {
       const auto n = static_cast<std::int64_t>(a);
       const bool ends = ev_kind == "completed" || ev_kind == "failed" || ev_kind == "cancelled";
       if (ev_kind != "started" && !ends) return false;  // nothing of it is the task's now
