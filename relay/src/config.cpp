@@ -10,6 +10,7 @@
 #include "config.hpp"
 #include "diaspora/relay.hpp"
 #include "diaspora/spec.hpp"
+#include "jetstream_store.hpp"  // invalid_source
 #include "topic_log.hpp"  // FsyncPolicy
 
 namespace diaspora {
@@ -138,12 +139,12 @@ void validate_relay_config(const RelayConfig& c) {
     if (c.jetstream.tls_cert.empty() != c.jetstream.tls_key.empty())
       throw RelayConfigError("jetstream.tls.cert and jetstream.tls.key go together");
     if (!c.jetstream.tls_cert.empty()) need_file(c.jetstream.tls_cert, "jetstream.tls.cert"), need_file(c.jetstream.tls_key, "jetstream.tls.key");
+    relay::JetStreamOptions own;  // what invalid_source compares a source with
+    own.subject_root = c.jetstream.subject_root;
     std::set<std::string> domains;
     for (const auto& src : c.jetstream.sources) {
-      if (src.subject_root == c.jetstream.subject_root)
-        throw RelayConfigError("jetstream.sources: domain " + src.domain + " has this relay's own subject_root '" +
-                               src.subject_root + "': each domain's relays need their own, else the streams of one "
-                               "capture the other's events over the leaf connection");
+      if (auto why = relay::invalid_source({src.domain, src.prefix, src.subject_root, src.topics}, own))
+        throw RelayConfigError(*why);
       if (!domains.insert(src.domain).second)
         throw RelayConfigError("jetstream.sources: domain " + src.domain + " is listed twice");
     }

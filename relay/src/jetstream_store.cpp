@@ -452,6 +452,7 @@ struct JetStreamStore::Impl {
 
   // ---- sites federated (opt.sources) ----
   std::vector<jsCtx*> source_js;  // one per opt.sources: its domain's JetStream API
+  std::vector<std::string> source_api;  // one per opt.sources: that API's prefix, $JS.<domain>.API
   mutable std::mutex seen_mu;
   std::vector<SourceStatus> seen;  // per opt.sources: what the federation thread last saw
   std::thread federation;
@@ -507,7 +508,7 @@ struct JetStreamStore::Impl {
       seen[i].topics = found.size();
     }
     for (auto& [stream, topic] : found) {
-      SourceRef ref{stream, src.subject_root + ".t." + jetstream_name(topic), "$JS." + src.domain + ".API"};
+      SourceRef ref{stream, src.subject_root + ".t." + jetstream_name(topic), source_api[i]};
       {
         std::lock_guard lk(fed_mu);
         if (auto it = sourced.find(topic); it != sourced.end() && it->second.contains(ref)) continue;
@@ -579,8 +580,8 @@ struct JetStreamStore::Impl {
       for (int k = 0; k < g.si->SourcesLen; ++k) {
         const jsStreamSourceInfo* si = g.si->Sources[k];
         const std::string api = si && si->External && si->External->APIPrefix ? si->External->APIPrefix : "";
-        for (std::size_t i = 0; i < opt.sources.size(); ++i)
-          if (api == "$JS." + opt.sources[i].domain + ".API") lag[i] += si->Lag;
+        for (std::size_t i = 0; i < source_api.size(); ++i)
+          if (api == source_api[i]) lag[i] += si->Lag;
       }
       std::uint64_t& told = followed[t];
       if (g.si->State.LastSeq <= told) continue;
@@ -921,6 +922,7 @@ JetStreamStore::JetStreamStore(JetStreamOptions options) : self_(std::make_uniqu
       jsCtx* ctx = nullptr;
       check(natsConnection_JetStream(&ctx, s.nc, &so), "JetStream context of domain " + src.domain);
       s.source_js.push_back(ctx);
+      s.source_api.push_back("$JS." + src.domain + ".API");
       s.seen.emplace_back().domain = src.domain;
     }
   } catch (...) {

@@ -283,19 +283,18 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
     // keeps the state of its latest attempt.
     // (The latest attempt is the latest one started: a restart or migration names the
     // attempt to come, and the failure of the running one may follow it.)
-    std::int64_t latest_started = 0;
-    for (const auto& x : k.attempts) latest_started = std::max(latest_started, x.attempt);
-    if (const double a = num(d, "attempt", 0); !fresh && a > 0 && static_cast<std::int64_t>(a) < latest_started) {
-      const auto n = static_cast<std::int64_t>(a);
+    const auto ev_attempt = static_cast<std::int64_t>(num(d, "attempt", 0));
+    const auto later_started = [&](const view::Attempt& x) { return x.attempt > ev_attempt; };
+    if (!fresh && ev_attempt > 0 && std::any_of(k.attempts.begin(), k.attempts.end(), later_started)) {
       const bool ends = ev_kind == "completed" || ev_kind == "failed" || ev_kind == "cancelled";
       if (ev_kind != "started" && !ends) return false;  // nothing of it is the task's now
-      auto it = std::find_if(k.attempts.begin(), k.attempts.end(), [&](const view::Attempt& x) { return x.attempt == n; });
+      auto it = std::find_if(k.attempts.begin(), k.attempts.end(), [&](const view::Attempt& x) { return x.attempt == ev_attempt; });
       if (it == k.attempts.end()) {
         view::Attempt rec;
-        rec.attempt = n;
+        rec.attempt = ev_attempt;
         rec.site = str(d, "site");
         rec.worker = str(d, "worker");
-        auto at = std::find_if(k.attempts.begin(), k.attempts.end(), [&](const view::Attempt& x) { return x.attempt > n; });
+        auto at = std::find_if(k.attempts.begin(), k.attempts.end(), later_started);  // kept in attempt order
         it = k.attempts.insert(at, std::move(rec));
         if (ev_kind == "started" && !it->site.empty()) ++site_of(it->site).started, ++site_of(it->site).running;
       }
