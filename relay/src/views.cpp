@@ -283,7 +283,8 @@ bool apply_event(Views::State& st, const std::string& wf, bool control_topic, st
     // keeps the state of its latest attempt.
     // (The latest attempt is the latest one started: a restart or migration names the
     // attempt to come, and the failure of the running one may follow it.)
-    const auto ev_attempt = static_cast<std::int64_t>(num(d, "attempt", 0));
+    // (A first submission names no attempt: it is attempt 1's.)
+    const auto ev_attempt = std::max<std::int64_t>(static_cast<std::int64_t>(num(d, "attempt", 0)), ev_kind == "submitted" ? 1 : 0);
     const auto later_started = [&](const view::Attempt& x) { return x.attempt > ev_attempt; };
     if (!fresh && ev_attempt > 0 && std::any_of(k.attempts.begin(), k.attempts.end(), later_started)) {
       const bool ends = ev_kind == "completed" || ev_kind == "failed" || ev_kind == "cancelled";

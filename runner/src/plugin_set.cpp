@@ -100,7 +100,13 @@ PluginBridge& PluginSet::of_attempt(const Attempt& a, bool ends) {
     if (auto s = site_plugin_.find(a.site); s != site_plugin_.end()) i = s->second;
     if (auto h = held_.find(key); h != held_.end()) {
       bridges_[i]->task_submitted(a, h->second.task_name, h->second.deadline_s);
+      told_.emplace(i, a.hook_id);
       held_.erase(h);
+    } else if (auto first = submitted_.find(a.hook_id); first != submitted_.end() && told_.emplace(i, a.hook_id).second) {
+      // An attempt started without a submission of its own (a restart or migration) at a
+      // site whose plugin never saw the task: its submission first, or that plugin would
+      // take the start for a lifecycle out of order (and warn).
+      bridges_[i]->task_submitted(a, first->second.task_name, first->second.deadline_s);
     }
     placed_[key] = i;
   }
@@ -111,6 +117,7 @@ PluginBridge& PluginSet::of_attempt(const Attempt& a, bool ends) {
 void PluginSet::task_submitted(const Attempt& a, const std::string& task_name, double deadline_s) {
   if (site_plugin_.empty()) return bridges_.front()->task_submitted(a, task_name, deadline_s);
   held_[key_of(a)] = Held{task_name, deadline_s};  // told once the attempt has a site
+  submitted_.emplace(a.hook_id, Held{task_name, deadline_s});
 }
 
 void PluginSet::task_started(const Attempt& a, const std::string& worker) { of_attempt(a).task_started(a, worker); }

@@ -85,6 +85,8 @@ class PluginSet final : public Hooks {
     double deadline_s = 0;
   };
   std::map<std::string, Held> held_;             // attempt key -> submission not told yet
+  std::map<std::string, Held> submitted_;        // hook id -> its first submission (for the plugins told later)
+  std::set<std::pair<std::size_t, std::string>> told_;  // (plugin, hook id) told of a submission
   std::map<std::string, std::size_t> placed_;    // attempt key -> the plugin told of it
   std::map<std::string, std::size_t> actions_;   // action id -> the plugin that delivered it
 };

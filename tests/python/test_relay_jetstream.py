@@ -160,7 +160,8 @@ def test_the_views_of_both_relays_answer_the_same_and_a_relay_with_an_empty_disk
         return bool(w) and w[0]["events"] == 12
     wait_until(lambda: settled(a) and settled(b), 30, "both relays' views")
     on_a = views(a)
-    assert on_a == views(b)
+    on_b = views(b)
+    assert on_a == on_b, view_differences(on_a, on_b)
     r1 = [t for t in on_a["tasks"]["items"] if t["task_id"] == "r.1"][0]
     assert [(x["site"], x["outcome"]) for x in r1["attempts"]] == [("b", "failed"), ("a", "running")], r1
     assert {x["action_id"]: x["status"] for x in on_a["actions"]["items"]} == {"a1": "done", "op1": "pending"}
@@ -168,7 +169,22 @@ def test_the_views_of_both_relays_answer_the_same_and_a_relay_with_an_empty_disk
     shutil.rmtree(b.data_dir)
     b.start()
     wait_until(lambda: settled(b), 30, "the views rebuilt from the streams")
-    assert views(b) == on_a
+    on_b = views(b)
+    assert on_b == on_a, view_differences(on_a, on_b)
+
+
+def view_differences(a: dict, b: dict) -> list:
+    """(view, item, field, a's value, b's value) for each field two relays' views disagree on."""
+    out = []
+    for v in a:
+        ia, ib = a[v].get("items", []), b[v].get("items", [])
+        if len(ia) != len(ib):
+            out.append((v, "items", len(ia), len(ib)))
+        for x, y in zip(ia, ib):
+            name = x.get("task_id") or x.get("action_id") or x.get("site") or x.get("name")
+            out += [(v, name, k, x.get(k), y.get(k)) for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)]
+        out += [(v, k, a[v][k], b[v].get(k)) for k in a[v] if k != "items" and a[v][k] != b[v].get(k)]
+    return out
 
 
 def nats_publish(nats: NatsServer, subject: str, payloads: list[bytes]) -> None:

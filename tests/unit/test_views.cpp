@@ -490,6 +490,37 @@ TEST(Views, SiteHealthOverTimeThresholdsAndDrain) {
 // At a federated centre each site's events come through a source of their own: a task
 // migrated from site a to site b may be seen done at b before its failure at a arrives.
 // The late events of the earlier attempt fill in its record; the task stays completed.
+// The views of a workflow "fed" after `events` (on fed.events): its one task, and the
+// workflow's count of each state.
+static std::pair<json::object, json::object> one_task_after(Fixture& f, const std::vector<std::string>& events) {
+  f.publish("fed.events", events);
+  Views v(*f.store, f.options());
+  v.catch_up();
+  auto tasks = q(v, "tasks");
+  EXPECT_EQ(tasks["total"].as_int64(), 1);
+  return {tasks["items"].as_array().at(0).as_object(),
+          q(v, "workflows")["items"].as_array().at(0).as_object().at("states").as_object()};
+}
+
+TEST(Views, ALateFirstSubmissionWithoutAnAttemptNumberDoesNotUndoTheLatestAttempt) {
+  // As a federated centre saw it (test_relay_federation under load): site b's attempt 2 of
+  // the migrated task came first, then site a's whole story, whose submission (the first)
+  // names no attempt.
+  Fixture f;
+  const auto [t, states] = one_task_after(f, {
+      f.ev("task.started", {{"task_id", "t.0"}, {"site", "b"}, {"worker", "b/w1"}, {"attempt", 2}}),
+      f.ev("task.completed", {{"task_id", "t.0"}, {"site", "b"}, {"attempt", 2}}),
+      f.ev("task.submitted", {{"task_id", "t.0"}, {"name", "t"}, {"site", "a"}}),
+      f.ev("task.started", {{"task_id", "t.0"}, {"site", "a"}, {"worker", "a/w1"}, {"attempt", 1}}),
+      f.ev("task.failed", {{"task_id", "t.0"}, {"site", "a"}, {"attempt", 1}, {"reason", "worker died"}}),
+  });
+  EXPECT_EQ(t.at("state").as_string(), "completed");
+  EXPECT_EQ(t.at("site").as_string(), "b");
+  EXPECT_EQ(t.at("attempts").as_array().size(), 2u);
+  EXPECT_EQ(states.at("completed").as_int64(), 1);
+  EXPECT_FALSE(states.contains("pending"));
+}
+
 TEST(Views, ALateEventOfAnEarlierAttemptDoesNotUndoTheLatestOne) {
   Fixture f;
   f.publish("fed.events", {
