@@ -17,7 +17,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${FUZZ_SECONDS:-60}
 OUT=build-fuzz
-ALL="event frame token spec relay_config http log spool views lines scan jetstream"
+ALL="event frame token spec relay_config http log spool views lines scan jetstream items"
 TARGETS=${FUZZ_TARGETS:-$ALL}
 
 if [ -z "${FUZZ_NO_BUILD:-}" ]; then  # FUZZ_NO_BUILD=1: run what build-fuzz/ holds (two runs side by side)

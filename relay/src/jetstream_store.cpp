@@ -16,6 +16,7 @@
 #include <thread>
 #include <tuple>
 
+#include "diaspora/data_item.hpp"
 #include "diaspora/thread_name.hpp"
 #include "diaspora/token.hpp"
 
@@ -103,6 +104,7 @@ std::optional<std::uint64_t> parse_stored_number(std::string_view s) {
 }
 
 bool stored_event_text(std::string_view payload) {
+  if (data::is_chunk_record(payload)) return true;  // a data item's chunk (docs/streaming.md)
   boost::system::error_code ec;
   const boost::json::value v = boost::json::parse(payload, ec);
   return !ec && v.is_object();

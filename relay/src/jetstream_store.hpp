@@ -88,7 +88,7 @@ std::optional<std::string> jetstream_unname(std::string_view name);
 /// sequence in a `Nats-Sequence` header); nullopt for anything else (signs, spaces, overflow).
 std::optional<std::uint64_t> parse_stored_number(std::string_view text);
 /// True when `payload`, a record read back from a stream, is what a relay stores: one JSON
-/// object (an event). Anything else was put there by another writer to the cluster: the
+/// object (an event) or a data item's chunk (data_item.hpp). Anything else was put there by another writer to the cluster: the
 /// relay skips it rather than pass it to its subscribers.
 bool stored_event_text(std::string_view payload);
 /// The topic of the stream `stream` when it is one of this prefix ("<prefix>-<encoded

@@ -97,6 +97,10 @@ std::string render_metrics(Metrics& metrics, const Store& store) {
          static_cast<std::int64_t>(metrics.token_expiries.load()));
   single("diaspora_relay_tls_reloads_total", "counter", "Certificates and keys loaded again (SIGHUP).",
          static_cast<std::int64_t>(metrics.tls_reloads.load()));
+  single("diaspora_relay_items_total", "counter", "Data items written: received whole, their checksum matching (docs/streaming.md).",
+         static_cast<std::int64_t>(metrics.items_in.load()));
+  single("diaspora_relay_items_late_total", "counter", "Data items stored after their itemdeadline.",
+         static_cast<std::int64_t>(metrics.items_late.load()));
   single("diaspora_relay_tls_certificate_expiry_seconds", "gauge",
          "When the served certificate expires (its notAfter), Unix time.", metrics.tls_not_after.load());
   line("# HELP diaspora_relay_subscriptions Open subscriptions per topic or pattern, as subscribed.");

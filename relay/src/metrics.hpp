@@ -25,6 +25,8 @@ struct Metrics {
   std::atomic<std::uint64_t> slow_disconnects{0};
   std::atomic<std::uint64_t> token_expiries{0};   ///< sessions closed because their token expired
   std::atomic<std::uint64_t> tls_reloads{0};      ///< certificates loaded again (SIGHUP)
+  std::atomic<std::uint64_t> items_in{0};         ///< data items written (whole, their checksum matching)
+  std::atomic<std::uint64_t> items_late{0};       ///< data items stored after their itemdeadline
   std::atomic<std::int64_t> tls_not_after{0};     ///< the served certificate's notAfter, Unix seconds
 
   /// Events appended to `topic` (and duplicates dropped).

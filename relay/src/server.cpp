@@ -34,6 +34,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "diaspora/data_item.hpp"
 #include "diaspora/event.hpp"
 #include "diaspora/relay.hpp"
 #include "diaspora/thread_name.hpp"
@@ -42,6 +43,7 @@
 #include "config.hpp"
 #include "event_text.hpp"
 #include "http_api.hpp"
+#include "items.hpp"
 #include "metrics.hpp"
 #include "jetstream_store.hpp"
 #include "topic_log.hpp"
@@ -216,6 +218,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
            std::string ce_topic, std::string ce_from) {
     mode_ = mode;
     accepted_at_ = Clock::now();
+    items_.emplace(relay::ItemLimits{relay_->cfg.max_item_bytes, relay_->cfg.max_pending_item_bytes, relay_->cfg.max_event_bytes});
     claims_ = std::move(claims);
     if (claims_) set_token_deadline();
     ce_topic_ = std::move(ce_topic);
@@ -318,10 +321,13 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     }
     last_heard_ = Clock::now();
     if (!ws_.got_text()) {
-      buffer_.consume(buffer_.size());
-      if (mode_ == Mode::cloudevents)  // the binding has no error message: close, as for an invalid event
+      if (mode_ == Mode::cloudevents) {  // the binding has no error message: close, as for an invalid event
+        buffer_.consume(buffer_.size());
         return close(websocket::close_code::unknown_data, "binary frames are not accepted; send one JSON CloudEvent per text frame");
-      send_error("bad_request", "binary frames are not accepted; send JSON text frames", nullptr);
+      }
+      if (!close_after_drain_)
+        handle_chunk(std::string_view(static_cast<const char*>(buffer_.data().data()), buffer_.size()));
+      buffer_.consume(buffer_.size());
       return do_read();
     }
     if (!close_after_drain_) {  // shutting down: nothing new is accepted
@@ -347,13 +353,14 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     if (!opv || !opv->is_string()) return send_error("bad_request", "missing string field 'op'", nullptr);
     std::string_view op = opv->get_string();
     const json::value* ref = nullptr;
-    if (op == "publish") ref = o.if_contains("seq");
+    if (op == "publish" || op == "put") ref = o.if_contains("seq");
     else if (op == "subscribe" || op == "unsubscribe") ref = o.if_contains("id");
     if (!hello_done_ && op != "hello" && op != "ping")
       return send_error("hello_required", "send 'hello' first", ref);
     if (hello_done_ && claims_ && Clock::now() > token_deadline_) return end_expired();
     if (op == "hello") return on_hello(o);
     if (op == "publish") return on_publish(o, text);
+    if (op == "put") return on_put(o);
     if (op == "subscribe") return on_subscribe(o);
     if (op == "unsubscribe") return on_unsubscribe(o);
     if (op == "commit") return on_commit_offset(o);
@@ -444,14 +451,28 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
 
   void nack_refusal(const json::value* seq, const relay::PublishRefusal& r) { nack(seq, r.code, r.message, r.index); }
 
-  void on_publish(const json::object& o, std::string_view frame_text) {
+  // A publish's or put's seq and topic, checked, and the token's right to publish there;
+  // nullopt once the nack is sent.
+  std::optional<std::pair<std::uint64_t, std::string>> publish_target(const json::object& o) {
     const json::value* seqv = o.if_contains("seq");
     relay::PublishRefusal refusal;
     auto head = relay::publish_head(o, refusal);
-    if (!head) return nack_refusal(seqv, refusal);
+    if (!head) {
+      nack_refusal(seqv, refusal);
+      return std::nullopt;
+    }
+    if (!scopes_allow(claims_->scopes, "publish", head->second)) {
+      nack(seqv, "forbidden", "token of '" + claims_->subject + "' does not grant publish on '" + head->second + "'");
+      return std::nullopt;
+    }
+    return head;
+  }
+
+  void on_publish(const json::object& o, std::string_view frame_text) {
+    const json::value* seqv = o.if_contains("seq");
+    auto head = publish_target(o);
+    if (!head) return;
     auto& [seq, topic] = *head;
-    if (!scopes_allow(claims_->scopes, "publish", topic))
-      return nack(seqv, "forbidden", "token of '" + claims_->subject + "' does not grant publish on '" + topic + "'");
     std::vector<relay::AppendRecord> records;
     std::uint64_t bytes = 0;
     const relay::PublishLimits limits{relay_->cfg.max_batch_events, relay_->cfg.max_event_bytes};
@@ -460,26 +481,69 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     submit(std::move(topic), seq, std::move(records), bytes, json::value(seq));
   }
 
+  // A data item announced (docs/streaming.md): its chunks follow in binary frames.
+  void on_put(const json::object& o) {
+    const json::value* seqv = o.if_contains("seq");
+    auto head = publish_target(o);
+    if (!head) return;
+    auto& [seq, topic] = *head;
+    std::optional<relay::ReadyItem> ready;
+    if (auto err = items_->begin(o, seq, topic, relay_->codec, ready)) return nack_refusal(seqv, *err);
+    if (ready) submit_item(std::move(*ready));
+  }
+
+  // A binary frame: a chunk of an item announced on this connection.
+  void handle_chunk(std::string_view bytes) {
+    if (!hello_done_) return send_error("hello_required", "send 'hello' first", nullptr);
+    if (claims_ && Clock::now() > token_deadline_) return end_expired();
+    relay::ChunkOutcome out = items_->chunk(bytes);
+    if (out.refusal) {
+      if (!out.seq) return send_error(out.refusal->code, out.refusal->message, nullptr);
+      const json::value seq(*out.seq);
+      return nack_refusal(&seq, *out.refusal);
+    }
+    if (out.ready) submit_item(std::move(*out.ready));
+  }
+
+  void submit_item(relay::ReadyItem item) {
+    submit(std::move(item.topic), item.seq, std::move(item.records), item.bytes, json::value(item.seq),
+           Settle{item.size, item.deadline_us});
+  }
+
+  // What an item's ack settles: its bytes in the assembler's count, and whether it was late.
+  struct Settle {
+    std::uint64_t item_bytes = 0;
+    std::optional<std::int64_t> deadline_us;
+  };
+
   void submit(std::string topic, std::uint64_t seq, std::vector<relay::AppendRecord> records, std::uint64_t bytes,
-              json::value seq_json) {
+              json::value seq_json, std::optional<Settle> item = std::nullopt) {
     ++inflight_;
     auto self = shared_from_this();
     relay_->store->append(
         topic, mode_ == Mode::v1 ? producer_id_ : std::string(), seq, std::move(records),
-        [self, topic, bytes, seq_json](const relay::AppendResult& r) {
-          net::post(self->ws_.get_executor(), [self, topic, bytes, seq_json, r] { self->on_appended(topic, bytes, seq_json, r); });
+        [self, topic, bytes, seq_json, item](const relay::AppendResult& r) {
+          net::post(self->ws_.get_executor(),
+                    [self, topic, bytes, seq_json, item, r] { self->on_appended(topic, bytes, seq_json, r, item); });
         });
   }
 
-  void on_appended(const std::string& topic, std::uint64_t bytes, const json::value& seq, const relay::AppendResult& r) {
+  void on_appended(const std::string& topic, std::uint64_t bytes, const json::value& seq, const relay::AppendResult& r,
+                   const std::optional<Settle>& item) {
     --inflight_;
     if (r.ok) relay_->metrics.in(topic, r.written, r.written ? bytes : 0, r.duplicates);
+    if (item) items_->settled(item->item_bytes);
+    if (item && r.ok && r.written) relay_->metrics.items_in++;
     if (mode_ == Mode::v1) {
       if (r.ok) {
         json::object a{{"op", "ack"},          {"seq", seq},
                        {"topic", topic},       {"first_offset", r.first_offset},
                        {"count", r.written},   {"duplicates", r.duplicates}};
         if (r.duplicate_batch) a["duplicate_batch"] = true;
+        if (item && item->deadline_us && now_us() > *item->deadline_us) {  // stored after its deadline: said, kept
+          a["late"] = true;
+          relay_->metrics.items_late++;
+        }
         send(json::serialize(a));
       } else {
         nack(&seq, r.code, r.error);
@@ -691,36 +755,61 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
             cursor.next = recs.back().offset + 1;
             count = recs.size();
             for (auto& r : recs) {
+              if (data::is_chunk_record(r.payload)) continue;  // the binding carries events only (docs/streaming.md)
               bytes += r.payload.size();
               send(std::move(r.payload), true);
             }
           } else {
-            // Framed straight from the reader's buffer: no copy of each stored event.
+            // Framed straight from the reader's buffer: no copy of each stored event. A data
+            // chunk (docs/streaming.md) ends the events frame before it and goes as a binary
+            // frame of its own, so the order of offsets holds across both.
             std::string frame;
-            frame += R"({"op":"events","id":)";
-            frame += json::serialize(sub.id);
-            frame += R"(,"topic":)";
-            frame += json_str(topic);
-            frame += R"(,"events":[)";
             std::uint64_t next = cursor.next;
+            bool open = false;
+            const std::string sub_id = json::serialize(sub.id);
+            auto finish = [&] {
+              if (!open) return;
+              frame += R"(],"next_offset":)";
+              frame += std::to_string(next);
+              frame += '}';
+              send(std::move(frame), true);
+              frame.clear();
+              open = false;
+            };
             count = relay_->store->visit(topic, cursor.next, cfg.delivery_batch_events, cfg.delivery_batch_bytes,
                                          [&](const relay::Store::RecordRef& r) {
-                                           if (next != cursor.next) frame += ',';
-                                           else frame.reserve(frame.size() + std::min<std::size_t>(2 * r.payload.size() * cfg.delivery_batch_events, cfg.delivery_batch_bytes + 65536));
+                                           bytes += r.payload.size();
+                                           if (data::is_chunk_record(r.payload)) {
+                                             finish();
+                                             next = r.offset + 1;
+                                             const data::Decoded d = data::decode(r.payload);
+                                             if (d.chunk)  // else damaged: passed over, as a damaged event is
+                                               send(data::encode_delivered(sub_id, topic, r.offset, d.chunk->index,
+                                                                           d.chunk->count, d.chunk->payload),
+                                                    true, true);
+                                             return;
+                                           }
+                                           if (!open) {
+                                             frame += R"({"op":"events","id":)";
+                                             frame += sub_id;
+                                             frame += R"(,"topic":)";
+                                             frame += json_str(topic);
+                                             frame += R"(,"events":[)";
+                                             frame.reserve(frame.size() + std::min<std::size_t>(2 * r.payload.size() * cfg.delivery_batch_events, cfg.delivery_batch_bytes + 65536));
+                                             open = true;
+                                           } else {
+                                             frame += ',';
+                                           }
                                            frame += R"({"offset":)";
                                            frame += std::to_string(r.offset);
                                            frame += R"(,"event":)";
                                            frame += r.payload;
                                            frame += '}';
-                                           bytes += r.payload.size();
                                            next = r.offset + 1;
                                          });
             if (count == 0) continue;
             cursor.next = next;
-            frame += R"(],"next_offset":)";
-            frame += std::to_string(cursor.next);
-            frame += '}';
-            send(std::move(frame), true);
+            finish();
           }
           relay_->metrics.out(topic, count, bytes);
           progressed = true;
@@ -790,10 +879,10 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
 
   // Queues a frame. Replies (acks, errors, pongs...) count against kMaxQueuedReplyBytes;
   // deliveries (pump) are bounded by subscriber_queue_frames instead.
-  void send(std::string frame, bool delivery = false) {
+  void send(std::string frame, bool delivery = false, bool binary = false) {
     if (closing_) return;
     const std::size_t reply = delivery ? 0 : frame.size();
-    queue_.push_back(Outgoing{std::make_shared<const std::string>(std::move(frame)), reply});
+    queue_.push_back(Outgoing{std::make_shared<const std::string>(std::move(frame)), reply, binary});
     reply_bytes_ += reply;
     if (!writing_) do_write();
   }
@@ -807,7 +896,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
 
   void do_write() {
     writing_ = true;
-    ws_.text(true);
+    ws_.text(!queue_.front().binary);
     ws_.async_write(net::buffer(*queue_.front().frame), beast::bind_front_handler(&WsSession::on_write, shared_from_this()));
   }
 
@@ -860,6 +949,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   struct Outgoing {
     std::shared_ptr<const std::string> frame;
     std::size_t reply_bytes = 0;  // the frame's size when it is a reply, 0 for a delivery
+    bool binary = false;          // a data chunk (docs/streaming.md), else a JSON text frame
   };
   std::deque<Outgoing> queue_;
   std::size_t reply_bytes_ = 0;  // sum of queue_[i].reply_bytes
@@ -881,6 +971,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   std::size_t inflight_ = 0;
   bool read_paused_ = false;
   std::map<std::string, Subscription> subs_;
+  std::optional<relay::ItemAssembler> items_;  // data items arriving (v1), made at the upgrade
   std::atomic<bool> subscribed_{false};  // set once the session has subscribed; read by notify()
   std::optional<Clock::time_point> full_since_;
 };

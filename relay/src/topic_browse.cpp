@@ -6,6 +6,7 @@
 #include <cctype>
 #include <charconv>
 
+#include "diaspora/data_item.hpp"
 #include "diaspora/event.hpp"
 #include "diaspora/utf8.hpp"
 
@@ -135,6 +136,7 @@ BrowseResult browse(const Store& store, const std::string& topic, const BrowseRe
     ++out.records;
     out.scanned_low = std::min(out.scanned_low.value_or(offset), offset);
     out.scanned_high = std::max(out.scanned_high.value_or(offset), offset);
+    if (data::is_chunk_record(payload)) return;  // a data item's chunk (docs/streaming.md): not an event
     boost::system::error_code ec;
     json::value v = json::parse(payload, ec);
     if (ec || !v.is_object()) return;  // the log holds validated events only; a damaged one is passed over
