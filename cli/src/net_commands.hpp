@@ -1,4 +1,4 @@
-// `diaspora publish` and `diaspora tail`: talk to a relay with the diaspora.v1 protocol.
+// `diaspora publish`, `tail`, `put` and `get`: talk to a relay with the diaspora.v1 protocol.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -7,7 +7,7 @@
 
 namespace diaspora::cli {
 
-/// Adds `publish` and `tail` to the app; returns the function that runs whichever was
+/// Adds `publish`, `tail`, `put` and `get` to the app; returns the function that runs whichever was
 /// parsed (returns -1 when neither was). Exit codes as in main.cpp.
 std::function<int()> add_net_commands(CLI::App& app);
 

@@ -213,9 +213,23 @@ struct RelayClient::Impl {
     });
   }
 
+  bool last_binary = false;
+
+  void send_binary(std::string_view frame) {
+    ws->binary(true);
+    try {
+      send_parts({frame});
+    } catch (...) {
+      ws->text(true);
+      throw;
+    }
+    ws->text(true);
+  }
+
   std::string take_frame() {
     read_pending = false;
     if (read_ec) fail(read_ec, "receiving");
+    last_binary = ws->got_binary();
     std::string out = beast::buffers_to_string(buffer.data());
     buffer.consume(buffer.size());
     return out;
@@ -267,7 +281,9 @@ RelayClient::~RelayClient() { close(); }
 
 void RelayClient::send(std::string_view frame) { self_->send(frame); }
 void RelayClient::send(std::initializer_list<std::string_view> parts) { self_->send_parts(parts); }
+void RelayClient::send_binary(std::string_view frame) { self_->send_binary(frame); }
 std::string RelayClient::receive() { return self_->receive(); }
+bool RelayClient::last_binary() const noexcept { return self_->last_binary; }
 std::optional<std::string> RelayClient::poll_receive(std::chrono::milliseconds wait) {
   return self_->poll_receive(wait);
 }

@@ -98,6 +98,7 @@ std::optional<std::string> subject_of(const P& p) {
   if constexpr (std::is_base_of_v<TaskRef, P>) return p.task_id;
   else if constexpr (std::is_same_v<P, ResourceStatus>) return p.resource_id;
   else if constexpr (std::is_same_v<P, DataArrived>) return p.stream;
+  else if constexpr (std::is_same_v<P, DataItem>) return p.stream;
   else if constexpr (std::is_same_v<P, AnomalyPredicted>) return p.task_id ? p.task_id : std::optional(p.series);
   else if constexpr (std::is_same_v<P, ActionRequested> || std::is_same_v<P, ActionDone>) return p.task_id;
   else if constexpr (std::is_same_v<P, MetricSample>) return p.id;
@@ -112,7 +113,7 @@ const std::vector<std::string_view>& all_types() {
     std::vector<std::string_view> t = {
         TaskSubmitted::type, TaskStarted::type,   TaskHeartbeat::type,  TaskProgress::type, TaskCompleted::type,
         TaskFailed::type,    TaskCancelled::type, TaskRestarted::type,  TaskMigrated::type, ResourceStatus::type,
-        DataArrived::type,   AnomalyPredicted::type, ActionRequested::type, ActionDone::type, MetricSample::type,
+        DataArrived::type,   DataItem::type,      AnomalyPredicted::type, ActionRequested::type, ActionDone::type, MetricSample::type,
         PluginWarning::type, PluginStats::type};
     std::sort(t.begin(), t.end());
     return t;
@@ -178,6 +179,7 @@ DIASPORA_INSTANTIATE_PAYLOAD(TaskRestarted)
 DIASPORA_INSTANTIATE_PAYLOAD(TaskMigrated)
 DIASPORA_INSTANTIATE_PAYLOAD(ResourceStatus)
 DIASPORA_INSTANTIATE_PAYLOAD(DataArrived)
+DIASPORA_INSTANTIATE_PAYLOAD(DataItem)
 DIASPORA_INSTANTIATE_PAYLOAD(AnomalyPredicted)
 DIASPORA_INSTANTIATE_PAYLOAD(ActionRequested)
 DIASPORA_INSTANTIATE_PAYLOAD(ActionDone)

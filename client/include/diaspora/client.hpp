@@ -58,9 +58,14 @@ class RelayClient {
   /// Sends one text frame made of `parts` in order, without joining them first (a large
   /// publish: header, the batch's events, trailer). Throws RelayClientError.
   void send(std::initializer_list<std::string_view> parts);
-  /// Receives one text frame, waiting at most the timeout. Throws RelayClientError on
-  /// timeout, close or error.
+  /// Sends one binary frame (a data item's chunk, docs/streaming.md). Throws RelayClientError.
+  void send_binary(std::string_view frame);
+  /// Receives one frame, waiting at most the timeout. Throws RelayClientError on
+  /// timeout, close or error. A binary frame (a data chunk) is returned as its bytes:
+  /// last_binary() tells which it was.
   std::string receive();
+  /// Whether the frame receive() or poll_receive() returned last was a binary frame.
+  bool last_binary() const noexcept;
   /// Waits at most `wait` (0 = only what is already there) for one text frame; nullopt
   /// when none arrived. A read left unfinished stays pending and is completed by the next
   /// poll_receive()/receive() (or while send() waits), so no frame is lost. Throws

@@ -131,6 +131,18 @@ struct DataArrived {
 };
 BOOST_DESCRIBE_STRUCT(DataArrived, (), (stream, seq, bytes, uri, checksum, site))
 
+/// The event of a data item carried by the fabric (docs/streaming.md): its bytes follow it
+/// as chunks; the item attributes (itemsize, itemchunks, itemsha256) are on the event.
+struct DataItem {
+  static constexpr std::string_view type = "org.diaspora.data.item";
+  std::optional<std::string> stream;
+  std::optional<std::int64_t> seq;
+  std::optional<std::string> file;          ///< the file it was read from, if any (its name)
+  std::optional<std::string> content_type;  ///< a media type, e.g. application/x-hdf5
+  std::optional<std::string> site;
+};
+BOOST_DESCRIBE_STRUCT(DataItem, (), (stream, seq, file, content_type, site))
+
 struct Forecast {
   std::string metric;
   double eta_s = 0;  ///< seconds until the metric is expected to cross `threshold`
