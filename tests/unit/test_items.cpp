@@ -32,7 +32,9 @@ json::object put(const std::string& id, std::uint64_t size, std::uint64_t chunks
 
 TEST(DataFrames, EachKindRoundTripsAndForeignBytesAreNamed) {
   const std::string payload = bytes(1000, 3);
-  auto p = data::decode(data::encode_put(0xfedcba9876543210ull, 2, 5, payload));
+  // (decode's views point into the frame: keep each frame while it is looked at)
+  const std::string put_frame = data::encode_put(0xfedcba9876543210ull, 2, 5, payload);
+  auto p = data::decode(put_frame);
   ASSERT_TRUE(p.chunk) << p.error;
   EXPECT_EQ(p.chunk->kind, data::FrameKind::put);
   EXPECT_EQ(p.chunk->ref, 0xfedcba9876543210ull);
@@ -40,7 +42,8 @@ TEST(DataFrames, EachKindRoundTripsAndForeignBytesAreNamed) {
   EXPECT_EQ(p.chunk->count, 5u);
   EXPECT_EQ(p.chunk->payload, payload);
 
-  auto d = data::decode(data::encode_delivered("\"sub-1\"", "beam.data", 42, 0, 1, payload));
+  const std::string delivered = data::encode_delivered("\"sub-1\"", "beam.data", 42, 0, 1, payload);
+  auto d = data::decode(delivered);
   ASSERT_TRUE(d.chunk) << d.error;
   EXPECT_EQ(d.chunk->subscription, "\"sub-1\"");
   EXPECT_EQ(d.chunk->topic, "beam.data");
