@@ -1,12 +1,18 @@
 // The C ABI: argument checks, then the Plugin. No exception crosses this boundary: every
 // entry catches everything and returns a status.
+#include <boost/json.hpp>
+
 #include <array>
+#include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <string>
 
+#include "diaspora/event.hpp"
+#include "diaspora/items.hpp"
 #include "diaspora/plugin.h"
 #include "diaspora/spec.hpp"
 #include "diaspora/version.hpp"
@@ -506,6 +512,113 @@ DIASPORA_API int diaspora_action_done(diaspora_plugin* p, const char* action_id,
 DIASPORA_API int diaspora_action_failed(diaspora_plugin* p, const char* action_id, const char* reason) {
   return ack(p, action_id, reason, false);
 }
+
+// ---- data items (ABI 1.3) ----
+
+static std::chrono::steady_clock::time_point item_deadline(int64_t timeout_ms) {
+  return std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : 60000);
+}
+
+// What an item call's failure returns, with its reason recorded on the handle.
+static int item_failure(diaspora_plugin* p, const std::exception& e) {
+  if (const auto* ie = dynamic_cast<const diaspora::items::ItemError*>(&e)) {
+    const int status = ie->code() == "no_item"             ? DIASPORA_ERR_NOT_FOUND
+                       : ie->code() == "checksum_mismatch" ? DIASPORA_ERR_IO
+                                                           : DIASPORA_ERR_INVALID;
+    return fail(p, status, std::string(e.what()) + " (" + ie->code() + ")");
+  }
+  if (dynamic_cast<const diaspora::RelayClientError*>(&e))
+    return fail(p, DIASPORA_ERR_TIMEOUT, std::string("data item: the relay did not answer in time: ") + e.what());
+  return fail(p, DIASPORA_ERR_INVALID, e.what());
+}
+
+DIASPORA_API int diaspora_item_put(diaspora_plugin* p, const diaspora_item_info* info, diaspora_item_ref* out) {
+  return guarded(p, [&]() -> int {
+    if (!p || !p->impl) return DIASPORA_ERR_NULL;
+    if (!info) return fail(p, DIASPORA_ERR_NULL, "info is NULL");
+    if (info->struct_size < sizeof(diaspora_item_info))
+      return fail(p, DIASPORA_ERR_INVALID, "info->struct_size is smaller than sizeof(diaspora_item_info)");
+    if (out && out->struct_size < sizeof(diaspora_item_ref))
+      return fail(p, DIASPORA_ERR_INVALID, "out->struct_size is smaller than sizeof(diaspora_item_ref)");
+    if (!info->bytes && info->size > 0) return fail(p, DIASPORA_ERR_NULL, "bytes is NULL with a size above 0");
+    if (p->impl->closing()) return DIASPORA_ERR_CLOSED;
+    std::string_view topic, id, type, stream, content_type, site, deadline;
+    DIASPORA_TRY(check_str(p, info->topic, DIASPORA_MAX_ID, false, "topic", topic));
+    DIASPORA_TRY(check_str(p, info->id, DIASPORA_MAX_ID, false, "id", id));
+    DIASPORA_TRY(check_str(p, info->type, DIASPORA_MAX_ID, false, "type", type));
+    DIASPORA_TRY(check_str(p, info->stream, DIASPORA_MAX_ID, false, "stream", stream));
+    DIASPORA_TRY(check_str(p, info->content_type, DIASPORA_MAX_ID, false, "content_type", content_type));
+    DIASPORA_TRY(check_str(p, info->site, DIASPORA_MAX_ID, false, "site", site));
+    DIASPORA_TRY(check_str(p, info->deadline, DIASPORA_MAX_ID, false, "deadline", deadline));
+    if (info->seq < -1) return fail(p, DIASPORA_ERR_INVALID, "seq must be >= 0, or -1 for none");
+    if (!deadline.empty() && !diaspora::parse_rfc3339_us(deadline))
+      return fail(p, DIASPORA_ERR_INVALID, "deadline '" + std::string(deadline) + "' is not an RFC 3339 timestamp");
+    boost::json::object data;
+    if (!stream.empty()) data["stream"] = stream;
+    if (info->seq >= 0) data["seq"] = info->seq;
+    if (!content_type.empty()) data["content_type"] = content_type;
+    if (!site.empty()) data["site"] = site;
+    boost::json::object event{{"specversion", "1.0"},
+                              {"id", id.empty() ? diaspora::make_uuid() : std::string(id)},
+                              {"source", p->impl->source()},
+                              {"type", type.empty() ? std::string("org.diaspora.data.item") : std::string(type)},
+                              {"time", diaspora::format_rfc3339(std::chrono::system_clock::now())},
+                              {"data", std::move(data)}};
+    const std::string where = topic.empty() ? p->impl->data_topic() : std::string(topic);
+    diaspora::items::PutOptions po;
+    if (!deadline.empty()) po.deadline = std::string(deadline);
+    try {
+      const auto r = p->impl->items().put(where, std::move(event),
+                                          std::string_view(static_cast<const char*>(info->bytes), info->size), po,
+                                          item_deadline(info->timeout_ms));
+      if (out) {
+        write_buf(out->topic, sizeof out->topic, where);
+        out->offset = r.offset;
+        out->duplicate = r.duplicate ? 1 : 0;
+        out->late = r.late ? 1 : 0;
+      }
+      return DIASPORA_OK;
+    } catch (const std::exception& e) {
+      return item_failure(p, e);
+    }
+  });
+}
+
+DIASPORA_API int diaspora_item_get(diaspora_plugin* p, const char* topic, uint64_t offset, int64_t timeout_ms,
+                                   void** bytes_out, size_t* size_out, char** event_json_out) {
+  return guarded(p, [&]() -> int {
+    if (!p || !p->impl) return DIASPORA_ERR_NULL;
+    if (!bytes_out || !size_out) return fail(p, DIASPORA_ERR_NULL, "bytes_out and size_out are required");
+    if (p->impl->closing()) return DIASPORA_ERR_CLOSED;
+    std::string_view t;
+    DIASPORA_TRY(check_str(p, topic, DIASPORA_MAX_ID, false, "topic", t));
+    diaspora::items::Item item;
+    try {
+      item = p->impl->items().get(t.empty() ? p->impl->data_topic() : std::string(t), offset, item_deadline(timeout_ms));
+    } catch (const std::exception& e) {
+      return item_failure(p, e);
+    }
+    void* bytes = std::malloc(item.bytes.empty() ? 1 : item.bytes.size());
+    char* text = nullptr;
+    if (event_json_out) {
+      const std::string ev = boost::json::serialize(item.event);
+      text = static_cast<char*>(std::malloc(ev.size() + 1));
+      if (text) std::memcpy(text, ev.c_str(), ev.size() + 1);
+    }
+    if (!bytes || (event_json_out && !text)) {
+      std::free(bytes);
+      std::free(text);
+      return fail(p, DIASPORA_ERR_INTERNAL, "out of memory for an item of " + std::to_string(item.bytes.size()) + " bytes");
+    }
+    if (!item.bytes.empty()) std::memcpy(bytes, item.bytes.data(), item.bytes.size());
+    *bytes_out = bytes;
+    *size_out = item.bytes.size();
+    if (event_json_out) *event_json_out = text;
+    return DIASPORA_OK;
+  });
+}
+
+DIASPORA_API void diaspora_item_free(void* ptr) { std::free(ptr); }
 
 DIASPORA_API int diaspora_get_stats(const diaspora_plugin* p, diaspora_stats* out) {
   if (!p || !p->impl || !out) return DIASPORA_ERR_NULL;

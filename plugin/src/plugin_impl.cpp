@@ -481,6 +481,14 @@ void Plugin::next_relay() {
   if (!cfg_.failover.empty()) relay_at_.fetch_add(1, std::memory_order_relaxed);
 }
 
+ItemLink& Plugin::items() {
+  std::lock_guard lock(items_mu_);
+  if (!items_)
+    items_ = std::make_unique<ItemLink>([this] { return client_options("diaspora-plugin/" + cfg_.engine_id + "/items"); },
+                                        [this] { next_relay(); }, producer_id_ + "-items");
+  return *items_;
+}
+
 RelayClientOptions Plugin::client_options(const std::string& client_id) const {
   RelayClientOptions o;
   o.url = relay_url();

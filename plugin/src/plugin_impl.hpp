@@ -39,6 +39,7 @@
 #include "diaspora/error.hpp"
 #include "diaspora/plugin.h"
 #include "intake.hpp"
+#include "item_link.hpp"
 #include "policy_bridge.hpp"
 #include "record.hpp"
 #include "serialize.hpp"
@@ -114,6 +115,13 @@ class Plugin {
   /// time_in_ticks) instead of reading the clock; fixed at open. Any thread.
   bool tick_time() const noexcept { return tick_clock_.has_value(); }
   bool on_control_thread() const noexcept { return std::this_thread::get_id() == control_.get_id(); }
+
+  /// The connection for data items (diaspora_item_put/get): any thread; made at the first use.
+  ItemLink& items();
+  /// The workflow's default data topic, "<workflow>.data".
+  std::string data_topic() const { return cfg_.workflow + ".data"; }
+  /// The source of the events this plugin publishes, "/diaspora/<workflow>/<engine>".
+  const std::string& source() const noexcept { return ctx_.source; }
 
   /// Per-handle last error (any thread).
   void set_error(std::string message) noexcept;
@@ -229,6 +237,8 @@ class Plugin {
 
   mutable std::mutex error_mu_;
   std::string last_error_;
+  std::mutex items_mu_;
+  std::unique_ptr<ItemLink> items_;  ///< guarded by items_mu_ (made once)
 
   alignas(64) std::atomic<bool> closing_{false};  ///< read by every hook: a line of its own
   alignas(64) std::atomic<bool> stop_{false};  ///< publisher: flush and stop

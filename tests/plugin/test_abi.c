@@ -326,6 +326,48 @@ int main(int argc, char** argv) {
   r.struct_size = sizeof r;
   EXPECT_RC(diaspora_resource_status(h, &r), DIASPORA_OK); ++ok_calls;
 
+  /* data items (ABI 1.3): arguments checked before anything is sent; no relay listens on
+   * port 1, so a valid put times out (and fast: timeout_ms) and a get too */
+  diaspora_item_info it;
+  memset(&it, 0, sizeof it);
+  it.struct_size = sizeof it;
+  it.bytes = "abc";
+  it.size = 3;
+  it.seq = -1;
+  it.timeout_ms = 300;
+  diaspora_item_ref ref;
+  memset(&ref, 0, sizeof ref);
+  ref.struct_size = sizeof ref;
+  EXPECT_RC(diaspora_item_put(NULL, &it, &ref), DIASPORA_ERR_NULL);
+  EXPECT_RC(diaspora_item_put(h, NULL, &ref), DIASPORA_ERR_NULL);
+  it.struct_size = 8;
+  EXPECT_RC(diaspora_item_put(h, &it, &ref), DIASPORA_ERR_INVALID);
+  it.struct_size = sizeof it;
+  ref.struct_size = 4;
+  EXPECT_RC(diaspora_item_put(h, &it, &ref), DIASPORA_ERR_INVALID);
+  ref.struct_size = sizeof ref;
+  it.bytes = NULL;
+  EXPECT_RC(diaspora_item_put(h, &it, &ref), DIASPORA_ERR_NULL);
+  it.bytes = "abc";
+  it.topic = long_id;
+  EXPECT_RC(diaspora_item_put(h, &it, &ref), DIASPORA_ERR_INVALID);
+  it.topic = NULL;
+  it.seq = -2;
+  EXPECT_RC(diaspora_item_put(h, &it, &ref), DIASPORA_ERR_INVALID);
+  it.seq = 4;
+  it.deadline = "soon";
+  EXPECT_RC(diaspora_item_put(h, &it, &ref), DIASPORA_ERR_INVALID);
+  it.deadline = "2030-01-01T00:00:00Z";
+  EXPECT_RC(diaspora_item_put(h, &it, NULL), DIASPORA_ERR_TIMEOUT);
+  void* bytes = NULL;
+  size_t size = 0;
+  char* event_json = NULL;
+  EXPECT_RC(diaspora_item_get(h, NULL, 0, 300, NULL, &size, &event_json), DIASPORA_ERR_NULL);
+  EXPECT_RC(diaspora_item_get(h, long_id, 0, 300, &bytes, &size, &event_json), DIASPORA_ERR_INVALID);
+  EXPECT_RC(diaspora_item_get(h, NULL, 0, 300, &bytes, &size, &event_json), DIASPORA_ERR_TIMEOUT);
+  EXPECT(bytes == NULL && event_json == NULL);  /* nothing allocated on an error */
+  diaspora_item_free(NULL);
+
   /* actions */
   diaspora_action a;
   memset(&a, 0, sizeof a);

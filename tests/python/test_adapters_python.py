@@ -257,3 +257,47 @@ def test_the_udp_channel_takes_only_datagrams_signed_with_its_key_and_refuses_ba
         with pytest.raises(ValueError, match=what):
             parse_udp(bad)
         assert Sender.send(bad, {"t": "x"}) is False  # a bad address is a failed send, never an exception
+
+
+def test_data_items_put_and_get_through_the_plugin_block_until_acked_across_a_relay_restart(relay, token, tmp_path):
+    """Plugin.put_item / get_item (ABI 1.3, docs/streaming.md): items round-trip by offset
+    with their events; the same id again is not written twice; a put made while the relay
+    is down blocks and lands once it is back (on the same port); with no relay at all it
+    times out; an offset that holds no item is DIASPORA_ERR_NOT_FOUND."""
+    import hashlib
+    import random
+
+    spec = write_spec(tmp_path, relay.creds, token[1], relay.port)
+    blobs = [random.Random(i).randbytes(n) for i, n in enumerate((1 << 20, 0, 300_000))]
+    with diaspora.Plugin.open(spec) as p:
+        refs = [p.put_item(b, id=f"frame-{i}", stream="frames", seq=i, content_type="application/octet-stream", site="edge")
+                for i, b in enumerate(blobs)]
+        assert [r.topic for r in refs] == ["plug.data"] * 3 and not any(r.duplicate or r.late for r in refs), refs
+        assert refs[1].offset == refs[0].offset + 1 + 4 and refs[2].offset == refs[1].offset + 1, refs  # 4 chunks, then none
+        for r, b in zip(refs, blobs):
+            data, ev = p.get_item(r.offset)
+            assert data == b and ev["itemsha256"] == hashlib.sha256(b).hexdigest()
+            assert ev["type"] == "org.diaspora.data.item" and ev["source"] == "/diaspora/plug/engine", ev
+        assert ev["data"] == {"stream": "frames", "seq": 2, "content_type": "application/octet-stream", "site": "edge"}
+        assert p.put_item(blobs[2], id="frame-2").duplicate
+        with pytest.raises(diaspora.DiasporaError) as e:
+            p.get_item(refs[0].offset + 1, timeout=10)  # a chunk: no item starts there
+        assert e.value.status == "DIASPORA_ERR_NOT_FOUND", e.value
+        # The relay goes away; a put blocks until it is back, then lands once.
+        relay.kill()
+        relay.listen_port = relay.port
+        back = threading.Timer(1.5, relay.start)
+        back.start()
+        t0 = time.monotonic()
+        ref = p.put_item(b"after the restart", id="late-comer", timeout=60)
+        back.join()
+        assert time.monotonic() - t0 >= 1.0, "the put returned before the relay was back"
+        assert p.get_item(ref.offset)[0] == b"after the restart"
+        relay.kill()
+        with pytest.raises(diaspora.DiasporaError) as e:
+            p.put_item(b"nobody", timeout=2)
+        assert e.value.status == "DIASPORA_ERR_TIMEOUT", e.value
+        relay.start()
+    disabled = diaspora.DisabledPlugin("no library here")
+    with pytest.raises(diaspora.DiasporaError):
+        disabled.put_item(b"x")

@@ -14,7 +14,7 @@ versions tested are pinned in requirements.lock). `pip install -e engine-adapter
 """
 
 from .errors import AbiError, ClosedError, DiasporaError, LibraryError, SpecError
-from .plugin import Action, DisabledPlugin, Plugin
+from .plugin import Action, DisabledPlugin, ItemRef, Plugin
 
-__all__ = ["Plugin", "DisabledPlugin", "Action", "DiasporaError", "SpecError", "LibraryError", "AbiError",
+__all__ = ["Plugin", "DisabledPlugin", "Action", "ItemRef", "DiasporaError", "SpecError", "LibraryError", "AbiError",
            "ClosedError"]

@@ -1,4 +1,4 @@
-"""ctypes declarations of the plugin's C ABI (plugin/include/diaspora/plugin.h, ABI 1.2)
+"""ctypes declarations of the plugin's C ABI (plugin/include/diaspora/plugin.h, ABI 1.3)
 and the search for libdiaspora_plugin.so.
 
 Why ctypes: it is in the standard library (no compiler, no build step, no package beyond
@@ -19,7 +19,7 @@ import os
 import struct
 from pathlib import Path
 
-ABI_MAJOR, ABI_MINOR = 1, 2
+ABI_MAJOR, ABI_MINOR = 1, 3
 ABI_VERSION = (ABI_MAJOR << 16) | ABI_MINOR
 
 MAX_ID = 255
@@ -77,6 +77,18 @@ class ResourceInfo(C.Structure):
     _fields_ = [("struct_size", C.c_size_t), ("resource_id", C.c_char_p), ("kind", C.c_char_p),
                 ("state", C.c_char_p), ("site", C.c_char_p), ("timestamp_us", C.c_int64),
                 ("metrics", C.POINTER(MetricValue)), ("metric_count", C.c_size_t)]
+
+
+class ItemInfo(C.Structure):  # ABI 1.3
+    _fields_ = [("struct_size", C.c_size_t), ("bytes", C.c_void_p), ("size", C.c_size_t), ("topic", C.c_char_p),
+                ("id", C.c_char_p), ("type", C.c_char_p), ("stream", C.c_char_p), ("seq", C.c_int64),
+                ("content_type", C.c_char_p), ("site", C.c_char_p), ("deadline", C.c_char_p),
+                ("timeout_ms", C.c_int64)]
+
+
+class ItemRef(C.Structure):  # ABI 1.3
+    _fields_ = [("struct_size", C.c_size_t), ("topic", C.c_char * (MAX_ID + 1)), ("offset", C.c_uint64),
+                ("duplicate", C.c_int32), ("late", C.c_int32)]
 
 
 class ActionStruct(C.Structure):
@@ -154,6 +166,11 @@ def _declare(lib: C.CDLL) -> None:
     lib.diaspora_action_done.argtypes = [vp, cp, cp]
     lib.diaspora_action_failed.argtypes = [vp, cp, cp]
     lib.diaspora_get_stats.argtypes = [vp, C.POINTER(Stats)]
+    lib.diaspora_item_put.argtypes = [vp, C.POINTER(ItemInfo), C.POINTER(ItemRef)]  # ABI 1.3
+    lib.diaspora_item_get.argtypes = [vp, cp, C.c_uint64, C.c_int64, C.POINTER(C.c_void_p), C.POINTER(C.c_size_t),
+                                      C.POINTER(C.c_void_p)]
+    lib.diaspora_item_free.argtypes = [C.c_void_p]
+    lib.diaspora_item_free.restype = None
 
 
 def fast_hook(lib: C.CDLL, name: str):
@@ -194,7 +211,7 @@ _loaded: dict[str, C.CDLL] = {}
 
 def load_library(explicit: str | os.PathLike | None = None) -> tuple[C.CDLL, str]:
     """Loads (once per path) and checks the library: the first candidate that loads and
-    serves ABI 1.2. Raises LibraryError naming every file tried and why it failed."""
+    serves ABI 1.3. Raises LibraryError naming every file tried and why it failed."""
     from .errors import LibraryError, AbiError
 
     tried: list[str] = []
@@ -206,14 +223,22 @@ def load_library(explicit: str | os.PathLike | None = None) -> tuple[C.CDLL, str
         except OSError as e:
             tried.append(f"{path}: {e}")
             continue
+        # The version first: an older library lacks the newer functions, and should be
+        # refused for its version, not taken for something else.
         try:
-            _declare(lib)
+            lib.diaspora_abi_check.argtypes = [C.c_uint32, C.c_char_p, C.c_size_t]
+            lib.diaspora_abi_check.restype = C.c_int
         except AttributeError as e:
             tried.append(f"{path}: not a Diaspora plugin library ({e})")
             continue
         err = C.create_string_buffer(512)
         if lib.diaspora_abi_check(ABI_VERSION, err, len(err)) != OK:
             raise AbiError(f"{path}: {err.value.decode(errors='replace')}")
+        try:
+            _declare(lib)
+        except AttributeError as e:
+            tried.append(f"{path}: not a Diaspora plugin library ({e})")
+            continue
         _loaded[path] = lib
         return lib, path
     raise LibraryError("cannot load libdiaspora_plugin.so (build it with `make build`, or set "

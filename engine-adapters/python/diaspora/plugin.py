@@ -350,6 +350,47 @@ class Plugin:
         if rc:
             self._raise(rc, f"data_arrived({stream!r}, {seq})")
 
+    # ---- data items (docs/streaming.md) -------------------------------------------------------
+
+    def put_item(self, data: bytes, *, topic: str | None = None, id: str | None = None, type: str | None = None,
+                 stream: str | None = None, seq: int = -1, content_type: str | None = None, site: str | None = None,
+                 deadline: str | None = None, timeout: float = 60.0) -> ItemRef:
+        """Puts `data` through the relay as one data item (topic default "<workflow>.data") and
+        returns where it is, once the relay acknowledged it. Blocks (backpressure): the item goes
+        over a connection of its own, never the events' queue or spool, and is resent across
+        reconnects until `timeout` seconds (then DiasporaError DIASPORA_ERR_TIMEOUT). Putting the
+        same `id` again writes nothing twice (`duplicate`). A refusal is DiasporaError
+        DIASPORA_ERR_INVALID with the relay's reason."""
+        if self._h is None:
+            raise ClosedError("put_item: the plugin handle is closed")
+        buf = bytes(data)
+        info = A.ItemInfo(C.sizeof(A.ItemInfo), C.cast(C.c_char_p(buf), C.c_void_p), len(buf), _b(topic), _b(id),
+                          _b(type), _b(stream), seq, _b(content_type), _b(site), _b(deadline), int(timeout * 1000))
+        ref = A.ItemRef(C.sizeof(A.ItemRef))
+        rc = self._lib.diaspora_item_put(self._h, C.byref(info), C.byref(ref))
+        if rc:
+            self._raise(rc, "put_item")
+        return ItemRef(ref.topic.decode(), ref.offset, bool(ref.duplicate), bool(ref.late))
+
+    def get_item(self, offset: int, *, topic: str | None = None, timeout: float = 60.0) -> tuple[bytes, dict]:
+        """The data item whose event is at `offset` of `topic` (default "<workflow>.data"):
+        its bytes (size and SHA-256 checked) and its event. DiasporaError DIASPORA_ERR_NOT_FOUND
+        when the offset holds no item, DIASPORA_ERR_IO on a checksum mismatch,
+        DIASPORA_ERR_TIMEOUT when nothing came."""
+        import json
+        if self._h is None:
+            raise ClosedError("get_item: the plugin handle is closed")
+        data, size, event = C.c_void_p(), C.c_size_t(), C.c_void_p()
+        rc = self._lib.diaspora_item_get(self._h, _b(topic), offset, int(timeout * 1000), C.byref(data), C.byref(size),
+                                         C.byref(event))
+        if rc:
+            self._raise(rc, f"get_item({offset})")
+        try:
+            return C.string_at(data, size.value), json.loads(C.string_at(event).decode())
+        finally:
+            self._lib.diaspora_item_free(data)
+            self._lib.diaspora_item_free(event)
+
     def resource_status(self, resource_id: str, kind: str, state: str, *, site: str | None = None,
                         metrics: Mapping[str, float] | None = None, timestamp_us: int = 0) -> None:
         """A resource's state: kind site|worker|node|gpu|link|relay, state up|degraded|down|unknown."""
@@ -457,6 +498,15 @@ class Plugin:
         return lib.diaspora_library_version().decode()
 
 
+@dataclass(frozen=True)
+class ItemRef:
+    """Where Plugin.put_item put an item: its event's offset in `topic` (its chunks follow)."""
+    topic: str
+    offset: int
+    duplicate: bool = False  # the relay held it already (same id): nothing written
+    late: bool = False       # stored after its deadline
+
+
 class _NoLibrary:
     def __getattr__(self, name):
         return None
@@ -489,6 +539,13 @@ class DisabledPlugin(Plugin):
 
     def data_arrived(self, *args, **kwargs) -> None:
         return None
+
+    def put_item(self, *args, **kwargs):
+        # Bytes cannot be dropped the way a hook's event is: say so.
+        raise DiasporaError(f"put_item: the plugin is disabled ({self.reason})", "DIASPORA_ERR_CLOSED")
+
+    def get_item(self, *args, **kwargs):
+        raise DiasporaError(f"get_item: the plugin is disabled ({self.reason})", "DIASPORA_ERR_CLOSED")
 
     def resource_status(self, *args, **kwargs) -> None:
         return None

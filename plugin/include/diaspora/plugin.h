@@ -40,7 +40,7 @@
 #endif
 
 #define DIASPORA_ABI_VERSION_MAJOR 1
-#define DIASPORA_ABI_VERSION_MINOR 2
+#define DIASPORA_ABI_VERSION_MINOR 3
 #define DIASPORA_ABI_VERSION \
   ((uint32_t)(((uint32_t)DIASPORA_ABI_VERSION_MAJOR << 16) | (uint32_t)DIASPORA_ABI_VERSION_MINOR))
 
@@ -326,6 +326,63 @@ DIASPORA_API int diaspora_action_done(diaspora_plugin* plugin, const char* actio
 DIASPORA_API int diaspora_action_failed(diaspora_plugin* plugin, const char* action_id, const char* reason);
 
 /* ---- statistics --------------------------------------------------------------------------- */
+
+/* ---- data items (ABI 1.3; docs/streaming.md) -------------------------------------------
+ *
+ * Bulk bytes (a detector frame, a scan, a checkpoint) through the relay, read back by
+ * offset at any site. Unlike the hooks these calls BLOCK: an item goes over a relay
+ * session of its own (never the events' queue or spool, so lifecycle events never wait
+ * behind bulk bytes and a relay outage never fills the spool with them), and
+ * diaspora_item_put returns only once the relay acknowledged the item (stored: fsynced on
+ * the embedded log), resending it across reconnects and failover relays until its
+ * timeout: backpressure to the producer. Call them from threads that may block, not from
+ * an engine's event loop. Any thread; calls on one handle are serialised. */
+
+typedef struct diaspora_item_info {
+  size_t struct_size;
+  const void* bytes;          /* the item's bytes (NULL only when size is 0) */
+  size_t size;                /* at most the relay's max_item_bytes (128 MiB by default) */
+  const char* topic;          /* optional: default "<workflow>.data" */
+  const char* id;             /* optional: the item's event id (default: a new UUID); putting
+                                 the same id again writes nothing twice */
+  const char* type;           /* optional: the event's type (default org.diaspora.data.item) */
+  const char* stream;         /* optional: data.stream */
+  int64_t seq;                /* >= 0: data.seq; -1: none */
+  const char* content_type;   /* optional: data.content_type, a media type */
+  const char* site;           /* optional: data.site */
+  const char* deadline;       /* optional, RFC 3339: stored later, the relay says it was late */
+  int64_t timeout_ms;         /* how long to keep trying; 0: 60 s */
+} diaspora_item_info;
+
+typedef struct diaspora_item_ref {
+  size_t struct_size;                 /* set by the caller */
+  char topic[DIASPORA_MAX_ID + 1];    /* where it is */
+  uint64_t offset;                    /* the offset of its event (its chunks follow) */
+  int32_t duplicate;                  /* 1: the relay held it already (same id), nothing written */
+  int32_t late;                       /* 1: stored after its deadline */
+} diaspora_item_ref;
+
+/* Puts one item and fills *out (may be NULL). Returns DIASPORA_OK; DIASPORA_ERR_NULL;
+ * DIASPORA_ERR_INVALID for bad arguments or an item the relay refused (too large, a
+ * topic the token may not publish on: the last error has the relay's reason);
+ * DIASPORA_ERR_TIMEOUT when the relay could not be reached (or did not ack) within
+ * timeout_ms; DIASPORA_ERR_CLOSED while closing. */
+DIASPORA_API int diaspora_item_put(diaspora_plugin* plugin, const diaspora_item_info* info, diaspora_item_ref* out);
+
+/* Fetches the item whose event is at `offset` of `topic` (NULL: "<workflow>.data"),
+ * checks its size and SHA-256, and returns its bytes in *bytes_out (*size_out of them)
+ * and its event's JSON text in *event_json_out (NUL-terminated; may be NULL if not
+ * wanted), both allocated by the library: free each with diaspora_item_free. Returns
+ * DIASPORA_OK; DIASPORA_ERR_NULL; DIASPORA_ERR_NOT_FOUND when the offset holds no item (an
+ * event that announces none, or one no longer retained); DIASPORA_ERR_IO when the bytes do
+ * not match the checksum; DIASPORA_ERR_TIMEOUT when nothing came within timeout_ms (0:
+ * 60 s; an offset past the topic's end waits for it); DIASPORA_ERR_CLOSED while closing.
+ * On an error nothing is allocated. */
+DIASPORA_API int diaspora_item_get(diaspora_plugin* plugin, const char* topic, uint64_t offset, int64_t timeout_ms,
+                                   void** bytes_out, size_t* size_out, char** event_json_out);
+
+/* Frees what diaspora_item_get allocated (NULL is fine). Any thread. */
+DIASPORA_API void diaspora_item_free(void* p);
 
 typedef struct diaspora_stats {
   size_t struct_size;           /* set by the caller */
