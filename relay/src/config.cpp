@@ -62,6 +62,15 @@ RelayConfig load_relay_config(const std::filesystem::path& file) {
   if (const auto* v = log.if_contains("segment_bytes")) c.segment_bytes = parse_size(*v).value_or(c.segment_bytes);
   if (const auto* v = log.if_contains("retention_bytes")) c.retention_bytes = parse_size(*v).value_or(0);
   if (auto v = str(log, "retention_age")) c.retention_age = seconds_of(*v);
+  if (const auto* rules = log.if_contains("retention_by_topic"); rules && rules->is_array())
+    for (const auto& v : rules->get_array()) {
+      const json::object& o = v.get_object();
+      RelayConfig::TopicRetention rule;
+      rule.topics = str(o, "topics").value_or("");
+      if (const auto* b = o.if_contains("retention_bytes")) rule.bytes = parse_size(*b).value_or(0);
+      if (auto a = str(o, "retention_age")) rule.age = seconds_of(*a);
+      c.retention_by_topic.push_back(std::move(rule));
+    }
   const auto& lim = sub(r, "limits");
   if (auto v = num(lim, "max_frame_bytes")) c.max_frame_bytes = *v;
   if (auto v = num(lim, "max_event_bytes")) c.max_event_bytes = *v;

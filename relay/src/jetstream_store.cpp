@@ -369,8 +369,9 @@ struct JetStreamStore::Impl {
     sp.sc.SubjectsLen = 1;
     sp.sc.Storage = js_FileStorage;
     sp.sc.Replicas = opt.replicas;
-    sp.sc.MaxBytes = opt.retention_bytes > 0 ? static_cast<std::int64_t>(opt.retention_bytes) : -1;
-    sp.sc.MaxAge = static_cast<std::int64_t>(opt.retention_age.count()) * 1'000'000'000;
+    const Retention keep = retention_of(topic, opt.retention_by_topic, Retention{opt.retention_bytes, opt.retention_age});
+    sp.sc.MaxBytes = keep.bytes > 0 ? static_cast<std::int64_t>(keep.bytes) : -1;
+    sp.sc.MaxAge = static_cast<std::int64_t>(keep.age.count()) * 1'000'000'000;
     sp.sc.Duplicates = static_cast<std::int64_t>(opt.duplicate_window.count()) * 1'000'000'000;
     sp.sc.Discard = js_DiscardOld;
     sp.sc.AllowDirect = true;

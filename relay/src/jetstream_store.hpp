@@ -55,6 +55,7 @@ struct JetStreamOptions {
   int replicas = 3;                 ///< each stream's and bucket's replicas (1 to 5)
   std::uint64_t retention_bytes = 0;     ///< per topic; 0 = unlimited
   std::chrono::seconds retention_age{0};  ///< 0 = unlimited
+  std::vector<TopicRetention> retention_by_topic;  ///< first match wins; the two above for the others
   std::chrono::seconds duplicate_window{120};  ///< JetStream's Nats-Msg-Id window
   std::size_t max_topics = 10000;   ///< streams of this prefix; an append creating one more fails (too_many_topics)
   std::size_t max_groups = 10000;   ///< consumer groups; a commit adding one more throws GroupLimitError

@@ -131,6 +131,12 @@ std::filesystem::path find_console_dir(const std::optional<std::filesystem::path
   return {};
 }
 
+std::vector<relay::TopicRetention> retention_rules(const RelayConfig& cfg) {
+  std::vector<relay::TopicRetention> out;
+  for (const auto& r : cfg.retention_by_topic) out.push_back({r.topics, relay::Retention{r.bytes, r.age}});
+  return out;
+}
+
 std::optional<std::string> bearer_of(const http::request<http::string_body>& req) {
   auto it = req.find(http::field::authorization);
   return relay::bearer_token(it == req.end() ? std::nullopt : std::optional<std::string_view>(it->value()));
@@ -1381,6 +1387,7 @@ Relay::Relay(RelayConfig config) : self_(std::make_shared<Impl>()) {
     jo.replicas = cfg.jetstream.replicas;
     jo.retention_bytes = cfg.retention_bytes;
     jo.retention_age = cfg.retention_age;
+    jo.retention_by_topic = retention_rules(cfg);
     jo.duplicate_window = cfg.jetstream.duplicate_window;
     jo.max_topics = cfg.max_topics;
     jo.max_groups = cfg.max_consumer_groups;
@@ -1398,6 +1405,7 @@ Relay::Relay(RelayConfig config) : self_(std::make_shared<Impl>()) {
     lo.segment_bytes = cfg.segment_bytes;
     lo.retention_bytes = cfg.retention_bytes;
     lo.retention_age = cfg.retention_age;
+    lo.retention_by_topic = retention_rules(cfg);
     lo.max_groups = cfg.max_consumer_groups;
     lo.max_topics = cfg.max_topics;
     self_->store = std::make_unique<relay::LogStore>(lo);

@@ -10,6 +10,7 @@
 //     concurrently with appends; they only see committed (acked) records.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -62,6 +63,28 @@ struct TopicInfo {
   std::uint64_t retention_bytes = 0;  ///< the retention applied to it (0: unlimited)
   std::int64_t retention_age_s = 0;   ///< 0: unlimited
 };
+
+/// How long a topic keeps its records: the oldest go once it holds more than `bytes`, or
+/// once they are older than `age` (0: no bound). Whole segments (the embedded log) or
+/// messages (JetStream) at a time.
+struct Retention {
+  std::uint64_t bytes = 0;
+  std::chrono::seconds age{0};
+  bool bounded() const noexcept { return bytes > 0 || age.count() > 0; }
+};
+
+/// A retention for the topics a pattern matches (relay.yaml `log.retention_by_topic`): data
+/// topics kept apart from the events' history, for instance.
+struct TopicRetention {
+  std::string pattern;  ///< a topic or a pattern with '*' (any run of characters)
+  Retention retention;
+};
+
+/// The retention of `topic`: that of the first rule whose pattern matches it, else
+/// `fallback`. Pure: any thread.
+Retention retention_of(std::string_view topic, const std::vector<TopicRetention>& rules, Retention fallback) noexcept;
+/// Whether any topic can have a bounded retention under these rules.
+bool any_bounded(const std::vector<TopicRetention>& rules, Retention fallback) noexcept;
 
 /// Names of topics: 1-200 characters of [A-Za-z0-9._-], not starting with '.'.
 bool valid_topic_name(std::string_view name) noexcept;

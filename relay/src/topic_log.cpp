@@ -301,6 +301,7 @@ struct LogStore::Impl {
   bool has_unclaimed() const;
   Topic* get_or_create_topic(const std::string& name, std::string& error, const char*& code);
   void enforce_retention_locked();
+  Retention default_retention() const noexcept { return Retention{opt_.retention_bytes, opt_.retention_age}; }
 
   // ---- recovery and lookup ----
   void recover_topic(const std::string& name);
@@ -527,7 +528,7 @@ std::vector<Topic*> LogStore::Impl::all_topics() const {
 // Writer
 
 std::optional<std::chrono::steady_clock::time_point> LogStore::Impl::next_wakeup() const {
-  if (opt_.retention_bytes > 0 || opt_.retention_age.count() > 0) return last_retention_ + kRetentionPeriod;
+  if (any_bounded(opt_.retention_by_topic, default_retention())) return last_retention_ + kRetentionPeriod;
   return std::nullopt;
 }
 
@@ -550,7 +551,7 @@ void LogStore::Impl::writer_loop() {
     if (!batches.empty()) run_group(batches, listener);
 
     const auto now = std::chrono::steady_clock::now();
-    if ((opt_.retention_bytes > 0 || opt_.retention_age.count() > 0) && now >= last_retention_ + kRetentionPeriod) {
+    if (any_bounded(opt_.retention_by_topic, default_retention()) && now >= last_retention_ + kRetentionPeriod) {
       std::lock_guard wl(write_mu_);
       enforce_retention_locked();
       last_retention_ = now;
@@ -756,7 +757,7 @@ void LogStore::Impl::process_locked(Group& g) {
       }
     }
   }
-  if (rolled && (opt_.retention_bytes > 0 || opt_.retention_age.count() > 0)) enforce_retention_locked();
+  if (rolled && any_bounded(opt_.retention_by_topic, default_retention())) enforce_retention_locked();
 }
 
 // Makes a written (and, with fsync always, synced) group visible to readers and runs its
@@ -1108,15 +1109,16 @@ int LogStore::Impl::timed_fdatasync(int fd) {
 
 void LogStore::Impl::enforce_retention_locked() {
   const std::int64_t now = now_us();
-  const std::int64_t age_us = std::chrono::duration_cast<std::chrono::microseconds>(opt_.retention_age).count();
   for (Topic* t : all_topics()) {
+    const Retention keep = retention_of(t->name, opt_.retention_by_topic, default_retention());
+    const std::int64_t age_us = std::chrono::duration_cast<std::chrono::microseconds>(keep.age).count();
     std::vector<std::shared_ptr<Segment>> removed;
     {
       std::lock_guard lk(t->mu);
       // The active (last) segment always stays: it is where the next record goes.
       while (t->segments.size() > 1) {
         const auto& s = t->segments.front();
-        const bool too_big = opt_.retention_bytes > 0 && t->bytes > opt_.retention_bytes;
+        const bool too_big = keep.bytes > 0 && t->bytes > keep.bytes;
         const bool too_old = age_us > 0 && s->max_time_us < now - age_us;
         if (!too_big && !too_old) break;
         t->bytes -= s->committed_size;
@@ -1251,8 +1253,9 @@ std::optional<TopicInfo> LogStore::info(const std::string& topic) const {
   i.next_offset = t->committed_next;
   i.bytes = t->bytes;
   i.segments = t->segments.size();
-  i.retention_bytes = self_->opt_.retention_bytes;
-  i.retention_age_s = self_->opt_.retention_age.count();
+  const Retention keep = retention_of(t->name, self_->opt_.retention_by_topic, self_->default_retention());
+  i.retention_bytes = keep.bytes;
+  i.retention_age_s = keep.age.count();
   return i;
 }
 

@@ -48,6 +48,7 @@ struct LogOptions {
   std::uint64_t segment_bytes = 64ull << 20;  ///< roll to a new segment past this size
   std::uint64_t retention_bytes = 0;          ///< per topic; 0 = unlimited
   std::chrono::seconds retention_age{0};      ///< 0 = unlimited
+  std::vector<TopicRetention> retention_by_topic;  ///< first match wins; the two above for the others
   std::uint32_t index_interval_bytes = 4096;  ///< one sparse index entry per this many bytes
   std::size_t dedupe_window = 1u << 18;       ///< remembered (source, id) keys per topic (32 B each); 0 = no event dedupe
   std::size_t max_groups = 10000;             ///< consumer groups kept; a commit that would add one more throws GroupLimitError

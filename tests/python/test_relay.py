@@ -436,14 +436,18 @@ def test_the_subscriptions_gauge_counts_open_subscriptions_per_topic_or_pattern(
 
 
 def test_topics_list_their_retention(creds, tmp_path):
-    relay = RelayProcess(creds, tmp_path / "data", config={"log": {"retention_bytes": 8388608, "retention_age": "7d"}}).start()
+    relay = RelayProcess(creds, tmp_path / "data", config={"log": {
+        "retention_bytes": 8388608, "retention_age": "7d",
+        "retention_by_topic": [{"topics": "*.data", "retention_bytes": "1GiB", "retention_age": "1d"}]}}).start()
     try:
         async def go():
             ws = await session(relay, admin(creds))
             await publish(ws, "kept", 0, [event(1)])
+            await publish(ws, "wf.data", 0, [event(2)])
         run(go())
-        (t,) = json.loads(https_get(relay, "/api/v1/topics", admin(creds)))["topics"]
+        t, d = sorted(json.loads(https_get(relay, "/api/v1/topics", admin(creds)))["topics"], key=lambda x: x["name"])
         assert (t["name"], t["retention_bytes"], t["retention_age_s"]) == ("kept", 8388608, 7 * 86400), t
+        assert (d["name"], d["retention_bytes"], d["retention_age_s"]) == ("wf.data", 1 << 30, 86400), d
     finally:
         relay.stop()
 

@@ -24,6 +24,9 @@ using diaspora::relay::AppendResult;
 using diaspora::relay::FsyncPolicy;
 using diaspora::relay::LogOptions;
 using diaspora::relay::LogStore;
+using diaspora::relay::Retention;
+using diaspora::relay::any_bounded;
+using diaspora::relay::retention_of;
 using diaspora::relay::StoredRecord;
 using diaspora::test::TempDir;
 
@@ -935,6 +938,30 @@ TEST(TopicLog, RetentionByAge) {
   ASSERT_FALSE(recs.empty());
   EXPECT_EQ(recs.front().offset, info->first_offset);
   EXPECT_EQ(recs.back().offset, 29u);
+}
+
+TEST(TopicLog, RetentionByTopicKeepsDataTopicsApartFromTheEventsHistory) {
+  // The data topic is bounded by bytes, the events topic by nothing (the default), a
+  // topic that matches no rule by the default: only the data topic loses records.
+  TempDir dir;
+  LogOptions o = options(dir.path());
+  o.segment_bytes = 500;
+  o.retention_by_topic = {{"*.data", Retention{1500, std::chrono::seconds(0)}}, {"wf.ev*", Retention{}}};
+  LogStore s(o);
+  for (const char* t : {"wf.data", "wf.events", "other"})
+    for (int i = 0; i < 60; ++i) ASSERT_TRUE(append_sync(s, t, "", 0, payloads({numbered(i, 60)})).ok);
+  s.enforce_retention();
+  const auto data = s.info("wf.data"), events = s.info("wf.events"), other = s.info("other");
+  EXPECT_LE(data->bytes, 1500u);
+  EXPECT_GT(data->first_offset, 0u);
+  EXPECT_EQ(data->retention_bytes, 1500u);
+  EXPECT_EQ(events->first_offset, 0u);
+  EXPECT_EQ(events->retention_bytes, 0u);
+  EXPECT_EQ(other->first_offset, 0u);
+  EXPECT_EQ(retention_of("wf.data", o.retention_by_topic, Retention{7, std::chrono::seconds(9)}).bytes, 1500u);
+  EXPECT_EQ(retention_of("x", o.retention_by_topic, Retention{7, std::chrono::seconds(9)}).age.count(), 9);
+  EXPECT_FALSE(any_bounded({{"a", Retention{}}}, Retention{}));
+  EXPECT_TRUE(any_bounded({{"a", Retention{0, std::chrono::seconds(1)}}}, Retention{}));
 }
 
 // ---- consumer groups ------------------------------------------------------------------

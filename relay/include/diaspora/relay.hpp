@@ -28,6 +28,14 @@ struct RelayConfig {
   std::uint64_t segment_bytes = 64ull << 20;
   std::uint64_t retention_bytes = 0;          ///< per topic; 0 = keep everything
   std::chrono::seconds retention_age{0};      ///< 0 = keep forever
+  /// Retention for the topics a pattern matches (log.retention_by_topic), first match
+  /// first; retention_bytes / retention_age for the others.
+  struct TopicRetention {
+    std::string topics;          ///< a topic or a pattern with '*'
+    std::uint64_t bytes = 0;     ///< 0 = unlimited
+    std::chrono::seconds age{0};  ///< 0 = unlimited
+  };
+  std::vector<TopicRetention> retention_by_topic;
   std::size_t max_frame_bytes = 16u << 20;    ///< largest WebSocket message accepted
   std::size_t max_event_bytes = 1u << 20;     ///< largest single event
   std::size_t max_batch_events = 10000;       ///< events per publish
