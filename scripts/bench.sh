@@ -18,6 +18,9 @@ echo
 echo "== relay on a 3-node JetStream cluster: embedded relay, 1-3 relays on the cluster, JetStream directly (bench/relay/jetstream.sh)"
 bash bench/relay/jetstream.sh "$BUILD_DIR"
 echo
+echo "== data items: bulk MiB/s through the relay, the relay on JetStream and JetStream directly (bench/relay/items.sh)"
+bash bench/relay/items.sh "$BUILD_DIR"
+echo
 echo "== relay views: cost at the full publish rate (on vs off), build rate and query latency (bench/relay/views.sh)"
 bash bench/relay/views.sh "$BUILD_DIR"
 echo
