@@ -81,8 +81,9 @@ Item fetch(RelayClient& client, std::string_view topic, std::uint64_t offset) {
       const data::Decoded d = data::decode(frame);
       if (!d.chunk || d.chunk->kind != data::FrameKind::delivered || d.chunk->subscription != sub_json) continue;
       if (!have_event || d.chunk->ref != offset + 1 + next || d.chunk->index != next || d.chunk->count != count)
-        throw ItemError("no_item", "chunk at offset " + std::to_string(d.chunk->ref) + " is not the next of the item at " +
-                                       std::to_string(offset));
+        throw ItemError(have_event ? "incomplete_item" : "no_item",
+                        "chunk at offset " + std::to_string(d.chunk->ref) + " is not the next of the item at " +
+                            std::to_string(offset) + (have_event ? " (the item is incomplete)" : ""));
       hash.update(d.chunk->payload);
       item.bytes += d.chunk->payload;
       if (++next == count) return done();
@@ -94,29 +95,38 @@ Item fetch(RelayClient& client, std::string_view topic, std::uint64_t offset) {
     const json::value* id = m->if_contains("id");
     if (op && *op == "error" && m->contains("ref") && m->at("ref") == json::value(sub))
       throw ItemError(json::value_to<std::string>(m->at("code")), "the relay: " + json::value_to<std::string>(m->at("message")));
-    if (!op || *op != "events" || !id || *id != json::value(sub) || have_event) continue;
-    const json::array& evs = m->at("events").as_array();
-    if (evs.empty()) continue;
-    const json::object& first = evs.front().as_object();
-    const std::uint64_t at = first.at("offset").to_number<std::uint64_t>();
-    const json::object& ev = first.at("event").as_object();
-    if (at != offset)
-      throw ItemError("no_item", "offset " + std::to_string(offset) + " of " + std::string(topic) +
-                                     " is no longer retained (the first offset delivered is " + std::to_string(at) + ")");
-    const json::value* sz = ev.if_contains("itemsize");
-    const json::value* ch = ev.if_contains("itemchunks");
-    const json::value* sh = ev.if_contains("itemsha256");
-    if (!sz || !sz->is_number() || !ch || !ch->is_number() || !sh || !sh->is_string())
-      throw ItemError("no_item", "offset " + std::to_string(offset) + " of " + std::string(topic) +
-                                     " holds an event that announces no data item (type " +
-                                     (ev.contains("type") ? json::serialize(ev.at("type")) : std::string("?")) + ")");
-    size = sz->to_number<std::uint64_t>();
-    count = ch->to_number<std::uint64_t>();
-    want_sha = std::string(sh->get_string());
-    item.event = ev;
-    item.bytes.reserve(size);
-    have_event = true;
-    if (count == 0) return done();
+    if (!op || *op != "events" || !id || *id != json::value(sub)) continue;
+    for (const json::value& entry : m->at("events").as_array()) {
+      if (have_event) {
+        // An event where the next chunk was due: the item's put was cut short (a relay
+        // crash kept part of it and no resend completed it), or its event was published
+        // without chunks.
+        client.send(json::serialize(json::object{{"op", "unsubscribe"}, {"id", sub}}));
+        throw ItemError("incomplete_item", "the item at offset " + std::to_string(offset) + " of " + std::string(topic) +
+                                               " is incomplete: " + std::to_string(next) + " of its " + std::to_string(count) +
+                                               " chunks are stored (its put was cut short and not completed)");
+      }
+      const json::object& first = entry.as_object();
+      const std::uint64_t at = first.at("offset").to_number<std::uint64_t>();
+      const json::object& ev = first.at("event").as_object();
+      if (at != offset)
+        throw ItemError("no_item", "offset " + std::to_string(offset) + " of " + std::string(topic) +
+                                       " is no longer retained (the first offset delivered is " + std::to_string(at) + ")");
+      const json::value* sz = ev.if_contains("itemsize");
+      const json::value* ch = ev.if_contains("itemchunks");
+      const json::value* sh = ev.if_contains("itemsha256");
+      if (!sz || !sz->is_number() || !ch || !ch->is_number() || !sh || !sh->is_string())
+        throw ItemError("no_item", "offset " + std::to_string(offset) + " of " + std::string(topic) +
+                                       " holds an event that announces no data item (type " +
+                                       (ev.contains("type") ? json::serialize(ev.at("type")) : std::string("?")) + ")");
+      size = sz->to_number<std::uint64_t>();
+      count = ch->to_number<std::uint64_t>();
+      want_sha = std::string(sh->get_string());
+      item.event = ev;
+      item.bytes.reserve(size);
+      have_event = true;
+      if (count == 0) return done();
+    }
   }
 }
 

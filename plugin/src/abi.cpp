@@ -523,7 +523,7 @@ static std::chrono::steady_clock::time_point item_deadline(int64_t timeout_ms) {
 static int item_failure(diaspora_plugin* p, const std::exception& e) {
   if (const auto* ie = dynamic_cast<const diaspora::items::ItemError*>(&e)) {
     const int status = ie->code() == "no_item"             ? DIASPORA_ERR_NOT_FOUND
-                       : ie->code() == "checksum_mismatch" ? DIASPORA_ERR_IO
+                       : ie->code() == "checksum_mismatch" || ie->code() == "incomplete_item" ? DIASPORA_ERR_IO
                                                            : DIASPORA_ERR_INVALID;
     return fail(p, status, std::string(e.what()) + " (" + ie->code() + ")");
   }

@@ -63,7 +63,7 @@ struct Item {
 /// The item whose event is at `offset` of `topic`: subscribes there, reads the event and
 /// its chunks, checks size and SHA-256, unsubscribes. Throws ItemError ("no_item" when the
 /// offset holds an event that announces no item or is no longer retained,
-/// "checksum_mismatch"), RelayClientError (connection; the client's timeout while nothing
+/// "incomplete_item" when another event follows before its last chunk, "checksum_mismatch"), RelayClientError (connection; the client's timeout while nothing
 /// comes, e.g. an offset past the topic's end).
 Item fetch(RelayClient& client, std::string_view topic, std::uint64_t offset);
 

@@ -375,7 +375,7 @@ DIASPORA_API int diaspora_item_put(diaspora_plugin* plugin, const diaspora_item_
  * wanted), both allocated by the library: free each with diaspora_item_free. Returns
  * DIASPORA_OK; DIASPORA_ERR_NULL; DIASPORA_ERR_NOT_FOUND when the offset holds no item (an
  * event that announces none, or one no longer retained); DIASPORA_ERR_IO when the bytes do
- * not match the checksum; DIASPORA_ERR_TIMEOUT when nothing came within timeout_ms (0:
+ * not match the checksum or the item is incomplete (its put was cut short); DIASPORA_ERR_TIMEOUT when nothing came within timeout_ms (0:
  * 60 s; an offset past the topic's end waits for it); DIASPORA_ERR_CLOSED while closing.
  * On an error nothing is allocated. */
 DIASPORA_API int diaspora_item_get(diaspora_plugin* plugin, const char* topic, uint64_t offset, int64_t timeout_ms,
