@@ -77,6 +77,7 @@ RelayConfig load_relay_config(const std::filesystem::path& file) {
   if (auto v = num(lim, "max_batch_events")) c.max_batch_events = *v;
   if (auto v = num(lim, "max_item_bytes")) c.max_item_bytes = *v;
   if (auto v = num(lim, "max_pending_item_bytes")) c.max_pending_item_bytes = *v;
+  if (auto v = num(lim, "max_item_bytes_total")) c.max_item_bytes_total = *v;
   if (auto v = num(lim, "max_inflight_batches")) c.max_inflight_batches = *v;
   if (auto v = num(lim, "subscriber_queue_frames")) c.subscriber_queue_frames = *v;
   if (auto v = str(lim, "slow_subscriber_timeout")) c.slow_subscriber_timeout = seconds_of(*v);
@@ -142,6 +143,8 @@ void validate_relay_config(const RelayConfig& c) {
   if (c.max_event_bytes > (15u << 20)) throw RelayConfigError("max_event_bytes must be at most 15MiB (the log's record limit is 16MiB)");
   if (c.max_pending_item_bytes < c.max_item_bytes)
     throw RelayConfigError("limits.max_pending_item_bytes must be at least limits.max_item_bytes (one item of the largest size)");
+  if (c.max_item_bytes_total < c.max_item_bytes)
+    throw RelayConfigError("limits.max_item_bytes_total must be at least limits.max_item_bytes (one item of the largest size)");
   if (c.storage != "embedded" && c.storage != "jetstream") throw RelayConfigError("storage must be embedded or jetstream");
   if (c.storage == "jetstream") {
     if (c.jetstream.urls.empty()) throw RelayConfigError("storage: jetstream needs jetstream.urls (nats://HOST:PORT, ...)");

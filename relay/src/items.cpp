@@ -26,6 +26,22 @@ bool hex64(std::string_view s) {
 
 }  // namespace
 
+bool ItemBudget::take(std::uint64_t n) noexcept {
+  std::uint64_t cur = used_.load(std::memory_order_acquire);
+  do {
+    if (cur + n > limit_) return false;
+  } while (!used_.compare_exchange_weak(cur, cur + n, std::memory_order_acq_rel));
+  return true;
+}
+
+ItemAssembler::~ItemAssembler() { release(pending_bytes_); }
+
+void ItemAssembler::release(std::uint64_t bytes) noexcept {
+  bytes = std::min(pending_bytes_, bytes);
+  pending_bytes_ -= bytes;
+  if (budget_) budget_->give(bytes);
+}
+
 std::optional<PublishRefusal> ItemAssembler::begin(const json::object& frame, std::uint64_t seq, std::string topic,
                                                    const CodecOptions& codec, std::optional<ReadyItem>& ready) {
   const json::value* ev = frame.if_contains("event");
@@ -59,6 +75,10 @@ std::optional<PublishRefusal> ItemAssembler::begin(const json::object& frame, st
   AppendRecord head;
   const std::string text = json::serialize(*ev);
   if (auto r = event_record(*ev, text, limits_.max_event_bytes, codec, head)) return r;
+  if (budget_ && !budget_->take(*size))
+    return refuse("item_backlog", "the relay holds " + std::to_string(budget_->used()) + " bytes of items being received "
+                                      "(max_item_bytes_total " + std::to_string(budget_->limit()) +
+                                      "): put this one of " + std::to_string(*size) + " again later");
   Pending p;
   if (const json::value* dl = e.if_contains("itemdeadline")) p.deadline_us = parse_rfc3339_us(dl->get_string());
   p.topic = std::move(topic);
@@ -75,7 +95,7 @@ std::optional<PublishRefusal> ItemAssembler::begin(const json::object& frame, st
       ready = std::move(item);
       return std::nullopt;
     }
-    pending_bytes_ -= p.size;
+    release(p.size);
     return refuse("checksum_mismatch", "the empty item's 'itemsha256' is not the SHA-256 of no bytes (" +
                                            data::sha256_hex({}) + ")");
   }
@@ -105,7 +125,7 @@ ChunkOutcome ItemAssembler::chunk(std::string_view frame) {
   Pending& p = it->second;
   out.seq = c.ref;
   auto drop = [&](std::string code, std::string message) {
-    pending_bytes_ -= std::min(pending_bytes_, p.size);
+    release(p.size);
     items_.erase(it);
     out.refusal = refuse(std::move(code), std::move(message) + "; nothing of the item was written");
     return out;

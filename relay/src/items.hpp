@@ -10,6 +10,7 @@
 // connection's strand only.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -36,6 +37,22 @@ struct ItemLimits {
   std::size_t max_event_bytes = 1u << 20;
 };
 
+/// Bytes of items the whole relay holds for its connections (announced, not yet
+/// acknowledged): relay.yaml `max_item_bytes_total`. Shared by every assembler; any thread.
+class ItemBudget {
+ public:
+  explicit ItemBudget(std::uint64_t limit) : limit_(limit) {}
+  /// Takes `n` bytes when they fit under the limit.
+  bool take(std::uint64_t n) noexcept;
+  void give(std::uint64_t n) noexcept { used_.fetch_sub(n, std::memory_order_acq_rel); }
+  std::uint64_t used() const noexcept { return used_.load(std::memory_order_acquire); }
+  std::uint64_t limit() const noexcept { return limit_; }
+
+ private:
+  const std::uint64_t limit_;
+  std::atomic<std::uint64_t> used_{0};
+};
+
 /// An item whose chunks are all in and whose checksum matched: the batch to append.
 struct ReadyItem {
   std::string topic;
@@ -56,14 +73,21 @@ struct ChunkOutcome {
 
 class ItemAssembler {
  public:
-  explicit ItemAssembler(ItemLimits limits) : limits_(limits) {}
+  /// `budget` (may be null): the relay-wide bound this connection's items count against too.
+  explicit ItemAssembler(ItemLimits limits, ItemBudget* budget = nullptr) : limits_(limits), budget_(budget) {}
+  /// Gives back to the budget what this connection still holds (a session that ended
+  /// with items half received).
+  ~ItemAssembler();
+  ItemAssembler(const ItemAssembler&) = delete;
+  ItemAssembler& operator=(const ItemAssembler&) = delete;
 
   /// A `put` frame whose seq and topic were checked (publish_head) and allowed: validates
   /// its `event` (a CloudEvent with integer `itemsize` and `itemchunks`, a 64-hex-digit
   /// `itemsha256`, an optional RFC 3339 `itemdeadline`). On success returns nullopt and the
   /// item waits for its chunks; an empty item (size 0, no chunks) is ready at once, in
   /// `ready`. Refusals: bad_request (fields), invalid_event, event_too_large,
-  /// item_too_large, item_backlog (max_pending_bytes), duplicate_put (seq pending already).
+  /// item_too_large, item_backlog (max_pending_bytes, or the relay-wide budget),
+  /// duplicate_put (seq pending already).
   std::optional<PublishRefusal> begin(const boost::json::object& frame, std::uint64_t seq, std::string topic,
                                       const CodecOptions& codec, std::optional<ReadyItem>& ready);
 
@@ -72,7 +96,7 @@ class ItemAssembler {
   ChunkOutcome chunk(std::string_view frame);
 
   /// An item handed to the store was acknowledged (or refused): its bytes no longer count.
-  void settled(std::uint64_t bytes) noexcept { pending_bytes_ -= std::min(pending_bytes_, bytes); }
+  void settled(std::uint64_t bytes) noexcept { release(bytes); }
 
   /// Announced bytes not yet settled (assembling or in the store).
   std::uint64_t pending_bytes() const noexcept { return pending_bytes_; }
@@ -90,8 +114,10 @@ class ItemAssembler {
     std::vector<AppendRecord> records;
   };
   ReadyItem finish(std::uint64_t seq, Pending& p);
+  void release(std::uint64_t bytes) noexcept;
 
   ItemLimits limits_;
+  ItemBudget* budget_;
   std::map<std::uint64_t, Pending> items_;  // by put seq
   std::uint64_t pending_bytes_ = 0;
 };

@@ -184,6 +184,7 @@ struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
   bool started = false;
   relay::Metrics metrics;
   CodecOptions codec;
+  std::unique_ptr<relay::ItemBudget> item_budget;  ///< items being received, all connections (max_item_bytes_total)
 
   // Hub: live WebSocket sessions, for commit notifications and shutdown.
   std::mutex sessions_mutex;
@@ -224,7 +225,8 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
            std::string ce_topic, std::string ce_from) {
     mode_ = mode;
     accepted_at_ = Clock::now();
-    items_.emplace(relay::ItemLimits{relay_->cfg.max_item_bytes, relay_->cfg.max_pending_item_bytes, relay_->cfg.max_event_bytes});
+    items_.emplace(relay::ItemLimits{relay_->cfg.max_item_bytes, relay_->cfg.max_pending_item_bytes, relay_->cfg.max_event_bytes},
+                   relay_->item_budget.get());
     claims_ = std::move(claims);
     if (claims_) set_token_deadline();
     ce_topic_ = std::move(ce_topic);
@@ -1366,6 +1368,7 @@ std::unique_ptr<ssl::context> make_tls_context(const RelayConfig& cfg, relay::Me
 Relay::Relay(RelayConfig config) : self_(std::make_shared<Impl>()) {
   validate_relay_config(config);
   self_->cfg = std::move(config);
+  self_->item_budget = std::make_unique<relay::ItemBudget>(self_->cfg.max_item_bytes_total);
   const auto& cfg = self_->cfg;
   try {
     self_->verifier.emplace(load_secret_file(cfg.auth_secret_file));

@@ -143,3 +143,25 @@ TEST(ItemAssembler, RefusalsDropTheItemAndFreeItsBytes) {
   EXPECT_EQ(ready->records.size(), 1u);
   EXPECT_EQ(a.begin(put("empty2", 0, 0, data::sha256_hex("x")), 10, "t", {}, ready)->code, "checksum_mismatch");
 }
+
+TEST(ItemAssembler, TheRelayWideBudgetBoundsEveryConnectionTogetherAndComesBackWhenOneEnds) {
+  diaspora::relay::ItemBudget budget(1500);
+  const std::string item = bytes(900, 3);
+  std::optional<ReadyItem> ready;
+  {
+    ItemAssembler a(ItemLimits{1000, 1000, 1u << 20}, &budget), b(ItemLimits{1000, 1000, 1u << 20}, &budget);
+    ASSERT_FALSE(a.begin(put("a1", 900, 1, data::sha256_hex(item)), 1, "t", {}, ready));
+    EXPECT_EQ(budget.used(), 900u);
+    const auto refused = b.begin(put("b1", 900, 1, data::sha256_hex(item)), 1, "t", {}, ready);
+    ASSERT_TRUE(refused);
+    EXPECT_EQ(refused->code, "item_backlog");
+    EXPECT_NE(refused->message.find("max_item_bytes_total"), std::string::npos) << refused->message;
+    auto out = a.chunk(data::encode_put(1, 0, 1, item));
+    ASSERT_TRUE(out.ready);
+    a.settled(out.ready->size);  // acked: its bytes come back
+    EXPECT_EQ(budget.used(), 0u);
+    ASSERT_FALSE(b.begin(put("b1", 900, 1, data::sha256_hex(item)), 1, "t", {}, ready));
+    EXPECT_EQ(budget.used(), 900u);
+  }  // b's session ends with its item half received
+  EXPECT_EQ(budget.used(), 0u);
+}

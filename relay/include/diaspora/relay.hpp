@@ -41,6 +41,7 @@ struct RelayConfig {
   std::size_t max_batch_events = 10000;       ///< events per publish
   std::uint64_t max_item_bytes = 128ull << 20;          ///< largest data item (docs/streaming.md)
   std::uint64_t max_pending_item_bytes = 256ull << 20;  ///< items announced and not yet acked, per connection
+  std::uint64_t max_item_bytes_total = 1ull << 30;      ///< the same, all connections together (the relay's memory for items)
   std::size_t max_inflight_batches = 64;      ///< unacked publishes per connection before reads pause
   std::size_t subscriber_queue_frames = 32;   ///< queued outgoing frames before a subscriber is paused
   std::chrono::seconds slow_subscriber_timeout{30};  ///< paused this long => disconnected (slow_consumer)
