@@ -280,8 +280,9 @@ int run_put(const PutArgs& a) {
   const auto seq = static_cast<std::uint64_t>(now_us());
   try {
     const items::PutResult r = items::put(*connection, a.topic, seq, std::move(event), bytes, po);
-    json::object out{{"topic", a.topic}, {"offset", r.offset},    {"size", bytes.size()},
-                     {"chunks", r.chunks}, {"sha256", r.sha256}};
+    json::object out{{"topic", a.topic},   {"offset", r.offset},    {"size", bytes.size()},
+                     {"chunks", r.chunks}, {"sha256", r.sha256},
+                     {"uri", "diaspora://" + a.topic + "/" + std::to_string(r.offset)}};
     if (r.duplicate) out["duplicate"] = true;
     if (r.late) out["late"] = true;
     std::cout << json::serialize(out) << "\n";
@@ -294,12 +295,28 @@ int run_put(const PutArgs& a) {
 
 struct GetArgs {
   Connection conn;
-  std::string topic, out;
+  std::string topic, out, uri;
   std::uint64_t offset = 0;
 };
 
 // `diaspora get`: the item at an offset, its bytes to a file (checked), its event printed.
-int run_get(const GetArgs& a) {
+int run_get(GetArgs a) {
+  if (!a.uri.empty()) {  // diaspora://TOPIC/OFFSET, as put prints it and data.arrived carries it
+    constexpr std::string_view scheme = "diaspora://";
+    const std::size_t slash = a.uri.find('/', scheme.size());
+    const std::string offset = slash == std::string::npos ? "" : a.uri.substr(slash + 1);
+    if (!a.uri.starts_with(scheme) || slash == scheme.size() || offset.empty() ||
+        offset.find_first_not_of("0123456789") != std::string::npos || offset.size() > 19) {
+      std::cerr << "error: '" << a.uri << "' is not a data item's URI (diaspora://TOPIC/OFFSET)\n";
+      return 2;
+    }
+    a.topic = a.uri.substr(scheme.size(), slash - scheme.size());
+    a.offset = std::stoull(offset);
+  }
+  if (a.topic.empty()) {
+    std::cerr << "error: get needs an item: diaspora://TOPIC/OFFSET, or --topic and --offset\n";
+    return 2;
+  }
   const auto connection = a.conn.connect(a.conn.options());
   items::Item item;
   try {
@@ -369,8 +386,10 @@ std::function<int()> add_net_commands(CLI::App& app) {
   auto* getc = app.add_subcommand("get", "Fetch the data item at an offset of a topic into a file (its SHA-256 checked); "
                                          "prints its event");
   ga->conn.add(getc);
-  getc->add_option("--topic", ga->topic, "Topic")->required();
-  getc->add_option("--offset", ga->offset, "The offset of the item's event (what put printed)")->required();
+  auto* guri = getc->add_option("uri", ga->uri, "The item: diaspora://TOPIC/OFFSET (what put printed as uri)");
+  auto* gtopic = getc->add_option("--topic", ga->topic, "Topic (instead of the URI)");
+  getc->add_option("--offset", ga->offset, "The offset of the item's event (what put printed)")->needs(gtopic);
+  guri->excludes(gtopic);
   getc->add_option("-o,--output", ga->out, "Where to write the bytes")->required();
 
   return [pub, tail, putc, getc, pa, ta, ua, ga, count, file]() -> int {

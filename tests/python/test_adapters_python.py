@@ -280,6 +280,12 @@ def test_data_items_put_and_get_through_the_plugin_block_until_acked_across_a_re
             assert ev["type"] == "org.diaspora.data.item" and ev["source"] == "/diaspora/plug/engine", ev
         assert ev["data"] == {"stream": "frames", "seq": 2, "content_type": "application/octet-stream", "site": "edge"}
         assert p.put_item(blobs[2], id="frame-2").duplicate
+        # Announced with data_arrived, the item's URI is enough to fetch it.
+        assert refs[2].uri == f"diaspora://plug.data/{refs[2].offset}"
+        p.data_arrived("frames", 2, bytes=len(blobs[2]), uri=refs[2].uri, site="edge")
+        assert p.get_item(refs[2].uri)[0] == blobs[2] and p.get_item(refs[0])[0] == blobs[0]
+        with pytest.raises(ValueError):
+            p.get_item("file:///tmp/x")
         with pytest.raises(diaspora.DiasporaError) as e:
             p.get_item(refs[0].offset + 1, timeout=10)  # a chunk: no item starts there
         assert e.value.status == "DIASPORA_ERR_NOT_FOUND", e.value

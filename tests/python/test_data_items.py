@@ -213,7 +213,11 @@ def test_diaspora_put_and_get_move_a_file_through_the_relay(relay, tmp_path):
     p = sh(DIASPORA, "put", *conn, "--topic", "cli.data", "--id", "scan-1", "--chunk-bytes", 100000, src)
     out = json.loads(p.stdout)
     assert out == {"topic": "cli.data", "offset": 0, "size": src.stat().st_size, "chunks": 8,
-                   "sha256": hashlib.sha256(src.read_bytes()).hexdigest()}, out
+                   "sha256": hashlib.sha256(src.read_bytes()).hexdigest(), "uri": "diaspora://cli.data/0"}, out
+    p = sh(DIASPORA, "get", *conn, out["uri"], "-o", tmp_path / "by-uri.bin")
+    assert (tmp_path / "by-uri.bin").read_bytes() == src.read_bytes()
+    p = sh(DIASPORA, "get", *conn, "diaspora://cli.data/x", "-o", tmp_path / "bad.bin", check=False)
+    assert p.returncode == 2 and "not a data item's URI" in p.stderr, p.stderr
     # Put again with the same id (a retry after a lost ack): not written twice.
     p = sh(DIASPORA, "put", *conn, "--topic", "cli.data", "--id", "scan-1", "--chunk-bytes", 100000, src)
     assert json.loads(p.stdout).get("duplicate") is True, p.stdout

@@ -372,14 +372,19 @@ class Plugin:
             self._raise(rc, "put_item")
         return ItemRef(ref.topic.decode(), ref.offset, bool(ref.duplicate), bool(ref.late))
 
-    def get_item(self, offset: int, *, topic: str | None = None, timeout: float = 60.0) -> tuple[bytes, dict]:
-        """The data item whose event is at `offset` of `topic` (default "<workflow>.data"):
+    def get_item(self, offset: int | str | ItemRef, *, topic: str | None = None, timeout: float = 60.0) -> tuple[bytes, dict]:
+        """The data item whose event is at `offset` of `topic` (default "<workflow>.data"), or
+        at an ItemRef or its diaspora://TOPIC/OFFSET URI (a data_arrived event's `uri`):
         its bytes (size and SHA-256 checked) and its event. DiasporaError DIASPORA_ERR_NOT_FOUND
         when the offset holds no item, DIASPORA_ERR_IO on a checksum mismatch,
         DIASPORA_ERR_TIMEOUT when nothing came."""
         import json
         if self._h is None:
             raise ClosedError("get_item: the plugin handle is closed")
+        if isinstance(offset, str):
+            offset = ItemRef.parse(offset)
+        if isinstance(offset, ItemRef):
+            topic, offset = offset.topic, offset.offset
         data, size, event = C.c_void_p(), C.c_size_t(), C.c_void_p()
         rc = self._lib.diaspora_item_get(self._h, _b(topic), offset, int(timeout * 1000), C.byref(data), C.byref(size),
                                          C.byref(event))
@@ -505,6 +510,20 @@ class ItemRef:
     offset: int
     duplicate: bool = False  # the relay held it already (same id): nothing written
     late: bool = False       # stored after its deadline
+
+    @property
+    def uri(self) -> str:
+        """diaspora://TOPIC/OFFSET: where it is, for data_arrived(uri=...) and get_item()."""
+        return f"diaspora://{self.topic}/{self.offset}"
+
+    @staticmethod
+    def parse(uri: str) -> "ItemRef":
+        """The ItemRef of a diaspora://TOPIC/OFFSET URI; ValueError for anything else."""
+        rest = uri[len("diaspora://"):] if uri.startswith("diaspora://") else ""
+        topic, _, offset = rest.partition("/")
+        if not topic or not offset.isdigit():
+            raise ValueError(f"{uri!r} is not a data item's URI (diaspora://TOPIC/OFFSET)")
+        return ItemRef(topic, int(offset))
 
 
 class _NoLibrary:
