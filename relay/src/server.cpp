@@ -280,6 +280,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     json::value id;
     std::string pattern;
     std::optional<std::string> group;
+    bool latest_only = false;  // each delivery: the newest record only (dashboards)
     std::map<std::string, Cursor> cursors;  // topic -> next offset
   };
 
@@ -601,6 +602,10 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
         return send_error("bad_request", "'group' must be 1-200 characters of A-Z a-z 0-9 . _ -", idv);
       sub.group = std::string(g->get_string());
     }
+    if (const json::value* lo = o.if_contains("latest_only")) {
+      if (!lo->is_bool()) return send_error("bad_request", "'latest_only' must be true or false", idv);
+      sub.latest_only = lo->get_bool();
+    }
     // from: "earliest" | "latest" (default) | offset | {"time": RFC 3339}
     std::string from = "latest";
     std::uint64_t from_offset = 0;
@@ -771,13 +776,25 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
             // Framed straight from the reader's buffer: no copy of each stored event. A data
             // chunk (docs/streaming.md) ends the events frame before it and goes as a binary
             // frame of its own, so the order of offsets holds across both.
+            std::uint64_t skipped = 0;  // latest-only: the records passed over, said in the frame
+            if (sub.latest_only) {
+              const std::uint64_t end = relay_->store->committed_offset(topic);
+              if (end > cursor.next + 1) skipped = end - 1 - cursor.next, cursor.next = end - 1;
+            }
             std::string frame;
             std::uint64_t next = cursor.next;
             bool open = false;
             const std::string sub_id = json::serialize(sub.id);
             auto finish = [&] {
               if (!open) return;
-              frame += R"(],"next_offset":)";
+              if (skipped) {
+                frame += R"(],"skipped":)";
+                frame += std::to_string(skipped);
+                frame += R"(,"next_offset":)";
+                skipped = 0;
+              } else {
+                frame += R"(],"next_offset":)";
+              }
               frame += std::to_string(next);
               frame += '}';
               send(std::move(frame), true);

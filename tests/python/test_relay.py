@@ -810,3 +810,28 @@ def test_a_connection_without_hello_is_closed_after_10_s(relay, creds):
         # a busy 2-core machine.
         assert 9 < time.monotonic() - t0 < 30
     run(go())
+
+
+def test_a_latest_only_subscription_gets_the_newest_event_and_says_how_many_it_passed_over(creds, tmp_path):
+    """For dashboards (docs/protocol.md, subscribe): each delivery is the newest record only,
+    the frame saying how many older ones it passed over; later events still arrive."""
+    relay = RelayProcess(creds, tmp_path / "data").start()
+    try:
+        async def go():
+            ws = await session(relay, admin(creds))
+            assert (await publish(ws, "dash", 0, [event(i) for i in range(150)]))["op"] == "ack"
+            assert (await publish(ws, "dash", 1, [event(i) for i in range(150, 200)]))["op"] == "ack"
+            sub = await session(relay, admin(creds))
+            bad = await request(sub, {"op": "subscribe", "id": "x", "topic": "dash", "latest_only": "yes"})
+            assert bad["op"] == "error" and bad["code"] == "bad_request", bad
+            await sub.send(json.dumps({"op": "subscribe", "id": "d", "topic": "dash", "from": "earliest", "latest_only": True}))
+            m = await recv(sub)
+            while m["op"] != "events":
+                m = await recv(sub)
+            assert [e["offset"] for e in m["events"]] == [199] and m["skipped"] == 199 and m["next_offset"] == 200, m
+            assert (await publish(ws, "dash", 2, [event("late")]))["op"] == "ack"
+            m = await recv(sub)
+            assert [e["event"]["id"] for e in m["events"]] == ["late"] and "skipped" not in m, m
+        run(go())
+    finally:
+        relay.stop_cleanly()
