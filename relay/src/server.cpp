@@ -213,7 +213,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   enum class Mode { v1, cloudevents };
 
   WsSession(beast::ssl_stream<beast::tcp_stream>&& stream, std::shared_ptr<Relay::Impl> relay)
-      : ws_(std::move(stream)), relay_(std::move(relay)), timer_(ws_.get_executor()) {}
+      : ws_(std::move(stream)), relay_(std::move(relay)), timer_(ws_.get_executor()), rate_timer_(ws_.get_executor()) {}
 
   ~WsSession() {
     relay_->metrics.websockets--;
@@ -281,6 +281,9 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     std::string pattern;
     std::optional<std::string> group;
     bool latest_only = false;  // each delivery: the newest record only (dashboards)
+    double max_rate = 0;       // records/s delivered at most (0: no bound), a bucket of one second's worth
+    double tokens = 0;
+    Clock::time_point refilled{};
     std::map<std::string, Cursor> cursors;  // topic -> next offset
   };
 
@@ -326,6 +329,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
       // Includes message_too_big: Beast has already sent close 1009 to the client.
       closing_ = true;
       timer_.cancel();
+      rate_timer_.cancel();
       return;
     }
     last_heard_ = Clock::now();
@@ -602,6 +606,13 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
         return send_error("bad_request", "'group' must be 1-200 characters of A-Z a-z 0-9 . _ -", idv);
       sub.group = std::string(g->get_string());
     }
+    if (const json::value* mr = o.if_contains("max_rate")) {
+      if (!mr->is_number() || mr->to_number<double>() < 0.01 || mr->to_number<double>() > 1e6)
+        return send_error("bad_request", "'max_rate' must be a number of records per second from 0.01 to 1000000", idv);
+      sub.max_rate = mr->to_number<double>();
+      sub.tokens = std::max(1.0, sub.max_rate / 10);  // a first delivery at once
+      sub.refilled = Clock::now();
+    }
     if (const json::value* lo = o.if_contains("latest_only")) {
       if (!lo->is_bool()) return send_error("bad_request", "'latest_only' must be true or false", idv);
       sub.latest_only = lo->get_bool();
@@ -760,10 +771,22 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
           Cursor& cursor = entry.second;
           if (queue_.size() >= cfg.subscriber_queue_frames) break;
           if (relay_->store->committed_offset(topic) <= cursor.next) continue;
+          std::size_t max_records = cfg.delivery_batch_events;
+          if (sub.max_rate > 0) {  // a bucket of one second's worth, refilled at the rate
+            const auto now = Clock::now();
+            sub.tokens = std::min(std::max(1.0, sub.max_rate),
+                                  sub.tokens + sub.max_rate * std::chrono::duration<double>(now - sub.refilled).count());
+            sub.refilled = now;
+            if (sub.tokens < 1) {
+              wake_for_rate((1 - sub.tokens) / sub.max_rate);
+              continue;
+            }
+            max_records = std::min<std::size_t>(max_records, static_cast<std::size_t>(sub.tokens));
+          }
           std::uint64_t bytes = 0;
           std::size_t count = 0;
           if (mode_ == Mode::cloudevents) {
-            auto recs = relay_->store->read(topic, cursor.next, cfg.delivery_batch_events, cfg.delivery_batch_bytes);
+            auto recs = relay_->store->read(topic, cursor.next, max_records, cfg.delivery_batch_bytes);
             if (recs.empty()) continue;
             cursor.next = recs.back().offset + 1;
             count = recs.size();
@@ -801,7 +824,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
               frame.clear();
               open = false;
             };
-            count = relay_->store->visit(topic, cursor.next, cfg.delivery_batch_events, cfg.delivery_batch_bytes,
+            count = relay_->store->visit(topic, cursor.next, max_records, cfg.delivery_batch_bytes,
                                          [&](const relay::Store::RecordRef& r) {
                                            bytes += r.payload.size();
                                            if (data::is_chunk_record(r.payload)) {
@@ -837,6 +860,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
             finish();
           }
           relay_->metrics.out(topic, count, bytes);
+          if (sub.max_rate > 0) sub.tokens -= static_cast<double>(count);
           progressed = true;
         }
       }
@@ -846,6 +870,17 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     } else {
       full_since_.reset();
     }
+  }
+
+  // A rate-bounded subscription has records waiting: pump again once it has room.
+  void wake_for_rate(double seconds) {
+    if (rate_wait_) return;
+    rate_wait_ = true;
+    rate_timer_.expires_after(std::chrono::microseconds(static_cast<std::int64_t>(seconds * 1e6) + 1000));
+    rate_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      self->rate_wait_ = false;
+      if (!ec && !self->closing_) self->pump();
+    });
   }
 
   bool has_backlog() const {
@@ -932,6 +967,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
       queue_.clear();
       reply_bytes_ = 0;
       timer_.cancel();
+      rate_timer_.cancel();
       return;
     }
     reply_bytes_ -= queue_.front().reply_bytes;
@@ -964,12 +1000,15 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   void do_close() {
     closing_ = true;
     timer_.cancel();
+    rate_timer_.cancel();
     ws_.async_close(websocket::close_reason(close_code_, close_reason_), [self = shared_from_this()](beast::error_code) {});
   }
 
   websocket::stream<beast::ssl_stream<beast::tcp_stream>> ws_;
   std::shared_ptr<Relay::Impl> relay_;
   net::steady_timer timer_;
+  net::steady_timer rate_timer_;  // wakes pump() when a rate-bounded subscription has room again
+  bool rate_wait_ = false;
   beast::flat_buffer buffer_;
   struct Outgoing {
     std::shared_ptr<const std::string> frame;

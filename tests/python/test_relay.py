@@ -835,3 +835,32 @@ def test_a_latest_only_subscription_gets_the_newest_event_and_says_how_many_it_p
         run(go())
     finally:
         relay.stop_cleanly()
+
+
+def test_a_subscription_with_a_max_rate_is_paced_and_gets_everything(creds, tmp_path):
+    """max_rate (records/s): 100 events waiting, a subscriber at 40/s gets at most its
+    first delivery plus the rate in its first second (a loaded machine only delivers fewer),
+    and every event in the end, in order."""
+    relay = RelayProcess(creds, tmp_path / "data").start()
+    try:
+        async def go():
+            ws = await session(relay, admin(creds))
+            assert (await publish(ws, "paced", 0, [event(i) for i in range(100)]))["op"] == "ack"
+            sub = await session(relay, admin(creds))
+            bad = await request(sub, {"op": "subscribe", "id": "x", "topic": "paced", "max_rate": 0})
+            assert bad["op"] == "error" and bad["code"] == "bad_request" and "max_rate" in bad["message"], bad
+            await sub.send(json.dumps({"op": "subscribe", "id": "p", "topic": "paced", "from": "earliest", "max_rate": 40}))
+            got, t0, first_second = [], asyncio.get_running_loop().time(), None
+            while len(got) < 100:
+                m = await recv(sub)
+                if m["op"] == "events":
+                    got += [e["offset"] for e in m["events"]]
+                if first_second is None and asyncio.get_running_loop().time() - t0 >= 1.0:
+                    first_second = len(got)
+            return got, first_second, asyncio.get_running_loop().time() - t0
+        got, first_second, took = run(go())
+        assert got == list(range(100))
+        assert first_second is not None and first_second <= 4 + 40 + 10, first_second  # first delivery + 1 s at 40/s (+slack)
+        assert took >= 1.5, took  # 100 at 40/s: about 2.4 s, never much less
+    finally:
+        relay.stop_cleanly()
