@@ -201,7 +201,11 @@ int run_tail(const TailArgs& a) {
       if (!parsed) continue;
       m = std::move(*parsed);
     } else {
-      m = client.receive_json();
+      const std::string frame = client.receive();
+      if (client.last_binary()) continue;  // a data item's chunk (docs/streaming.md): tail prints events
+      auto parsed = RelayClient::parse_frame(frame);
+      if (!parsed) continue;
+      m = std::move(*parsed);
     }
     std::string_view op = m["op"].as_string();
     if (op == "error") {

@@ -163,8 +163,10 @@ export function subscribe(topic, from, onEvents, onState) {
   let ws = null, closed = false, next = from;
   function open() {
     ws = new WebSocket(`wss://${location.host}/v1`, "diaspora.v1");
+    ws.binaryType = "arraybuffer";
     ws.onopen = () => ws.send(JSON.stringify({ op: "hello", client_id: "console", token: token.get() }));
     ws.onmessage = (m) => {
+      if (typeof m.data !== "string") return;  // a data item's chunk (docs/streaming.md): the tail shows events
       const msg = JSON.parse(m.data);
       if (msg.op === "welcome") {
         const at = typeof next === "object" ? next : /^\d+$/.test(String(next)) ? Number(next) : String(next);  // an offset is a JSON integer

@@ -229,6 +229,10 @@ def test_diaspora_put_and_get_move_a_file_through_the_relay(relay, tmp_path):
     p = sh(DIASPORA, "get", *conn, "--topic", "cli.data", "--offset", 9, "-o", tmp_path / "no.bin", check=False)
     assert p.returncode == 2 and "announces no data item" in p.stderr, (p.returncode, p.stderr)
     assert not (tmp_path / "no.bin").exists()
+    # `diaspora tail` on a topic with items prints its events and passes the chunks over.
+    p = sh(DIASPORA, "tail", *conn, "--topic", "cli.data", "--from", "earliest", "--count", 2)
+    lines = [json.loads(x) for x in p.stdout.splitlines()]
+    assert len(lines) == 2 and lines[0]["id"] == "scan-1" and "itemsize" not in lines[1], p.stdout
     # An item's event with no chunks after it (a put cut short and never completed, or one
     # published as a plain event): incomplete, not returned in part.
     forged = item_event("forged", b"abcdef", chunk=3)
