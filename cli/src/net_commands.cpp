@@ -7,9 +7,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 
 #include "diaspora/event.hpp"
+#include "diaspora/files.hpp"
 #include "diaspora/client.hpp"
 #include "diaspora/items.hpp"
 #include "diaspora/token.hpp"
@@ -249,12 +251,6 @@ struct PutArgs {
   std::size_t chunk_bytes = data::kDefaultChunkBytes;
 };
 
-std::string read_whole(const std::string& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw InvalidInput(file + ": cannot open");
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 // `diaspora put`: a file as one data item (docs/streaming.md); prints where it is.
 int run_put(const PutArgs& a) {
   std::string bytes;
@@ -264,11 +260,13 @@ int run_put(const PutArgs& a) {
                      {"type", a.type},
                      {"time", format_rfc3339(std::chrono::system_clock::now())},
                      {"data", json::object{{"file", std::filesystem::path(a.file).filename().string()}}}};
+  if (!a.deadline.empty() && !parse_rfc3339_us(a.deadline)) {
+    std::cerr << "error: --deadline '" << a.deadline << "' is not an RFC 3339 timestamp (e.g. 2026-12-06T17:00:00Z)\n";
+    return 2;
+  }
   try {
-    bytes = read_whole(a.file);
-    if (!a.deadline.empty() && !parse_rfc3339_us(a.deadline))
-      throw InvalidInput("--deadline '" + a.deadline + "' is not an RFC 3339 timestamp (e.g. 2026-12-06T17:00:00Z)");
-  } catch (const InvalidInput& e) {
+    bytes = read_file(a.file, std::numeric_limits<std::size_t>::max());
+  } catch (const Error& e) {  // the file names itself and the system's reason
     std::cerr << "error: " << e.what() << "\n";
     return 2;
   }
@@ -329,17 +327,12 @@ int run_get(GetArgs a) {
     std::cerr << "error: " << e.what() << "\n";
     return e.code() == "no_item" ? 2 : 1;
   }
-  const std::filesystem::path tmp = a.out + ".part";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(item.bytes.data(), static_cast<std::streamsize>(item.bytes.size()));
-    f.flush();
-    if (!f) {
-      std::cerr << "error: " << tmp.string() << ": cannot write\n";
-      return 1;
-    }
+  try {
+    write_file_atomic(a.out, item.bytes, 0644, Durability::process);  // whole or not at all
+  } catch (const Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
   }
-  std::filesystem::rename(tmp, a.out);  // whole or not at all
   std::cout << json::serialize(item.event) << "\n";
   return 0;
 }

@@ -90,11 +90,7 @@ std::optional<PublishRefusal> ItemAssembler::begin(const json::object& frame, st
   p.records.push_back(std::move(head));
   pending_bytes_ += p.size;
   if (p.chunks == 0) {
-    ReadyItem item = finish(seq, p);
-    if (!item.records.empty()) {
-      ready = std::move(item);
-      return std::nullopt;
-    }
+    if ((ready = finish(seq, p))) return std::nullopt;
     release(p.size);
     return refuse("checksum_mismatch", "the empty item's 'itemsha256' is not the SHA-256 of no bytes (" +
                                            data::sha256_hex({}) + ")");
@@ -150,16 +146,15 @@ ChunkOutcome ItemAssembler::chunk(std::string_view frame) {
   rec.payload = data::encode_stored(c.index, c.count, c.payload);
   p.records.push_back(std::move(rec));
   if (++p.next < p.chunks) return out;
-  ReadyItem item = finish(c.ref, p);
-  if (item.records.empty()) return drop("checksum_mismatch", "the item's bytes do not have the SHA-256 its put announced");
+  out.ready = finish(c.ref, p);
+  if (!out.ready) return drop("checksum_mismatch", "the item's bytes do not have the SHA-256 its put announced");
   items_.erase(it);
-  out.ready = std::move(item);
   return out;
 }
 
-ReadyItem ItemAssembler::finish(std::uint64_t seq, Pending& p) {
+std::optional<ReadyItem> ItemAssembler::finish(std::uint64_t seq, Pending& p) {
+  if (p.hash->hex() != p.sha256) return std::nullopt;
   ReadyItem item;
-  if (p.hash->hex() != p.sha256) return item;  // empty: refused by the caller
   item.topic = std::move(p.topic);
   item.seq = seq;
   item.bytes = p.size + p.records.front().payload.size();

@@ -113,7 +113,8 @@ class ItemAssembler {
     std::unique_ptr<data::Sha256> hash;
     std::vector<AppendRecord> records;
   };
-  ReadyItem finish(std::uint64_t seq, Pending& p);
+  /// The item's batch once its bytes have the announced SHA-256; nullopt when they do not.
+  std::optional<ReadyItem> finish(std::uint64_t seq, Pending& p);
   void release(std::uint64_t bytes) noexcept;
 
   ItemLimits limits_;
