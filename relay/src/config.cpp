@@ -11,6 +11,7 @@
 #include "diaspora/relay.hpp"
 #include "diaspora/spec.hpp"
 #include "jetstream_store.hpp"  // invalid_source
+#include "qos.hpp"
 #include "topic_log.hpp"  // FsyncPolicy
 
 namespace diaspora {
@@ -91,6 +92,16 @@ RelayConfig load_relay_config(const std::filesystem::path& file) {
   if (const auto* v = r.if_contains("views")) c.views = v->as_bool();
   if (auto v = num(r, "threads")) c.threads = static_cast<int>(*v);
   if (auto v = str(r, "storage")) c.storage = *v;
+  const auto& qos = sub(r, "qos");
+  if (const auto* v = qos.if_contains("enabled")) c.qos.enabled = v->as_bool();
+  if (const auto* v = qos.if_contains("notsent_lowat")) c.qos.notsent_lowat = parse_size(*v).value_or(c.qos.notsent_lowat);
+  const auto& weights = sub(qos, "weights");
+  if (auto v = num(weights, "lifecycle")) c.qos.weight_lifecycle = static_cast<std::uint32_t>(*v);
+  if (auto v = num(weights, "telemetry")) c.qos.weight_telemetry = static_cast<std::uint32_t>(*v);
+  if (auto v = num(weights, "bulk")) c.qos.weight_bulk = static_cast<std::uint32_t>(*v);
+  if (const auto* rules = qos.if_contains("classes"); rules && rules->is_array())
+    for (const auto& v : rules->get_array())
+      c.qos.classes.push_back({str(v.get_object(), "topics").value_or(""), str(v.get_object(), "class").value_or("")});
   const auto& js = sub(r, "jetstream");
   if (const auto* urls = js.if_contains("urls"); urls && urls->is_array())
     for (const auto& u : urls->get_array()) c.jetstream.urls.emplace_back(u.get_string());
@@ -165,6 +176,12 @@ void validate_relay_config(const RelayConfig& c) {
         throw RelayConfigError("jetstream.sources: domain " + src.domain + " is listed twice");
     }
   }
+  for (const auto& rule : c.qos.classes)
+    if (!relay::qos_from_name(rule.cls))
+      throw RelayConfigError("qos.classes: '" + rule.cls + "' for '" + rule.topics + "' is not a class (control, lifecycle, telemetry or bulk)");
+  if (c.qos.notsent_lowat > (64u << 20)) throw RelayConfigError("qos.notsent_lowat must be at most 64MiB");
+  for (auto w : {c.qos.weight_lifecycle, c.qos.weight_telemetry, c.qos.weight_bulk})
+    if (w < 1 || w > 1000) throw RelayConfigError("qos.weights must be 1 to 1000");
   if (c.max_inflight_batches < 1 || c.subscriber_queue_frames < 1 || c.max_batch_events < 1 || c.delivery_batch_events < 1 ||
       c.max_consumer_groups < 1 || c.max_topics < 1)
     throw RelayConfigError("limits must be at least 1");

@@ -117,6 +117,7 @@ std::string render_metrics(Metrics& metrics, const Store& store) {
   line("diaspora_relay_fsync_seconds_bucket{le=\"+Inf\"} " + std::to_string(fs.count));
   line("diaspora_relay_fsync_seconds_sum " + std::to_string(fs.sum));
   line("diaspora_relay_fsync_seconds_count " + std::to_string(fs.count));
+  out += metrics.lag.render();
   if (const auto srcs = store.sources(); !srcs.empty()) {
     line("# HELP diaspora_relay_jetstream_source_up 1 while the source domain answers (jetstream.sources), else 0.");
     line("# TYPE diaspora_relay_jetstream_source_up gauge");

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 
+#include "qos.hpp"
 #include "store.hpp"
 
 namespace diaspora::relay {
@@ -28,6 +29,7 @@ struct Metrics {
   std::atomic<std::uint64_t> items_in{0};         ///< data items written (whole, their checksum matching)
   std::atomic<std::uint64_t> items_late{0};       ///< data items stored after their itemdeadline
   std::atomic<std::int64_t> tls_not_after{0};     ///< the served certificate's notAfter, Unix seconds
+  LagHistogram lag;                               ///< delivery lag and frames written, per QoS class
 
   /// Events appended to `topic` (and duplicates dropped).
   void in(const std::string& topic, std::uint64_t events, std::uint64_t bytes, std::uint64_t dups);

@@ -18,6 +18,9 @@
 #include <boost/json.hpp>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -45,6 +48,7 @@
 #include "http_api.hpp"
 #include "items.hpp"
 #include "metrics.hpp"
+#include "qos.hpp"
 #include "jetstream_store.hpp"
 #include "topic_log.hpp"
 #include "views.hpp"
@@ -185,6 +189,7 @@ struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
   relay::Metrics metrics;
   CodecOptions codec;
   std::unique_ptr<relay::ItemBudget> item_budget;  ///< items being received, all connections (max_item_bytes_total)
+  relay::QosClassifier qos;                        ///< each topic's QoS class (cfg.qos.classes, then the defaults)
 
   // Hub: live WebSocket sessions, for commit notifications and shutdown.
   std::mutex sessions_mutex;
@@ -213,7 +218,12 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   enum class Mode { v1, cloudevents };
 
   WsSession(beast::ssl_stream<beast::tcp_stream>&& stream, std::shared_ptr<Relay::Impl> relay)
-      : ws_(std::move(stream)), relay_(std::move(relay)), timer_(ws_.get_executor()), rate_timer_(ws_.get_executor()) {}
+      : ws_(std::move(stream)),
+        relay_(std::move(relay)),
+        timer_(ws_.get_executor()),
+        rate_timer_(ws_.get_executor()),
+        queues_(!relay_->cfg.qos.enabled,
+                {relay_->cfg.qos.weight_lifecycle, relay_->cfg.qos.weight_telemetry, relay_->cfg.qos.weight_bulk}) {}
 
   ~WsSession() {
     relay_->metrics.websockets--;
@@ -275,7 +285,9 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
  private:
   struct Cursor {
     std::uint64_t next = 0;
+    relay::QosClass cls = relay::QosClass::lifecycle;  // its topic's class: the send queue its frames go to
   };
+  Cursor cursor_at(const std::string& topic, std::uint64_t next) const { return Cursor{next, relay_->qos.classify(topic)}; }
   struct Subscription {
     json::value id;
     std::string pattern;
@@ -300,7 +312,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
         std::uint64_t start = ce_from == "earliest" ? relay_->store->first_offset(ce_topic_)
                                                     : relay_->store->committed_offset(ce_topic_);
         if (auto offset = parse_offset(ce_from)) start = *offset;
-        sub.cursors[ce_topic_] = Cursor{start};
+        sub.cursors[ce_topic_] = cursor_at(ce_topic_, start);
         relay_->metrics.subscribed(ce_topic_, +1);
         subs_.emplace("ce", std::move(sub));
         subscribed_.store(true, std::memory_order_release);
@@ -641,11 +653,11 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     for (const auto& t : relay_->store->topics()) {
       if (!(is_pattern ? topic_matches(pattern, t) : t == pattern)) continue;
       if (!scopes_allow(claims_->scopes, "subscribe", t)) continue;
-      sub.cursors[t] = Cursor{start_offset(t, sub.group, from, from_offset, from_time_us)};
+      sub.cursors[t] = cursor_at(t, start_offset(t, sub.group, from, from_offset, from_time_us));
       topics.emplace_back(t);
     }
     if (!is_pattern && !sub.cursors.count(pattern)) {
-      sub.cursors[pattern] = Cursor{from == "offset" ? from_offset : 0};  // topic created later: all of it
+      sub.cursors[pattern] = cursor_at(pattern, from == "offset" ? from_offset : 0);  // topic created later: all of it
       topics.emplace_back(pattern);
     }
     json::object reply{{"op", "subscribed"}, {"id", *idv}, {"topics", topics}};
@@ -740,7 +752,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
       if (sub.cursors.count(topic)) continue;
       if (sub.pattern.find('*') != std::string::npos && topic_matches(sub.pattern, topic) &&
           scopes_allow(claims_->scopes, "subscribe", topic))
-        sub.cursors[topic] = Cursor{start_offset(topic, sub.group, "earliest", 0)};  // a new topic: all of it
+        sub.cursors[topic] = cursor_at(topic, start_offset(topic, sub.group, "earliest", 0));  // a new topic: all of it
     }
     pump();
   }
@@ -763,13 +775,13 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     if (closing_) return;
     const auto& cfg = relay_->cfg;
     bool progressed = true;
-    while (queue_.size() < cfg.subscriber_queue_frames && progressed) {
+    while (progressed) {
       progressed = false;
       for (auto& [key, sub] : subs_) {
         for (auto& entry : sub.cursors) {  // not a structured binding: a lambda below uses cursor (clang 15)
           const std::string& topic = entry.first;
           Cursor& cursor = entry.second;
-          if (queue_.size() >= cfg.subscriber_queue_frames) break;
+          if (queues_.size(cursor.cls) >= cfg.subscriber_queue_frames) continue;  // this class's queue is full
           if (relay_->store->committed_offset(topic) <= cursor.next) continue;
           std::size_t max_records = cfg.delivery_batch_events;
           if (sub.max_rate > 0) {  // a bucket of one second's worth, refilled at the rate
@@ -793,7 +805,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
             for (auto& r : recs) {
               if (data::is_chunk_record(r.payload)) continue;  // the binding carries events only (docs/streaming.md)
               bytes += r.payload.size();
-              send(std::move(r.payload), true);
+              deliver(std::move(r.payload), cursor.cls, r.time_us);
             }
           } else {
             // Framed straight from the reader's buffer: no copy of each stored event. A data
@@ -807,6 +819,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
             std::string frame;
             std::uint64_t next = cursor.next;
             bool open = false;
+            std::int64_t frame_us = 0;  // the frame's first record's append time
             const std::string sub_id = json::serialize(sub.id);
             auto finish = [&] {
               if (!open) return;
@@ -820,7 +833,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
               }
               frame += std::to_string(next);
               frame += '}';
-              send(std::move(frame), true);
+              deliver(std::move(frame), cursor.cls, frame_us);
               frame.clear();
               open = false;
             };
@@ -832,12 +845,13 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
                                              next = r.offset + 1;
                                              const data::Decoded d = data::decode(r.payload);
                                              if (d.chunk)  // else damaged: passed over, as a damaged event is
-                                               send(data::encode_delivered(sub_id, topic, r.offset, d.chunk->index,
-                                                                           d.chunk->count, d.chunk->payload),
-                                                    true, true);
+                                               deliver(data::encode_delivered(sub_id, topic, r.offset, d.chunk->index,
+                                                                              d.chunk->count, d.chunk->payload),
+                                                       cursor.cls, r.time_us, true);
                                              return;
                                            }
                                            if (!open) {
+                                             frame_us = r.time_us;
                                              frame += R"({"op":"events","id":)";
                                              frame += sub_id;
                                              frame += R"(,"topic":)";
@@ -865,7 +879,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
         }
       }
     }
-    if (queue_.size() >= cfg.subscriber_queue_frames && has_backlog()) {
+    if (queues_full() && has_backlog()) {
       if (!full_since_) full_since_ = Clock::now();
     } else {
       full_since_.reset();
@@ -937,47 +951,63 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     send(error_frame(code, message, ref));
   }
 
-  // Queues a frame. Replies (acks, errors, pongs...) count against kMaxQueuedReplyBytes;
-  // deliveries (pump) are bounded by subscriber_queue_frames instead.
-  void send(std::string frame, bool delivery = false, bool binary = false) {
+  // Queues a reply (an ack, error, pong...): control class, counted against
+  // kMaxQueuedReplyBytes.
+  void send(std::string frame) {
     if (closing_) return;
-    const std::size_t reply = delivery ? 0 : frame.size();
-    queue_.push_back(Outgoing{std::make_shared<const std::string>(std::move(frame)), reply, binary});
+    const std::size_t reply = frame.size();
+    queues_.push({std::make_shared<const std::string>(std::move(frame)), reply, false, 0, relay::QosClass::control});
     reply_bytes_ += reply;
     if (!writing_) do_write();
   }
 
-  void drop_unsent() {
-    while (queue_.size() > (writing_ ? 1u : 0u)) {
-      reply_bytes_ -= queue_.back().reply_bytes;
-      queue_.pop_back();
-    }
+  // Queues a delivery (pump) in its topic's class; bounded by subscriber_queue_frames per
+  // class. `appended_us`: its first record's append time, for the delivery-lag histogram.
+  void deliver(std::string frame, relay::QosClass cls, std::int64_t appended_us, bool binary = false) {
+    if (closing_) return;
+    queues_.push({std::make_shared<const std::string>(std::move(frame)), 0, binary, appended_us, cls});
+    if (!writing_) do_write();
   }
+
+  bool queues_full() const {
+    for (std::size_t c = 0; c < relay::kQosClasses; ++c)
+      if (queues_.size(static_cast<relay::QosClass>(c)) >= relay_->cfg.subscriber_queue_frames) return true;
+    return false;
+  }
+
+  void drop_unsent() { reply_bytes_ -= queues_.drop_unsent(writing_); }
 
   void do_write() {
     writing_ = true;
-    ws_.text(!queue_.front().binary);
-    ws_.async_write(net::buffer(*queue_.front().frame), beast::bind_front_handler(&WsSession::on_write, shared_from_this()));
+    const auto& f = queues_.front();  // control first, then the other classes by weight
+    ws_.text(!f.binary);
+    ws_.async_write(net::buffer(*f.frame), beast::bind_front_handler(&WsSession::on_write, shared_from_this()));
   }
 
   void on_write(beast::error_code ec, std::size_t) {
     writing_ = false;
     if (ec) {
       closing_ = true;
-      queue_.clear();
+      queues_.clear();
       reply_bytes_ = 0;
       timer_.cancel();
       rate_timer_.cancel();
       return;
     }
-    reply_bytes_ -= queue_.front().reply_bytes;
-    queue_.pop_front();
+    {
+      const auto& f = queues_.front();
+      reply_bytes_ -= f.reply_bytes;
+      relay_->metrics.lag.written(f.cls, f.frame->size());
+      if (f.appended_us > 0)
+        relay_->metrics.lag.observe(f.cls, static_cast<double>(now_us() - f.appended_us) / 1e6);
+      queues_.pop();
+    }
     // A frame went out: the peer is reading (a dead one stops taking bytes once the socket's
     // buffers are full). Its pong may wait behind a long backlog we are sending it: a
     // subscriber busy reading one is not idle.
     last_heard_ = Clock::now();
-    if (close_after_drain_ && queue_.empty()) return maybe_close();
-    if (!queue_.empty()) do_write();
+    if (close_after_drain_ && queues_.empty()) return maybe_close();
+    if (!queues_.empty()) do_write();
     if (close_after_drain_) return;
     if (read_paused_ && reply_bytes_ <= kMaxQueuedReplyBytes) do_read();  // the client read its replies
     pump();
@@ -994,7 +1024,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
 
   // Closes once every queued frame is written and every accepted publish is acked.
   void maybe_close() {
-    if (close_after_drain_ && !closing_ && !writing_ && queue_.empty() && inflight_ == 0) do_close();
+    if (close_after_drain_ && !closing_ && !writing_ && queues_.empty() && inflight_ == 0) do_close();
   }
 
   void do_close() {
@@ -1010,13 +1040,8 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   net::steady_timer rate_timer_;  // wakes pump() when a rate-bounded subscription has room again
   bool rate_wait_ = false;
   beast::flat_buffer buffer_;
-  struct Outgoing {
-    std::shared_ptr<const std::string> frame;
-    std::size_t reply_bytes = 0;  // the frame's size when it is a reply, 0 for a delivery
-    bool binary = false;          // a data chunk (docs/streaming.md), else a JSON text frame
-  };
-  std::deque<Outgoing> queue_;
-  std::size_t reply_bytes_ = 0;  // sum of queue_[i].reply_bytes
+  relay::SendQueues queues_;      // outgoing frames by QoS class (docs/streaming.md)
+  std::size_t reply_bytes_ = 0;  // the reply_bytes of the frames in queues_
   Clock::time_point accepted_at_{};
   Clock::time_point last_heard_{};  // last frame of any kind (data, ping, pong) from the peer
   std::size_t heard_bytes_ = 0;     // buffer_.size() at the last timer tick: a frame in progress
@@ -1384,6 +1409,11 @@ void Relay::Impl::do_accept() {
       // Small frames (acks, single events) must not wait for Nagle's algorithm.
       boost::system::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
+      // A bounded socket send queue: a write completes once the kernel holds at most this
+      // many unsent bytes, so the frame chosen next by class (control first) is not queued
+      // behind megabytes already handed to the socket (docs/streaming.md).
+      if (const int lowat = static_cast<int>(self->cfg.qos.notsent_lowat); lowat > 0 && self->cfg.qos.enabled)
+        ::setsockopt(socket.native_handle(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof lowat);
       std::make_shared<HttpSession>(std::move(socket), self)->run();
     }
     self->do_accept();
@@ -1425,6 +1455,11 @@ Relay::Relay(RelayConfig config) : self_(std::make_shared<Impl>()) {
   validate_relay_config(config);
   self_->cfg = std::move(config);
   self_->item_budget = std::make_unique<relay::ItemBudget>(self_->cfg.max_item_bytes_total);
+  {
+    std::vector<relay::QosClassifier::Rule> rules;
+    for (const auto& r : self_->cfg.qos.classes) rules.push_back({r.topics, *relay::qos_from_name(r.cls)});
+    self_->qos = relay::QosClassifier(std::move(rules));
+  }
   const auto& cfg = self_->cfg;
   try {
     self_->verifier.emplace(load_secret_file(cfg.auth_secret_file));

@@ -55,6 +55,18 @@ struct RelayConfig {
   std::optional<std::filesystem::path> console_dir;  ///< the console's built assets (default: found beside the build or install)
   bool views = true;                          ///< materialise the views (/api/v1/views/, the console) from the events topics
   int threads = 2;                            ///< I/O threads
+  /// Quality of service on each connection (qos in relay.yaml; docs/streaming.md).
+  struct Qos {
+    bool enabled = true;                      ///< false: one FIFO per connection, as before QoS
+    std::size_t notsent_lowat = 64u << 10;    ///< TCP_NOTSENT_LOWAT of each connection; 0 = the kernel's (unbounded)
+    std::uint32_t weight_lifecycle = 8, weight_telemetry = 2, weight_bulk = 1;  ///< shares of the wire
+    /// A class for the topics a pattern matches, first match first; then the defaults.
+    struct Rule {
+      std::string topics;  ///< a topic or a pattern with '*'
+      std::string cls;     ///< control | lifecycle | telemetry | bulk
+    };
+    std::vector<Rule> classes;
+  } qos;
   std::string storage = "embedded";           ///< embedded (the log under data_dir) | jetstream
   /// A NATS JetStream cluster as the store (storage: jetstream; docs/relay.md).
   struct JetStream {
