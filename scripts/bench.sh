@@ -21,6 +21,13 @@ echo
 echo "== data items: bulk MiB/s through the relay, the relay on JetStream and JetStream directly (bench/relay/items.sh)"
 bash bench/relay/items.sh "$BUILD_DIR"
 echo
+echo "== quality of service: a 100 Mbit/s link saturated by bulk data, lifecycle and control latency by class vs one FIFO (bench/qos; root)"
+if [ "$(id -u)" = 0 ]; then
+  DIASPORA_BIN_DIR="$(cd "$BUILD_DIR" && pwd)/bin" "$PY" bench/qos/qos_bench.py --build "$BUILD_DIR"
+else
+  echo "skipped: bench/qos makes network namespaces and shapes their link with tc (run make bench as root)"
+fi
+echo
 echo "== relay views: cost at the full publish rate (on vs off), build rate and query latency (bench/relay/views.sh)"
 bash bench/relay/views.sh "$BUILD_DIR"
 echo

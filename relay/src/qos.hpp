@@ -6,6 +6,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -56,6 +57,10 @@ class QosClassifier {
 /// idle class's share goes to the busy ones). With `fifo` every frame shares one queue:
 /// the order they were pushed (the relay before QoS, for comparison).
 ///
+/// Bulk may be paced (set_bulk_rate): its frames leave at that many bytes/s on average, so
+/// they do not fill the queue of a slower link downstream, where the other classes'
+/// packets would wait behind them; the others are never paced.
+///
 /// @par Thread Safety
 /// Not thread-safe: one connection's strand.
 class SendQueues {
@@ -67,8 +72,14 @@ class SendQueues {
     std::int64_t appended_us = 0;   ///< a delivery: its first record's append time (0: a reply)
     QosClass cls = QosClass::control;
   };
+  using Clock = std::chrono::steady_clock;
   /// `weights`: lifecycle, telemetry, bulk (each >= 1).
   SendQueues(bool fifo, std::array<std::uint32_t, 3> weights);
+
+  /// Paces the bulk class to `bytes_per_s` (0: not paced; ignored in fifo mode), in bursts
+  /// of at most 10 ms' worth (16 KiB at least).
+  void set_bulk_rate(double bytes_per_s) noexcept;
+  double bulk_rate() const noexcept { return bulk_rate_; }
 
   void push(Frame f);
   bool empty() const noexcept { return size_ == 0; }
@@ -76,7 +87,11 @@ class SendQueues {
   /// Frames waiting in `c`'s queue (in fifo mode: all of them).
   std::size_t size(QosClass c) const noexcept;
   /// Chooses the next frame and returns it; it stays the front until pop(). Not empty().
+  /// Ignores pacing (see ready()).
   const Frame& front();
+  /// Chooses the next frame that pacing lets go at `now` (front() after it is that frame),
+  /// or returns nullptr with `wait` set when only paced bulk frames wait. Not empty().
+  const Frame* ready(Clock::time_point now, Clock::duration& wait);
   /// Removes the frame front() chose.
   void pop();
   /// Drops every frame but the one being written (`writing`: front() was called and not
@@ -93,6 +108,10 @@ class SendQueues {
   double vnow_ = 0;                          // vtime of the class served last
   std::optional<std::size_t> chosen_;
   std::size_t size_ = 0;
+  double bulk_rate_ = 0;        // bytes/s; 0: not paced
+  double bulk_tokens_ = 0;      // bytes bulk may send now; negative after a frame larger than them
+  double bulk_burst_ = 0;
+  Clock::time_point refilled_{};
 };
 
 /// How long records waited from their append to being handed to a subscriber's socket, per

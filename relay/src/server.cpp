@@ -222,8 +222,11 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
         relay_(std::move(relay)),
         timer_(ws_.get_executor()),
         rate_timer_(ws_.get_executor()),
+        pace_timer_(ws_.get_executor()),
         queues_(!relay_->cfg.qos.enabled,
-                {relay_->cfg.qos.weight_lifecycle, relay_->cfg.qos.weight_telemetry, relay_->cfg.qos.weight_bulk}) {}
+                {relay_->cfg.qos.weight_lifecycle, relay_->cfg.qos.weight_telemetry, relay_->cfg.qos.weight_bulk}) {
+    queues_.set_bulk_rate(static_cast<double>(relay_->cfg.qos.bulk_rate));
+  }
 
   ~WsSession() {
     relay_->metrics.websockets--;
@@ -342,6 +345,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
       closing_ = true;
       timer_.cancel();
       rate_timer_.cancel();
+      pace_timer_.cancel();
       return;
     }
     last_heard_ = Clock::now();
@@ -426,6 +430,13 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     client_id_ = str("client_id");
     producer_id_ = str("producer_id");
     if (producer_id_.size() > 256) return send_error("bad_request", "producer_id longer than 256 bytes", nullptr);
+    if (const json::value* rate = o.if_contains("bulk_rate")) {  // this client's link: bulk paced to it
+      boost::system::error_code ec;
+      const double r = rate->to_number<double>(ec);
+      if (ec || !(r >= 0 && r <= 1e12))
+        return send_error("bad_request", "bulk_rate must be bytes/s, 0 (not paced) to 1e12", nullptr);
+      queues_.set_bulk_rate(r);
+    }
     hello_done_ = true;
     json::object w{{"op", "welcome"},
                    {"server", std::string("diaspora-relay/") + version_string},
@@ -978,10 +989,25 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   void drop_unsent() { reply_bytes_ -= queues_.drop_unsent(writing_); }
 
   void do_write() {
+    // Control first, then the other classes by weight; bulk no faster than its pace.
+    Clock::duration wait{};
+    const auto* f = queues_.ready(Clock::now(), wait);
+    if (!f) return wake_for_pace(wait);  // only paced bulk frames wait
     writing_ = true;
-    const auto& f = queues_.front();  // control first, then the other classes by weight
-    ws_.text(!f.binary);
-    ws_.async_write(net::buffer(*f.frame), beast::bind_front_handler(&WsSession::on_write, shared_from_this()));
+    ws_.text(!f->binary);
+    ws_.async_write(net::buffer(*f->frame), beast::bind_front_handler(&WsSession::on_write, shared_from_this()));
+  }
+
+  // Paced bulk frames wait: write again when the pace lets the next go (a frame of another
+  // class queued meanwhile goes at once: send() and deliver() write when nothing is).
+  void wake_for_pace(Clock::duration wait) {
+    if (pace_wait_) return;
+    pace_wait_ = true;
+    pace_timer_.expires_after(wait);
+    pace_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      self->pace_wait_ = false;
+      if (!ec && !self->closing_ && !self->writing_ && !self->queues_.empty()) self->do_write();
+    });
   }
 
   void on_write(beast::error_code ec, std::size_t) {
@@ -992,6 +1018,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
       reply_bytes_ = 0;
       timer_.cancel();
       rate_timer_.cancel();
+      pace_timer_.cancel();
       return;
     }
     {
@@ -1031,6 +1058,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     closing_ = true;
     timer_.cancel();
     rate_timer_.cancel();
+    pace_timer_.cancel();
     ws_.async_close(websocket::close_reason(close_code_, close_reason_), [self = shared_from_this()](beast::error_code) {});
   }
 
@@ -1039,6 +1067,8 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   net::steady_timer timer_;
   net::steady_timer rate_timer_;  // wakes pump() when a rate-bounded subscription has room again
   bool rate_wait_ = false;
+  net::steady_timer pace_timer_;  // wakes do_write() when paced bulk frames may go again
+  bool pace_wait_ = false;
   beast::flat_buffer buffer_;
   relay::SendQueues queues_;      // outgoing frames by QoS class (docs/streaming.md)
   std::size_t reply_bytes_ = 0;  // the reply_bytes of the frames in queues_

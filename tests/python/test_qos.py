@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from relay_harness import DIASPORA, Credentials, RelayProcess, event, https_get, request, run, session
+from relay_harness import DIASPORA, Credentials, RelayProcess, connect, event, https_get, request, run, session
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +106,45 @@ def test_a_bad_qos_configuration_is_refused_with_its_line(tmp_path):
     assert f"{cfg}:4:" in p.stderr and "must be control, lifecycle, telemetry or bulk" in p.stderr, p.stderr
     assert f"{cfg}:5:" in p.stderr and "qos.weights.bulk: must be >= 1" in p.stderr, p.stderr
     assert f"{cfg}:6:" in p.stderr and "qos.notsent_lowat: must be a size" in p.stderr, p.stderr
+
+
+def test_bulk_is_paced_to_the_rate_a_subscriber_asks_for_and_nothing_else_is(creds, tmp_path):
+    """hello's bulk_rate (bytes/s): a site on a slow link has bulk frames paced to a share of
+    it. 6 MiB of chunks at 3 MB/s take about 2 s to arrive (pacing only adds time, so this
+    holds on a loaded machine), while an event on a lifecycle topic put in the middle of them
+    arrives before the bulk that was queued ahead of it."""
+    from data_items import decode_delivered, put_item
+    relay = RelayProcess(creds, tmp_path / "paced").start()
+    try:
+        async def go():
+            pub = await session(relay, admin(creds))
+            data = bytes(range(256)) * (6 * 4096)  # 6 MiB
+            assert (await put_item(pub, "wf.data", 0, data, "scan-1", chunk=64 * 1024))["op"] == "ack"
+            bad = await connect(relay, admin(creds))
+            m = await request(bad, {"op": "hello", "client_id": "slow-site", "bulk_rate": -1})
+            assert m["op"] == "error" and m["code"] == "bad_request" and "bulk_rate" in m["message"], m
+            sub = await connect(relay, admin(creds))
+            assert (await request(sub, {"op": "hello", "client_id": "slow-site", "bulk_rate": 3e6}))["op"] == "welcome"
+            for sid, topic in (("d", "wf.data"), ("e", "wf.events")):
+                await sub.send(json.dumps({"op": "subscribe", "id": sid, "topic": topic, "from": "earliest"}))
+            loop = asyncio.get_running_loop()
+            t0, chunks, event_after = loop.time(), 0, None
+            while chunks < 96 or event_after is None:
+                frame = await asyncio.wait_for(sub.recv(), 30)
+                if isinstance(frame, bytes):
+                    assert decode_delivered(frame)["index"] == chunks
+                    chunks += 1
+                    if chunks == 8:  # the pace holds the rest back: a lifecycle event goes ahead of them
+                        assert (await request(pub, {"op": "publish", "topic": "wf.events", "seq": 1,
+                                                    "events": [event("started")]}))["op"] == "ack"
+                    continue
+                m = json.loads(frame)
+                if m["op"] == "events" and m["id"] == "e":
+                    event_after = chunks
+            return loop.time() - t0, event_after
+        took, event_after = run(go())
+        print(f"paced: {took:.2f} s, the event after chunk {event_after}")
+        assert took >= 1.6, took  # 6.3 MB at 3 MB/s, less the first burst
+        assert event_after < 40, event_after  # not behind the 88 chunks still to come
+    finally:
+        relay.stop_cleanly()

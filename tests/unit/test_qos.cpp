@@ -140,3 +140,45 @@ TEST(Qos, LagHistogramIsCumulativePerClass) {
   EXPECT_NE(text.find(R"(diaspora_relay_delivery_lag_seconds_bucket{class="bulk",le="0.001"} 1)"), std::string::npos);
   EXPECT_NE(text.find(R"(diaspora_relay_delivery_lag_seconds_count{class="lifecycle"} 0)"), std::string::npos);
 }
+
+TEST(Qos, PacedBulkWaitsItsTurnWhileOtherClassesGoAtOnce) {
+  SendQueues q(false, {8, 2, 1});
+  q.set_bulk_rate(1e6);  // 1 MB/s: a 64 KiB frame is 65.5 ms of it
+  for (int i = 0; i < 3; ++i) q.push(frame(QosClass::bulk, 65536));
+  const auto t0 = SendQueues::Clock::now();
+  SendQueues::Clock::duration wait{};
+  ASSERT_NE(q.ready(t0, wait), nullptr);  // the burst allowance lets the first go
+  q.pop();
+  EXPECT_EQ(q.ready(t0, wait), nullptr);  // the next waits for the pace
+  const double ms = std::chrono::duration<double, std::milli>(wait).count();
+  EXPECT_GT(ms, 40);
+  EXPECT_LT(ms, 70);
+  q.push(frame(QosClass::lifecycle, 100));
+  const auto* f = q.ready(t0, wait);  // a lifecycle frame is not held behind paced bulk
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->cls, QosClass::lifecycle);
+  q.pop();
+  f = q.ready(t0 + std::chrono::milliseconds(70), wait);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->cls, QosClass::bulk);
+  q.pop();
+  // Over a second of frames, the average holds the rate.
+  int sent = 0;
+  for (int ms10 = 0; ms10 <= 100; ++ms10) {
+    q.push(frame(QosClass::bulk, 65536));
+    while (q.ready(t0 + std::chrono::milliseconds(70 + ms10 * 10), wait)) q.pop(), ++sent;
+  }
+  EXPECT_NEAR(sent * 65536.0, 1e6, 2 * 65536.0);
+}
+
+TEST(Qos, FifoIsNeverPaced) {
+  SendQueues q(true, {8, 2, 1});
+  q.set_bulk_rate(1000);
+  q.push(frame(QosClass::bulk, 65536));
+  q.push(frame(QosClass::bulk, 65536));
+  SendQueues::Clock::duration wait{};
+  const auto now = SendQueues::Clock::now();
+  ASSERT_NE(q.ready(now, wait), nullptr);
+  q.pop();
+  EXPECT_NE(q.ready(now, wait), nullptr);
+}

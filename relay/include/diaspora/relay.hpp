@@ -60,6 +60,7 @@ struct RelayConfig {
     bool enabled = true;                      ///< false: one FIFO per connection, as before QoS
     std::size_t notsent_lowat = 64u << 10;    ///< TCP_NOTSENT_LOWAT of each connection; 0 = the kernel's (unbounded)
     std::uint32_t weight_lifecycle = 8, weight_telemetry = 2, weight_bulk = 1;  ///< shares of the wire
+    std::uint64_t bulk_rate = 0;              ///< bytes/s each connection's bulk frames are paced to; 0 = not paced
     /// A class for the topics a pattern matches, first match first; then the defaults.
     struct Rule {
       std::string topics;  ///< a topic or a pattern with '*'
