@@ -96,6 +96,9 @@ RelayConfig load_relay_config(const std::filesystem::path& file) {
   if (const auto* v = qos.if_contains("enabled")) c.qos.enabled = v->as_bool();
   if (const auto* v = qos.if_contains("notsent_lowat")) c.qos.notsent_lowat = parse_size(*v).value_or(c.qos.notsent_lowat);
   if (const auto* v = qos.if_contains("bulk_rate")) c.qos.bulk_rate = parse_size(*v).value_or(0);
+  if (auto v = str(qos, "report_interval")) c.qos.report_interval = seconds_of(*v);
+  if (auto v = num(qos, "congested_wait_ms")) c.qos.congested_wait_ms = *v;
+  if (auto v = str(qos, "congestion_topic")) c.qos.congestion_topic = *v;
   const auto& weights = sub(qos, "weights");
   if (auto v = num(weights, "lifecycle")) c.qos.weight_lifecycle = static_cast<std::uint32_t>(*v);
   if (auto v = num(weights, "telemetry")) c.qos.weight_telemetry = static_cast<std::uint32_t>(*v);

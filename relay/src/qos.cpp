@@ -51,8 +51,14 @@ void SendQueues::push(Frame f) {
   const std::size_t i = index(f.cls);
   if (q_[i].empty() && i != 0 && chosen_ != i)  // back from idle: no credit for the time it sent nothing
     vtime_[i] = std::max(vtime_[i], vnow_);
+  f.queued = Clock::now();
   q_[i].push_back(std::move(f));
   ++size_;
+}
+
+SendQueues::Clock::time_point SendQueues::oldest(QosClass c) const noexcept {
+  const auto& q = q_[index(c)];
+  return q.empty() ? Clock::time_point::max() : q.front().queued;
 }
 
 std::size_t SendQueues::size(QosClass c) const noexcept { return fifo_ ? size_ : q_[index(c)].size(); }

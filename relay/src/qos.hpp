@@ -71,6 +71,7 @@ class SendQueues {
     bool binary = false;            ///< a data chunk, else a JSON text frame
     std::int64_t appended_us = 0;   ///< a delivery: its first record's append time (0: a reply)
     QosClass cls = QosClass::control;
+    std::chrono::steady_clock::time_point queued{};  ///< set by push()
   };
   using Clock = std::chrono::steady_clock;
   /// `weights`: lifecycle, telemetry, bulk (each >= 1).
@@ -86,6 +87,8 @@ class SendQueues {
   std::size_t size() const noexcept { return size_; }
   /// Frames waiting in `c`'s queue (in fifo mode: all of them).
   std::size_t size(QosClass c) const noexcept;
+  /// When the oldest frame waiting in `c`'s queue was pushed; time_point::max() for none.
+  Clock::time_point oldest(QosClass c) const noexcept;
   /// Chooses the next frame and returns it; it stays the front until pop(). Not empty().
   /// Ignores pacing (see ready()).
   const Frame& front();

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <atomic>
 #include <charconv>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <ctime>
@@ -209,6 +210,10 @@ struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
   }
   void on_commit(const std::string& topic);
   void do_accept();
+
+  // Every qos.report_interval: each session reports its congestion (WsSession::report_congestion).
+  std::optional<net::steady_timer> report_timer;
+  void arm_report_timer();
 };
 
 // ---- WebSocket session -------------------------------------------------------------------
@@ -283,6 +288,16 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     net::post(ws_.get_executor(), [self = shared_from_this()] {
       self->close(websocket::close_code::going_away, "relay shutting down");
     });
+  }
+
+  // Congestion as a signal (docs/streaming.md#congestion-as-events): every
+  // qos.report_interval, on this session's strand. While frames of a class other than bulk
+  // waited longer than qos.congested_wait_ms in its queue, or delivery is paused (a class's
+  // queue full), the connection is congested: an org.diaspora.resource.status (kind link,
+  // degraded) with its queues, waits and rates goes to qos.congestion_topic each interval,
+  // and one saying up when it clears.
+  void report_congestion(double interval_s) {
+    net::post(ws_.get_executor(), [self = shared_from_this(), interval_s] { self->congestion_round(interval_s); });
   }
 
  private:
@@ -897,6 +912,48 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     }
   }
 
+  void congestion_round(double interval_s) {
+    if (closing_) return;
+    const auto& q = relay_->cfg.qos;
+    const auto now = Clock::now();
+    json::object metrics;
+    double worst = 0;
+    for (std::size_t c = 0; c < relay::kQosClasses; ++c) {
+      const auto cls = static_cast<relay::QosClass>(c);
+      auto& w = window_[c];
+      if (const auto oldest = queues_.oldest(cls); oldest != Clock::time_point::max())  // still waiting
+        w.max_wait = std::max(w.max_wait, std::chrono::duration<double>(now - oldest).count());
+      if (cls != relay::QosClass::bulk) worst = std::max(worst, w.max_wait);
+      const std::string name(relay::qos_name(cls));
+      metrics["queue_frames_" + name] = queues_.size(cls);
+      metrics["wait_max_s_" + name] = std::round(w.max_wait * 1e4) / 1e4;
+      metrics["bytes_per_s_" + name] = std::round(static_cast<double>(w.bytes) / interval_s);
+      w = {};
+    }
+    metrics["paused"] = full_since_ ? 1 : 0;
+    if (queues_.bulk_rate() > 0) metrics["bulk_rate"] = queues_.bulk_rate();
+    const bool congested = full_since_.has_value() || worst * 1000 > static_cast<double>(q.congested_wait_ms);
+    if (!congested && !congested_) return;
+    congested_ = congested;
+    relay_->metrics.congestion_reports++;
+    boost::system::error_code ec;
+    const auto peer = beast::get_lowest_layer(ws_).socket().remote_endpoint(ec);
+    std::string id = "connection/" + (client_id_.empty() ? std::string("anonymous") : client_id_.substr(0, 128));
+    if (!ec) id += "@" + peer.address().to_string() + ":" + std::to_string(peer.port());
+    json::object ev{{"specversion", "1.0"},
+                    {"id", make_uuid()},
+                    {"source", "/diaspora-relay/" + relay_->cfg.listen},
+                    {"type", "org.diaspora.resource.status"},
+                    {"time", format_rfc3339_us(now_us())},
+                    {"datacontenttype", "application/json"},
+                    {"data", json::object{{"resource_id", std::move(id)},
+                                          {"kind", "link"},
+                                          {"state", congested ? "degraded" : "up"},
+                                          {"metrics", std::move(metrics)}}}};
+    std::vector<relay::AppendRecord> recs{{"", json::serialize(ev)}};
+    relay_->store->append(q.congestion_topic, "", 0, std::move(recs), [](const relay::AppendResult&) {});
+  }
+
   // A rate-bounded subscription has records waiting: pump again once it has room.
   void wake_for_rate(double seconds) {
     if (rate_wait_) return;
@@ -1025,6 +1082,9 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
       const auto& f = queues_.front();
       reply_bytes_ -= f.reply_bytes;
       relay_->metrics.lag.written(f.cls, f.frame->size());
+      auto& w = window_[static_cast<std::size_t>(f.cls)];
+      w.bytes += f.frame->size();
+      w.max_wait = std::max(w.max_wait, std::chrono::duration<double>(Clock::now() - f.queued).count());
       if (f.appended_us > 0)
         relay_->metrics.lag.observe(f.cls, static_cast<double>(now_us() - f.appended_us) / 1e6);
       queues_.pop();
@@ -1069,6 +1129,12 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   bool rate_wait_ = false;
   net::steady_timer pace_timer_;  // wakes do_write() when paced bulk frames may go again
   bool pace_wait_ = false;
+  struct ClassWindow {  // frames written since the last congestion round, per class
+    double max_wait = 0;  // seconds a frame waited in its queue, the longest
+    std::uint64_t bytes = 0;
+  };
+  std::array<ClassWindow, relay::kQosClasses> window_{};
+  bool congested_ = false;  // the last congestion round said degraded
   beast::flat_buffer buffer_;
   relay::SendQueues queues_;      // outgoing frames by QoS class (docs/streaming.md)
   std::size_t reply_bytes_ = 0;  // the reply_bytes of the frames in queues_
@@ -1432,6 +1498,16 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
 // ---- Relay ----------------------------------------------------------------------------------
 
+void Relay::Impl::arm_report_timer() {
+  report_timer->expires_after(cfg.qos.report_interval);
+  report_timer->async_wait([self = shared_from_this()](beast::error_code ec) {
+    if (ec || self->stopping) return;
+    const double interval_s = static_cast<double>(self->cfg.qos.report_interval.count());
+    for (auto& ws : self->live_sessions()) ws->report_congestion(interval_s);
+    self->arm_report_timer();
+  });
+}
+
 void Relay::Impl::do_accept() {
   acceptor->async_accept(net::make_strand(*ioc), [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
     if (self->stopping) return;
@@ -1574,6 +1650,10 @@ void Relay::start() {
     s.ioc->run();
   });
   if (s.views) s.views->start();
+  if (s.cfg.qos.report_interval.count() > 0) {
+    s.report_timer.emplace(*s.ioc);
+    s.arm_report_timer();
+  }
   s.started = true;
   if (s.cfg.port_file) {
     auto tmp = *s.cfg.port_file;
@@ -1616,6 +1696,7 @@ void Relay::stop() {
   net::post(*s.ioc, [&s] {
     boost::system::error_code ec;
     s.acceptor->close(ec);
+    if (s.report_timer) s.report_timer->cancel();
   });
   for (auto& ws : s.live_sessions()) ws->shutdown();
   s.work.reset();

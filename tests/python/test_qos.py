@@ -8,6 +8,7 @@ import asyncio
 import json
 import re
 import subprocess
+import time
 
 import pytest
 
@@ -41,7 +42,8 @@ def flood_then_act(creds, tmp_path, enabled: bool) -> tuple[float, int, int]:
     action's delivery lag by the relay's clock, the telemetry frames the subscriber read
     before the action, and the telemetry frames it read in all."""
     relay = RelayProcess(creds, tmp_path / ("qos" if enabled else "fifo"), config={
-        "qos": {"enabled": enabled}, "limits": {"delivery_batch_events": PER_FRAME}}).start()
+        "qos": {"enabled": enabled, "report_interval": "1s", "congested_wait_ms": 200},
+        "limits": {"delivery_batch_events": PER_FRAME}}).start()
     try:
         async def go():
             pub = await session(relay, admin(creds))
@@ -73,8 +75,33 @@ def flood_then_act(creds, tmp_path, enabled: bool) -> tuple[float, int, int]:
             while frames < FLOOD // PER_FRAME:  # the rest of the flood still arrives
                 m = json.loads(await asyncio.wait_for(sub.recv(), 30))
                 frames += m["op"] == "events"
+            # Congestion as a signal: the subscriber's connection was said degraded while
+            # its telemetry waited (read at 50 frames/s, 32 queued), then up once it cleared.
+            mon = await session(relay, admin(creds))
+            await mon.send(json.dumps({"op": "subscribe", "id": "r", "topic": "relay.events", "from": "earliest"}))
+            states = []
+            while "up" not in [st for st, _ in states]:
+                m = json.loads(await asyncio.wait_for(mon.recv(), 15))
+                for e in m.get("events", []):
+                    d = e["event"]["data"]
+                    assert e["event"]["type"] == "org.diaspora.resource.status" and d["kind"] == "link", e
+                    if d["resource_id"].startswith("connection/pytest@"):
+                        states.append((d["state"], d["metrics"]))
+            degraded = [mt for st, mt in states if st == "degraded"]
+            assert degraded and states[-1][0] == "up", states
+            assert max(mt["wait_max_s_telemetry"] for mt in degraded) > 0.2, degraded
             return before, frames
         before, frames = run(go())
+        # The views hold it as a resource of the workflow "relay" (the console's resources).
+        deadline = time.monotonic() + 15
+        while True:
+            items = json.loads(https_get(relay, "/api/v1/views/resources?workflow=relay", admin(creds)))["items"]
+            mine = [r for r in items if r["resource_id"].startswith("connection/pytest@")]
+            if (mine and mine[0]["state"] == "up") or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert mine and mine[0]["kind"] == "link" and mine[0]["state"] == "up", items
+        assert "wait_max_s_telemetry" in mine[0]["metrics"], mine
         lag, count = lag_of(https_get(relay, "/metrics", admin(creds)), "control")
         assert count == 1, count  # the action, once
         return lag, before, frames

@@ -61,6 +61,9 @@ struct RelayConfig {
     std::size_t notsent_lowat = 64u << 10;    ///< TCP_NOTSENT_LOWAT of each connection; 0 = the kernel's (unbounded)
     std::uint32_t weight_lifecycle = 8, weight_telemetry = 2, weight_bulk = 1;  ///< shares of the wire
     std::uint64_t bulk_rate = 0;              ///< bytes/s each connection's bulk frames are paced to; 0 = not paced
+    std::chrono::seconds report_interval{5};  ///< congestion rounds (resource.status events); 0 = none
+    std::uint64_t congested_wait_ms = 1000;   ///< a frame (not bulk) queued this long: the connection is congested
+    std::string congestion_topic = "relay.events";  ///< where the congestion events go
     /// A class for the topics a pattern matches, first match first; then the defaults.
     struct Rule {
       std::string topics;  ///< a topic or a pattern with '*'
