@@ -284,7 +284,7 @@ int run_put(const PutArgs& a) {
     const items::PutResult r = items::put(*connection, a.topic, seq, std::move(event), bytes, po);
     json::object out{{"topic", a.topic},   {"offset", r.offset},    {"size", bytes.size()},
                      {"chunks", r.chunks}, {"sha256", r.sha256},
-                     {"uri", "diaspora://" + a.topic + "/" + std::to_string(r.offset)}};
+                     {"uri", data::item_uri(a.topic, r.offset)}};
     if (r.duplicate) out["duplicate"] = true;
     if (r.late) out["late"] = true;
     std::cout << json::serialize(out) << "\n";
@@ -304,16 +304,13 @@ struct GetArgs {
 // `diaspora get`: the item at an offset, its bytes to a file (checked), its event printed.
 int run_get(GetArgs a) {
   if (!a.uri.empty()) {  // diaspora://TOPIC/OFFSET, as put prints it and data.arrived carries it
-    constexpr std::string_view scheme = "diaspora://";
-    const std::size_t slash = a.uri.find('/', scheme.size());
-    const std::string offset = slash == std::string::npos ? "" : a.uri.substr(slash + 1);
-    if (!a.uri.starts_with(scheme) || slash == scheme.size() || offset.empty() ||
-        offset.find_first_not_of("0123456789") != std::string::npos || offset.size() > 19) {
+    const auto at = data::parse_item_uri(a.uri);
+    if (!at) {
       std::cerr << "error: '" << a.uri << "' is not a data item's URI (diaspora://TOPIC/OFFSET)\n";
       return 2;
     }
-    a.topic = a.uri.substr(scheme.size(), slash - scheme.size());
-    a.offset = std::stoull(offset);
+    a.topic = at->topic;
+    a.offset = at->offset;
   }
   if (a.topic.empty()) {
     std::cerr << "error: get needs an item: diaspora://TOPIC/OFFSET, or --topic and --offset\n";

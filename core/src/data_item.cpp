@@ -128,6 +128,24 @@ Decoded decode(std::string_view b) {
   return d;
 }
 
+std::string item_uri(std::string_view topic, std::uint64_t offset) {
+  return "diaspora://" + std::string(topic) + "/" + std::to_string(offset);
+}
+
+std::optional<ItemLocation> parse_item_uri(std::string_view uri) {
+  constexpr std::string_view scheme = "diaspora://";
+  if (!uri.starts_with(scheme)) return std::nullopt;
+  uri.remove_prefix(scheme.size());
+  const std::size_t slash = uri.find('/');
+  if (slash == 0 || slash == std::string_view::npos) return std::nullopt;
+  const std::string_view digits = uri.substr(slash + 1);
+  if (digits.empty() || digits.size() > 19 || digits.find_first_not_of("0123456789") != std::string_view::npos)
+    return std::nullopt;
+  ItemLocation at{std::string(uri.substr(0, slash)), 0};
+  for (char c : digits) at.offset = at.offset * 10 + static_cast<std::uint64_t>(c - '0');
+  return at;
+}
+
 std::string sha256_hex(std::string_view bytes) {
   Sha256 h;
   h.update(bytes);

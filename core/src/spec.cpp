@@ -217,8 +217,20 @@ struct RefChecker {
     }
     refs("faults", "site", sites, "site");
     refs("faults", "task", jobs, "task");
+    if (const json::value* relay = doc.root.is_object() ? doc.root.get_object().if_contains("relay") : nullptr;
+        relay && relay->is_object() && relay->get_object().contains("qos")) {
+      const json::string* url = str_field(*relay, "url");
+      if (url && *url != "embedded")
+        report(Path{std::string("relay"), std::string("qos")},
+               "qos is for the embedded relay: the relay at " + std::string(*url) +
+                   " takes its classes from its relay.yaml (docs/relay.md)");
+    }
     if (const json::array* site_list = section("sites")) {
       for (std::size_t i = 0; i < site_list->size(); ++i) {
+        if (const json::value* sr = (*site_list)[i].is_object() ? (*site_list)[i].get_object().if_contains("relay") : nullptr;
+            sr && sr->is_object() && sr->get_object().contains("qos"))
+          report(Path{std::string("sites"), i, std::string("relay"), std::string("qos")},
+                 "qos is for the embedded relay: a site's relay takes its classes from its relay.yaml (docs/relay.md)");
         const json::string* engine = str_field((*site_list)[i], "engine");
         if (engine && *engine == "slurm" && (*site_list)[i].get_object().contains("relay"))
           report(Path{std::string("sites"), i, std::string("relay")},
@@ -327,6 +339,13 @@ WorkflowSpec build(const YamlDocument& doc, std::string file) {
     if (auto s = opt_str(relay, "token_file")) out.token_file = *s;
     if (auto s = opt_str(relay, "data_dir")) out.data_dir = *s;
     out.topic_prefix = opt_str(relay, "topic_prefix");
+    const json::object& qos = sub(relay, "qos");
+    if (const json::value* c = qos.if_contains("classes"); c && c->is_array())
+      for (const auto& rule : c->get_array())
+        if (rule.is_object()) out.qos_classes.emplace_back(get_str(rule.get_object(), "topics"), get_str(rule.get_object(), "class"));
+    if (const json::value* d = qos.if_contains("drop_late"); d && d->is_array())
+      for (const auto& cls : d->get_array())
+        if (cls.is_string()) out.qos_drop_late.emplace_back(cls.get_string());
     return out;
   };
   w.relay = relay_of(sub(r, "relay"));
@@ -379,6 +398,7 @@ WorkflowSpec build(const YamlDocument& doc, std::string file) {
     t.count = get_int(o, "count", 1);
     t.rate = opt_num(o, "rate");
     t.duration = opt_dur(o, "duration");
+    if (get_str(o, "output", "file") == "item") t.output = TaskSpec::Output::item;
     t.location = loc("tasks", i);
     w.tasks.push_back(std::move(t));
   });

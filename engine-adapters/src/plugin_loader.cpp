@@ -52,6 +52,9 @@ std::string try_load(const std::filesystem::path& path, PluginLibrary& lib) {
   resolve(dl, "diaspora_action_done", l.action_done, missing);
   resolve(dl, "diaspora_action_failed", l.action_failed, missing);
   resolve(dl, "diaspora_get_stats", l.get_stats, missing);
+  resolve(dl, "diaspora_item_put", l.item_put, missing);
+  resolve(dl, "diaspora_item_get", l.item_get, missing);
+  resolve(dl, "diaspora_item_free", l.item_free, missing);
   if (!missing.empty()) {
     ::dlclose(dl);
     return "not a Diaspora plugin (missing " + missing + ")";

@@ -6,6 +6,8 @@
 #include <cstdint>
 
 
+#include "diaspora/event.hpp"  // parse_rfc3339_us
+#include "diaspora/rehearsal.hpp"
 #include "diaspora/rehearsal_config.hpp"
 #include "diaspora/trainer.hpp"
 
@@ -210,6 +212,13 @@ TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view
     if (const auto* v = o.if_contains("token_file")) ds.token_file = str(*v);
     if (const auto* v = o.if_contains("wait")) ds.wait_s = num(*v);
     if (const auto* v = o.if_contains("scan_dir")) ds.scan_dir = str(*v);
+    if (const auto* v = o.if_contains("item_topic")) ds.item_topic = str(*v);
+    if (const auto* v = o.if_contains("cache_dir")) ds.cache_dir = str(*v);
+    if (const auto* v = o.if_contains("since")) {
+      const auto us = parse_rfc3339_us(str(*v));
+      if (!us) throw RehearsalError("dataset.since: '" + str(*v) + "' is not an RFC 3339 time (e.g. 2026-12-07T10:00:00Z)");
+      ds.since_us = *us;
+    }
   }
   if (const auto* t = root.if_contains("train")) {
     const json::object& o = t->as_object();
@@ -283,6 +292,7 @@ TrainerConfig load_trainer_config_file(const std::filesystem::path& file, const 
   resolve(c.dataset.ca_file);
   resolve(c.dataset.token_file);
   resolve(c.dataset.scan_dir);
+  resolve(c.dataset.cache_dir);
   return c;
 }
 

@@ -29,17 +29,23 @@ class ScanFeed {
   ScanFeed(const ScanFeed&) = delete;
   ScanFeed& operator=(const ScanFeed&) = delete;
 
-  /// The local path of scan `seq` (a file:// URI's path), waiting for its event; a relay that
-  /// is down is retried every second meanwhile. nullopt when `stop` became non-zero first.
-  /// @throws RehearsalError after dataset.wait seconds without it (naming the scans seen), or
-  ///         for an event whose URI is not a file:// path.
+  /// The local path of scan `seq`, waiting for its event: a file:// URI's path, or for a
+  /// diaspora://TOPIC/OFFSET URI (a data item, docs/streaming.md) the item fetched from the
+  /// relay, checked, into dataset.cache_dir. A relay that is down is retried every second
+  /// meanwhile. nullopt when `stop` became non-zero first.
+  /// @throws RehearsalError after dataset.wait seconds without it (naming the scans seen),
+  ///         for an event whose URI is neither, or for an item the relay no longer holds
+  ///         whole (its reason).
   std::optional<std::filesystem::path> wait_for(std::int64_t seq, const std::atomic<int>* stop);
 
  private:
-  void take(const std::string& uri, std::int64_t seq);
+  void take(const std::string& uri, std::int64_t seq, std::int64_t time_us);
+  // Fetches the item announced for `seq` into the cache; false when the relay is away.
+  bool fetch(std::int64_t seq);
   DatasetConfig d_;
   std::unique_ptr<TopicReader> reader_;
   std::map<std::int64_t, std::string> paths_;  ///< seq -> local path
+  std::map<std::int64_t, std::pair<std::string, std::uint64_t>> items_;  ///< seq -> the item's topic and offset, not fetched yet
   std::string last_error_;
 };
 

@@ -646,7 +646,9 @@ void Job::setup() {
   torch::manual_seed(cfg_.seed);
   data_ = load_stream(cfg_);
   if (cfg_.dataset.name == "ptycho-stream") {
-    feed_ = std::make_unique<ScanFeed>(cfg_.dataset);
+    DatasetConfig d = cfg_.dataset;
+    if (d.cache_dir.empty()) d.cache_dir = (opt_.out / "scans").string();  // scans fetched from the relay
+    feed_ = std::make_unique<ScanFeed>(std::move(d));
     if (!ensure_tasks(0)) return;  // stopped before the stream's first scan arrived
   }
   if (steps_per_epoch(0) == 0)

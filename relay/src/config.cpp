@@ -99,6 +99,9 @@ RelayConfig load_relay_config(const std::filesystem::path& file) {
   if (auto v = str(qos, "report_interval")) c.qos.report_interval = seconds_of(*v);
   if (auto v = num(qos, "congested_wait_ms")) c.qos.congested_wait_ms = *v;
   if (auto v = str(qos, "congestion_topic")) c.qos.congestion_topic = *v;
+  if (const auto* v = qos.if_contains("drop_late"); v && v->is_array())
+    for (const auto& name : v->get_array())
+      if (const auto cls = relay::qos_from_name(name.get_string())) c.qos.drop_late[static_cast<std::size_t>(*cls)] = true;
   const auto& weights = sub(qos, "weights");
   if (auto v = num(weights, "lifecycle")) c.qos.weight_lifecycle = static_cast<std::uint32_t>(*v);
   if (auto v = num(weights, "telemetry")) c.qos.weight_telemetry = static_cast<std::uint32_t>(*v);

@@ -101,6 +101,9 @@ std::string render_metrics(Metrics& metrics, const Store& store) {
          static_cast<std::int64_t>(metrics.items_in.load()));
   single("diaspora_relay_items_late_total", "counter", "Data items stored after their itemdeadline.",
          static_cast<std::int64_t>(metrics.items_late.load()));
+  single("diaspora_relay_items_dropped_late_total", "counter",
+         "Data items past their itemdeadline not stored: their topic's class drops late items (qos.drop_late).",
+         static_cast<std::int64_t>(metrics.items_dropped_late.load()));
   single("diaspora_relay_congestion_events_total", "counter",
          "resource.status events about congested connections (qos.congestion_topic), degraded and cleared.",
          static_cast<std::int64_t>(metrics.congestion_reports.load()));

@@ -28,6 +28,7 @@ struct Metrics {
   std::atomic<std::uint64_t> tls_reloads{0};      ///< certificates loaded again (SIGHUP)
   std::atomic<std::uint64_t> items_in{0};         ///< data items written (whole, their checksum matching)
   std::atomic<std::uint64_t> items_late{0};       ///< data items stored after their itemdeadline
+  std::atomic<std::uint64_t> items_dropped_late{0};  ///< data items past their deadline not stored (qos.drop_late)
   std::atomic<std::int64_t> tls_not_after{0};     ///< the served certificate's notAfter, Unix seconds
   std::atomic<std::uint64_t> congestion_reports{0};  ///< resource.status events about congested connections
   LagHistogram lag;                               ///< delivery lag and frames written, per QoS class

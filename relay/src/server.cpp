@@ -311,6 +311,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     std::string pattern;
     std::optional<std::string> group;
     bool latest_only = false;  // each delivery: the newest record only (dashboards)
+    bool stamps = false;       // each delivered event carries its append time (appended_us)
     double max_rate = 0;       // records/s delivered at most (0: no bound), a bucket of one second's worth
     double tokens = 0;
     Clock::time_point refilled{};
@@ -557,6 +558,16 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   }
 
   void submit_item(relay::ReadyItem item) {
+    if (item.deadline_us && now_us() > *item.deadline_us &&
+        relay_->cfg.qos.drop_late[static_cast<std::size_t>(relay_->qos.classify(item.topic))]) {
+      // Past its deadline, and its topic's class drops late items (qos.drop_late): nothing stored.
+      items_->settled(item.size);
+      relay_->metrics.items_dropped_late++;
+      const json::value seq(item.seq);
+      return nack(&seq, "late",
+                  "the item came after its itemdeadline and the class of '" + item.topic +
+                      "' drops late items (qos.drop_late): nothing was stored");
+    }
     submit(std::move(item.topic), item.seq, std::move(item.records), item.bytes, json::value(item.seq),
            Settle{item.size, item.deadline_us});
   }
@@ -650,6 +661,10 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
       sub.max_rate = mr->to_number<double>();
       sub.tokens = std::max(1.0, sub.max_rate / 10);  // a first delivery at once
       sub.refilled = Clock::now();
+    }
+    if (const json::value* st = o.if_contains("stamps")) {
+      if (!st->is_bool()) return send_error("bad_request", "'stamps' must be true or false", idv);
+      sub.stamps = st->get_bool();
     }
     if (const json::value* lo = o.if_contains("latest_only")) {
       if (!lo->is_bool()) return send_error("bad_request", "'latest_only' must be true or false", idv);
@@ -890,6 +905,10 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
                                            }
                                            frame += R"({"offset":)";
                                            frame += std::to_string(r.offset);
+                                           if (sub.stamps) {
+                                             frame += R"(,"appended_us":)";
+                                             frame += std::to_string(r.time_us);
+                                           }
                                            frame += R"(,"event":)";
                                            frame += r.payload;
                                            frame += '}';
@@ -1724,6 +1743,7 @@ void Relay::stop() {
   s.store.reset();
   s.views.reset();  // writes the last snapshot
   s.acceptor.reset();
+  s.report_timer.reset();  // before the io_context it belongs to
   s.commits.reset();  // the replies it posted died with the stopped io_context's queue, below
   s.queries.reset();
   s.ioc.reset();

@@ -15,6 +15,7 @@
 #include "diaspora/runner.hpp"
 #include "diaspora/spec.hpp"
 #include "hooks.hpp"
+#include "item_outbox.hpp"
 
 namespace diaspora::runner {
 
@@ -35,6 +36,9 @@ struct Context {
   std::filesystem::path ca_file, token_file;            ///< its credentials (empty: none)
   std::string host;                                     ///< this host's name
 
+  ItemOutbox* items = nullptr;  ///< puts the outputs of tasks with output: item (set once the plugin is open)
+
+  std::int64_t started_us = 0;  ///< when t = 0 came, µs since the epoch
   bool started = false;     ///< t = 0 has come (the clock was reset): log lines before it are the setup's
   bool stopping = false;    ///< no new work: the run ends (a signal, or the end of the run)
   std::string stop_reason;  ///< why, when a signal stopped it
@@ -47,6 +51,10 @@ struct Context {
   std::filesystem::path job_dir(std::size_t t) const { return opt.out_dir / "rehearsal" / job_of(t).name; }
   /// The topic the plugin publishes the workflow's events on.
   std::string events_topic() const { return spec.relay.topic_prefix.value_or(spec.name) + ".events"; }
+  /// The topic a task's outputs go to as data items (output: item): "<prefix>.data.<task>".
+  std::string data_topic(const std::string& task) const {
+    return spec.relay.topic_prefix.value_or(spec.name) + ".data." + task;
+  }
 };
 
 }  // namespace diaspora::runner

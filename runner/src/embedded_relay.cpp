@@ -12,8 +12,9 @@ namespace diaspora::runner {
 
 namespace fs = std::filesystem;
 
-EmbeddedRelay::EmbeddedRelay(const fs::path& dir, const fs::path& data_dir, const std::string& topic_prefix)
-    : dir_(dir), data_dir_(data_dir) {
+EmbeddedRelay::EmbeddedRelay(const fs::path& dir, const fs::path& data_dir, const std::string& topic_prefix,
+                             std::vector<std::pair<std::string, std::string>> qos_classes, std::vector<std::string> drop_late)
+    : dir_(dir), data_dir_(data_dir), qos_classes_(std::move(qos_classes)), drop_late_(std::move(drop_late)) {
   fs::create_directories(dir_);
   if (!fs::exists(ca_file())) {
     DevCertOptions o;
@@ -47,6 +48,9 @@ void EmbeddedRelay::start() {
   c.tls_key = dir_ / "certs" / "server-key.pem";
   c.auth_secret_file = dir_ / "auth-secret";
   c.threads = 1;
+  for (const auto& [topics, cls] : qos_classes_) c.qos.classes.push_back({topics, cls});
+  for (const auto& cls : drop_late_)
+    for (std::size_t i = 0; const char* name : {"control", "lifecycle", "telemetry", "bulk"}) c.qos.drop_late[i++] |= cls == name;
   auto r = std::make_unique<Relay>(c);
   r->start();
   port_ = r->port();

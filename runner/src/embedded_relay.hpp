@@ -13,6 +13,8 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "relay_control.hpp"
 
@@ -26,8 +28,11 @@ class EmbeddedRelay final : public RelayControl {
  public:
   /// Makes DIR/certs, DIR/auth-secret and DIR/token when missing (the token allows
   /// publish and subscribe on `topic_prefix`.* for 30 days) and starts the relay on a free
-  /// port, its log in `data_dir`. Throws diaspora::Error when it cannot.
-  EmbeddedRelay(const std::filesystem::path& dir, const std::filesystem::path& data_dir, const std::string& topic_prefix);
+  /// port, its log in `data_dir`, its classes of service `qos` (the spec's relay.qos:
+  /// (topic pattern, class) rules and the classes whose late items are dropped). Throws
+  /// diaspora::Error when it cannot.
+  EmbeddedRelay(const std::filesystem::path& dir, const std::filesystem::path& data_dir, const std::string& topic_prefix,
+                std::vector<std::pair<std::string, std::string>> qos_classes = {}, std::vector<std::string> drop_late = {});
   /// Stops the relay (waits for a stop in progress).
   ~EmbeddedRelay() override;
   EmbeddedRelay(const EmbeddedRelay&) = delete;
@@ -53,6 +58,8 @@ class EmbeddedRelay final : public RelayControl {
 
   std::filesystem::path dir_, data_dir_;
   std::uint16_t port_ = 0;
+  std::vector<std::pair<std::string, std::string>> qos_classes_;
+  std::vector<std::string> drop_late_;
   std::unique_ptr<Relay> relay_;
   std::thread stopper_;
   bool stopping_ = false;            ///< a stop_async() not joined yet

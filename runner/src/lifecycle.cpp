@@ -146,9 +146,12 @@ void Lifecycle::completed(int ii, int ai) {
   if (const boost::json::value* f = inst.result.if_contains("file"); f && f->is_string()) {
     const boost::json::value* b = inst.result.if_contains("bytes");
     const boost::json::value* c = inst.result.if_contains("checksum");
-    ctx_.hooks.data_arrived(ts.name, inst.index, b && b->is_int64() ? static_cast<long>(b->get_int64()) : -1,
-                            "file://" + std::string(f->get_string()), c && c->is_string() ? std::string(c->get_string()) : "",
-                            a.site);
+    const std::string checksum = c && c->is_string() ? std::string(c->get_string()) : "";
+    if (ts.output == TaskSpec::Output::item && ctx_.items)  // announced once the relay holds it (Runner::announce_items)
+      ctx_.items->add({ts.name, inst.index, std::string(f->get_string()), checksum, a.site, ctx_.data_topic(ts.name)});
+    else
+      ctx_.hooks.data_arrived(ts.name, inst.index, b && b->is_int64() ? static_cast<long>(b->get_int64()) : -1,
+                              "file://" + std::string(f->get_string()), checksum, a.site);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "diaspora/data_item.hpp"
 #include "diaspora/error.hpp"
 
 namespace diaspora::runner {
@@ -176,6 +177,25 @@ void PluginBridge::data_arrived(const std::string& stream, long seq, long bytes,
   d.checksum = checksum.empty() ? nullptr : checksum.c_str();
   d.site = site.c_str();
   lib_->data_arrived(plugin_, &d);
+}
+
+std::string PluginBridge::put_item(const std::string& topic, const std::string& stream, long seq, const std::string& site,
+                                   const std::string& bytes, std::int64_t timeout_ms) const {
+  if (!plugin_) throw Error("the plugin is not open");
+  diaspora_item_info info{};
+  info.struct_size = sizeof info;
+  info.bytes = bytes.data();
+  info.size = bytes.size();
+  info.topic = topic.c_str();
+  info.stream = stream.c_str();
+  info.seq = seq;
+  info.site = site.empty() ? nullptr : site.c_str();
+  info.timeout_ms = timeout_ms;
+  diaspora_item_ref ref{};
+  ref.struct_size = sizeof ref;
+  if (const int rc = lib_->item_put(plugin_, &info, &ref); rc != DIASPORA_OK)
+    throw Error(std::string("item put: ") + lib_->status_name(rc) + ": " + last_error());
+  return data::item_uri(ref.topic, ref.offset);
 }
 
 void PluginBridge::resource(const std::string& id, const char* kind, const char* state, const std::string& site,

@@ -49,6 +49,13 @@ class PluginBridge final : public Hooks {
   diaspora_stats drain(double timeout_s) const;
   /// Closes the plugin (waits up to timeout_ms for its last events); returns its status.
   int close(int timeout_ms);
+  /// Puts `bytes` on `topic` as one data item (docs/streaming.md) whose event's data names
+  /// `stream`, `seq` and `site`, through the plugin's item session (diaspora_item_put):
+  /// blocks until the relay acknowledged it, resending across reconnects for up to
+  /// `timeout_ms`. Any thread (the plugin's item calls are thread-safe); not while closing.
+  /// Returns "diaspora://TOPIC/OFFSET". Throws diaspora::Error with the plugin's reason.
+  std::string put_item(const std::string& topic, const std::string& stream, long seq, const std::string& site,
+                       const std::string& bytes, std::int64_t timeout_ms) const;
 
   // Hooks
   void task_submitted(const Attempt& a, const std::string& task_name, double deadline_s) override;

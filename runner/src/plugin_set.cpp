@@ -85,6 +85,12 @@ int PluginSet::close(int timeout_ms) {
   return rc;
 }
 
+std::string PluginSet::put_item(const std::string& topic, const std::string& stream, long seq, const std::string& site,
+                                const std::string& bytes, std::int64_t timeout_ms) const {
+  auto it = site_plugin_.find(site);  // read only: site_plugin_ and bridges_ are set by open()
+  return bridges_[it == site_plugin_.end() ? 0 : it->second]->put_item(topic, stream, seq, site, bytes, timeout_ms);
+}
+
 PluginBridge& PluginSet::of_site(const std::string& site) {
   auto it = site_plugin_.find(site);
   return *bridges_[it == site_plugin_.end() ? 0 : it->second];

@@ -53,6 +53,10 @@ class PluginSet final : public Hooks {
   diaspora_stats drain(double timeout_s) const;
   /// Closes every plugin; the first status that is not DIASPORA_OK, else DIASPORA_OK.
   int close(int timeout_ms);
+  /// PluginBridge::put_item through the plugin of `site` (the run's for a site without a
+  /// relay of its own). Any thread, between open() and close().
+  std::string put_item(const std::string& topic, const std::string& stream, long seq, const std::string& site,
+                       const std::string& bytes, std::int64_t timeout_ms) const;
 
   // Hooks
   void task_submitted(const Attempt& a, const std::string& task_name, double deadline_s) override;

@@ -5,6 +5,7 @@
 #include <boost/json/serialize.hpp>
 
 #include "diaspora/error.hpp"
+#include "diaspora/event.hpp"  // format_rfc3339_us
 #include "diaspora/files.hpp"
 #include "diaspora/json_exact.hpp"
 
@@ -56,6 +57,11 @@ std::vector<std::string> RehearsalJobs::argv(std::size_t task) {
     set("dataset.ca_file", ctx_.ca_file.string());
     set("dataset.token_file", ctx_.token_file.string());
     set("dataset.tasks", std::to_string(total));
+    for (const auto& ts : ctx_.spec.tasks)
+      if (ts.name == *j.stream && ts.output == TaskSpec::Output::item) {  // scans through the relay, no shared folder
+        set("dataset.item_topic", ctx_.data_topic(*j.stream));
+        if (!ctx_.opt.resume) set("dataset.since", format_rfc3339_us(ctx_.started_us));  // not an earlier run's
+      }
   }
   for (const auto& [key, value] : j.set) set(key, value.is_string() ? std::string(value.get_string()) : json::serialize(value));
   if (j.world_size > 1) {

@@ -70,6 +70,7 @@ class Runner {
   /// A run that threw (a site that could not start, ...) still closes the plugin before
   /// its relay goes away; run() leaves nothing open otherwise.
   ~Runner() {
+    items_.reset();  // its put in progress ends (acked, or its timeout) before the plugin goes
     plugin_.close(2000);
   }
 
@@ -82,6 +83,9 @@ class Runner {
   bool finished() const { return !streams_.open() && store_.open() == 0; }
   int finish();
   void dispatch() { lifecycle_.dispatch(placement_); }
+  /// Announces the outputs put as data items since the last call (data.arrived with their
+  /// diaspora:// URI; a file:// URI, said, for one that could not be put).
+  void announce_items();
   /// What wakes the loop's poll: an action (the plugins' pipe) or a signal.
   std::array<int, 2> wake_fds() const { return {wake_.fd[0], signal_pipe_fd()}; }
 
@@ -106,7 +110,21 @@ class Runner {
   Baseline baseline_;
   std::unique_ptr<FaultInjector> faults_;
   LiveView view_;
+  std::unique_ptr<ItemOutbox> items_;  // last: it stops (its thread joined) before the plugins close
 };
+
+void Runner::announce_items() {
+  if (!items_) return;
+  for (ItemDone& d : items_->take()) {
+    std::string uri = d.uri;
+    if (!d.error.empty()) {
+      ctx_.say("output " + d.job.stream + "[" + std::to_string(d.job.seq) + "] was not put on " + d.job.topic + ": " +
+               d.error + "; announced as its file instead");
+      uri = "file://" + d.job.file.string();
+    }
+    plugin_.data_arrived(d.job.stream, d.job.seq, d.bytes, uri, d.job.checksum, d.job.site);
+  }
+}
 
 void Runner::start_relay_and_plugin() {
   json::value doc = in_.document;
@@ -127,7 +145,8 @@ void Runner::start_relay_and_plugin() {
   if (spec_.relay.embedded()) {
     const fs::path data = spec_.relay.data_dir ? fs::path(root["relay"].get_object()["data_dir"].get_string().c_str())
                                                : opt_.out_dir / "relay" / "data";
-    relay_ = std::make_unique<EmbeddedRelay>(opt_.out_dir / "relay", data, prefix);
+    relay_ = std::make_unique<EmbeddedRelay>(opt_.out_dir / "relay", data, prefix, spec_.relay.qos_classes,
+                                             spec_.relay.qos_drop_late);
     ctx_.relay_url = relay_->url();
     ctx_.ca_file = relay_->ca_file();
     ctx_.token_file = relay_->token_file();
@@ -172,6 +191,14 @@ void Runner::start_relay_and_plugin() {
   }
   plugin_.open(spec_.plugin.library ? fs::path(root["plugin"].get_object()["library"].get_string().c_str()) : fs::path(), doc,
                site_docs);
+  if (std::any_of(spec_.tasks.begin(), spec_.tasks.end(), [](const TaskSpec& t) { return t.output == TaskSpec::Output::item; })) {
+    items_ = std::make_unique<ItemOutbox>(
+        [this](const ItemJob& j, const std::string& bytes) {
+          return plugin_.put_item(j.topic, j.stream, j.seq, j.site, bytes, 60000);
+        },
+        wake_.fd[1]);
+    ctx_.items = items_.get();
+  }
   if (relay_) {
     ::setenv("DIASPORA_RELAY_URL", ctx_.relay_url.c_str(), 1);
     ::setenv("DIASPORA_RELAY_CA", ctx_.ca_file.c_str(), 1);
@@ -210,6 +237,7 @@ void Runner::loop() {
     faults_->duty_cycle();
     streams_.tick();
     for (const diaspora_action& a : plugin_.take_actions()) executor_.handle(a, [this] { dispatch(); });
+    announce_items();
     workers_.tick();
     dispatch();
     baseline_.checks();
@@ -242,6 +270,7 @@ int Runner::run() {
   clock_.reset();
   ctx_.started = true;
   start_us_ = now_us();
+  ctx_.started_us = start_us_;
   streams_.start(store_);
   loop();
   return finish();
@@ -259,6 +288,11 @@ int Runner::finish() {
   }
   const int status = failed == 0 && !ctx_.stopping ? 0 : 1;
   ctx_.say("finished: " + std::to_string(completed) + " completed, " + std::to_string(failed) + " not completed");
+  if (items_) {  // outputs still being put: announced before the plugin drains
+    if (!items_->drain(60)) ctx_.say("outputs still being put after 60 s: " + std::to_string(items_->pending()) + " not announced");
+    announce_items();
+    items_.reset();
+  }
   workers_.shutdown();
   plugin_.stop_actions();
   // Let the plugin deliver what it holds (a relay that was stopped has its spool to take)

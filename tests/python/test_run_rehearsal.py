@@ -118,6 +118,31 @@ def test_the_job_trains_on_every_scan_of_the_stream(tmp_path, undisturbed):
     assert "checkpoint requested (SIGUSR1): writing ckpt-" in (out / "tasks" / "learn.0.1.err").read_text()
 
 
+def test_scans_through_the_fabric_train_the_same_as_scans_in_files(tmp_path, undisturbed):
+    """output: item (docs/streaming.md): each scan is put on the relay as a data item and
+    announced with its diaspora:// URI; the job fetches it (checked) into its own folder, so
+    it needs no file system shared with the reconstruct tasks. Same scans, same order: the
+    same error matrix as the run that read the files."""
+    out = tmp_path / "out"
+    spec = stream_spec(tmp_path)
+    spec.write_text(spec.read_text().replace("    duration: 3s\n", "    duration: 3s\n    output: item\n"))
+    p = rn.run(spec, out, "--no-policies")
+    assert p.returncode == 0, p.stdout + p.stderr
+    job = rn.instance(rn.report(out), "learn.0")
+    assert job["state"] == "completed" and job["result"]["error_matrix"] == undisturbed["error_matrix"]
+    arrived = [e["data"] for e in rn.stored_events(out, "learn-stream.events", None)
+               if e["type"] == "org.diaspora.data.arrived"]
+    assert sorted(d["seq"] for d in arrived) == list(range(6)), arrived
+    assert all(d["uri"].startswith("diaspora://learn-stream.data.scan/") for d in arrived), arrived
+    # What the job trained on: the items, fetched into its folder, byte for byte the files
+    # the tasks wrote (which it never opened).
+    import hashlib
+    written = {hashlib.sha256(f.read_bytes()).hexdigest() for f in (out / "data").rglob("*.scan")}
+    fetched = [(out / "rehearsal" / "learn" / "scans" / f"scan-{d['seq']}.scan").read_bytes() for d in arrived]
+    assert [len(b) for b in fetched] == [d["bytes"] for d in arrived]
+    assert {hashlib.sha256(b).hexdigest() for b in fetched} == written and len(written) == 6
+
+
 def test_migrated_mid_stream_it_ends_as_an_unmigrated_run(tmp_path, undisturbed):
     out = tmp_path / "out"
     p = rn.run(stream_spec(tmp_path, MOVE), out)

@@ -165,3 +165,16 @@ TEST(ItemAssembler, TheRelayWideBudgetBoundsEveryConnectionTogetherAndComesBackW
   }  // b's session ends with its item half received
   EXPECT_EQ(budget.used(), 0u);
 }
+
+TEST(Item, UrisNameATopicAndAnOffset) {
+  EXPECT_EQ(data::item_uri("beam.data", 1200), "diaspora://beam.data/1200");
+  const auto at = data::parse_item_uri("diaspora://beam.data/1200");
+  ASSERT_TRUE(at);
+  EXPECT_EQ(at->topic, "beam.data");
+  EXPECT_EQ(at->offset, 1200u);
+  ASSERT_TRUE(data::parse_item_uri("diaspora://t/9999999999999999999"));  // 19 digits: the most an offset is written with
+  EXPECT_EQ(data::parse_item_uri("diaspora://t/9999999999999999999")->offset, 9999999999999999999ull);
+  for (const char* bad : {"file:///tmp/x", "diaspora://", "diaspora:///3", "diaspora://t", "diaspora://t/", "diaspora://t/-1",
+                          "diaspora://t/1x", "diaspora://t/12345678901234567890", "diaspora://t/u/3"})
+    EXPECT_FALSE(data::parse_item_uri(bad)) << bad;
+}

@@ -80,6 +80,18 @@ inline std::uint64_t chunk_count(std::uint64_t size, std::uint64_t chunk_bytes) 
   return size == 0 ? 0 : (size + chunk_bytes - 1) / chunk_bytes;
 }
 
+/// Where an item is: its event's topic and offset, written "diaspora://TOPIC/OFFSET" (what
+/// `diaspora put` prints, what org.diaspora.data.arrived's uri may carry).
+struct ItemLocation {
+  std::string topic;
+  std::uint64_t offset = 0;
+};
+/// "diaspora://TOPIC/OFFSET".
+std::string item_uri(std::string_view topic, std::uint64_t offset);
+/// Parses "diaspora://TOPIC/OFFSET" (a topic of 1 or more characters without '/', a decimal
+/// offset); nullopt for anything else.
+std::optional<ItemLocation> parse_item_uri(std::string_view uri);
+
 /// Lower-case hex SHA-256 of `bytes` (64 characters).
 std::string sha256_hex(std::string_view bytes);
 

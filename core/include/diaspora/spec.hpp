@@ -57,6 +57,10 @@ struct RelaySpec {
   std::optional<std::filesystem::path> token_file;
   std::optional<std::filesystem::path> data_dir;
   std::optional<std::string> topic_prefix;
+  /// qos: the embedded relay's classes of service (docs/streaming.md): (topic pattern, class)
+  /// rules tried before the defaults, and the classes whose late items are dropped.
+  std::vector<std::pair<std::string, std::string>> qos_classes;
+  std::vector<std::string> qos_drop_late;
   bool embedded() const noexcept { return url == "embedded"; }
 };
 
@@ -120,6 +124,9 @@ struct TaskSpec {
   std::int64_t count = 1;
   std::optional<double> rate;          ///< instances per second for a stream
   std::optional<Duration> duration;    ///< how long a stream runs
+  /// How each instance's output file is announced: file (a file:// URI) or item (put on the
+  /// relay as a data item, docs/streaming.md: a diaspora:// URI).
+  enum class Output { file, item } output = Output::file;
   Location location;
 };
 

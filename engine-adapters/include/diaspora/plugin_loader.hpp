@@ -42,6 +42,9 @@ struct PluginLibrary {
   decltype(&::diaspora_action_done) action_done = nullptr;
   decltype(&::diaspora_action_failed) action_failed = nullptr;
   decltype(&::diaspora_get_stats) get_stats = nullptr;
+  decltype(&::diaspora_item_put) item_put = nullptr;    ///< ABI 1.3: data items (docs/streaming.md)
+  decltype(&::diaspora_item_get) item_get = nullptr;
+  decltype(&::diaspora_item_free) item_free = nullptr;
 };
 
 /// Where the runner looks for the plugin when the spec names none: the library next to

@@ -41,6 +41,11 @@ struct DatasetConfig {
   std::string stream;
   std::string ca_file, token_file;
   std::string scan_dir;            ///< non-empty: only scan files under this folder count
+  // Scans announced as data items (diaspora://TOPIC/OFFSET URIs: the workflow's task has
+  // output: item) are fetched from the relay into cache_dir (docs/streaming.md).
+  std::string item_topic;          ///< non-empty: only items on this topic count
+  std::int64_t since_us = 0;       ///< > 0: only items announced at or after this time (µs since the epoch) count
+  std::string cache_dir;           ///< where fetched scans are written (default: OUT/scans, beside the job's other output)
   double wait_s = 600;             ///< fail when the next scan does not arrive within this
 };
 
