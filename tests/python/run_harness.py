@@ -4,6 +4,7 @@ events its embedded relay stored (served again by a real diaspora-relay afterwar
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -18,10 +19,11 @@ def write_spec(tmp: Path, text: str, name: str = "wf.yaml") -> Path:
     return p
 
 
-def run(spec: Path, out: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Runs `diaspora run SPEC --out OUT ARGS...` to the end (a watchdog kills it)."""
+def run(spec: Path, out: Path, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs `diaspora run SPEC --out OUT ARGS...` to the end (a watchdog kills it); `env`:
+    more environment for it."""
     p = subprocess.run([str(DIASPORA), "run", str(spec), "--out", str(out), *args], capture_output=True,
-                       text=True, timeout=timeout)
+                       text=True, timeout=timeout, env={**os.environ, **env} if env else None)
     assert_no_sanitizer_report(out, p.stderr)
     return p
 

@@ -120,13 +120,19 @@ def test_the_job_trains_on_every_scan_of_the_stream(tmp_path, undisturbed):
 
 def test_scans_through_the_fabric_train_the_same_as_scans_in_files(tmp_path, undisturbed):
     """output: item (docs/streaming.md): each scan is put on the relay as a data item and
-    announced with its diaspora:// URI; the job fetches it (checked) into its own folder, so
-    it needs no file system shared with the reconstruct tasks. Same scans, same order: the
-    same error matrix as the run that read the files."""
+    announced with its diaspora:// URI; the job, run where the run's data folder is empty
+    (a mount namespace of its own), fetches each (checked) into its own folder. Same scans,
+    same order: the same error matrix as the run that read the files."""
     out = tmp_path / "out"
     spec = stream_spec(tmp_path)
     spec.write_text(spec.read_text().replace("    duration: 3s\n", "    duration: 3s\n    output: item\n"))
-    p = rn.run(spec, out, "--no-policies")
+    # The job on a site without the scans' folder: diaspora-train in a mount namespace of its
+    # own where OUT/data is an empty tmpfs (DIASPORA_TRAIN: how a site wraps the trainer).
+    wrapper = tmp_path / "train-without-data.sh"
+    wrapper.write_text('#!/bin/sh\nexec unshare -m --propagation private sh -c \'mount -t tmpfs none "$0" && exec "$@"\' '
+                       f'"{out / "data"}" "{rn.DIASPORA.parent / "diaspora-train"}" "$@"\n')
+    wrapper.chmod(0o755)
+    p = rn.run(spec, out, "--no-policies", env={"DIASPORA_TRAIN": str(wrapper)})
     assert p.returncode == 0, p.stdout + p.stderr
     job = rn.instance(rn.report(out), "learn.0")
     assert job["state"] == "completed" and job["result"]["error_matrix"] == undisturbed["error_matrix"]
@@ -141,6 +147,14 @@ def test_scans_through_the_fabric_train_the_same_as_scans_in_files(tmp_path, und
     fetched = [(out / "rehearsal" / "learn" / "scans" / f"scan-{d['seq']}.scan").read_bytes() for d in arrived]
     assert [len(b) for b in fetched] == [d["bytes"] for d in arrived]
     assert {hashlib.sha256(b).hexdigest() for b in fetched} == written and len(written) == 6
+    # The control: the same job where scans are files fails there, naming the file it cannot read.
+    out2 = tmp_path / "files"
+    (tmp_path / "files-spec").mkdir()
+    files_spec = stream_spec(tmp_path / "files-spec")  # output: file, the default
+    wrapper.write_text(wrapper.read_text().replace(str(out / "data"), str(out2 / "data")))
+    p = rn.run(files_spec, out2, "--no-policies", env={"DIASPORA_TRAIN": str(wrapper)})
+    assert p.returncode != 0 and rn.instance(rn.report(out2), "learn.0")["state"] != "completed"
+    assert "cannot read the scan file" in (out2 / "tasks" / "learn.0.1.err").read_text()
 
 
 def test_migrated_mid_stream_it_ends_as_an_unmigrated_run(tmp_path, undisturbed):

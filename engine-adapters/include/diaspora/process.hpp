@@ -49,7 +49,9 @@ std::string describe_wait_status(int status);
 std::filesystem::path self_executable(const char* argv0 = nullptr);
 
 /// diaspora-train next to this executable (build/bin, or the installed bin/), or an empty
-/// path when it is not there (a build with DIASPORA_WITH_TORCH=OFF). Any thread.
+/// path when it is not there (a build with DIASPORA_WITH_TORCH=OFF). DIASPORA_TRAIN, when
+/// set, names the program instead (a wrapper that runs the trainer in a container or a
+/// namespace of the site's); empty when it is not executable. Any thread.
 std::filesystem::path trainer_executable();
 
 /// Sends `sig` to the process group `pgid` (its leader's pid); ignores ESRCH.
