@@ -103,42 +103,58 @@ async def proxy(listen_port_file: Path, target_host: str, target_port: int) -> N
 
 # ---- the subscriber (runs in the site's namespace) ----
 
-async def consume(url: str, ca: str, token: str, out: Path, seconds: float) -> None:
+async def consume(url: str, ca: str, token: str, out: Path, seconds: float, split: bool) -> None:
+    """Subscribes to the four topics over one connection, or (`split`) the data topic over a
+    connection of its own: a connection per class group, the other way to keep bulk apart."""
     import websockets
     from data_items import decode_delivered
     ctx = ssl.create_default_context(cafile=ca)
-    ws = await websockets.connect(url, ssl=ctx, subprotocols=["diaspora.v1"], max_size=64 * 2**20,
-                                  extra_headers={"Authorization": f"Bearer {token}"}, max_queue=64)
-    # The site knows its link: bulk paced to a share of it (hello's bulk_rate, bytes/s).
-    await ws.send(json.dumps({"op": "hello", "client_id": "qos-site", "bulk_rate": BULK_SHARE * LINK_BPS / 8}))
-    for i, topic in enumerate(["wf.control.site", "wf.events", "wf.telemetry", "wf.data"]):
-        await ws.send(json.dumps({"op": "subscribe", "id": f"s{i}", "topic": topic, "from": "earliest"}))
+
+    async def connect(topics: list[str]):
+        ws = await websockets.connect(url, ssl=ctx, subprotocols=["diaspora.v1"], max_size=64 * 2**20,
+                                      extra_headers={"Authorization": f"Bearer {token}"}, max_queue=64)
+        # The site knows its link: bulk paced to a share of it (hello's bulk_rate, bytes/s).
+        await ws.send(json.dumps({"op": "hello", "client_id": "qos-site", "bulk_rate": BULK_SHARE * LINK_BPS / 8}))
+        for topic in topics:
+            await ws.send(json.dumps({"op": "subscribe", "id": topic, "topic": topic, "from": "earliest"}))
+        return ws
+
+    events = ["wf.control.site", "wf.events", "wf.telemetry"]
+    conns = [await connect(events), await connect(["wf.data"])] if split else [await connect(events + ["wf.data"])]
     latencies: list[tuple[str, str, float]] = []  # topic, phase, seconds
     bulk: list[tuple[float, int]] = []             # receipt time, chunk payload bytes
     ends = set()
     deadline = time.time() + seconds
-    while len(ends) < 3 and time.time() < deadline:
-        try:
-            frame = await asyncio.wait_for(ws.recv(), max(0.1, deadline - time.time()))
-        except asyncio.TimeoutError:
-            break
-        now = time.time()
-        if isinstance(frame, bytes):
-            bulk.append((now, len(decode_delivered(frame)["payload"])))
-            continue
-        m = json.loads(frame)
-        if m.get("op") != "events":
-            continue
-        for e in m["events"]:
-            d = e["event"].get("data") or {}
-            if "t" not in d:
-                continue  # a data item's own event
-            if d.get("phase") == "end":
-                ends.add(m["topic"])
+
+    async def read(ws):
+        while len(ends) < 3 and time.time() < deadline:
+            try:
+                frame = await asyncio.wait_for(ws.recv(), max(0.1, deadline - time.time()))
+            except asyncio.TimeoutError:
+                return
+            now = time.time()
+            if isinstance(frame, bytes):
+                bulk.append((now, len(decode_delivered(frame)["payload"])))
                 continue
-            latencies.append((m["topic"], d["phase"], now - d["t"]))
+            m = json.loads(frame)
+            if m.get("op") != "events":
+                continue
+            for e in m["events"]:
+                d = e["event"].get("data") or {}
+                if "t" not in d:
+                    continue  # a data item's own event
+                if d.get("phase") == "end":
+                    ends.add(m["topic"])
+                    continue
+                latencies.append((m["topic"], d["phase"], now - d["t"]))
+
+    readers = [asyncio.create_task(read(ws)) for ws in conns]
+    await readers[0]  # the events' connection: until every end marker came
+    for r in readers[1:]:
+        r.cancel()
     out.write_text(json.dumps({"latencies": latencies, "bulk": bulk}))
-    await ws.close()
+    for ws in conns:
+        await ws.close()
 
 
 # ---- the centre: relay, producers, measurement ----
@@ -219,9 +235,9 @@ def shape(ns, rate: str, latency: str) -> None:
         subprocess.run(cmd, check=True)
 
 
-def one_way(build: Path, creds, ns, work: Path, qos: bool, idle_s: float, load_s: float) -> dict:
+def one_way(build: Path, creds, ns, work: Path, mode: str, idle_s: float, load_s: float) -> dict:
     from relay_harness import RelayProcess
-    name = "qos" if qos else "fifo"
+    name, qos, split = mode, mode == "classes", mode == "split"
     relay = RelayProcess(creds, work / name, host=ns.host_ip, fsync="never",
                          config={"qos": {"enabled": qos, "notsent_lowat": os.environ.get("QOS_LOWAT", "64KiB")}, "views": False}).start()
     token = creds.token("admin")
@@ -237,7 +253,7 @@ def one_way(build: Path, creds, ns, work: Path, qos: bool, idle_s: float, load_s
             time.sleep(0.05)
         url = f"wss://127.0.0.1:{port_file.read_text()}/v1"
         site = subprocess.Popen(ns.inside(*rt, py, __file__, "consume", url, str(creds.ca), token, str(out),
-                                          str(idle_s + load_s + 60)))
+                                          str(idle_s + load_s + 60), "split" if split else "one"))
         time.sleep(1.5)  # connected and subscribed
         retrans0 = retransmitted()
         sent = asyncio.run(produce(relay, token, idle_s, load_s))
@@ -296,8 +312,8 @@ def main() -> int:
         asyncio.run(proxy(Path(args.rest[0]), args.rest[1], int(args.rest[2])))
         return 0
     if args.role == "consume":
-        url, ca, token, out, seconds = args.rest
-        asyncio.run(consume(url, ca, token, Path(out), float(seconds)))
+        url, ca, token, out, seconds, conns = args.rest
+        asyncio.run(consume(url, ca, token, Path(out), float(seconds), conns == "split"))
         return 0
     if os.geteuid() != 0:
         print("bench/qos needs root (network namespaces, tc)", file=sys.stderr)
@@ -311,21 +327,24 @@ def main() -> int:
         creds.renew_server_cert(86400, ips=(ns.host_ip,))  # the producers reach the relay on the link's address
         try:
             shape(ns, "100mbit", TBF_LATENCY)
-            rows = {mode: one_way(ROOT / args.build, creds, ns, work, mode == "classes", args.idle, args.load)
-                    for mode in ("fifo", "classes")}
+            rows = {mode: one_way(ROOT / args.build, creds, ns, work, mode, args.idle, args.load)
+                    for mode in ("fifo", "split", "classes")}
         finally:
             ns.close()
     print(f"100 Mbit/s each way (tc tbf, {TBF_LATENCY} of buffer), 20 ms round trip (a delaying proxy at the site); "
           f"events: lifecycle 50/s, telemetry 200/s, control 5/s; bulk: {ITEM >> 20} MiB items in "
           f"{CHUNK >> 10} KiB chunks, 1.1x the link, paced by class to {BULK_SHARE:.0%} of it (hello's bulk_rate); "
-          f"one subscriber connection at the site; idle {args.idle:g} s, saturated {args.load:g} s")
+          f"one subscriber at the site; idle {args.idle:g} s, saturated {args.load:g} s")
     print("| relay | lifecycle p50 / p99 idle (ms) | lifecycle p50 / p99 saturated | control p99 / max saturated "
           "| telemetry p99 saturated | bulk goodput (of 100 Mbit/s) | events lost |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for mode, r in rows.items():
         L = r["lat"]
         ms = lambda k, p: pct(L.get(k, []), p) * 1e3
-        print(f"| {'one FIFO (qos.enabled: false)' if mode == 'fifo' else 'by class (default)'} "
+        label = {"fifo": "one FIFO, one connection (qos.enabled: false)",
+                 "split": "one FIFO each, a connection for bulk and one for the rest",
+                 "classes": "by class, one connection (default)"}[mode]
+        print(f"| {label} "
               f"| {ms('wf.events/idle', 50):.1f} / {ms('wf.events/idle', 99):.1f} "
               f"| {ms('wf.events/load', 50):.1f} / {ms('wf.events/load', 99):.1f} "
               f"| {ms('wf.control.site/load', 99):.1f} / {ms('wf.control.site/load', 100):.1f} "

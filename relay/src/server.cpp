@@ -815,113 +815,121 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   void pump_once() {
     if (closing_) return;
     const auto& cfg = relay_->cfg;
+    // Every subscription's cursors, each round from the one after where the last round began:
+    // a subscription with a standing backlog does not take every free slot of a queue from
+    // the others on the connection.
+    std::vector<std::pair<Subscription*, std::pair<const std::string, Cursor>*>> all;
+    for (auto& [key, sub] : subs_)
+      for (auto& entry : sub.cursors) all.emplace_back(&sub, &entry);
+    const std::size_t n = all.size();
+    const std::size_t first = n ? pump_round_++ % n : 0;
     bool progressed = true;
     while (progressed) {
       progressed = false;
-      for (auto& [key, sub] : subs_) {
-        for (auto& entry : sub.cursors) {  // not a structured binding: a lambda below uses cursor (clang 15)
-          const std::string& topic = entry.first;
-          Cursor& cursor = entry.second;
-          if (queues_.size(cursor.cls) >= cfg.subscriber_queue_frames) continue;  // this class's queue is full
-          if (relay_->store->committed_offset(topic) <= cursor.next) continue;
-          std::size_t max_records = cfg.delivery_batch_events;
-          if (sub.max_rate > 0) {  // a bucket of one second's worth, refilled at the rate
-            const auto now = Clock::now();
-            sub.tokens = std::min(std::max(1.0, sub.max_rate),
-                                  sub.tokens + sub.max_rate * std::chrono::duration<double>(now - sub.refilled).count());
-            sub.refilled = now;
-            if (sub.tokens < 1) {
-              wake_for_rate((1 - sub.tokens) / sub.max_rate);
-              continue;
-            }
-            max_records = std::min<std::size_t>(max_records, static_cast<std::size_t>(sub.tokens));
+      for (std::size_t k = 0; k < n; ++k) {
+        Subscription& sub = *all[(first + k) % n].first;
+        auto& entry = *all[(first + k) % n].second;  // not a structured binding: a lambda below uses cursor (clang 15)
+        const std::string& topic = entry.first;
+        Cursor& cursor = entry.second;
+        if (queues_.size(cursor.cls) >= cfg.subscriber_queue_frames) continue;  // this class's queue is full
+        if (relay_->store->committed_offset(topic) <= cursor.next) continue;
+        std::size_t max_records = cfg.delivery_batch_events;
+        if (sub.max_rate > 0) {  // a bucket of one second's worth, refilled at the rate
+          const auto now = Clock::now();
+          sub.tokens = std::min(std::max(1.0, sub.max_rate),
+                                sub.tokens + sub.max_rate * std::chrono::duration<double>(now - sub.refilled).count());
+          sub.refilled = now;
+          if (sub.tokens < 1) {
+            wake_for_rate((1 - sub.tokens) / sub.max_rate);
+            continue;
           }
-          std::uint64_t bytes = 0;
-          std::size_t count = 0;
-          if (mode_ == Mode::cloudevents) {
-            auto recs = relay_->store->read(topic, cursor.next, max_records, cfg.delivery_batch_bytes);
-            if (recs.empty()) continue;
-            cursor.next = recs.back().offset + 1;
-            count = recs.size();
-            for (auto& r : recs) {
-              if (data::is_chunk_record(r.payload)) continue;  // the binding carries events only (docs/streaming.md)
-              bytes += r.payload.size();
-              deliver(std::move(r.payload), cursor.cls, r.time_us);
-            }
-          } else {
-            // Framed straight from the reader's buffer: no copy of each stored event. A data
-            // chunk (docs/streaming.md) ends the events frame before it and goes as a binary
-            // frame of its own, so the order of offsets holds across both.
-            std::uint64_t skipped = 0;  // latest-only: the records passed over, said in the frame
-            if (sub.latest_only) {
-              const std::uint64_t end = relay_->store->committed_offset(topic);
-              if (end > cursor.next + 1) skipped = end - 1 - cursor.next, cursor.next = end - 1;
-            }
-            std::string frame;
-            std::uint64_t next = cursor.next;
-            bool open = false;
-            std::int64_t frame_us = 0;  // the frame's first record's append time
-            const std::string sub_id = json::serialize(sub.id);
-            auto finish = [&] {
-              if (!open) return;
-              if (skipped) {
-                frame += R"(],"skipped":)";
-                frame += std::to_string(skipped);
-                frame += R"(,"next_offset":)";
-                skipped = 0;
-              } else {
-                frame += R"(],"next_offset":)";
-              }
-              frame += std::to_string(next);
-              frame += '}';
-              deliver(std::move(frame), cursor.cls, frame_us);
-              frame.clear();
-              open = false;
-            };
-            count = relay_->store->visit(topic, cursor.next, max_records, cfg.delivery_batch_bytes,
-                                         [&](const relay::Store::RecordRef& r) {
-                                           bytes += r.payload.size();
-                                           if (data::is_chunk_record(r.payload)) {
-                                             finish();
-                                             next = r.offset + 1;
-                                             const data::Decoded d = data::decode(r.payload);
-                                             if (d.chunk)  // else damaged: passed over, as a damaged event is
-                                               deliver(data::encode_delivered(sub_id, topic, r.offset, d.chunk->index,
-                                                                              d.chunk->count, d.chunk->payload),
-                                                       cursor.cls, r.time_us, true);
-                                             return;
-                                           }
-                                           if (!open) {
-                                             frame_us = r.time_us;
-                                             frame += R"({"op":"events","id":)";
-                                             frame += sub_id;
-                                             frame += R"(,"topic":)";
-                                             frame += json_str(topic);
-                                             frame += R"(,"events":[)";
-                                             frame.reserve(frame.size() + std::min<std::size_t>(2 * r.payload.size() * cfg.delivery_batch_events, cfg.delivery_batch_bytes + 65536));
-                                             open = true;
-                                           } else {
-                                             frame += ',';
-                                           }
-                                           frame += R"({"offset":)";
-                                           frame += std::to_string(r.offset);
-                                           if (sub.stamps) {
-                                             frame += R"(,"appended_us":)";
-                                             frame += std::to_string(r.time_us);
-                                           }
-                                           frame += R"(,"event":)";
-                                           frame += r.payload;
-                                           frame += '}';
-                                           next = r.offset + 1;
-                                         });
-            if (count == 0) continue;
-            cursor.next = next;
-            finish();
-          }
-          relay_->metrics.out(topic, count, bytes);
-          if (sub.max_rate > 0) sub.tokens -= static_cast<double>(count);
-          progressed = true;
+          max_records = std::min<std::size_t>(max_records, static_cast<std::size_t>(sub.tokens));
         }
+        std::uint64_t bytes = 0;
+        std::size_t count = 0;
+        if (mode_ == Mode::cloudevents) {
+          auto recs = relay_->store->read(topic, cursor.next, max_records, cfg.delivery_batch_bytes);
+          if (recs.empty()) continue;
+          cursor.next = recs.back().offset + 1;
+          count = recs.size();
+          for (auto& r : recs) {
+            if (data::is_chunk_record(r.payload)) continue;  // the binding carries events only (docs/streaming.md)
+            bytes += r.payload.size();
+            deliver(std::move(r.payload), cursor.cls, r.time_us);
+          }
+        } else {
+          // Framed straight from the reader's buffer: no copy of each stored event. A data
+          // chunk (docs/streaming.md) ends the events frame before it and goes as a binary
+          // frame of its own, so the order of offsets holds across both.
+          std::uint64_t skipped = 0;  // latest-only: the records passed over, said in the frame
+          if (sub.latest_only) {
+            const std::uint64_t end = relay_->store->committed_offset(topic);
+            if (end > cursor.next + 1) skipped = end - 1 - cursor.next, cursor.next = end - 1;
+          }
+          std::string frame;
+          std::uint64_t next = cursor.next;
+          bool open = false;
+          std::int64_t frame_us = 0;  // the frame's first record's append time
+          const std::string sub_id = json::serialize(sub.id);
+          auto finish = [&] {
+            if (!open) return;
+            if (skipped) {
+              frame += R"(],"skipped":)";
+              frame += std::to_string(skipped);
+              frame += R"(,"next_offset":)";
+              skipped = 0;
+            } else {
+              frame += R"(],"next_offset":)";
+            }
+            frame += std::to_string(next);
+            frame += '}';
+            deliver(std::move(frame), cursor.cls, frame_us);
+            frame.clear();
+            open = false;
+          };
+          count = relay_->store->visit(topic, cursor.next, max_records, cfg.delivery_batch_bytes,
+                                       [&](const relay::Store::RecordRef& r) {
+                                         bytes += r.payload.size();
+                                         if (data::is_chunk_record(r.payload)) {
+                                           finish();
+                                           next = r.offset + 1;
+                                           const data::Decoded d = data::decode(r.payload);
+                                           if (d.chunk)  // else damaged: passed over, as a damaged event is
+                                             deliver(data::encode_delivered(sub_id, topic, r.offset, d.chunk->index,
+                                                                            d.chunk->count, d.chunk->payload),
+                                                     cursor.cls, r.time_us, true);
+                                           return;
+                                         }
+                                         if (!open) {
+                                           frame_us = r.time_us;
+                                           frame += R"({"op":"events","id":)";
+                                           frame += sub_id;
+                                           frame += R"(,"topic":)";
+                                           frame += json_str(topic);
+                                           frame += R"(,"events":[)";
+                                           frame.reserve(frame.size() + std::min<std::size_t>(2 * r.payload.size() * cfg.delivery_batch_events, cfg.delivery_batch_bytes + 65536));
+                                           open = true;
+                                         } else {
+                                           frame += ',';
+                                         }
+                                         frame += R"({"offset":)";
+                                         frame += std::to_string(r.offset);
+                                         if (sub.stamps) {
+                                           frame += R"(,"appended_us":)";
+                                           frame += std::to_string(r.time_us);
+                                         }
+                                         frame += R"(,"event":)";
+                                         frame += r.payload;
+                                         frame += '}';
+                                         next = r.offset + 1;
+                                       });
+          if (count == 0) continue;
+          cursor.next = next;
+          finish();
+        }
+        relay_->metrics.out(topic, count, bytes);
+        if (sub.max_rate > 0) sub.tokens -= static_cast<double>(count);
+        progressed = true;
       }
     }
     if (queues_full() && has_backlog()) {
@@ -1154,6 +1162,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   };
   std::array<ClassWindow, relay::kQosClasses> window_{};
   bool congested_ = false;  // the last congestion round said degraded
+  std::size_t pump_round_ = 0;  // where pump_once() begins among the cursors (round robin)
   beast::flat_buffer buffer_;
   relay::SendQueues queues_;      // outgoing frames by QoS class (docs/streaming.md)
   std::size_t reply_bytes_ = 0;  // the reply_bytes of the frames in queues_

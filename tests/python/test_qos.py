@@ -225,3 +225,36 @@ def test_a_workflow_spec_declares_the_embedded_relays_classes(tmp_path):
     spec.write_text(body.format(url="wss://relay.example.org:7443", cls="bulk"))
     p = validate()
     assert p.returncode != 0 and f"{spec}:6:" in p.stderr and "qos is for the embedded relay" in p.stderr, p.stderr
+
+
+def test_a_backlog_on_one_subscription_does_not_starve_another_of_the_same_class(creds, tmp_path):
+    """Two subscriptions of one connection, the same class: the first (in the relay's order)
+    has 200 frames waiting; an event on the second gets the next free slot of the queue in
+    turn (round robin), not after the whole backlog."""
+    relay = RelayProcess(creds, tmp_path / "fair", config={"limits": {"delivery_batch_events": PER_FRAME}}).start()
+    try:
+        async def go():
+            pub = await session(relay, admin(creds))
+            for b in range(FLOOD // 1000):
+                batch = [event(f"a{b}-{i}", data={"pad": "x" * 400}) for i in range(1000)]
+                assert (await request(pub, {"op": "publish", "topic": "aa.backlog", "seq": b, "events": batch}))["op"] == "ack"
+            sub = await session(relay, admin(creds), max_queue=1)
+            for topic in ("aa.backlog", "bb.quiet"):
+                await sub.send(json.dumps({"op": "subscribe", "id": topic, "topic": topic, "from": "earliest"}))
+            frames = 0
+            while True:
+                m = json.loads(await asyncio.wait_for(sub.recv(), 30))
+                if m["op"] != "events":
+                    continue
+                if m["id"] == "bb.quiet":
+                    return frames
+                frames += 1
+                if frames == 5:
+                    assert (await request(pub, {"op": "publish", "topic": "bb.quiet", "seq": 0,
+                                                "events": [event("started")]}))["op"] == "ack"
+                await asyncio.sleep(0.02)
+        before = run(go())
+        print(f"the quiet subscription's event came after {before} frames of the backlog")
+        assert before < 120, before  # the whole backlog is 200 frames
+    finally:
+        relay.stop_cleanly()
