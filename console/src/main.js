@@ -807,7 +807,27 @@ function Consumers() {
         <td>${admin && html`<button onClick=${() => setResetting(g)} aria-label=${`Reset ${g.group} on ${g.topic}`}>Reset…</button>`}</td></tr>`)}</tbody>
     </table></div>
     ${resetting && html`<${ResetDialog} group=${resetting} onClose=${() => setResetting(null)} />`}
+    <${Links} tick=${tick} />
   </section>`;
+}
+
+// Connections the relay said congested (resource.status, kind link: docs/streaming.md,
+// "Congestion as events"): per class, the longest wait in a queue, what waits now and the rate.
+const CLASSES = ["control", "lifecycle", "telemetry", "bulk"];
+function Links({ tick }) {
+  const links = useLoad(() => view("resources", { kind: "link", limit: 1000 }), [tick]);
+  const items = links.data?.items || [];
+  const m = (r, k) => r.metrics?.[k];
+  return html`<h2>Connections</h2>
+    <${ErrorLine} error=${links.error} />
+    ${items.length === 0 ? html`<p class="hint" id="links-none">No connection has been congested.</p>` : html`<div class="scroll"><table id="links">
+      <thead><tr><th>Connection</th><th>State</th>${CLASSES.map((c) => html`<th title=${`the longest wait of a ${c} frame in its queue, and the frames waiting`}>${c} wait (queued)</th>`)}
+        <th>Bulk rate</th><th>Said</th></tr></thead>
+      <tbody>${items.map((r) => html`<tr data-link=${r.resource_id}><td>${r.resource_id}</td>
+        <td><span class=${"state " + r.state}>${r.state}</span>${m(r, "paused") ? " (paused)" : ""}</td>
+        ${CLASSES.map((c) => html`<td>${fmtNum(m(r, "wait_max_s_" + c) * 1000)} ms (${fmtNum(m(r, "queue_frames_" + c))})</td>`)}
+        <td>${m(r, "bulk_rate") ? fmtNum(m(r, "bulk_rate") / 1e6, 1) + " MB/s" : "—"}</td><td>${fmtTime(r.updated_us)}</td></tr>`)}</tbody>
+    </table></div>`}`;
 }
 
 function SeriesChart({ task }) {

@@ -217,6 +217,13 @@ try {
     await page.fill("dialog input[name=reset-offset]", String(args.offset));
     await page.click("dialog button[type=submit]");
     out.result = await (await page.waitForSelector("#reset-result")).textContent();
+  } else if (scenario === "links") {
+    // The Consumers page's connections the relay said congested, once `expect` is one of them.
+    await signIn();
+    await page.waitForSelector("header nav");
+    await go("#/consumers");
+    await page.waitForSelector(`tr[data-link="${args.expect}"]`, { timeout: 20_000 });
+    out.rows = await page.$$eval("#links tbody tr", (r) => r.map((x) => [...x.querySelectorAll("td")].map((td) => td.textContent.trim())));
   } else if (scenario === "alarms") {
     // The Overview's alarms, once one containing `expect` is shown.
     await signIn();

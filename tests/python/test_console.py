@@ -281,6 +281,25 @@ def test_an_admin_resets_a_consumer_group_from_the_consumers_page(env):
     assert groups == [{"group": "readers", "offset": 3, "lag": 5}], groups
 
 
+def test_connections_the_relay_said_congested_are_listed_with_their_waits(env):
+    """The relay's congestion events (resource.status, kind link, on relay.events:
+    docs/streaming.md) as the Consumers page shows them: state, the longest wait and what is
+    queued per class, the bulk pace."""
+    creds, relay, _ = env
+    link = "connection/site-b@10.0.0.2:5555"
+    publish_events(relay, creds.token("publish:*"), "relay.events", [{
+        **event("cong-1", source="/diaspora-relay/127.0.0.1:7443", type_="org.diaspora.resource.status", data={
+            "resource_id": link, "kind": "link", "state": "degraded",
+            "metrics": {"wait_max_s_control": 0.002, "wait_max_s_lifecycle": 1.5, "wait_max_s_telemetry": 2.25,
+                        "wait_max_s_bulk": 9.0, "queue_frames_control": 0, "queue_frames_lifecycle": 3,
+                        "queue_frames_telemetry": 32, "queue_frames_bulk": 32, "paused": 1, "bulk_rate": 11600000}})}])
+    r = drive("links", relay, creds.token("admin"), expect=link)
+    row = next(x for x in r["rows"] if x[0] == link)
+    assert row[1] == "degraded (paused)", row
+    assert row[2:6] == ["2 ms (0)", "1,500 ms (3)", "2,250 ms (32)", "9,000 ms (32)"], row
+    assert row[6] == "11.6 MB/s", row
+
+
 def test_a_task_opens_in_a_panel_with_its_attempts_incident_and_events(env):
     creds, relay, _ = env
     pub = creds.token("publish:*", "subscribe:*")

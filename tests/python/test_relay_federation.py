@@ -233,6 +233,10 @@ def test_diaspora_run_with_a_relay_per_site_keeps_both_sites_running_and_acting_
             proc.kill()
         reader.join(10)
         print(f"--- diaspora run's output (last 6000 characters):\n{''.join(lines)[-6000:]}", file=sys.stderr)
+        # What a failure turns on, wherever it is in the output: faults, losses, decisions.
+        notable = [ln for ln in lines if any(w in ln for w in ("fault", "lost", "action", "policy", "migrat", "restart",
+                                                                "failed", "plugin", "relay"))]
+        print("--- its faults, losses and actions:\n" + "".join(notable[:200]), file=sys.stderr)
         raise
     log = "".join(lines)
     (tmp_path / "run.log").write_text(log)
