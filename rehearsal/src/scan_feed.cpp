@@ -24,7 +24,7 @@ void ScanFeed::take(const std::string& uri, std::int64_t seq, std::int64_t time_
   if (const auto at = data::parse_item_uri(uri)) {  // a data item on the relay (docs/streaming.md)
     if (!d_.item_topic.empty() && at->topic != d_.item_topic) return;
     if (d_.since_us > 0 && time_us < d_.since_us) return;  // an earlier run's, on a shared relay
-    if (!paths_.contains(seq)) items_.try_emplace(seq, at->topic, at->offset);
+    if (!paths_.contains(seq)) items_.try_emplace(seq, *at);
     return;
   }
   constexpr std::string_view scheme = "file://";
@@ -84,10 +84,11 @@ std::optional<std::filesystem::path> ScanFeed::wait_for(std::int64_t seq, const 
 }
 
 bool ScanFeed::fetch(std::int64_t seq) {
-  const auto& [topic, offset] = items_.at(seq);
+  const data::ItemLocation& at = items_.at(seq);
   try {
-    RelayClient client(relay_options_from_files(d_.relay, d_.ca_file, d_.token_file, "diaspora-train-fetch"));
-    const items::Item item = items::fetch(client, topic, offset);
+    if (!fetcher_)
+      fetcher_ = std::make_unique<RelayClient>(relay_options_from_files(d_.relay, d_.ca_file, d_.token_file, "diaspora-train-fetch"));
+    const items::Item item = items::fetch(*fetcher_, at.topic, at.offset);
     const std::filesystem::path path =
         std::filesystem::path(d_.cache_dir) / (d_.stream + "-" + std::to_string(seq) + ".scan");
     std::filesystem::create_directories(path.parent_path());
@@ -97,8 +98,9 @@ bool ScanFeed::fetch(std::int64_t seq) {
     return true;
   } catch (const items::ItemError& e) {
     throw RehearsalError("scan " + std::to_string(seq) + " of stream '" + d_.stream + "' at " +
-                         data::item_uri(topic, offset) + ": " + e.what());
+                         data::item_uri(at.topic, at.offset) + ": " + e.what());
   } catch (const RelayClientError& e) {
+    fetcher_.reset();  // connected again on the next try
     last_error_ = e.what();
     return false;
   }

@@ -13,6 +13,8 @@
 #include <optional>
 #include <string>
 
+#include "diaspora/client.hpp"
+#include "diaspora/data_item.hpp"
 #include "diaspora/trainer.hpp"
 
 namespace diaspora {
@@ -45,7 +47,8 @@ class ScanFeed {
   DatasetConfig d_;
   std::unique_ptr<TopicReader> reader_;
   std::map<std::int64_t, std::string> paths_;  ///< seq -> local path
-  std::map<std::int64_t, std::pair<std::string, std::uint64_t>> items_;  ///< seq -> the item's topic and offset, not fetched yet
+  std::map<std::int64_t, data::ItemLocation> items_;  ///< seq -> where its item is, not fetched yet
+  std::unique_ptr<RelayClient> fetcher_;  ///< the connection items are fetched over (a new one after an error)
   std::string last_error_;
 };
 

@@ -101,7 +101,7 @@ RelayConfig load_relay_config(const std::filesystem::path& file) {
   if (auto v = str(qos, "congestion_topic")) c.qos.congestion_topic = *v;
   if (const auto* v = qos.if_contains("drop_late"); v && v->is_array())
     for (const auto& name : v->get_array())
-      if (const auto cls = relay::qos_from_name(name.get_string())) c.qos.drop_late[static_cast<std::size_t>(*cls)] = true;
+      c.qos.drop_late.emplace_back(name.get_string());
   const auto& weights = sub(qos, "weights");
   if (auto v = num(weights, "lifecycle")) c.qos.weight_lifecycle = static_cast<std::uint32_t>(*v);
   if (auto v = num(weights, "telemetry")) c.qos.weight_telemetry = static_cast<std::uint32_t>(*v);
@@ -186,6 +186,9 @@ void validate_relay_config(const RelayConfig& c) {
   for (const auto& rule : c.qos.classes)
     if (!relay::qos_from_name(rule.cls))
       throw RelayConfigError("qos.classes: '" + rule.cls + "' for '" + rule.topics + "' is not a class (control, lifecycle, telemetry or bulk)");
+  for (const auto& cls : c.qos.drop_late)
+    if (!relay::qos_from_name(cls))
+      throw RelayConfigError("qos.drop_late: '" + cls + "' is not a class (control, lifecycle, telemetry or bulk)");
   if (c.qos.notsent_lowat > (64u << 20)) throw RelayConfigError("qos.notsent_lowat must be at most 64MiB");
   for (auto w : {c.qos.weight_lifecycle, c.qos.weight_telemetry, c.qos.weight_bulk})
     if (w < 1 || w > 1000) throw RelayConfigError("qos.weights must be 1 to 1000");

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <limits>
 
 #include "diaspora/token.hpp"  // topic_matches
 
@@ -64,39 +63,32 @@ SendQueues::Clock::time_point SendQueues::oldest(QosClass c) const noexcept {
 std::size_t SendQueues::size(QosClass c) const noexcept { return fifo_ ? size_ : q_[index(c)].size(); }
 
 void SendQueues::set_bulk_rate(double bytes_per_s) noexcept {
-  bulk_rate_ = fifo_ ? 0 : std::max(0.0, bytes_per_s);
-  bulk_burst_ = std::max(16.0 * 1024, bulk_rate_ * 0.010);
-  bulk_tokens_ = bulk_burst_;
-  refilled_ = Clock::now();
+  const double rate = fifo_ ? 0 : std::max(0.0, bytes_per_s);
+  const double burst = std::max(16.0 * 1024, rate * 0.010);
+  bulk_ = TokenBucket::holding(rate, burst, burst);
 }
 
 const SendQueues::Frame* SendQueues::ready(Clock::time_point now, Clock::duration& wait) {
-  if (chosen_ || bulk_rate_ <= 0) return &front();
-  bulk_tokens_ = std::min(bulk_burst_, bulk_tokens_ + bulk_rate_ * std::chrono::duration<double>(now - refilled_).count());
-  refilled_ = now;
-  const std::size_t bulk = static_cast<std::size_t>(QosClass::bulk);
-  if (bulk_tokens_ >= 0 || q_[bulk].size() != size_) {
-    if (bulk_tokens_ < 0) {  // bulk waits: the busiest of the others goes
-      const double saved = vtime_[bulk];
-      vtime_[bulk] = std::numeric_limits<double>::infinity();
-      const Frame& f = front();
-      vtime_[bulk] = saved;
-      return &f;
-    }
-    return &front();
-  }
-  wait = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(-bulk_tokens_ / bulk_rate_)) +
+  if (chosen_ || bulk_.rate <= 0) return &front();
+  bulk_.refill(now);
+  const bool bulk_may_go = bulk_.tokens >= 0;
+  if (bulk_may_go || q_[static_cast<std::size_t>(QosClass::bulk)].size() != size_) return &choose(bulk_may_go);
+  wait = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(bulk_.seconds_until(0))) +
          std::chrono::microseconds(100);
   return nullptr;
 }
 
-const SendQueues::Frame& SendQueues::front() {
+const SendQueues::Frame& SendQueues::front() { return choose(true); }
+
+const SendQueues::Frame& SendQueues::choose(bool bulk_may_go) {
   if (!chosen_) {
     if (!q_[0].empty()) {
       chosen_ = 0;
     } else {
       for (std::size_t i = 1; i < kQosClasses; ++i)
-        if (!q_[i].empty() && (!chosen_ || vtime_[i] < vtime_[*chosen_])) chosen_ = i;
+        if (!q_[i].empty() && (bulk_may_go || i != static_cast<std::size_t>(QosClass::bulk)) &&
+            (!chosen_ || vtime_[i] < vtime_[*chosen_]))
+          chosen_ = i;
     }
   }
   return q_[*chosen_].front();
@@ -109,8 +101,8 @@ void SendQueues::pop() {
     vnow_ = vtime_[i];
     vtime_[i] += static_cast<double>(q_[i].front().frame->size()) / weight_[i];
   }
-  if (i == static_cast<std::size_t>(QosClass::bulk) && bulk_rate_ > 0)
-    bulk_tokens_ -= static_cast<double>(q_[i].front().frame->size());
+  if (i == static_cast<std::size_t>(QosClass::bulk) && bulk_.rate > 0)
+    bulk_.tokens -= static_cast<double>(q_[i].front().frame->size());
   q_[i].pop_front();
   --size_;
   chosen_.reset();

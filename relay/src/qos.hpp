@@ -4,6 +4,7 @@
 // Internal to the relay.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -50,6 +51,28 @@ class QosClassifier {
   std::vector<Rule> rules_;
 };
 
+/// `rate` tokens a second, at most `capacity` kept: a subscription's max_rate (records) and
+/// the bulk class's pace (bytes). Spending may take `tokens` below zero (a frame larger than
+/// what was left); the bucket then owes it. Not thread-safe.
+struct TokenBucket {
+  double rate = 0;  ///< tokens a second; 0: no bucket
+  double capacity = 0;
+  double tokens = 0;
+  std::chrono::steady_clock::time_point refilled{};
+
+  /// An empty bucket of `rate` and `capacity` holding `tokens` now.
+  static TokenBucket holding(double rate, double capacity, double tokens) {
+    return {rate, capacity, tokens, std::chrono::steady_clock::now()};
+  }
+  /// Adds what `rate` gave since the last refill, up to `capacity`.
+  void refill(std::chrono::steady_clock::time_point now) noexcept {
+    tokens = std::min(capacity, tokens + rate * std::chrono::duration<double>(now - refilled).count());
+    refilled = now;
+  }
+  /// Seconds until the bucket holds `level` tokens (0 when it does).
+  double seconds_until(double level) const noexcept { return tokens >= level ? 0 : (level - tokens) / rate; }
+};
+
 /// One connection's outgoing frames, a queue per class. The frame to write next: the oldest
 /// control frame while there is one (strict priority), else the head of the lifecycle,
 /// telemetry or bulk queue whose weighted bytes sent are the least (start-time fair
@@ -80,7 +103,7 @@ class SendQueues {
   /// Paces the bulk class to `bytes_per_s` (0: not paced; ignored in fifo mode), in bursts
   /// of at most 10 ms' worth (16 KiB at least).
   void set_bulk_rate(double bytes_per_s) noexcept;
-  double bulk_rate() const noexcept { return bulk_rate_; }
+  double bulk_rate() const noexcept { return bulk_.rate; }
 
   void push(Frame f);
   bool empty() const noexcept { return size_ == 0; }
@@ -104,6 +127,8 @@ class SendQueues {
 
  private:
   std::size_t index(QosClass c) const noexcept { return fifo_ ? 0 : static_cast<std::size_t>(c); }
+  // Chooses (if none is chosen yet) and returns the next frame; bulk only if `bulk_may_go`.
+  const Frame& choose(bool bulk_may_go);
   bool fifo_;
   std::array<double, kQosClasses> weight_{1, 1, 1, 1};
   std::array<std::deque<Frame>, kQosClasses> q_;
@@ -111,10 +136,7 @@ class SendQueues {
   double vnow_ = 0;                          // vtime of the class served last
   std::optional<std::size_t> chosen_;
   std::size_t size_ = 0;
-  double bulk_rate_ = 0;        // bytes/s; 0: not paced
-  double bulk_tokens_ = 0;      // bytes bulk may send now; negative after a frame larger than them
-  double bulk_burst_ = 0;
-  Clock::time_point refilled_{};
+  TokenBucket bulk_;  // the bulk class's pace, bytes; rate 0: not paced
 };
 
 /// How long records waited from their append to being handed to a subscriber's socket, per

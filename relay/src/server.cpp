@@ -191,6 +191,7 @@ struct Relay::Impl : std::enable_shared_from_this<Relay::Impl> {
   CodecOptions codec;
   std::unique_ptr<relay::ItemBudget> item_budget;  ///< items being received, all connections (max_item_bytes_total)
   relay::QosClassifier qos;                        ///< each topic's QoS class (cfg.qos.classes, then the defaults)
+  std::array<bool, relay::kQosClasses> drop_late{};  ///< cfg.qos.drop_late, by class
 
   // Hub: live WebSocket sessions, for commit notifications and shutdown.
   std::mutex sessions_mutex;
@@ -312,9 +313,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     std::optional<std::string> group;
     bool latest_only = false;  // each delivery: the newest record only (dashboards)
     bool stamps = false;       // each delivered event carries its append time (appended_us)
-    double max_rate = 0;       // records/s delivered at most (0: no bound), a bucket of one second's worth
-    double tokens = 0;
-    Clock::time_point refilled{};
+    relay::TokenBucket rate;   // max_rate: records/s delivered at most, a bucket of one second's worth (rate 0: no bound)
     std::map<std::string, Cursor> cursors;  // topic -> next offset
   };
 
@@ -559,7 +558,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
 
   void submit_item(relay::ReadyItem item) {
     if (item.deadline_us && now_us() > *item.deadline_us &&
-        relay_->cfg.qos.drop_late[static_cast<std::size_t>(relay_->qos.classify(item.topic))]) {
+        relay_->drop_late[static_cast<std::size_t>(relay_->qos.classify(item.topic))]) {
       // Past its deadline, and its topic's class drops late items (qos.drop_late): nothing stored.
       items_->settled(item.size);
       relay_->metrics.items_dropped_late++;
@@ -658,9 +657,8 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     if (const json::value* mr = o.if_contains("max_rate")) {
       if (!mr->is_number() || mr->to_number<double>() < 0.01 || mr->to_number<double>() > 1e6)
         return send_error("bad_request", "'max_rate' must be a number of records per second from 0.01 to 1000000", idv);
-      sub.max_rate = mr->to_number<double>();
-      sub.tokens = std::max(1.0, sub.max_rate / 10);  // a first delivery at once
-      sub.refilled = Clock::now();
+      const double max_rate = mr->to_number<double>();
+      sub.rate = relay::TokenBucket::holding(max_rate, std::max(1.0, max_rate), std::max(1.0, max_rate / 10));  // a first delivery at once
     }
     if (const json::value* st = o.if_contains("stamps")) {
       if (!st->is_bool()) return send_error("bad_request", "'stamps' must be true or false", idv);
@@ -818,7 +816,8 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     // Every subscription's cursors, each round from the one after where the last round began:
     // a subscription with a standing backlog does not take every free slot of a queue from
     // the others on the connection.
-    std::vector<std::pair<Subscription*, std::pair<const std::string, Cursor>*>> all;
+    auto& all = pump_order_;  // kept between calls: no allocation per frame written
+    all.clear();
     for (auto& [key, sub] : subs_)
       for (auto& entry : sub.cursors) all.emplace_back(&sub, &entry);
     const std::size_t n = all.size();
@@ -834,16 +833,15 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
         if (queues_.size(cursor.cls) >= cfg.subscriber_queue_frames) continue;  // this class's queue is full
         if (relay_->store->committed_offset(topic) <= cursor.next) continue;
         std::size_t max_records = cfg.delivery_batch_events;
-        if (sub.max_rate > 0) {  // a bucket of one second's worth, refilled at the rate
-          const auto now = Clock::now();
-          sub.tokens = std::min(std::max(1.0, sub.max_rate),
-                                sub.tokens + sub.max_rate * std::chrono::duration<double>(now - sub.refilled).count());
-          sub.refilled = now;
-          if (sub.tokens < 1) {
-            wake_for_rate((1 - sub.tokens) / sub.max_rate);
+        if (sub.rate.rate > 0) {
+          sub.rate.refill(Clock::now());
+          if (sub.rate.tokens < 1) {  // pump again once it has room
+            wake_after(rate_timer_, rate_wait_,
+                       std::chrono::microseconds(static_cast<std::int64_t>(sub.rate.seconds_until(1) * 1e6) + 1000),
+                       &WsSession::pump);
             continue;
           }
-          max_records = std::min<std::size_t>(max_records, static_cast<std::size_t>(sub.tokens));
+          max_records = std::min<std::size_t>(max_records, static_cast<std::size_t>(sub.rate.tokens));
         }
         std::uint64_t bytes = 0;
         std::size_t count = 0;
@@ -928,7 +926,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
           finish();
         }
         relay_->metrics.out(topic, count, bytes);
-        if (sub.max_rate > 0) sub.tokens -= static_cast<double>(count);
+        if (sub.rate.rate > 0) sub.rate.tokens -= static_cast<double>(count);
         progressed = true;
       }
     }
@@ -981,14 +979,16 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     relay_->store->append(q.congestion_topic, "", 0, std::move(recs), [](const relay::AppendResult&) {});
   }
 
-  // A rate-bounded subscription has records waiting: pump again once it has room.
-  void wake_for_rate(double seconds) {
-    if (rate_wait_) return;
-    rate_wait_ = true;
-    rate_timer_.expires_after(std::chrono::microseconds(static_cast<std::int64_t>(seconds * 1e6) + 1000));
-    rate_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
-      self->rate_wait_ = false;
-      if (!ec && !self->closing_) self->pump();
+  // Calls `then` on this session after `delay` unless it closes first; one wait at a time
+  // on `timer` (`waiting` says one is armed): a rate-bounded subscription or paced bulk
+  // frames waiting for their bucket.
+  void wake_after(net::steady_timer& timer, bool& waiting, Clock::duration delay, void (WsSession::*then)()) {
+    if (waiting) return;
+    waiting = true;
+    timer.expires_after(delay);
+    timer.async_wait([self = shared_from_this(), &waiting, then](beast::error_code ec) {
+      waiting = false;
+      if (!ec && !self->closing_) ((*self).*then)();
     });
   }
 
@@ -1076,22 +1076,16 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     // Control first, then the other classes by weight; bulk no faster than its pace.
     Clock::duration wait{};
     const auto* f = queues_.ready(Clock::now(), wait);
-    if (!f) return wake_for_pace(wait);  // only paced bulk frames wait
+    if (!f) return wake_after(pace_timer_, pace_wait_, wait, &WsSession::write_if_idle);  // only paced bulk frames wait
     writing_ = true;
     ws_.text(!f->binary);
     ws_.async_write(net::buffer(*f->frame), beast::bind_front_handler(&WsSession::on_write, shared_from_this()));
   }
 
-  // Paced bulk frames wait: write again when the pace lets the next go (a frame of another
-  // class queued meanwhile goes at once: send() and deliver() write when nothing is).
-  void wake_for_pace(Clock::duration wait) {
-    if (pace_wait_) return;
-    pace_wait_ = true;
-    pace_timer_.expires_after(wait);
-    pace_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
-      self->pace_wait_ = false;
-      if (!ec && !self->closing_ && !self->writing_ && !self->queues_.empty()) self->do_write();
-    });
+  // Paced bulk frames waited: write again (a frame of another class queued meanwhile went
+  // at once: send() and deliver() write when nothing is being written).
+  void write_if_idle() {
+    if (!writing_ && !queues_.empty()) do_write();
   }
 
   void on_write(beast::error_code ec, std::size_t) {
@@ -1163,6 +1157,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   std::array<ClassWindow, relay::kQosClasses> window_{};
   bool congested_ = false;  // the last congestion round said degraded
   std::size_t pump_round_ = 0;  // where pump_once() begins among the cursors (round robin)
+  std::vector<std::pair<Subscription*, std::pair<const std::string, Cursor>*>> pump_order_;  // pump_once()'s
   beast::flat_buffer buffer_;
   relay::SendQueues queues_;      // outgoing frames by QoS class (docs/streaming.md)
   std::size_t reply_bytes_ = 0;  // the reply_bytes of the frames in queues_
@@ -1593,6 +1588,7 @@ Relay::Relay(RelayConfig config) : self_(std::make_shared<Impl>()) {
     std::vector<relay::QosClassifier::Rule> rules;
     for (const auto& r : self_->cfg.qos.classes) rules.push_back({r.topics, *relay::qos_from_name(r.cls)});
     self_->qos = relay::QosClassifier(std::move(rules));
+    for (const auto& cls : self_->cfg.qos.drop_late) self_->drop_late[static_cast<std::size_t>(*relay::qos_from_name(cls))] = true;
   }
   const auto& cfg = self_->cfg;
   try {

@@ -49,8 +49,7 @@ void EmbeddedRelay::start() {
   c.auth_secret_file = dir_ / "auth-secret";
   c.threads = 1;
   for (const auto& [topics, cls] : qos_classes_) c.qos.classes.push_back({topics, cls});
-  for (const auto& cls : drop_late_)
-    for (std::size_t i = 0; const char* name : {"control", "lifecycle", "telemetry", "bulk"}) c.qos.drop_late[i++] |= cls == name;
+  c.qos.drop_late = drop_late_;
   auto r = std::make_unique<Relay>(c);
   r->start();
   port_ = r->port();

@@ -2,7 +2,6 @@
 // `diaspora-relay` is a thin main() around this class; tests and benchmarks embed it.
 #pragma once
 
-#include <array>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -65,9 +64,9 @@ struct RelayConfig {
     std::chrono::seconds report_interval{5};  ///< congestion rounds (resource.status events); 0 = none
     std::uint64_t congested_wait_ms = 1000;   ///< a frame (not bulk) queued this long: the connection is congested
     std::string congestion_topic = "relay.events";  ///< where the congestion events go
-    /// Per class (control, lifecycle, telemetry, bulk): an item stored after its itemdeadline is
-    /// dropped (nacked "late") instead of stored and said late.
-    std::array<bool, 4> drop_late{};
+    /// Classes (control | lifecycle | telemetry | bulk) whose items stored after their
+    /// itemdeadline are dropped (nacked "late") instead of stored and said late.
+    std::vector<std::string> drop_late;
     /// A class for the topics a pattern matches, first match first; then the defaults.
     struct Rule {
       std::string topics;  ///< a topic or a pattern with '*'
