@@ -435,6 +435,7 @@ WorkflowSpec build(const YamlDocument& doc, std::string file) {
     if (auto n = opt_num(o, "buffer_size")) j.buffer_size = static_cast<std::int64_t>(*n);
     j.world_size = get_int(o, "world_size", 1);
     j.checkpoint_every = opt_dur(o, "checkpoint_every");
+    if (get_str(o, "checkpoints", "file") == "item") j.checkpoints = RehearsalJobSpec::Checkpoints::item;
     j.set = scalar_map(o, "set");
     j.location = loc("rehearsal", i);
     w.rehearsal.push_back(std::move(j));

@@ -1,5 +1,7 @@
 #include "diaspora/process.hpp"
 
+#include "diaspora/data_item.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -178,6 +180,7 @@ ProgressHook apply_progress_line(const ProgressLine& pl, diaspora_task_info& inf
       info.metric_count = metrics.size();
       return ProgressHook::heartbeat;
     case ProgressLine::Kind::heartbeat: return ProgressHook::heartbeat;
+    case ProgressLine::Kind::checkpoint: return ProgressHook::none;  // the runner's (rehearsal jobs)
   }
   return ProgressHook::none;
 }
@@ -208,6 +211,11 @@ ProgressLine parse_progress_line(const std::string& line) {
     out.kind = ProgressLine::Kind::metric;
   } else if (word == "heartbeat") {
     out.kind = ProgressLine::Kind::heartbeat;
+  } else if (word == "checkpoint") {
+    std::string uri, more;
+    if (!(in >> uri) || (in >> more) || !data::parse_item_uri(uri)) return out;
+    out.kind = ProgressLine::Kind::checkpoint;
+    out.uri = std::move(uri);
   }
   return out;
 }

@@ -2,6 +2,7 @@
 // atomically published (rank files, manifest, LATEST), and loaded on --resume on the same
 // or another world size (docs/rehearsal.md, "Checkpoints").
 #include "job.hpp"
+#include "checkpoint_item.hpp"
 #include "manifest.hpp"
 
 #include "diaspora/json_exact.hpp"
@@ -201,6 +202,7 @@ void Job::save_checkpoint(const std::string& why, bool background) {
     barrier();  // every rank's file is durable
     if (rank_ == 0) publish_checkpoint(root, name, manifest);
     barrier();
+    if (rank_ == 0) checkpoint_published(name);
     return;
   }
   pending_ = std::make_unique<PendingCheckpoint>();
@@ -253,7 +255,7 @@ void Job::poll_checkpoint(int max_state) {
     }
     throw RehearsalError("checkpoint " + (checkpoint_root() / p->name).string() + " was not written: " + why);
   }
-  if (world_ == 1) return;  // the writer published it
+  if (world_ == 1) return checkpoint_published(p->name);  // the writer published it
   // Rank 0 publishes; every rank learns whether that worked (one more all-reduce a
   // checkpoint), so that a failure stops them all.
   std::string why;
@@ -267,6 +269,25 @@ void Job::poll_checkpoint(int max_state) {
   if (max_over_ranks({why.empty() ? 0 : 1})[0] != 0)
     throw RehearsalError("checkpoint " + (checkpoint_root() / p->name).string() + " was not published: " +
                          (rank_ == 0 ? why : "rank 0 could not write its manifest or LATEST"));
+  if (rank_ == 0) checkpoint_published(p->name);
+}
+
+void Job::checkpoint_published(const std::string& name) {
+  if (cfg_.checkpoint_item_topic.empty()) return;
+  if (!shipper_) shipper_ = std::make_unique<CheckpointShipper>(cfg_);
+  const fs::path dir = checkpoint_root() / name;
+  std::int64_t step = 0;
+  std::from_chars(name.data() + 5, name.data() + name.size(), step);  // "ckpt-STEP"
+  try {
+    const std::string uri = shipper_->ship(dir, step);
+    print_line("checkpoint " + name + " put as " + uri);
+    if (progress_fd_ >= 0) {  // diaspora run keeps the newest: the job's next attempt resumes from it
+      const std::string line = "checkpoint " + uri + "\n";
+      if (::write(progress_fd_, line.data(), line.size()) < 0 && errno == EPIPE) progress_fd_ = -1;
+    }
+  } catch (const RehearsalError& e) {
+    print_line(std::string("warning: ") + e.what() + "; the checkpoint stays in " + dir.string() + " only");
+  }
 }
 
 // Waits for the background checkpoint, if any, and completes it (every rank calls it at

@@ -240,6 +240,10 @@ TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view
     const json::object& o = k->as_object();
     if (const auto* v = o.if_contains("every_steps")) c.checkpoint_every = i64(*v);
     if (const auto* v = o.if_contains("dir")) c.checkpoint_dir = str(*v);
+    if (const auto* v = o.if_contains("item_topic")) c.checkpoint_item_topic = str(*v);
+    if (const auto* v = o.if_contains("relay")) c.checkpoint_relay = str(*v);
+    if (const auto* v = o.if_contains("ca_file")) c.checkpoint_ca_file = str(*v);
+    if (const auto* v = o.if_contains("token_file")) c.checkpoint_token_file = str(*v);
   }
   if (const auto* p = root.if_contains("plugin")) {
     const json::object& o = p->as_object();
@@ -275,6 +279,12 @@ TrainerConfig load_trainer_config_string(std::string_view yaml, std::string_view
   } else if (!ds.relay.empty() || !ds.topic.empty() || !ds.stream.empty()) {
     fail("dataset", "relay, topic and stream are keys of dataset.name: ptycho-stream only");
   }
+  if (!c.checkpoint_item_topic.empty())
+    for (const auto& [key, value] : {std::pair<const char*, const std::string*>{"relay", &c.checkpoint_relay},
+                                     {"ca_file", &c.checkpoint_ca_file}, {"token_file", &c.checkpoint_token_file}})
+      if (value->empty())
+        fail("checkpoint", std::string("checkpoint.item_topic needs checkpoint.") + key +
+                               " (the relay the checkpoints are put on: docs/rehearsal.md)");
   throw_if_any(std::move(diags), overrides);
   return c;
 }
@@ -289,6 +299,8 @@ TrainerConfig load_trainer_config_file(const std::filesystem::path& file, const 
   resolve(c.plugin_spec);
   resolve(c.dataset.dir);
   resolve(c.checkpoint_dir);
+  resolve(c.checkpoint_ca_file);
+  resolve(c.checkpoint_token_file);
   resolve(c.dataset.ca_file);
   resolve(c.dataset.token_file);
   resolve(c.dataset.scan_dir);

@@ -51,6 +51,7 @@ using Clock = std::chrono::steady_clock;
 namespace detail {
 
 class ScanFeed;
+class CheckpointShipper;
 
 inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -197,7 +198,7 @@ struct PendingCheckpoint {
 class Job {
  public:
   Job(const TrainerConfig& cfg, const RankOptions& opt);
-  ~Job();  // out of line: ScanFeed is complete in trainer.cpp only
+  ~Job();  // out of line: ScanFeed and CheckpointShipper are complete in trainer.cpp only
   int run();
 
  private:
@@ -243,6 +244,10 @@ class Job {
   void save_checkpoint(const std::string& why, bool background = false);
   void finish_checkpoint();
   void poll_checkpoint(int max_state);
+  // Rank 0, once checkpoint `name` is published: with checkpoint.item_topic, puts it as a
+  // data item and says its URI (the log, diaspora run's progress channel). A relay that
+  // refuses or stays away is said in the log; the job goes on (the checkpoint is on disk).
+  void checkpoint_published(const std::string& name);
   int checkpoint_state() const;
   void load_checkpoint(const fs::path& from);
   // output
@@ -284,6 +289,7 @@ class Job {
   std::unique_ptr<PendingCheckpoint> pending_;  // a background checkpoint not yet complete
   std::int64_t buffer_capacity_ = 0;            // slots of the buffers over all ranks
   std::unique_ptr<ScanFeed> feed_;              // ptycho-stream's source
+  std::unique_ptr<CheckpointShipper> shipper_;  // checkpoint.item_topic (rank 0)
   int progress_fd_ = -1;                        // DIASPORA_PROGRESS_FD (rank 0 under diaspora run)
   bool checkpoint_asked_ = false;               // a rank got SIGUSR1: checkpoint at this step
 };

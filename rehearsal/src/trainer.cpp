@@ -4,6 +4,7 @@
 #include "diaspora/scan_file.hpp"
 #include "job.hpp"
 #include "plot.hpp"
+#include "checkpoint_item.hpp"
 #include "scan_feed.hpp"
 
 namespace diaspora::rehearsal {

@@ -1,8 +1,8 @@
 // diaspora-train: the command line of the continual-learning trainer (docs/rehearsal.md).
 //
-//   diaspora-train --config F --out DIR [--set key=value ...]
+//   diaspora-train [--config F] --out DIR [--set key=value ...]
 //                  [--world-size N | --rank R --world-size N --master HOST:PORT]
-//                  [--resume DIR] [--stop-after STEPS] [--checkpoint-delay-ms MS] [--rank-grace-ms MS]
+//                  [--resume DIR | --resume-item URI] [--stop-after STEPS] [--checkpoint-delay-ms MS] [--rank-grace-ms MS]
 //
 // --world-size N alone spawns N local ranks (this binary again, with --rank/--master on a
 // free loopback port) and waits for them; SIGTERM/SIGINT are forwarded to the ranks,
@@ -140,19 +140,22 @@ int spawn_ranks(int world, const std::vector<std::string>& args, std::chrono::mi
 
 int main(int argc, char** argv) {
   CLI::App app{"diaspora-train: continual learning with a distributed rehearsal buffer (docs/rehearsal.md)"};
-  std::string config, out, master, resume;
+  std::string config, out, master, resume, resume_item;
   std::vector<std::string> sets;
   int world = 1, rank = -1;
   std::int64_t stop_after = 0;
   int checkpoint_delay_ms = 0;
   int rank_grace_ms = 3000;
-  app.add_option("--config", config, "trainer config (YAML; schemas/rehearsal.schema.json)")->required();
+  app.add_option("--config", config, "trainer config (YAML; schemas/rehearsal.schema.json; default: the built-in defaults)");
   app.add_option("--out", out, "output directory: metrics.jsonl, summary.json, curves.png, checkpoint/")->required();
   app.add_option("--set", sets, "override a config key, e.g. --set strategy=er --set train.epochs=2");
   app.add_option("--world-size", world, "number of ranks (alone: spawn them here)")->check(CLI::Range(1, 1024));
   app.add_option("--rank", rank, "this process's rank (with --world-size and --master)")->check(CLI::Range(0, 1023));
   app.add_option("--master", master, "HOST:PORT of rank 0's rendezvous store");
   app.add_option("--resume", resume, "continue from the checkpoint in this directory (a previous --out, or its checkpoint/)");
+  app.add_option("--resume-item", resume_item,
+                 "continue from the checkpoint a job put at this diaspora://TOPIC/OFFSET (checkpoint.item_topic), "
+                 "fetched from checkpoint.relay into the checkpoint folder first");
   app.add_option("--stop-after", stop_after, "checkpoint and exit 3 after this many steps (drills and tests)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 60));
   app.add_option("--checkpoint-delay-ms", checkpoint_delay_ms,
@@ -185,10 +188,27 @@ int main(int argc, char** argv) {
   }
   dr::TrainerConfig cfg;
   try {
-    cfg = dr::load_trainer_config_file(config, sets);
+    cfg = config.empty() ? dr::load_trainer_config_string("{}", "<defaults>", sets)
+                         : dr::load_trainer_config_file(config, sets);
   } catch (const diaspora::SpecError& e) {
     std::cerr << e.what() << "\n";
     return dr::kTrainError;
+  }
+  if (!resume_item.empty()) {  // fetched once, here; the ranks then --resume from the folder
+    if (!resume.empty() || rank >= 0) {
+      std::cerr << "diaspora-train: --resume-item goes alone (not with --resume), to the job's first process (not "
+                   "with --rank)\n";
+      return dr::kTrainUsage;
+    }
+    const std::filesystem::path root =
+        cfg.checkpoint_dir.empty() ? std::filesystem::path(out) / "checkpoint" : std::filesystem::path(cfg.checkpoint_dir);
+    try {
+      resume = dr::fetch_checkpoint_item(cfg, resume_item, root).string();
+    } catch (const std::exception& e) {  // RehearsalError, or the folder cannot be made
+      dr::print_line(e.what());
+      return dr::kTrainError;
+    }
+    dr::print_line("fetched the checkpoint at " + resume_item + " into " + resume);
   }
   install_handlers();
   if (rank < 0 && world > 1) {
@@ -199,9 +219,14 @@ int main(int argc, char** argv) {
         ++i;
         continue;
       }
-      if (args[i].rfind("--world-size=", 0) == 0) continue;
+      if (args[i] == "--resume-item") {  // fetched above: the ranks resume from the folder
+        ++i;
+        continue;
+      }
+      if (args[i].rfind("--world-size=", 0) == 0 || args[i].rfind("--resume-item=", 0) == 0) continue;
       keep.push_back(args[i]);
     }
+    if (!resume_item.empty()) keep.insert(keep.end(), {"--resume", resume});
     return spawn_ranks(world, keep, std::chrono::milliseconds(rank_grace_ms));
   }
   dr::RankOptions o;

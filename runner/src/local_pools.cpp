@@ -143,10 +143,14 @@ bool LocalPools::request_checkpoint(Site&, Slot& slot) {
 }
 
 void LocalPools::on_command_line(Slot& slot, const std::string& line) {
-  if (slot.inst < 0) return;
-  Attempt& a = store_.attempt(slot.inst, slot.att);
   const ProgressLine pl = parse_progress_line(line);
-  if (pl.kind == ProgressLine::Kind::none) return;
+  if (pl.kind == ProgressLine::Kind::checkpoint) {  // also from a job that is stopping: its last checkpoint
+    const int ii = slot.inst >= 0 ? slot.inst : slot.draining_inst;
+    if (ii >= 0) jobs_.take_checkpoint_item(store_.at(ii), pl.uri);
+    return;
+  }
+  if (slot.inst < 0 || pl.kind == ProgressLine::Kind::none) return;
+  Attempt& a = store_.attempt(slot.inst, slot.att);
   a.last_beat = ctx_.now();
   if (pl.kind == ProgressLine::Kind::progress) a.progress = pl.value;
   ctx_.hooks.task_progress_line(a, pl);
@@ -171,16 +175,16 @@ void LocalPools::on_exit(Site& s, Slot& slot, bool worker, int status) {
   }
   track_group(slot.cmd_pid, false);
   slot.cmd_pid = -1;
-  if (slot.draining_inst >= 0) {
-    ctx_.say("rehearsal job " + store_.at(slot.draining_inst).id + " stopped on " + s.name() + " (" + what +
-             (WIFEXITED(status) && WEXITSTATUS(status) == 3 ? ", checkpointed)" : ")"));
-    slot.draining_inst = -1;
-  }
-  // Read what the command reported before it exited.
+  // Read what the command reported before it exited (a stopping job's last checkpoint too).
   if (slot.progress.fd() >= 0) {
     slot.progress.fill();
     while (auto line = slot.progress.next_line()) on_command_line(slot, *line);
     slot.progress.close();
+  }
+  if (slot.draining_inst >= 0) {
+    ctx_.say("rehearsal job " + store_.at(slot.draining_inst).id + " stopped on " + s.name() + " (" + what +
+             (WIFEXITED(status) && WEXITSTATUS(status) == 3 ? ", checkpointed)" : ")"));
+    slot.draining_inst = -1;
   }
   if (slot.inst < 0) return;
   const int ii = slot.inst, ai = slot.att;

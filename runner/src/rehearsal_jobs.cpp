@@ -4,6 +4,7 @@
 
 #include <boost/json/serialize.hpp>
 
+#include "diaspora/data_item.hpp"
 #include "diaspora/error.hpp"
 #include "diaspora/event.hpp"  // format_rfc3339_us
 #include "diaspora/files.hpp"
@@ -13,6 +14,17 @@ namespace diaspora::runner {
 
 namespace fs = std::filesystem;
 namespace json = boost::json;
+
+namespace {
+
+constexpr const char* kCheckpointItemFile = "checkpoint-item";  // the newest checkpoint item's URI
+
+std::string trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  return s;
+}
+
+}  // namespace
 
 WorkflowSpec RehearsalJobs::with_job_tasks(WorkflowSpec spec) {
   for (const auto& j : spec.rehearsal) {
@@ -35,16 +47,19 @@ std::vector<std::string> RehearsalJobs::argv(std::size_t task) {
   if (bin.empty())
     throw Error("diaspora-train is not next to diaspora-run (" + self_executable().parent_path().string() +
                 "): build with DIASPORA_WITH_TORCH=ON");
-  const fs::path config = j.config ? base_dir_ / *j.config : dir / "job.yaml";
-  if (!j.config)
-    write_file_atomic(config, "# written by diaspora run for rehearsal job " + j.name +
-                                  " (the spec's keys and set: are given as --set)\ntrain:\n  threads: 1\n  log_every: 5\n");
-  std::vector<std::string> argv{bin.string(), "--config", config.string(), "--out", dir.string(),
-                                "--set", "strategy=" + j.strategy, "--set", "dataset.name=" + j.dataset};
+  std::vector<std::string> argv{bin.string(), "--out", dir.string()};
   auto set = [&](const std::string& key, const std::string& value) {
     argv.push_back("--set");
     argv.push_back(key + "=" + value);
   };
+  if (j.config) {
+    argv.insert(argv.begin() + 1, {"--config", (base_dir_ / *j.config).string()});
+  } else {  // no file to ship to the job's site: the trainer's defaults, one thread, a report every 5 steps
+    set("train.threads", "1");
+    set("train.log_every", "5");
+  }
+  set("strategy", j.strategy);
+  set("dataset.name", j.dataset);
   if (j.buffer_size) set("buffer_size", std::to_string(*j.buffer_size));
   if (j.stream) {
     long total = 0;
@@ -68,11 +83,35 @@ std::vector<std::string> RehearsalJobs::argv(std::size_t task) {
     argv.push_back("--world-size");
     argv.push_back(std::to_string(j.world_size));
   }
-  if (fs::exists(dir / "checkpoint" / "LATEST")) {
+  if (j.checkpoints == RehearsalJobSpec::Checkpoints::item) {  // each checkpoint put on the relay: no shared folder
+    set("checkpoint.item_topic", ctx_.data_topic(j.name));
+    set("checkpoint.relay", ctx_.relay_url);
+    set("checkpoint.ca_file", ctx_.ca_file.string());
+    set("checkpoint.token_file", ctx_.token_file.string());
+    if (fs::exists(dir / kCheckpointItemFile)) {
+      argv.push_back("--resume-item");
+      argv.push_back(trim(read_file(dir / kCheckpointItemFile)));
+    }
+  } else if (fs::exists(dir / "checkpoint" / "LATEST")) {
     argv.push_back("--resume");
     argv.push_back(dir.string());
   }
   return argv;
+}
+
+void RehearsalJobs::take_checkpoint_item(const Instance& inst, const std::string& uri) {
+  if (!ctx_.is_job(inst.task)) return;
+  const RehearsalJobSpec& j = ctx_.job_of(inst.task);
+  const auto at = data::parse_item_uri(uri);
+  if (j.checkpoints != RehearsalJobSpec::Checkpoints::item || !at || at->topic != ctx_.data_topic(j.name))
+    return ctx_.say("warning: " + inst.id + " said it put a checkpoint at " + uri +
+                    ", which is not on its checkpoint topic " + ctx_.data_topic(j.name) + " (checkpoints: item): ignored");
+  try {
+    write_file_atomic(ctx_.job_dir(inst.task) / kCheckpointItemFile, uri + "\n");
+  } catch (const std::exception& e) {
+    ctx_.say("warning: " + inst.id + ": its checkpoint " + uri + " could not be noted (" + e.what() +
+             "): its next attempt starts from an older one");
+  }
 }
 
 void RehearsalJobs::take_summary(Instance& inst) {

@@ -31,11 +31,16 @@ class RehearsalJobs {
   /// diaspora-train's command line for the job of `task`: the spec's config (or a small
   /// one written here), the job's keys as --set, ptycho-stream's relay and stream, and
   /// --resume when the job has a checkpoint (an earlier attempt, a migration, a resumed
-  /// run). Throws diaspora::Error (no diaspora-train next to diaspora-run) or a
+  /// run): with `checkpoints: item`, --resume-item and the newest checkpoint item's URI. Throws diaspora::Error (no diaspora-train next to diaspora-run) or a
   /// filesystem error (the job folder cannot be made).
   std::vector<std::string> argv(std::size_t task);
   /// The trainer's summary.json becomes the job instance's result (a warning when unreadable).
   void take_summary(Instance& inst);
+  /// A job with `checkpoints: item` said it put a checkpoint at `uri` (its progress
+  /// channel): kept in OUT/rehearsal/JOB/checkpoint-item, where argv() finds it for the next
+  /// attempt (or a resumed run). A URI off the job's own data topic, or from a job without
+  /// `checkpoints: item`, is ignored with a warning. A file that cannot be written: a warning.
+  void take_checkpoint_item(const Instance& inst, const std::string& uri);
   /// checkpoint_every, the drain deadline, and jobs whose stream lost a scan.
   void tick();
 

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <set>
 
+#include "diaspora/data_item.hpp"
 #include "diaspora/process.hpp"
 #include "fuzz_support.hpp"
 
@@ -63,6 +64,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         FUZZ_CHECK(hook == ProgressHook::progress && pl.value >= 0 && pl.value <= 1);
         break;
       case ProgressLine::Kind::heartbeat: FUZZ_CHECK(hook == ProgressHook::heartbeat); break;
+      case ProgressLine::Kind::checkpoint:
+        FUZZ_CHECK(hook == ProgressHook::none && diaspora::data::parse_item_uri(pl.uri).has_value());
+        break;
       case ProgressLine::Kind::metric: {
         FUZZ_CHECK(hook == ProgressHook::heartbeat && !pl.metrics.empty() && pl.metrics.size() <= 32);
         std::set<std::string> names;

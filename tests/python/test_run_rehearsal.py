@@ -181,6 +181,53 @@ def test_migrated_mid_stream_it_ends_as_an_unmigrated_run(tmp_path, undisturbed)
     assert s["error_matrix"] == undisturbed["error_matrix"] and s["steps"] == undisturbed["steps"]
 
 
+def test_migrated_between_sites_that_share_no_folder_its_checkpoint_travels_as_an_item(tmp_path, undisturbed):
+    """checkpoints: item (docs/rehearsal.md): each checkpoint the job writes is put on the
+    relay as a data item; migrated, its next attempt fetches the newest one. Each site has a
+    disk of its own: the trainer runs in a mount namespace where the job's folder is that
+    site's folder (the run's own stays empty) and OUT/data an empty tmpfs (the scans are
+    items too)."""
+    out = tmp_path / "out"
+    spec = stream_spec(tmp_path, MOVE)
+    spec.write_text(spec.read_text().replace("    duration: 3s\n", "    duration: 3s\n    output: item\n")
+                    .replace("    buffer_size: 50\n", "    buffer_size: 50\n    checkpoints: item\n"))
+    sites = tmp_path / "sites"
+    job_dir = out / "rehearsal" / "learn"
+    wrapper = tmp_path / "train-on-its-site.sh"
+    wrapper.write_text(f"""#!/bin/sh
+mkdir -p "{sites}/$DIASPORA_SITE"
+exec unshare -m --propagation private sh -c 'mount -t tmpfs none "$0" && mount --bind "$1" "$2" && shift 2 && exec "$@"' \\
+  "{out / "data"}" "{sites}/$DIASPORA_SITE" "{job_dir}" "{rn.DIASPORA.parent / "diaspora-train"}" "$@"
+""")
+    wrapper.chmod(0o755)
+    p = rn.run(spec, out, env={"DIASPORA_TRAIN": str(wrapper)}, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    job = rn.instance(rn.report(out), "learn.0")
+    assert job["state"] == "completed" and [a["site"] for a in job["attempts"]] == ["edge", "cluster"], job["attempts"]
+    # Nothing of the trainer's reached the run's own folder: only the runner's note of the
+    # newest checkpoint item (so a --resume dir could not have carried it).
+    assert sorted(f.name for f in job_dir.iterdir()) == ["checkpoint-item"], list(job_dir.iterdir())
+    noted = (job_dir / "checkpoint-item").read_text().strip()
+    assert noted.startswith("diaspora://learn-stream.data.learn/"), noted
+    edge, cluster = sites / "edge", sites / "cluster"
+    edge_log = (out / "tasks" / "learn.0.1.err").read_text()
+    cluster_log = (out / "tasks" / "learn.0.2.err").read_text()
+    put = [line.split(" put as ")[1] for line in edge_log.splitlines() if " put as diaspora://" in line]
+    assert put, edge_log
+    assert f"fetched the checkpoint at {put[-1]} into" in cluster_log, cluster_log
+    # The cluster continued from the edge's last checkpoint (fetched whole, its SHA-256
+    # checked): its first step is the one after it.
+    s = json.loads((cluster / "summary.json").read_text())
+    name = (edge / "checkpoint" / "LATEST").read_text().strip()
+    step = int(name.split("-")[1])
+    assert s["resumed_from"].endswith(f"checkpoint/{name}") and 0 < step < s["steps"], s
+    first = json.loads((cluster / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == step, first
+    assert not (edge / "summary.json").exists()  # the edge never finished: it was moved
+    # ... and ends where a run left alone ends: nothing lost or trained twice.
+    assert s["error_matrix"] == undisturbed["error_matrix"] and s["steps"] == undisturbed["steps"]
+
+
 def test_runner_killed_then_resumed_the_job_continues_from_its_checkpoint(tmp_path):
     spec = stream_spec(tmp_path, rate=1, duration="10s")
     ref = tmp_path / "ref"

@@ -234,3 +234,63 @@ def test_a_request_made_before_the_job_started_is_refused_as_stale(creds, tmp_pa
         assert all(e["data"]["status"] == "failed" for e in evs if stale_done(e))
     finally:
         relay.stop()
+
+
+def test_a_checkpoint_put_as_a_data_item_resumes_the_job_where_its_folder_is_not(creds, tmp_path):
+    """checkpoint.item_topic (docs/rehearsal.md, "Checkpoints as data items"): each
+    checkpoint is put on the relay as one item and its URI said; --resume-item continues
+    from it in an --out that never held it, as --resume from the folder would. A URI that is
+    not one, or an item that is not a checkpoint, is refused and nothing is written."""
+    relay = RelayProcess(creds, tmp_path / "data").start()
+    try:
+        token = tmp_path / "token"
+        token.write_text(creds.token("publish:*", "subscribe:*") + "\n")
+        fabric = [f"checkpoint.relay={relay.url}", f"checkpoint.ca_file={creds.ca}",
+                  f"checkpoint.token_file={token}"]
+        base = ["--set", "strategy=er", "--set", "buffer_size=100", "--set", "seed=3",
+                "--set", "dataset.tasks=2", "--set", "dataset.classes_per_task=5",
+                "--set", "dataset.train_per_task=640", "--set", "dataset.test_per_task=100",
+                "--set", "train.batch_size=32", "--set", "train.threads=1", "--set", "train.log_every=5",
+                "--set", "sampling.representatives=8"]
+        for s in fabric:
+            base += ["--set", s]
+        first = tmp_path / "site-a"
+        p = subprocess.run([str(TRAIN), *base, "--set", "checkpoint.item_topic=t.data.learn", "--out", str(first),
+                            "--stop-after", "30"], capture_output=True, text=True, timeout=240)
+        assert p.returncode == 3, p.stderr  # checkpointed and stopped
+        put = [line.split(" put as ")[1] for line in p.stderr.splitlines() if " put as " in line]
+        assert put and put[-1].startswith("diaspora://t.data.learn/"), p.stderr
+        # Resumed elsewhere from the last one: the same matrix as the job run in one go.
+        second = tmp_path / "site-b"
+        p = subprocess.run([str(TRAIN), *base, "--out", str(second), "--resume-item", put[-1]],
+                           capture_output=True, text=True, timeout=240)
+        assert p.returncode == 0, p.stderr
+        assert f"fetched the checkpoint at {put[-1]} into {second / 'checkpoint'}" in p.stderr, p.stderr
+        resumed = json.loads((second / "summary.json").read_text())
+        assert resumed["resumed_from"] == str(second / "checkpoint" / "ckpt-30"), resumed
+        whole = tmp_path / "whole"
+        p = subprocess.run([str(TRAIN), *base, "--out", str(whole)], capture_output=True, text=True, timeout=240)
+        assert p.returncode == 0, p.stderr
+        alone = json.loads((whole / "summary.json").read_text())
+        assert resumed["accuracy_matrix"] == alone["accuracy_matrix"] and resumed["steps"] == alone["steps"]
+        # Refusals: nothing is written into the checkpoint folder.
+        other = tmp_path / "site-c"
+        p = subprocess.run([str(TRAIN), *base, "--out", str(other), "--resume-item", "file:///tmp/ckpt"],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 1 and "is not a diaspora://TOPIC/OFFSET URI" in p.stderr, p.stderr
+        scan = tmp_path / "scan.bin"
+        scan.write_bytes(b"not a checkpoint")
+        q = subprocess.run([str(BIN / "diaspora"), "put", "--url", relay.url, "--ca", str(creds.ca), "--token",
+                            token.read_text().strip(), "--topic", "t.data.learn", str(scan)],
+                           capture_output=True, text=True, timeout=60)
+        assert q.returncode == 0, q.stderr
+        uri = json.loads(q.stdout)["uri"]
+        p = subprocess.run([str(TRAIN), *base, "--out", str(other), "--resume-item", uri],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 1 and f"--resume-item {uri} is not a checkpoint diaspora-train put" in p.stderr, p.stderr
+        assert not (other / "checkpoint").exists()
+        p = subprocess.run([str(TRAIN), *base, "--out", str(other), "--resume-item", put[-1], "--resume", str(first)],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and "--resume-item goes alone" in p.stderr, p.stderr
+    finally:
+        relay.stop()

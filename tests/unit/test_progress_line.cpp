@@ -51,6 +51,19 @@ TEST(ProgressLine, BadMetricLinesAreIgnoredWhole) {
   EXPECT_EQ(parse_progress_line("hello").kind, Kind::none);
 }
 
+TEST(ProgressLine, ACheckpointLineCarriesAnItemUriAndNoHook) {
+  auto p = parse_progress_line("checkpoint diaspora://wf.data.learn/42");
+  EXPECT_EQ(p.kind, Kind::checkpoint);
+  EXPECT_EQ(p.uri, "diaspora://wf.data.learn/42");
+  std::vector<diaspora_metric_value> mv;
+  diaspora_task_info i{};
+  EXPECT_EQ(diaspora::adapters::apply_progress_line(p, i, mv), diaspora::adapters::ProgressHook::none);
+  EXPECT_EQ(parse_progress_line("checkpoint").kind, Kind::none);
+  EXPECT_EQ(parse_progress_line("checkpoint file:///tmp/ckpt").kind, Kind::none);  // only items travel this way
+  EXPECT_EQ(parse_progress_line("checkpoint diaspora://wf.data.learn/x").kind, Kind::none);
+  EXPECT_EQ(parse_progress_line("checkpoint diaspora://wf.data.learn/4 5").kind, Kind::none);  // one URI
+}
+
 TEST(ProgressLine, EachKindIsToldWithItsHookAndFields) {
   using diaspora::adapters::apply_progress_line;
   using diaspora::adapters::ProgressHook;

@@ -131,6 +131,14 @@ struct DataArrived {
 };
 BOOST_DESCRIBE_STRUCT(DataArrived, (), (stream, seq, bytes, uri, checksum, site))
 
+/// One file of an item that carries several (a folder, such as a trainer's checkpoint):
+/// the item's bytes are its files one after the other, in the order listed.
+struct ItemFile {
+  std::string name;  ///< a plain file name (no folder)
+  std::int64_t size = 0;
+};
+BOOST_DESCRIBE_STRUCT(ItemFile, (), (name, size))
+
 /// The event of a data item carried by the fabric (docs/streaming.md): its bytes follow it
 /// as chunks; the item attributes (itemsize, itemchunks, itemsha256) are on the event.
 struct DataItem {
@@ -140,8 +148,9 @@ struct DataItem {
   std::optional<std::string> file;          ///< the file it was read from, if any (its name)
   std::optional<std::string> content_type;  ///< a media type, e.g. application/x-hdf5
   std::optional<std::string> site;
+  std::optional<std::vector<ItemFile>> files;  ///< the files the bytes hold, if several
 };
-BOOST_DESCRIBE_STRUCT(DataItem, (), (stream, seq, file, content_type, site))
+BOOST_DESCRIBE_STRUCT(DataItem, (), (stream, seq, file, content_type, site, files))
 
 struct Forecast {
   std::string metric;

@@ -158,6 +158,10 @@ struct RehearsalJobSpec {
   std::optional<std::int64_t> buffer_size;
   std::int64_t world_size = 1;
   std::optional<Duration> checkpoint_every;
+  /// Where the job's checkpoints travel between its attempts: file (its folder, which its
+  /// sites share) or item (each put on the relay as a data item on <prefix>.data.<job>;
+  /// the next attempt fetches the newest: sites that share no file system).
+  enum class Checkpoints { file, item } checkpoints = Checkpoints::file;
   ScalarMap set;
   Location location;
 };

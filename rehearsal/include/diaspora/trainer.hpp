@@ -77,6 +77,11 @@ struct TrainerConfig {
   TrainConfig train;
   std::int64_t checkpoint_every = 0;  ///< steps; 0 = task ends, SIGTERM and actions only
   std::string checkpoint_dir;         ///< empty: OUT/checkpoint
+  /// Non-empty: rank 0 also puts each published checkpoint as a data item on this topic
+  /// of the relay below (checkpoint.item_topic, docs/rehearsal.md "Checkpoints as data
+  /// items"): how a job moves between sites that share no file system (--resume-item).
+  std::string checkpoint_item_topic;
+  std::string checkpoint_relay, checkpoint_ca_file, checkpoint_token_file;  ///< for checkpoint_item_topic
   std::string plugin_spec;            ///< empty: no plugin
   std::string plugin_task_id = "diaspora-train";
   std::string plugin_site;
@@ -155,6 +160,20 @@ struct MasterAddress {
 /// Any thread. @throws diaspora::Error "--master must be HOST:PORT with a port in 1-65535,
 /// not '...'" otherwise.
 MasterAddress parse_master_address(std::string_view master);
+
+/// Fetches the checkpoint that a job with checkpoint.item_topic put at `uri`
+/// (diaspora://TOPIC/OFFSET, the URI it said on the progress channel) from
+/// checkpoint.relay into `root` (a checkpoint folder: its ckpt-STEP folder, then LATEST
+/// naming it), and returns `root`, ready for RankOptions::resume. While the relay is away
+/// it is tried every second for `patience_s`. Nothing is left in `root` unless the whole
+/// item arrived with its checksum and its files add up.
+/// @throws RehearsalError (from diaspora/rehearsal.hpp) for a URI that is not one, no
+/// relay settings, an item that is not a checkpoint, a relay that refuses or stays away, a
+/// file that cannot be written.
+/// @par Thread Safety
+/// Any thread; before the ranks start (diaspora-train --resume-item).
+std::filesystem::path fetch_checkpoint_item(const TrainerConfig& config, const std::string& uri,
+                                            const std::filesystem::path& root, double patience_s = 60);
 
 /// Runs one rank of a training job to its end, a requested stop, or an error. All
 /// ranks of a job run it with the same config; they meet in collectives every step.
