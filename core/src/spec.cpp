@@ -358,6 +358,7 @@ WorkflowSpec build(const YamlDocument& doc, std::string file) {
   w.plugin.queue_size = get_int(plugin, "queue_size", w.plugin.queue_size);
   if (auto s = opt_str(plugin, "engine_id")) w.plugin.engine_id = *s;
   w.plugin.max_inflight = get_int(plugin, "max_inflight", w.plugin.max_inflight);
+  if (get_str(plugin, "coalesce", "congested") == "queue_full") w.plugin.coalesce = PluginSpec::Coalesce::queue_full;
   if (const auto* v = plugin.if_contains("control"); v && v->is_bool()) w.plugin.control = v->get_bool();
   if (const auto* v = plugin.if_contains("required"); v && v->is_bool()) w.plugin.required = v->get_bool();
   w.plugin.reconnect_max = opt_dur(plugin, "reconnect_max").value_or(w.plugin.reconnect_max);

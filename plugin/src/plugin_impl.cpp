@@ -128,6 +128,7 @@ Config Config::from_spec(const WorkflowSpec& spec, const std::filesystem::path& 
   c.batch_bytes = static_cast<std::size_t>(spec.plugin.batch.max_bytes);
   c.batch_delay = std::chrono::duration_cast<std::chrono::microseconds>(spec.plugin.batch.max_delay);
   c.max_inflight = static_cast<std::size_t>(spec.plugin.max_inflight);
+  c.coalesce_when_congested = spec.plugin.coalesce == PluginSpec::Coalesce::congested;
   c.control = spec.plugin.control;
   c.reconnect_max = std::max(c.reconnect_min, std::chrono::duration_cast<std::chrono::milliseconds>(spec.plugin.reconnect_max));
   c.spec = std::make_shared<WorkflowSpec>(spec);
@@ -230,6 +231,13 @@ std::string Plugin::last_error() const {
 int Plugin::enqueue(const HookArgs& a) noexcept {
   if (closing()) return DIASPORA_ERR_CLOSED;
   const std::size_t need = arena_bytes(a);
+  // While the link is congested a sample takes its series' coalescing slot first (the
+  // newest value wins): the task events behind it do not wait for a flood of samples.
+  if (need <= kSlotArenaBytes && a.coalescible && congested_.load(std::memory_order_relaxed) &&
+      coalesced_.merge(a)) {
+    slow_accepted_.fetch_add(1, std::memory_order_relaxed);
+    return DIASPORA_OK;
+  }
   if (need <= kSlotArenaBytes &&
       queue_.try_push([&](Slot& s, std::uint64_t) { pack(a, s.head, s.arena); })) {
     return DIASPORA_OK;
@@ -570,6 +578,8 @@ void Plugin::on_disconnect(const std::string& why) {
   resend_ = std::move(again);
   inflight_.clear();
   pending_.reset();
+  window_full_since_ = {};  // away, not congested: samples queue (and spool) as every event does
+  congested_.store(false, std::memory_order_relaxed);
   thread_local std::mt19937 rng{std::random_device{}()};
   next_connect_ = Clock::now() + std::chrono::milliseconds(std::uniform_int_distribution<long>(0, backoff_.count())(rng));
   backoff_ = std::clamp(backoff_ * 2, cfg_.reconnect_min, cfg_.reconnect_max);
@@ -665,6 +675,21 @@ bool Plugin::build_spool_batch(Batch& b) {
   }
 }
 
+void Plugin::note_window() {
+  // Congested: the window of unacked batches full for kCongestedAfter (the relay or the
+  // link takes less than the engine makes); clear again once half of it is free.
+  constexpr auto kCongestedAfter = std::chrono::milliseconds(50);
+  if (!cfg_.coalesce_when_congested) return;
+  const auto now = Clock::now();
+  if (inflight_.size() >= max_inflight_) {
+    if (window_full_since_ == Clock::time_point{}) window_full_since_ = now;
+    if (now - window_full_since_ >= kCongestedAfter) congested_.store(true, std::memory_order_relaxed);
+  } else if (inflight_.size() <= max_inflight_ / 2) {
+    window_full_since_ = {};
+    congested_.store(false, std::memory_order_relaxed);
+  }
+}
+
 void Plugin::pump() {
   while (auto f = client_->poll_receive(0ms)) handle_frame(*f);
   while (client_ && !resend_.empty() && inflight_.size() < max_inflight_) {  // same batches, same seq
@@ -688,6 +713,7 @@ void Plugin::pump() {
     send_batch(std::move(b));
   }
   if (!client_) return;
+  note_window();
   if (!inflight_.empty()) {
     const auto wait = inflight_.size() >= max_inflight_ ? 20ms : 1ms;
     if (auto f = client_->poll_receive(wait)) handle_frame(*f);

@@ -74,6 +74,7 @@ struct Config {
   std::size_t batch_events = 512, batch_bytes = 1u << 20;
   std::chrono::microseconds batch_delay{20000};
   std::size_t max_inflight = 16;
+  bool coalesce_when_congested = true;  ///< plugin.coalesce: congested
   bool control = true;
   std::chrono::milliseconds reconnect_min{100}, reconnect_max{5000};
   std::chrono::milliseconds stats_interval{10000};
@@ -192,7 +193,12 @@ class Plugin {
   /// (records are serialised under it).
   std::optional<TickClock> tick_clock_;
 
-  Coalescer coalesced_;  ///< metrics merged by hooks that found the queue full -> publisher
+  Coalescer coalesced_;  ///< metrics merged by hooks that found the queue full or the link congested -> publisher
+  /// The window of unacked batches has been full for kCongestedAfter (publisher writes,
+  /// hooks read): metric samples are then merged per series rather than queued.
+  std::atomic<bool> congested_{false};
+  std::chrono::steady_clock::time_point window_full_since_{};  ///< publisher only
+  void note_window();  ///< publisher: sets or clears congested_ from the window of unacked batches
 
   // Events the plugin itself produces (any thread -> publisher).
   std::mutex side_mu_;

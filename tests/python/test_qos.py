@@ -258,3 +258,63 @@ def test_a_backlog_on_one_subscription_does_not_starve_another_of_the_same_class
         assert before < 120, before  # the whole backlog is 200 frames
     finally:
         relay.stop_cleanly()
+
+
+def samples_ahead_of_a_task_event(creds, tmp_path, coalesce: str) -> tuple[int, int, int]:
+    """An engine reports through the plugin to a relay that stops taking its batches
+    (SIGSTOP: the window of 2 unacked batches stays full), then 20,000 samples of 10 metric
+    series and a task event, then the relay goes on. Returns the metric events stored ahead
+    of the task event, the samples they stand for in all (their counts), and the plugin's
+    metrics_coalesced."""
+    import signal
+    import sys
+    from pathlib import Path
+    from relay_harness import REPO, relay_events, write_spec
+    sys.path.insert(0, str(REPO / "engine-adapters" / "python"))
+    import diaspora
+
+    tmp = tmp_path / coalesce
+    tmp.mkdir()
+    relay = RelayProcess(creds, tmp / "relay").start()
+    token = creds.token("publish:*", "subscribe:*")
+    (tmp / "token").write_text(token + "\n")
+    spec = write_spec(tmp, creds, tmp / "token", relay.port, max_inflight=2, coalesce=coalesce,
+                      batch={"max_events": 100})
+    try:
+        with diaspora.Plugin.open(spec) as p:
+            p.submitted("t1", site="local")
+            assert p.wait_acked(30)
+            relay.proc.send_signal(signal.SIGSTOP)
+            try:
+                for i in range(1000):  # two batches fill the window; the rest waits in the queue
+                    p.metric("site", "local", "fill", i)
+                time.sleep(0.3)  # the window has been full for over 50 ms: congested
+                for i in range(20_000):
+                    p.metric("site", "local", f"load{i % 10}", i)
+                p.started("t1", site="local", worker="w0")
+                coalesced = p.stats()["metrics_coalesced"]
+            finally:
+                relay.proc.send_signal(signal.SIGCONT)
+            assert p.wait_acked(60), (p.stats(), p.last_error())
+        events = relay_events(relay, token, 2)
+    finally:
+        relay.stop_cleanly()
+    started = next(i for i, e in enumerate(events) if e["type"] == "org.diaspora.task.started")
+    ahead = sum(1 for e in events[:started] if e["type"] == "org.diaspora.metric")
+    represented = sum(e["data"].get("count", 1) for e in events if e["type"] == "org.diaspora.metric")
+    return ahead, represented, coalesced
+
+
+def test_samples_flooding_a_congested_link_are_coalesced_not_queued_ahead_of_task_events(creds, tmp_path):
+    """plugin.coalesce (docs/plugin.md): while the window of unacked batches is full a
+    metric sample takes its series' coalescing slot (the newest value wins, counted) instead
+    of a place in the queue, so a task event reported after a flood of samples is not stored
+    behind them; with queue_full (every sample queued while there is room) it is. Nothing is
+    lost either way: the stored samples' counts add up to every sample reported."""
+    fifo_ahead, fifo_all, fifo_coalesced = samples_ahead_of_a_task_event(creds, tmp_path, "queue_full")
+    ahead, represented, coalesced = samples_ahead_of_a_task_event(creds, tmp_path, "congested")
+    print(f"metric events stored ahead of the task event: {fifo_ahead} with queue_full, {ahead} congested "
+          f"({coalesced} samples coalesced)")
+    assert fifo_all == represented == 21_000
+    assert fifo_coalesced == 0 and fifo_ahead == 21_000
+    assert coalesced >= 19_000 and ahead <= 1_000 + 10 + 20_000 - coalesced, (ahead, coalesced)

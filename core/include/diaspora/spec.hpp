@@ -80,6 +80,10 @@ struct PluginSpec {
   std::int64_t queue_size = 65536;
   std::string engine_id = "engine";  ///< source suffix, control topic suffix, spool subdirectory
   std::int64_t max_inflight = 16;    ///< batches sent and not yet acked
+  /// When metric samples are coalesced per series: also while the link to the relay is
+  /// congested (the window of unacked batches full for 50 ms; the default), or only when
+  /// the hook queue is full (queue_full: every sample is queued while there is room).
+  enum class Coalesce { congested, queue_full } coalesce = Coalesce::congested;
   bool control = true;               ///< subscribe to the control topic
   bool required = true;              ///< adapters: refuse to run without the plugin (false: warn, run without)
   Duration reconnect_max{5.0};       ///< backoff ceiling

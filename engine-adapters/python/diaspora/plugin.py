@@ -487,11 +487,12 @@ class Plugin:
         return {name: int(getattr(s, name)) for name, _ in A.Stats._fields_ if name != "struct_size"}
 
     def wait_acked(self, timeout: float = 30.0) -> bool:
-        """Waits until every accepted event is acked by the relay (True) or `timeout` passes."""
+        """Waits until every accepted event is acked by the relay (True) or `timeout` passes.
+        A metric sample merged into a later one (metrics_coalesced) is acked with it."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             s = self.stats()
-            if s["events_acked"] >= s["events_accepted"] and s["spool_records"] == 0:
+            if s["events_acked"] + s["metrics_coalesced"] >= s["events_accepted"] and s["spool_records"] == 0:
                 return True
             time.sleep(0.02)
         return False
