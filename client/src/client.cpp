@@ -174,6 +174,8 @@ struct RelayClient::Impl {
     if (opt.subprotocol == "diaspora.v1") {
       json::object hello{{"op", "hello"}, {"client_id", opt.client_id}};
       if (!opt.producer_id.empty()) hello["producer_id"] = opt.producer_id;
+      if (!opt.site.empty()) hello["site"] = opt.site;
+      if (!opt.task.empty()) hello["task"] = opt.task;
       send(json::serialize(hello));
       welcome = receive_json();
       if (welcome["op"] != "welcome")

@@ -346,6 +346,7 @@ WorkflowSpec build(const YamlDocument& doc, std::string file) {
     if (const json::value* d = qos.if_contains("drop_late"); d && d->is_array())
       for (const auto& cls : d->get_array())
         if (cls.is_string()) out.qos_drop_late.emplace_back(cls.get_string());
+    out.qos_report_interval = opt_dur(qos, "report_interval").value_or(out.qos_report_interval);
     return out;
   };
   w.relay = relay_of(sub(r, "relay"));

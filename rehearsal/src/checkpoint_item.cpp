@@ -13,6 +13,7 @@
 #include "diaspora/payloads.hpp"
 #include "diaspora/rehearsal.hpp"
 #include "diaspora/topic_reader.hpp"
+#include "fabric.hpp"
 
 namespace diaspora::rehearsal {
 
@@ -36,7 +37,7 @@ RelayClientOptions relay_of(const TrainerConfig& c, const std::string& client_id
   if (c.checkpoint_relay.empty() || c.checkpoint_ca_file.empty() || c.checkpoint_token_file.empty())
     throw RehearsalError("checkpoint items need checkpoint.relay, checkpoint.ca_file and checkpoint.token_file "
                          "(docs/rehearsal.md, \"Checkpoints as data items\")");
-  return relay_options_from_files(c.checkpoint_relay, c.checkpoint_ca_file, c.checkpoint_token_file, client_id);
+  return detail::fabric_options(c.checkpoint_relay, c.checkpoint_ca_file, c.checkpoint_token_file, client_id);
 }
 
 // Calls `attempt` until it returns, retrying a RelayClientError every second for

@@ -11,6 +11,7 @@
 #include "diaspora/items.hpp"
 #include "diaspora/rehearsal.hpp"
 #include "diaspora/topic_reader.hpp"
+#include "fabric.hpp"
 
 namespace diaspora::rehearsal::detail {
 
@@ -57,7 +58,7 @@ std::optional<std::filesystem::path> ScanFeed::wait_for(std::int64_t seq, const 
     try {
       if (!reader_)
         reader_ = std::make_unique<TopicReader>(
-            relay_options_from_files(d_.relay, d_.ca_file, d_.token_file, "diaspora-train-feed"), d_.topic);
+            fabric_options(d_.relay, d_.ca_file, d_.token_file, "diaspora-train-feed"), d_.topic);
       for (const json::object& e : reader_->poll(std::chrono::milliseconds(200))) {
         const json::value* type = e.if_contains("type");
         const json::value* data = e.if_contains("data");
@@ -87,7 +88,7 @@ bool ScanFeed::fetch(std::int64_t seq) {
   const data::ItemLocation& at = items_.at(seq);
   try {
     if (!fetcher_)
-      fetcher_ = std::make_unique<RelayClient>(relay_options_from_files(d_.relay, d_.ca_file, d_.token_file, "diaspora-train-fetch"));
+      fetcher_ = std::make_unique<RelayClient>(fabric_options(d_.relay, d_.ca_file, d_.token_file, "diaspora-train-fetch"));
     const items::Item item = items::fetch(*fetcher_, at.topic, at.offset);
     const std::filesystem::path path =
         std::filesystem::path(d_.cache_dir) / (d_.stream + "-" + std::to_string(seq) + ".scan");

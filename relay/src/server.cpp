@@ -445,6 +445,10 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     client_id_ = str("client_id");
     producer_id_ = str("producer_id");
     if (producer_id_.size() > 256) return send_error("bad_request", "producer_id longer than 256 bytes", nullptr);
+    site_ = str("site");  // where the client is and which task it works for: named in its congestion events
+    task_ = str("task");
+    if (site_.size() > 256 || task_.size() > 256)
+      return send_error("bad_request", "site and task must be at most 256 bytes", nullptr);
     if (const json::value* rate = o.if_contains("bulk_rate")) {  // this client's link: bulk paced to it
       boost::system::error_code ec;
       const double r = rate->to_number<double>(ec);
@@ -965,16 +969,19 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
     const auto peer = beast::get_lowest_layer(ws_).socket().remote_endpoint(ec);
     std::string id = "connection/" + (client_id_.empty() ? std::string("anonymous") : client_id_.substr(0, 128));
     if (!ec) id += "@" + peer.address().to_string() + ":" + std::to_string(peer.port());
+    json::object data{{"resource_id", std::move(id)},
+                      {"kind", "link"},
+                      {"state", congested ? "degraded" : "up"},
+                      {"metrics", std::move(metrics)}};
+    if (!site_.empty()) data["site"] = site_;
+    if (!task_.empty()) data["task_id"] = task_;
     json::object ev{{"specversion", "1.0"},
                     {"id", make_uuid()},
                     {"source", "/diaspora-relay/" + relay_->cfg.listen},
                     {"type", "org.diaspora.resource.status"},
                     {"time", format_rfc3339_us(now_us())},
                     {"datacontenttype", "application/json"},
-                    {"data", json::object{{"resource_id", std::move(id)},
-                                          {"kind", "link"},
-                                          {"state", congested ? "degraded" : "up"},
-                                          {"metrics", std::move(metrics)}}}};
+                    {"data", std::move(data)}};
     std::vector<relay::AppendRecord> recs{{"", json::serialize(ev)}};
     relay_->store->append(q.congestion_topic, "", 0, std::move(recs), [](const relay::AppendResult&) {});
   }
@@ -1176,6 +1183,7 @@ class WsSession : public std::enable_shared_from_this<WsSession> {
   std::optional<TokenClaims> claims_;
   Clock::time_point token_deadline_ = Clock::time_point::max();
   std::string client_id_, producer_id_, ce_topic_;
+  std::string site_, task_;  ///< hello's site and task (may be empty), named in congestion events
   std::size_t inflight_ = 0;
   bool read_paused_ = false;
   std::map<std::string, Subscription> subs_;

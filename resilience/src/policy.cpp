@@ -50,6 +50,7 @@ constexpr SignalInfo kSignals[] = {
     {"site.queue_length", Scope::site, +1, ""},    {"site.failure_rate", Scope::site, +1, ""},
     {"site.heartbeat_gap", Scope::site, +1, " s"}, {"resource.cpu", Scope::resource, +1, ""},
     {"resource.memory", Scope::resource, +1, ""},  {"resource.gpu", Scope::resource, +1, ""},
+    {"task.link_wait", Scope::task, +1, " s"},
 };
 constexpr int kNumSignals = static_cast<int>(sizeof(kSignals) / sizeof(kSignals[0]));
 enum : int { kStepTime = 0, kRuntime = 1, kTaskHeartbeat = 3, kProgressRate = 4, kDeadlineSlack = 5, kFailures = 6, kQueueLength = 8,

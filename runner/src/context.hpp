@@ -49,12 +49,12 @@ struct Context {
   bool is_job(std::size_t t) const { return t >= first_job; }
   const RehearsalJobSpec& job_of(std::size_t t) const { return spec.rehearsal[t - first_job]; }
   std::filesystem::path job_dir(std::size_t t) const { return opt.out_dir / "rehearsal" / job_of(t).name; }
+  /// The workflow's topic prefix (relay.topic_prefix, else its name).
+  std::string prefix() const { return spec.relay.topic_prefix.value_or(spec.name); }
   /// The topic the plugin publishes the workflow's events on.
-  std::string events_topic() const { return spec.relay.topic_prefix.value_or(spec.name) + ".events"; }
+  std::string events_topic() const { return prefix() + ".events"; }
   /// The topic a task's outputs go to as data items (output: item): "<prefix>.data.<task>".
-  std::string data_topic(const std::string& task) const {
-    return spec.relay.topic_prefix.value_or(spec.name) + ".data." + task;
-  }
+  std::string data_topic(const std::string& task) const { return prefix() + ".data." + task; }
 };
 
 }  // namespace diaspora::runner

@@ -13,8 +13,14 @@ namespace diaspora::runner {
 namespace fs = std::filesystem;
 
 EmbeddedRelay::EmbeddedRelay(const fs::path& dir, const fs::path& data_dir, const std::string& topic_prefix,
-                             std::vector<std::pair<std::string, std::string>> qos_classes, std::vector<std::string> drop_late)
-    : dir_(dir), data_dir_(data_dir), qos_classes_(std::move(qos_classes)), drop_late_(std::move(drop_late)) {
+                             std::vector<std::pair<std::string, std::string>> qos_classes, std::vector<std::string> drop_late,
+                             std::chrono::seconds report_interval)
+    : dir_(dir),
+      data_dir_(data_dir),
+      links_topic_(topic_prefix + ".links"),
+      report_interval_(report_interval),
+      qos_classes_(std::move(qos_classes)),
+      drop_late_(std::move(drop_late)) {
   fs::create_directories(dir_);
   if (!fs::exists(ca_file())) {
     DevCertOptions o;
@@ -50,6 +56,8 @@ void EmbeddedRelay::start() {
   c.threads = 1;
   for (const auto& [topics, cls] : qos_classes_) c.qos.classes.push_back({topics, cls});
   c.qos.drop_late = drop_late_;
+  c.qos.congestion_topic = links_topic_;  // the run reads it: its policies see congested consumers (task.link_wait)
+  c.qos.report_interval = report_interval_;
   auto r = std::make_unique<Relay>(c);
   r->start();
   port_ = r->port();

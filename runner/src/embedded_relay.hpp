@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -28,11 +29,13 @@ class EmbeddedRelay final : public RelayControl {
  public:
   /// Makes DIR/certs, DIR/auth-secret and DIR/token when missing (the token allows
   /// publish and subscribe on `topic_prefix`.* for 30 days) and starts the relay on a free
-  /// port, its log in `data_dir`, its classes of service `qos` (the spec's relay.qos:
-  /// (topic pattern, class) rules and the classes whose late items are dropped). Throws
+  /// port, its log in `data_dir`, its classes of service from the spec's relay.qos
+  /// ((topic pattern, class) rules, the classes whose late items are dropped, how often
+  /// congested connections are looked for), its congestion events on links_topic(). Throws
   /// diaspora::Error when it cannot.
   EmbeddedRelay(const std::filesystem::path& dir, const std::filesystem::path& data_dir, const std::string& topic_prefix,
-                std::vector<std::pair<std::string, std::string>> qos_classes = {}, std::vector<std::string> drop_late = {});
+                std::vector<std::pair<std::string, std::string>> qos_classes = {}, std::vector<std::string> drop_late = {},
+                std::chrono::seconds report_interval = std::chrono::seconds(5));
   /// Stops the relay (waits for a stop in progress).
   ~EmbeddedRelay() override;
   EmbeddedRelay(const EmbeddedRelay&) = delete;
@@ -57,6 +60,8 @@ class EmbeddedRelay final : public RelayControl {
   void join_stop();
 
   std::filesystem::path dir_, data_dir_;
+  std::string links_topic_;
+  std::chrono::seconds report_interval_;
   std::uint16_t port_ = 0;
   std::vector<std::pair<std::string, std::string>> qos_classes_;
   std::vector<std::string> drop_late_;

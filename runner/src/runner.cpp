@@ -27,6 +27,7 @@
 #include "report_files.hpp"
 #include "resume.hpp"
 #include "signals.hpp"
+#include "link_watch.hpp"
 #include "streams.hpp"
 #include "workers.hpp"
 
@@ -99,6 +100,7 @@ class Runner {
   PluginSet plugin_;
   Context ctx_;
   InstanceStore store_;
+  LinkWatch links_{ctx_, store_};
   Sites sites_;
   ActionLog actions_{ctx_};
   Lifecycle lifecycle_;
@@ -145,8 +147,9 @@ void Runner::start_relay_and_plugin() {
   if (spec_.relay.embedded()) {
     const fs::path data = spec_.relay.data_dir ? fs::path(root["relay"].get_object()["data_dir"].get_string().c_str())
                                                : opt_.out_dir / "relay" / "data";
-    relay_ = std::make_unique<EmbeddedRelay>(opt_.out_dir / "relay", data, prefix, spec_.relay.qos_classes,
-                                             spec_.relay.qos_drop_late);
+    relay_ = std::make_unique<EmbeddedRelay>(
+        opt_.out_dir / "relay", data, prefix, spec_.relay.qos_classes, spec_.relay.qos_drop_late,
+        std::chrono::seconds(std::max<long>(1, std::lround(spec_.relay.qos_report_interval.count()))));
     ctx_.relay_url = relay_->url();
     ctx_.ca_file = relay_->ca_file();
     ctx_.token_file = relay_->token_file();
@@ -154,6 +157,7 @@ void Runner::start_relay_and_plugin() {
     // environment (set after the plugins open: it would override a site plugin's relay).
     json::object& r = root["relay"].is_object() ? root["relay"].get_object() : (root["relay"] = json::object{}).get_object();
     r.erase("data_dir");
+    r.erase("qos");  // the embedded relay's, handed to it above (the plugin refuses qos for a wss:// relay)
     r["url"] = ctx_.relay_url;
     r["ca_file"] = ctx_.ca_file.string();
     r["token_file"] = ctx_.token_file.string();
@@ -238,6 +242,7 @@ void Runner::loop() {
     streams_.tick();
     for (const diaspora_action& a : plugin_.take_actions()) executor_.handle(a, [this] { dispatch(); });
     announce_items();
+    links_.tick();
     workers_.tick();
     dispatch();
     baseline_.checks();

@@ -158,6 +158,9 @@ def test_bulk_is_paced_to_the_rate_a_subscriber_asks_for_and_nothing_else_is(cre
             bad = await connect(relay, admin(creds))
             m = await request(bad, {"op": "hello", "client_id": "slow-site", "bulk_rate": -1})
             assert m["op"] == "error" and m["code"] == "bad_request" and "bulk_rate" in m["message"], m
+            bad = await connect(relay, admin(creds))
+            m = await request(bad, {"op": "hello", "client_id": "slow-site", "task": "t" * 257})
+            assert m["op"] == "error" and m["code"] == "bad_request" and "task" in m["message"], m
             sub = await connect(relay, admin(creds))
             assert (await request(sub, {"op": "hello", "client_id": "slow-site", "bulk_rate": 3e6}))["op"] == "welcome"
             for sid, topic in (("d", "wf.data"), ("e", "wf.events")):
@@ -318,3 +321,81 @@ def test_samples_flooding_a_congested_link_are_coalesced_not_queued_ahead_of_tas
     assert fifo_all == represented == 21_000
     assert fifo_coalesced == 0 and fifo_ahead == 21_000
     assert coalesced >= 19_000 and ahead <= 1_000 + 10 + 20_000 - coalesced, (ahead, coalesced)
+
+
+SLOW_CONSUMER = r'''
+"""A consumer of the run's relay that falls behind: it names its task in hello, puts a
+backlog of 10,000 telemetry events on <prefix>.telemetry and subscribes to it without
+reading (its first attempt only: moved, it reads and ends)."""
+import asyncio, json, os, ssl, sys, time
+import websockets
+
+async def main():
+    if os.environ["DIASPORA_ATTEMPT"] != "1":
+        return
+    token = open(os.environ["DIASPORA_RELAY_TOKEN_FILE"]).read().strip()
+    ctx = ssl.create_default_context(cafile=os.environ["DIASPORA_RELAY_CA"])
+    async def session(**kw):
+        ws = await websockets.connect(os.environ["DIASPORA_RELAY_URL"] + "/v1", ssl=ctx, subprotocols=["diaspora.v1"],
+                                      max_size=2**26, **kw)
+        await ws.send(json.dumps({"op": "hello", "client_id": "slow-consumer", "token": token,
+                                  "site": os.environ["DIASPORA_SITE"], "task": os.environ["DIASPORA_TASK_ID"]}))
+        assert json.loads(await ws.recv())["op"] == "welcome"
+        return ws
+    pub = await session()
+    pad = "x" * 1000
+    for b in range(10):
+        events = [{"specversion": "1.0", "id": f"m{b}-{i}", "source": "/slow", "type": "org.example.metric",
+                   "data": {"pad": pad}} for i in range(1000)]
+        await pub.send(json.dumps({"op": "publish", "topic": "cq.telemetry", "seq": b, "events": events}))
+        assert json.loads(await pub.recv())["op"] == "ack"
+    sub = await session(max_queue=1, read_limit=2**12)
+    await sub.send(json.dumps({"op": "subscribe", "id": "t", "topic": "cq.telemetry", "from": "earliest"}))
+    await asyncio.sleep(120)  # never reads: the relay's queues for it fill
+
+asyncio.run(main())
+'''
+
+
+def test_a_congested_consumer_is_a_policy_signal_that_moves_it(tmp_path):
+    """task.link_wait (docs/run.md, "Congested consumers"): the embedded relay reports a
+    consumer that stopped reading (its client named its task in hello) on <prefix>.links;
+    the run turns it into that task's link_wait and a policy migrates the task."""
+    import sys
+    import run_harness as rn
+    script = tmp_path / "slow_consumer.py"
+    script.write_text(SLOW_CONSUMER)
+    spec = rn.write_spec(tmp_path, f"""version: 1
+name: cq
+defaults: off
+relay: {{url: embedded, qos: {{report_interval: 1s}}}}
+sites:
+  - {{name: a, engine: local, workers: 1}}
+  - {{name: b, engine: local, workers: 1}}
+tasks:
+  - name: consume
+    command: "{sys.executable} {script}"
+    preferred_sites: [a]
+policies:
+  - name: move-slow-consumer
+    signal: task.link_wait
+    detector: threshold
+    threshold: 0.5
+    for: 1
+    action: migrate
+    targets: [consume]
+    to_sites: [b]
+    max_attempts: 1
+""")
+    out = tmp_path / "out"
+    p = rn.run(spec, out, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = rn.report(out)
+    inst = rn.instance(rep, "consume.0")
+    assert inst["state"] == "completed" and [a["site"] for a in inst["attempts"]] == ["a", "b"], inst["attempts"]
+    moved = rn.actions(rep, "migrate")
+    assert moved and moved[0]["task"] == "consume.0" and moved[0]["outcome"] == "done", rep["actions"]
+    links = [e["data"] for e in rn.stored_events(out, "cq.links", None) if e["type"] == "org.diaspora.resource.status"]
+    congested = [d for d in links if d["state"] == "degraded"]
+    assert congested and congested[0]["task_id"].startswith("consume.0") and congested[0]["site"] == "a", links
+    assert congested[0]["metrics"]["paused"] == 1 or congested[0]["metrics"]["wait_max_s_telemetry"] > 0.5, congested[0]

@@ -26,6 +26,9 @@ struct RelayClientOptions {
   std::optional<std::filesystem::path> client_cert, client_key;  ///< for mutual TLS
   std::string client_id = "diaspora-cli";
   std::string producer_id;               ///< stable id for idempotent publishing; empty = none
+  /// Where the client is and the task it works for (hello's `site` and `task`; empty =
+  /// not said): the relay names them in this connection's congestion events.
+  std::string site, task;
   std::string subprotocol = "diaspora.v1";  ///< or "cloudevents.json" (then no hello)
   std::chrono::milliseconds timeout{30000};  ///< per connect / receive
 };

@@ -117,8 +117,10 @@ struct ResourceStatus {
   std::string state;  ///< up | degraded | down | unknown
   std::optional<std::string> site;
   std::optional<Metrics> metrics;
+  /// The task the resource works for, if it says (a link: the task its client said in hello).
+  std::optional<std::string> task_id;
 };
-BOOST_DESCRIBE_STRUCT(ResourceStatus, (), (resource_id, kind, state, site, metrics))
+BOOST_DESCRIBE_STRUCT(ResourceStatus, (), (resource_id, kind, state, site, metrics, task_id))
 
 struct DataArrived {
   static constexpr std::string_view type = "org.diaspora.data.arrived";

@@ -61,6 +61,7 @@ struct RelaySpec {
   /// rules tried before the defaults, and the classes whose late items are dropped.
   std::vector<std::pair<std::string, std::string>> qos_classes;
   std::vector<std::string> qos_drop_late;
+  Duration qos_report_interval{5.0};  ///< qos.report_interval: congestion rounds of the embedded relay
   bool embedded() const noexcept { return url == "embedded"; }
 };
 
