@@ -12,7 +12,8 @@ time; the subscriber measures each one's latency on the same clock.
 Each way in the same run: the relay writing each connection's frames by class (qos.enabled,
 the default) and in one FIFO (qos.enabled: false, the relay before QoS). For each: lifecycle
 and control latency on the idle link (no bulk) and saturated, bulk goodput as a share of the
-link, events lost.
+link, events lost. Then the producer's side: metric samples coalesced by the plugin while its
+window of unacked batches is full (plugin.coalesce), counted, against every sample queued.
 
     .venv/bin/python bench/qos/qos_bench.py [--build build] [--idle 8] [--load 20]
 """
@@ -331,6 +332,10 @@ def main() -> int:
                     for mode in ("fifo", "split", "classes")}
         finally:
             ns.close()
+        # The producer's side: an engine's plugin whose relay takes no batches for a while
+        # (the same measurement as tests/python/test_qos.py), each way.
+        from test_qos import samples_ahead_of_a_task_event
+        coalescing = {mode: samples_ahead_of_a_task_event(creds, work, mode) for mode in ("queue_full", "congested")}
     print(f"100 Mbit/s each way (tc tbf, {TBF_LATENCY} of buffer), 20 ms round trip (a delaying proxy at the site); "
           f"events: lifecycle 50/s, telemetry 200/s, control 5/s; bulk: {ITEM >> 20} MiB items in "
           f"{CHUNK >> 10} KiB chunks, 1.1x the link, paced by class to {BULK_SHARE:.0%} of it (hello's bulk_rate); "
@@ -353,6 +358,10 @@ def main() -> int:
         print(f"{mode}: the relay's delivery lag p99 (bucket bound): " +
               ", ".join(f"{k} <= {v * 1e3:g} ms" for k, v in r["relay_lag"].items()))
         print("  TCP retransmitted segments at the centre:", r["retrans"])
+    for mode, (ahead, represented, merged) in coalescing.items():
+        print(f"plugin.coalesce: {mode}: 20,000 samples of 10 series then a task event, the relay taking no batches: "
+              f"{ahead} metric events stored ahead of the task event, {merged} samples coalesced (counted), "
+              f"{represented} samples represented in all")
     c = rows["classes"]["lat"]
     idle99, load99 = pct(c.get("wf.events/idle", []), 99), pct(c.get("wf.events/load", []), 99)
     print(f"by class: lifecycle p99 saturated / idle = {load99 / idle99:.2f}x (target <= 2x); "
