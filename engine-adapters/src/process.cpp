@@ -180,13 +180,23 @@ ProgressHook apply_progress_line(const ProgressLine& pl, diaspora_task_info& inf
       info.metric_count = metrics.size();
       return ProgressHook::heartbeat;
     case ProgressLine::Kind::heartbeat: return ProgressHook::heartbeat;
-    case ProgressLine::Kind::checkpoint: return ProgressHook::none;  // the runner's (rehearsal jobs)
+    case ProgressLine::Kind::checkpoint:
+    case ProgressLine::Kind::result: return ProgressHook::none;  // the runner's (rehearsal jobs)
   }
   return ProgressHook::none;
 }
 
 ProgressLine parse_progress_line(const std::string& line) {
   ProgressLine out;
+  if (line.starts_with("result ")) {  // the rest of the line is one JSON object
+    if (line.size() > (1u << 20)) return out;
+    std::error_code ec;
+    json::value v = json::parse(std::string_view(line).substr(7), ec);
+    if (ec || !v.is_object()) return out;
+    out.kind = ProgressLine::Kind::result;
+    out.result = std::move(v.get_object());
+    return out;
+  }
   std::istringstream in(line);
   std::string word;
   in >> word;

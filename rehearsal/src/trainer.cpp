@@ -602,7 +602,12 @@ void Job::write_summary() {
     s["dropped_samples"] = st.samples_dropped;
   }
   if (!resumed_from_.empty()) s["resumed_from"] = resumed_from_;
-  write_file_atomic(opt_.out / "summary.json", json::serialize(s) + "\n");
+  const std::string summary = json::serialize(s);
+  write_file_atomic(opt_.out / "summary.json", summary + "\n");
+  if (progress_fd_ >= 0) {  // diaspora run's result for the job, also where its folder is not the run's
+    const std::string line = "result " + summary + "\n";
+    if (::write(progress_fd_, line.data(), line.size()) < 0 && errno == EPIPE) progress_fd_ = -1;
+  }
   // The plot is a convenience: the matrix above is the result.
   std::vector<std::vector<double>> full(matrix_.size());
   for (std::size_t i = 0; i < matrix_.size(); ++i) {

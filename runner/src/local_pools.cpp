@@ -149,6 +149,10 @@ void LocalPools::on_command_line(Slot& slot, const std::string& line) {
     if (ii >= 0) jobs_.take_checkpoint_item(store_.at(ii), pl.uri);
     return;
   }
+  if (pl.kind == ProgressLine::Kind::result) {  // a rehearsal job's summary, wherever its folder is
+    if (slot.inst >= 0 && ctx_.is_job(store_.at(slot.inst).task)) store_.at(slot.inst).result = pl.result;
+    return;
+  }
   if (slot.inst < 0 || pl.kind == ProgressLine::Kind::none) return;
   Attempt& a = store_.attempt(slot.inst, slot.att);
   a.last_beat = ctx_.now();

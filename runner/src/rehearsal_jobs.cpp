@@ -115,6 +115,8 @@ void RehearsalJobs::take_checkpoint_item(const Instance& inst, const std::string
 }
 
 void RehearsalJobs::take_summary(Instance& inst) {
+  const fs::path file = ctx_.job_dir(inst.task) / "summary.json";
+  if (!inst.result.empty() && !fs::exists(file)) return;  // said on the progress channel; its folder is at its site
   try {
     if (const json::value v = parse_json_exact(read_file(ctx_.job_dir(inst.task) / "summary.json")); v.is_object())
       inst.result = v.get_object();

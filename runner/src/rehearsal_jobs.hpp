@@ -34,7 +34,8 @@ class RehearsalJobs {
   /// run): with `checkpoints: item`, --resume-item and the newest checkpoint item's URI. Throws diaspora::Error (no diaspora-train next to diaspora-run) or a
   /// filesystem error (the job folder cannot be made).
   std::vector<std::string> argv(std::size_t task);
-  /// The trainer's summary.json becomes the job instance's result (a warning when unreadable).
+  /// The trainer's summary.json becomes the job instance's result (a warning when unreadable,
+  /// unless the trainer said its result on the progress channel: its folder is at its site).
   void take_summary(Instance& inst);
   /// A job with `checkpoints: item` said it put a checkpoint at `uri` (its progress
   /// channel): kept in OUT/rehearsal/JOB/checkpoint-item, where argv() finds it for the next

@@ -67,6 +67,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case ProgressLine::Kind::checkpoint:
         FUZZ_CHECK(hook == ProgressHook::none && diaspora::data::parse_item_uri(pl.uri).has_value());
         break;
+      case ProgressLine::Kind::result: FUZZ_CHECK(hook == ProgressHook::none && line.starts_with("result ")); break;
       case ProgressLine::Kind::metric: {
         FUZZ_CHECK(hook == ProgressHook::heartbeat && !pl.metrics.empty() && pl.metrics.size() <= 32);
         std::set<std::string> names;

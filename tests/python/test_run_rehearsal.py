@@ -224,8 +224,11 @@ exec unshare -m --propagation private sh -c 'mount -t tmpfs none "$0" && mount -
     first = json.loads((cluster / "metrics.jsonl").read_text().splitlines()[0])
     assert first["step"] == step, first
     assert not (edge / "summary.json").exists()  # the edge never finished: it was moved
-    # ... and ends where a run left alone ends: nothing lost or trained twice.
+    # ... and ends where a run left alone ends: nothing lost or trained twice. The report has
+    # its result, said on the progress channel (its summary.json is at the cluster's).
     assert s["error_matrix"] == undisturbed["error_matrix"] and s["steps"] == undisturbed["steps"]
+    assert job["result"]["error_matrix"] == s["error_matrix"] and job["result"]["resumed_from"] == s["resumed_from"]
+    assert "summary.json unreadable" not in p.stdout + p.stderr
 
 
 def test_runner_killed_then_resumed_the_job_continues_from_its_checkpoint(tmp_path):

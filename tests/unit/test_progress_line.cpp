@@ -64,6 +64,19 @@ TEST(ProgressLine, ACheckpointLineCarriesAnItemUriAndNoHook) {
   EXPECT_EQ(parse_progress_line("checkpoint diaspora://wf.data.learn/4 5").kind, Kind::none);  // one URI
 }
 
+TEST(ProgressLine, AResultLineCarriesOneJsonObject) {
+  auto p = parse_progress_line(R"(result {"steps":288,"error_matrix":[[0.01,null]]})");
+  ASSERT_EQ(p.kind, Kind::result);
+  EXPECT_EQ(p.result.at("steps").as_int64(), 288);
+  std::vector<diaspora_metric_value> mv;
+  diaspora_task_info i{};
+  EXPECT_EQ(diaspora::adapters::apply_progress_line(p, i, mv), diaspora::adapters::ProgressHook::none);
+  EXPECT_EQ(parse_progress_line("result [1, 2]").kind, Kind::none);     // an object only
+  EXPECT_EQ(parse_progress_line("result {\"a\": ").kind, Kind::none);  // cut short
+  EXPECT_EQ(parse_progress_line("result").kind, Kind::none);
+  EXPECT_EQ(parse_progress_line("result " + std::string(1u << 20, ' ') + "{}").kind, Kind::none);  // over 1 MiB
+}
+
 TEST(ProgressLine, EachKindIsToldWithItsHookAndFields) {
   using diaspora::adapters::apply_progress_line;
   using diaspora::adapters::ProgressHook;

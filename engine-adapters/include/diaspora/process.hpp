@@ -63,15 +63,17 @@ bool process_stopped(pid_t pid) noexcept;
 /// One line of a command's progress channel (DIASPORA_PROGRESS_FD, docs/run.md):
 /// "progress FRACTION [STEP]", "metric NAME VALUE [NAME VALUE]..." (up to 32 pairs, one
 /// report), "heartbeat", "checkpoint diaspora://TOPIC/OFFSET" (a rehearsal job's newest
-/// checkpoint, put as a data item: docs/rehearsal.md). Anything else, or a value out of range (a fraction outside [0, 1],
+/// checkpoint, put as a data item: docs/rehearsal.md), "result {JSON object}" (its result,
+/// up to 1 MiB: a rehearsal job's summary). Anything else, or a value out of range (a fraction outside [0, 1],
 /// a name longer than 63 bytes or repeated, a non-finite number, a pair cut short), is kind
 /// none: ignored by its readers. Pure: any thread.
 struct ProgressLine {
-  enum class Kind { none, progress, metric, heartbeat, checkpoint } kind = Kind::none;
+  enum class Kind { none, progress, metric, heartbeat, checkpoint, result } kind = Kind::none;
   double value = 0;   ///< progress: the fraction
   long step = -1;     ///< progress: the step number, -1 when not given
   std::vector<std::pair<std::string, double>> metrics;  ///< metric: the names and values, in order
   std::string uri;    ///< checkpoint: the item's diaspora:// URI
+  boost::json::object result;  ///< result: the object
   /// The metrics as the plugin ABI takes them (views into `metrics`: valid while it lives).
   std::vector<diaspora_metric_value> metric_values() const {
     std::vector<diaspora_metric_value> out;
