@@ -236,3 +236,46 @@ void TailCalibrator::learn(double x) noexcept {
 }
 
 }  // namespace diaspora::resilience
+
+// ---- ContextNovelty ------------------------------------------------------------------------
+
+namespace diaspora::resilience {
+
+ContextNovelty::ContextNovelty(const Config& config) : c_(config), enabled_(true) {
+  require(c_.levels >= 2 && c_.levels <= 64, "ContextNovelty", "levels");
+  require(c_.orders >= 1 && c_.orders <= 8, "ContextNovelty", "orders");
+  require(c_.buckets >= 16 && c_.buckets <= kMaxBuckets && (c_.buckets & (c_.buckets - 1)) == 0, "ContextNovelty",
+          "buckets");
+}
+
+double ContextNovelty::update(double x) noexcept {
+  if (!enabled_ || !std::isfinite(x)) return 0;
+  if (n_++ == 0) min_ = max_ = x;
+  min_ = std::min(min_, x);
+  max_ = std::max(max_, x);
+  const double span = max_ - min_;
+  const int bin = span > 0 ? std::min(c_.levels - 1, static_cast<int>((x - min_) / span * c_.levels)) : 0;
+  int novel = 0, judged = 0;
+  // FNV-1a over (bin, history...), one multiply a symbol (xoring two symbols before a
+  // multiply would make 2 -> 7 and 5 -> 2 one context).
+  std::uint64_t h = (1469598103934665603ull ^ static_cast<std::uint64_t>(bin)) * 1099511628211ull;
+  for (int j = 1; j <= std::min(seen_, c_.orders); ++j) {
+    h = (h ^ (history_[static_cast<std::size_t>(j - 1)] + 1u)) * 1099511628211ull;
+    const std::uint64_t mixed = (h ^ static_cast<std::uint64_t>(j)) * 0x9E3779B97F4A7C15ull;
+    const auto bucket = static_cast<std::size_t>(mixed >> 40) & static_cast<std::size_t>(c_.buckets - 1);
+    std::uint16_t tag = static_cast<std::uint16_t>(mixed >> 16);
+    if (tag == 0) tag = 1;  // 0 marks an empty slot
+    std::uint16_t* slots = table_.data() + bucket * 4;
+    ++judged;
+    if (slots[0] == tag || slots[1] == tag || slots[2] == tag || slots[3] == tag) continue;
+    ++novel;
+    slots[next_[bucket]] = tag;
+    next_[bucket] = static_cast<std::uint8_t>((next_[bucket] + 1) & 3);
+  }
+  for (int k = std::min(seen_, 7); k > 0; --k) history_[static_cast<std::size_t>(k)] = history_[static_cast<std::size_t>(k - 1)];
+  history_[0] = static_cast<std::uint8_t>(bin);
+  seen_ = std::min(seen_ + 1, 8);
+  return judged > 0 ? static_cast<double>(novel) / judged : 0.0;
+}
+
+}  // namespace diaspora::resilience

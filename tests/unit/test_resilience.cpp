@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "diaspora/error.hpp"
+#include "diaspora/policy.hpp"
 #include "diaspora/resilience.hpp"
 
 namespace res = diaspora::resilience;
@@ -310,4 +311,49 @@ TEST(ResilienceForecast, MemoryTowardsOomAndThroughputTowardsFloor) {
   past.update(5, 20);
   ASSERT_TRUE(past.time_to_cross());
   EXPECT_EQ(past.time_to_cross()->at, 5);
+}
+
+// ContextNovelty (CAD OSE's idea, bounded): a pattern seen before forms no new context; a
+// value sequence never seen does, at every order; the table is part of the object.
+TEST(ResilienceContext, APatternSeenBeforeIsNotNovelAndANewOneIs) {
+  res::ContextNovelty off;
+  EXPECT_FALSE(off.enabled());
+  EXPECT_EQ(off.update(1.0), 0.0);
+  res::ContextNovelty c(res::ContextNovelty::Config{.levels = 8, .orders = 4, .buckets = 128});
+  const double pattern[] = {0, 2, 5, 7, 5, 2};  // a saw-tooth over the whole range
+  double last_round = 1;
+  for (int round = 0; round < 20; ++round) {
+    double sum = 0;
+    for (double v : pattern) sum += c.update(v);
+    last_round = sum;
+  }
+  EXPECT_EQ(last_round, 0.0) << "a repeated pattern still made new contexts";
+  // The same values in an order never seen: new transitions at every order.
+  EXPECT_EQ(c.update(7.0), 1.0);  // after 2: 2 -> 7 never followed
+  EXPECT_GT(c.update(0.0), 0.0);
+  EXPECT_THROW(res::ContextNovelty(res::ContextNovelty::Config{.levels = 1}), diaspora::Error);
+  EXPECT_THROW(res::ContextNovelty(res::ContextNovelty::Config{.orders = 9}), diaspora::Error);
+  EXPECT_THROW(res::ContextNovelty(res::ContextNovelty::Config{.buckets = 100}), diaspora::Error);
+  EXPECT_THROW(res::ContextNovelty(res::ContextNovelty::Config{.buckets = 256}), diaspora::Error);
+}
+
+TEST(ResilienceContext, TheEnsembleNamesANovelSequenceAndPoliciesLeaveItOff) {
+  // A steady square wave (period 20) learned for 8,000 observations (the likelihood's
+  // history then has forgotten the contexts' learning), then the wave breaks into a pattern
+  // it never had at the same levels.
+  res::Ensemble e;
+  std::uint32_t fired = 0;
+  double best = 0;
+  for (int i = 0; i < 8500; ++i) {
+    const bool broken = i >= 8000;
+    const double v = broken ? ((i / 3) % 2 ? 10.0 : 0.0) : ((i / 10) % 2 ? 10.0 : 0.0);
+    const res::Score s = e.update(kT0 + kStep * i, v);
+    if (broken) {
+      fired |= s.fired;
+      best = std::max(best, s.context_nats);
+    }
+  }
+  EXPECT_GT(best, 0.0);
+  EXPECT_TRUE(fired & res::kContext) << "the broken wave never fired the context detector (best " << best << " nats)";
+  EXPECT_EQ(diaspora::resilience::PolicyOptions{}.ensemble.context_weight, 0.0);
 }

@@ -28,7 +28,7 @@
 // policies + sites). Memory: per live task a map entry (its id, a PhiAccrual, a
 // CompletionForecaster, one small slot per policy) plus, per (task, policy) that has seen
 // an observation, one heap-allocated detector sized by the largest kind (an Ensemble,
-// 1,328 B); per spec site a fixed amount. Sizes were not measured beyond sizeof(Ensemble). Finished tasks are forgotten (task_finished()), and so are
+// 2,768 B with its context table, unused here: PolicyOptions::ensemble.context_weight 0); per spec site a fixed amount. Sizes were not measured beyond sizeof(Ensemble). Finished tasks are forgotten (task_finished()), and so are
 // tasks silent for PolicyOptions::task_ttl_s.
 //
 // @par Thread Safety
@@ -105,6 +105,7 @@ struct PolicyOptions {
     Ensemble::Config c;
     c.suppress = 0;
     c.alert_score = 0;  // the policy's own threshold compares the ensemble's score as it is
+    c.context_weight = 0;  // not yet measured against the workflow corpus (bench/run): off for policies
     return c;
   }();
   /// Phi-accrual for heartbeat policies: as PhiAccrual's, plus an acceptable pause of 1 s

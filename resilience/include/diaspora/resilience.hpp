@@ -227,6 +227,42 @@ class TailCalibrator {
   std::uint64_t n_ = 0;
 };
 
+/// Context novelty, in the manner of CAD OSE (Smirnov's Contextual Anomaly Detector, NAB's
+/// contextOSE): each value is discretised into one of `levels` bins of the range seen so
+/// far; a context is the bins of the last j values (j = 1..orders) followed by the current
+/// bin; the novelty of an observation is the share of its `orders` contexts never seen
+/// before. Contexts are kept as 16-bit fingerprints in a fixed table (`buckets` x 4 slots,
+/// the oldest slot of a bucket replaced), so memory is bounded whatever the series: the
+/// table is part of the object (1,152 bytes: up to 512 contexts), no heap.
+class ContextNovelty {
+ public:
+  static constexpr int kMaxBuckets = 128;
+  struct Config {
+    int levels = 8;     ///< bins of the value's range, 2..64
+    int orders = 4;     ///< longest context (values before the current one), 1..8
+    int buckets = 128;  ///< table buckets of 4 fingerprints, a power of two 16..kMaxBuckets
+  };
+  /// Disabled: update() returns 0.
+  ContextNovelty() = default;
+  /// Enabled. Throws diaspora::Error if a field is out of range.
+  explicit ContextNovelty(const Config& config);
+
+  /// Feeds one value (finite); returns its novelty in [0, 1] (0 while disabled and for the
+  /// first value). O(orders), no allocation.
+  double update(double x) noexcept;
+  bool enabled() const noexcept { return enabled_; }
+
+ private:
+  Config c_;
+  bool enabled_ = false;
+  std::array<std::uint16_t, 4 * kMaxBuckets> table_{};  ///< buckets x 4 fingerprints, 0 = empty
+  std::array<std::uint8_t, kMaxBuckets> next_{};        ///< per bucket: the slot replaced next
+  std::array<std::uint8_t, 8> history_{};               ///< the last bins, newest first
+  int seen_ = 0;                                        ///< bins in history_ (up to 8)
+  double min_ = 0, max_ = 0;
+  std::uint64_t n_ = 0;
+};
+
 // =========================================================================================
 // The ensemble: one anomaly score per series
 // =========================================================================================
@@ -239,6 +275,7 @@ enum Detector : std::uint32_t {
   kChangeDown = 1u << 3,  ///< CUSUM: the level moved down
   kRange = 1u << 4,       ///< the value left the range seen so far by a margin
   kSuppressed = 1u << 5,  ///< a detection is being held back (re-alert suppression)
+  kContext = 1u << 6,     ///< the recent values formed contexts never seen before (ContextNovelty)
 };
 
 /// One observation's result. Trivially copyable; explain() formats it.
@@ -250,6 +287,7 @@ struct Score {
   double z = 0;         ///< standardized residual against `expected`
   double likelihood_nats = 0;  ///< anomaly-likelihood surprise
   double cusum_nats = 0;       ///< change-point surprise (before any reset)
+  double context_nats = 0;     ///< context-novelty surprise (0 while context_weight is 0)
   std::uint64_t index = 0;     ///< 0-based observation number in the series
 };
 
@@ -270,6 +308,9 @@ std::string explain(const Score& s);
 ///       the single-point test fired on too many ordinary outliers on NAB);
 ///     - out-of-range: a value beyond the range seen so far by `range_margin` of that range
 ///       that is also >= range_min_z sigmas off its forecast scores `range_nats`;
+///     - context: the ContextNovelty of the value (the share of its contexts of recent
+///       binned values never seen before) judged by an AnomalyLikelihood of its own, times
+///       context_weight;
 ///  3. the score is the largest surprise mapped to [0, 1] by nats / max_nats (clamped;
 ///     0.5 ~ p = 1e-5);
 ///  4. re-alert suppression: after an observation scores >= alert_level, the next
@@ -277,7 +318,8 @@ std::string explain(const Score& s);
 ///     one alert at its onset rather than a run of them; the alert itself scores
 ///     alert_score (1: an alert is the detector's decision, not a level to tune).
 /// The first `warmup` observations score 0 (the models learn). Defaults are the settings
-/// measured on NAB in docs/anomaly.md. sizeof(Ensemble) is about 1.3 KiB, no heap.
+/// measured on NAB in docs/anomaly.md. sizeof(Ensemble) is about 2.7 KiB (the context
+/// table 1.1 KiB of it), no heap.
 class Ensemble {
  public:
   struct Config {
@@ -300,6 +342,12 @@ class Ensemble {
                                  ///< period) scores at least this; 0: its own score
                                  ///< (chosen by bench/nab/loco.py: docs/anomaly.md)
     TailCalibrator::Config calibration{};  ///< for the spike and CUSUM surprises
+    /// Multiplier on the context surprise (0 disables): the novelty of each observation's
+    /// contexts (ContextNovelty) judged by its own AnomalyLikelihood (the `likelihood`
+    /// settings), as Numenta judges HTM's raw anomaly score. 1 with 8 bins and contexts of
+    /// up to 4 values: chosen by bench/nab/loco.py (docs/anomaly.md, "Context novelty").
+    double context_weight = 1.0;
+    ContextNovelty::Config context{.levels = 8, .orders = 4, .buckets = 128};
   };
   Ensemble() : Ensemble(Config{}) {}
   /// Throws diaspora::Error if a field is out of range.
@@ -318,6 +366,8 @@ class Ensemble {
   AnomalyLikelihood lh_;
   Cusum cusum_;
   TailCalibrator spike_tail_, cusum_tail_;
+  ContextNovelty ctx_;  ///< enabled only when context_weight > 0
+  AnomalyLikelihood ctx_lh_;
   double min_ = 0, max_ = 0;
   std::uint64_t n_ = 0;
   std::int64_t suppress_left_ = 0;
