@@ -25,6 +25,7 @@
 
 #include "diaspora/error.hpp"
 #include "diaspora/files.hpp"
+#include "diaspora/json_exact.hpp"
 
 extern char** environ;
 
@@ -190,8 +191,8 @@ ProgressLine parse_progress_line(const std::string& line) {
   ProgressLine out;
   if (line.starts_with("result ")) {  // the rest of the line is one JSON object
     if (line.size() > (1u << 20)) return out;
-    std::error_code ec;
-    json::value v = json::parse(std::string_view(line).substr(7), ec);
+    json::error_code ec;  // numbers exact: the result goes into the report as the trainer wrote it
+    json::value v = parse_json_exact(std::string_view(line).substr(7), ec);
     if (ec || !v.is_object()) return out;
     out.kind = ProgressLine::Kind::result;
     out.result = std::move(v.get_object());

@@ -68,6 +68,8 @@ TEST(ProgressLine, AResultLineCarriesOneJsonObject) {
   auto p = parse_progress_line(R"(result {"steps":288,"error_matrix":[[0.01,null]]})");
   ASSERT_EQ(p.kind, Kind::result);
   EXPECT_EQ(p.result.at("steps").as_int64(), 288);
+  // Numbers as written (boost's own parser reads this one a unit in the last place off).
+  EXPECT_EQ(parse_progress_line("result {\"e\":0.011907458305358887}").result.at("e").as_double(), 0.011907458305358887);
   std::vector<diaspora_metric_value> mv;
   diaspora_task_info i{};
   EXPECT_EQ(diaspora::adapters::apply_progress_line(p, i, mv), diaspora::adapters::ProgressHook::none);
