@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -224,6 +225,11 @@ struct RefChecker {
         report(Path{std::string("relay"), std::string("qos")},
                "qos is for the embedded relay: the relay at " + std::string(*url) +
                    " takes its classes from its relay.yaml (docs/relay.md)");
+      if (const json::string* ri = str_field(relay->get_object().at("qos"), "report_interval"))
+        if (const auto d = parse_duration(*ri); d && (d->count() < 1 || d->count() > 3600 || d->count() != std::floor(d->count())))
+          report(Path{std::string("relay"), std::string("qos"), std::string("report_interval")},
+                 "must be whole seconds from 1s to 1h (the relay looks for congested connections once a second at most), not " +
+                     std::string(*ri));
     }
     if (const json::array* site_list = section("sites")) {
       for (std::size_t i = 0; i < site_list->size(); ++i) {

@@ -228,6 +228,10 @@ def test_a_workflow_spec_declares_the_embedded_relays_classes(tmp_path):
     spec.write_text(body.format(url="wss://relay.example.org:7443", cls="bulk"))
     p = validate()
     assert p.returncode != 0 and f"{spec}:6:" in p.stderr and "qos is for the embedded relay" in p.stderr, p.stderr
+    spec.write_text(body.format(url="embedded", cls="bulk").replace("    drop_late: [bulk]\n",
+                                                                     "    drop_late: [bulk]\n    report_interval: 500ms\n"))
+    p = validate()
+    assert p.returncode != 0 and "relay.qos.report_interval: must be whole seconds from 1s to 1h" in p.stderr, p.stderr
 
 
 def test_a_backlog_on_one_subscription_does_not_starve_another_of_the_same_class(creds, tmp_path):
