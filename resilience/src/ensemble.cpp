@@ -54,7 +54,7 @@ Score Ensemble::update(double t, double x) noexcept {
 
   // The novelty's long-run history includes the contexts' learning (the first observations
   // are all new): judged against it the detector is conservative for a while (scoring only
-  // after the warm-up cost 2.6 points of NAB; docs/anomaly.md, "Context novelty").
+  // after the warm-up cost 3 points of NAB; docs/anomaly.md, "Context novelty").
   if (ctx_.enabled()) s.context_nats = c_.context_weight * ctx_lh_.update(ctx_.update(x));
 
   bool range = false;
