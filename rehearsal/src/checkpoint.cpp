@@ -281,10 +281,7 @@ void Job::checkpoint_published(const std::string& name) {
   try {
     const std::string uri = shipper_->ship(dir, step);
     print_line("checkpoint " + name + " put as " + uri);
-    if (progress_fd_ >= 0) {  // diaspora run keeps the newest: the job's next attempt resumes from it
-      const std::string line = "checkpoint " + uri + "\n";
-      if (::write(progress_fd_, line.data(), line.size()) < 0 && errno == EPIPE) progress_fd_ = -1;
-    }
+    tell_progress("checkpoint " + uri + "\n");  // diaspora run keeps the newest: the next attempt resumes from it
   } catch (const RehearsalError& e) {
     print_line(std::string("warning: ") + e.what() + "; the checkpoint stays in " + dir.string() + " only");
   }

@@ -253,6 +253,9 @@ class Job {
   // output
   void log_step(double loss, double step_s, double cpu_s, double wait_s, std::int64_t reps);
   void report_evaluation(const std::vector<double>& row, double average);
+  // One write of whole lines on diaspora run's progress channel (docs/run.md), when there
+  // is one; ignored if it fails, and none after its reader has gone (EPIPE).
+  void tell_progress(std::string_view lines);
   void write_summary();
   void barrier();
 

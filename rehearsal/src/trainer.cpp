@@ -526,7 +526,7 @@ void Job::log_step(double loss, double step_s, double cpu_s, double wait_s, std:
                                     " samples_per_s %.1f wait_ms %.4f\n",
                                     (pos_.task + frac) / cfg_.dataset.tasks, pos_.step, step_s, loss,
                                     buffer_ ? buffer_->size() : 0, sps, wait_s * 1e3);
-      if (::write(progress_fd_, msg, static_cast<std::size_t>(len)) < 0 && errno == EPIPE) progress_fd_ = -1;  // reader gone
+      tell_progress(std::string_view(msg, static_cast<std::size_t>(len)));
     }
     if (plugin_) {
       const double overall = (pos_.task + frac) / cfg_.dataset.tasks;
@@ -535,6 +535,10 @@ void Job::log_step(double loss, double step_s, double cpu_s, double wait_s, std:
                          {"buffer_fill", static_cast<double>(buffer_ ? buffer_->size() : 0)}});
     }
   }
+}
+
+void Job::tell_progress(std::string_view lines) {
+  if (progress_fd_ >= 0 && ::write(progress_fd_, lines.data(), lines.size()) < 0 && errno == EPIPE) progress_fd_ = -1;
 }
 
 // After a task's evaluation: its row of the accuracy (error) matrix as one report, on
@@ -554,7 +558,7 @@ void Job::report_evaluation(const std::vector<double>& row, double average) {
       msg += " " + n + v;
     }
     msg += "\n";
-    if (::write(progress_fd_, msg.data(), msg.size()) < 0 && errno == EPIPE) progress_fd_ = -1;
+    tell_progress(msg);
   }
   if (plugin_) {
     std::vector<diaspora_metric_value> mv;
@@ -604,10 +608,7 @@ void Job::write_summary() {
   if (!resumed_from_.empty()) s["resumed_from"] = resumed_from_;
   const std::string summary = json::serialize(s);
   write_file_atomic(opt_.out / "summary.json", summary + "\n");
-  if (progress_fd_ >= 0) {  // diaspora run's result for the job, also where its folder is not the run's
-    const std::string line = "result " + summary + "\n";
-    if (::write(progress_fd_, line.data(), line.size()) < 0 && errno == EPIPE) progress_fd_ = -1;
-  }
+  if (progress_fd_ >= 0) tell_progress("result " + summary + "\n");  // the run's result for the job, wherever its folder is
   // The plot is a convenience: the matrix above is the result.
   std::vector<std::vector<double>> full(matrix_.size());
   for (std::size_t i = 0; i < matrix_.size(); ++i) {
