@@ -206,7 +206,8 @@ def main(argv=None) -> int:
     work = Path(a.work)
     data, out = work / "data", work / "scores"
     truth = generate(configs, data)
-    cmd = [str(Path(a.build) / "bin" / "diaspora-nab"), "--data", str(data), "--out", str(out)]
+    # --online: the policy engine sees a live signal, with no range or length beforehand.
+    cmd = [str(Path(a.build) / "bin" / "diaspora-nab"), "--online", "--data", str(data), "--out", str(out)]
     if a.nab_config:
         cmd += ["--config", a.nab_config]
     p = subprocess.run(cmd, capture_output=True, text=True)

@@ -74,9 +74,9 @@ void BM_EnsembleOneSeries(benchmark::State& state) {
 BENCHMARK(BM_EnsembleOneSeries);
 
 // Many series, one observation each in turn: the ensembles no longer stay in L1.
-void BM_EnsembleManySeries(benchmark::State& state) {
+void many_series(benchmark::State& state, const res::Ensemble::Config& config) {
   const Series& s = series();
-  std::vector<res::Ensemble> es(static_cast<std::size_t>(state.range(0)));
+  std::vector<res::Ensemble> es(static_cast<std::size_t>(state.range(0)), res::Ensemble(config));
   std::size_t i = 0, k = 0;
   double sink = 0;
   for (auto _ : state) {
@@ -89,7 +89,16 @@ void BM_EnsembleManySeries(benchmark::State& state) {
   benchmark::DoNotOptimize(sink);
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
 }
+void BM_EnsembleManySeries(benchmark::State& state) { many_series(state, {}); }
 BENCHMARK(BM_EnsembleManySeries)->Arg(1000)->Arg(100000);
+
+// The same with the adaptive-resonance detector on (off in the defaults: docs/anomaly.md).
+void BM_EnsembleResonanceManySeries(benchmark::State& state) {
+  res::Ensemble::Config c;
+  c.resonance_weight = 1;
+  many_series(state, c);
+}
+BENCHMARK(BM_EnsembleResonanceManySeries)->Arg(1000);
 
 void BM_PhiAccrual(benchmark::State& state) {
   res::PhiAccrual p;

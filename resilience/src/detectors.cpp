@@ -269,8 +269,10 @@ double ContextNovelty::update(double x) noexcept {
     ++judged;
     if (slots[0] == tag || slots[1] == tag || slots[2] == tag || slots[3] == tag) continue;
     ++novel;
-    slots[next_[bucket]] = tag;
-    next_[bucket] = static_cast<std::uint8_t>((next_[bucket] + 1) & 3);
+    std::uint8_t& packed = next_[bucket / 4];
+    const unsigned shift = 2 * (bucket % 4), slot = (packed >> shift) & 3u;
+    slots[slot] = tag;
+    packed = static_cast<std::uint8_t>((packed & ~(3u << shift)) | (((slot + 1) & 3u) << shift));
   }
   for (int k = std::min(seen_, 7); k > 0; --k) history_[static_cast<std::size_t>(k)] = history_[static_cast<std::size_t>(k - 1)];
   history_[0] = static_cast<std::uint8_t>(bin);

@@ -28,6 +28,8 @@ Ensemble::Ensemble(const Config& config)
   require(c_.alert_score >= 0 && c_.alert_score <= 1, "Ensemble", "alert_score");
   require(c_.context_weight >= 0, "Ensemble", "context_weight");
   if (c_.context_weight > 0) ctx_ = ContextNovelty(c_.context);
+  require(c_.resonance_weight >= 0, "Ensemble", "resonance_weight");
+  if (c_.resonance_weight > 0) art_ = Resonance(c_.resonance);
 }
 
 Score Ensemble::update(double t, double x) noexcept {
@@ -56,6 +58,8 @@ Score Ensemble::update(double t, double x) noexcept {
   // are all new): judged against it the detector is conservative for a while (scoring only
   // after the warm-up cost 3 points of NAB; docs/anomaly.md, "Context novelty").
   if (ctx_.enabled()) s.context_nats = c_.context_weight * ctx_lh_.update(ctx_.update(x));
+  if (art_.enabled()) s.resonance = art_.update(x);
+  const double art_nats = c_.resonance_weight * s.resonance * c_.max_nats;
 
   bool range = false;
   if (n_ == 0) {
@@ -71,13 +75,14 @@ Score Ensemble::update(double t, double x) noexcept {
 
   const double lim = c_.alert_level * c_.max_nats;
   const double spike_n = std::max(spike, 0.0);
-  double nats = std::max({spike_n, s.likelihood_nats, s.cusum_nats, s.context_nats});
+  double nats = std::max({spike_n, s.likelihood_nats, s.cusum_nats, s.context_nats, art_nats});
   if (range) nats = std::max(nats, c_.range_nats);
   if (spike_n >= lim) s.fired |= kSpike;
   if (s.likelihood_nats >= lim) s.fired |= kLikelihood;
   if (s.cusum_nats >= lim || change != 0) s.fired |= (change < 0 || (change == 0 && z < 0)) ? kChangeDown : kChangeUp;
   if (range) s.fired |= kRange;
   if (s.context_nats >= lim) s.fired |= kContext;
+  if (art_nats >= lim) s.fired |= kResonance;
 
   if (s.index < static_cast<std::uint64_t>(c_.warmup)) {
     s.fired = 0;
@@ -103,7 +108,7 @@ std::string explain(const Score& s) {
   out += buf;
   static constexpr struct { std::uint32_t bit; const char* name; } kNames[] = {
       {kSpike, "spike"}, {kLikelihood, "likelihood"}, {kChangeUp, "change-up"},
-      {kChangeDown, "change-down"}, {kRange, "out-of-range"}, {kContext, "context"}, {kSuppressed, "suppressed"}};
+      {kChangeDown, "change-down"}, {kRange, "out-of-range"}, {kContext, "context"}, {kResonance, "resonance"}, {kSuppressed, "suppressed"}};
   bool first = true;
   for (const auto& n : kNames) {
     if (s.fired & n.bit) {
@@ -141,6 +146,11 @@ bool set_config_field(Ensemble::Config& c, std::string_view name, double v) {
       {"context.levels", nullptr, &c.context.levels},
       {"context.orders", nullptr, &c.context.orders},
       {"context.buckets", nullptr, &c.context.buckets},
+      {"resonance_weight", &c.resonance_weight, nullptr},
+      {"resonance.step", nullptr, &c.resonance.step},
+      {"resonance.probation", nullptr, &c.resonance.probation},
+      {"resonance.categories", nullptr, &c.resonance.categories},
+      {"resonance.initial_vigilance", &c.resonance.initial_vigilance, nullptr},
       {"forecaster.alpha", &c.forecaster.alpha, nullptr},
       {"forecaster.gamma_day", &c.forecaster.gamma_day, nullptr},
       {"forecaster.gamma_weekend", &c.forecaster.gamma_weekend, nullptr},

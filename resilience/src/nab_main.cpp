@@ -152,6 +152,7 @@ res::Ensemble::Config load_config(const std::string& path) {
   res::Ensemble::Config c;
   std::string line;
   std::size_t no = 0;
+  std::vector<std::pair<std::string, std::size_t>> lines;  // key -> its line
   while (std::getline(in, line)) {
     ++no;
     std::string_view s = line;
@@ -165,12 +166,43 @@ res::Ensemble::Config load_config(const std::string& path) {
     if (!parse_double(s.substr(colon + 1), v) || !std::isfinite(v))
       throw InputError{path, no, "'" + std::string(key) + "' needs a number"};
     if (!res::set_config_field(c, key, v)) throw InputError{path, no, "unknown key '" + std::string(key) + "'"};
+    lines.emplace_back(key, no);
   }
+  // Checked with every optional detector on, so a bad setting of one that is off is found
+  // too; the error ("Resonance: categories is out of range") names the key's line.
+  res::Ensemble::Config all = c;
+  if (all.context_weight == 0) all.context_weight = 1;
+  if (all.resonance_weight == 0) all.resonance_weight = 1;
   try {
-    res::Ensemble check(c);
+    res::Ensemble check(all);
   } catch (const std::exception& e) {
-    throw InputError{path, 0, e.what()};
+    static constexpr std::pair<std::string_view, std::string_view> kSections[] = {
+        {"Ensemble", ""}, {"SeasonalForecaster", "forecaster."}, {"AnomalyLikelihood", "likelihood."},
+        {"Cusum", "cusum."}, {"TailCalibrator", "calibration."}, {"ContextNovelty", "context."},
+        {"Resonance", "resonance."}};
+    const std::string_view what = e.what();
+    std::size_t at = 0;
+    for (const auto& [cls, prefix] : kSections) {
+      if (what.substr(0, cls.size() + 2) != std::string(cls) + ": ") continue;
+      const auto rest = what.substr(cls.size() + 2);
+      const std::string key = std::string(prefix) + std::string(rest.substr(0, rest.find(' ')));
+      for (const auto& [k, n] : lines)
+        if (k == key) at = n;
+    }
+    throw InputError{path, at, std::string(what)};
   }
+  return c;
+}
+
+/// What NAB's detector API hands every detector before a series (its min and max, its
+/// probationary period: 15 % of it, at most 750 observations), given to the detectors
+/// that use them (docs/anomaly.md, "Adaptive resonance").
+res::Ensemble::Config with_nab_hints(res::Ensemble::Config c, const std::vector<Row>& rows) {
+  const auto [lo, hi] = std::minmax_element(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.x < b.x; });
+  const std::uint64_t probation = std::min<std::uint64_t>(rows.size() * 15 / 100, 750);
+  c.resonance = res::Resonance::for_probation(probation, c.resonance);
+  c.resonance.lower = lo->x;
+  c.resonance.upper = hi->x;
   return c;
 }
 
@@ -195,6 +227,10 @@ int main(int argc, char** argv) {
   app.add_option("--out", out_dir, "Output directory (mirrors --data's layout)")->required();
   app.add_option("--config", config_file, "Flat 'key: value' file overriding ensemble defaults (docs/anomaly.md)");
   app.add_option("--explain", explain_file, "Also write one line per alert (score >= alert_level) with its explanation");
+  bool online = false;
+  app.add_flag("--online", online,
+               "Give the detectors nothing NAB's detector API hands over beforehand (each series' min, max and "
+               "probationary period): the range is the range seen so far, the probation the default");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -253,7 +289,7 @@ int main(int argc, char** argv) {
       ++bad_inputs;
       continue;
     }
-    res::Ensemble ensemble(config);
+    res::Ensemble ensemble(online ? config : with_nab_hints(config, rows));
     out_text.clear();
     out_text.reserve(rows.size() * 48);
     out_text += "timestamp,value,anomaly_score\n";

@@ -4,7 +4,9 @@
 #     header timestamp,value,anomaly_score, scores in [0, 1], exit 0;
 #  2. the same run twice gives identical files (determinism);
 #  3. a malformed CSV -> exit 2 and a FILE:LINE: message naming the problem;
-#  4. an unknown --config key -> exit 2 and FILE:LINE.
+#  4. an unknown --config key -> exit 2 and FILE:LINE; a bad setting of a detector that
+#     is off -> FILE:LINE too;
+#  5. NAB's hints reach the resonance detector (--online runs score differently).
 set -u
 nab=$1
 work=$(mktemp -d)
@@ -49,4 +51,16 @@ printf 'timestamp,value\n2014-04-01 00:00:00,1.5\n2014-13-01 00:05:00,2\n' > "$w
 printf 'z_cap: 8\nno_such_key: 1\n' > "$work/cfg.yaml"
 "$nab" --data "$work/data" --out "$work/out4" --config "$work/cfg.yaml" 2> "$work/err"
 [[ $? == 2 ]] && grep -q "cfg.yaml:2: unknown key 'no_such_key'" "$work/err" || fail "bad config: $(cat "$work/err")"
+# A bad setting of a detector that is off is still found, at its line.
+printf 'z_cap: 8\nresonance.categories: 99\n' > "$work/cfg.yaml"
+"$nab" --data "$work/data" --out "$work/out5" --config "$work/cfg.yaml" 2> "$work/err"
+[[ $? == 2 ]] && grep -q "cfg.yaml:2: Resonance: categories is out of range" "$work/err" \
+  || fail "bad resonance setting: $(cat "$work/err")"
+
+# NAB's hints (each series' range and probation) reach the resonance detector; --online
+# gives it none: with the detector on, the two runs score differently.
+printf 'resonance_weight: 1.575\nresonance.probation: 16\n' > "$work/cfg.yaml"
+"$nab" --data "$work/data" --out "$work/hints" --config "$work/cfg.yaml" 2> "$work/err" || fail "hints: $(cat "$work/err")"
+"$nab" --online --data "$work/data" --out "$work/online" --config "$work/cfg.yaml" 2> "$work/err" || fail "online: $(cat "$work/err")"
+! diff -r "$work/hints" "$work/online" > /dev/null || fail "--online made no difference to the resonance detector"
 echo "ok"

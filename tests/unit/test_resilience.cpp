@@ -357,3 +357,78 @@ TEST(ResilienceContext, TheEnsembleNamesANovelSequenceAndPoliciesLeaveItOff) {
   EXPECT_TRUE(fired & res::kContext) << "the broken wave never fired the context detector (best " << best << " nats)";
   EXPECT_EQ(diaspora::resilience::PolicyOptions{}.ensemble.context_weight, 0.0);
 }
+
+// Resonance (ARTime's manner, bounded): a wave learned in the probation resonates with its
+// categories (no anomaly while it repeats); a shape it never had opens a new cluster: an
+// anomaly with a confidence, within a few windows. The categories stay within the cap.
+TEST(ResilienceResonance, ALearnedWaveResonatesAndANewShapeIsAnAnomaly) {
+  res::Resonance off;
+  EXPECT_FALSE(off.enabled());
+  EXPECT_EQ(off.update(1.0), 0.0);
+  res::Resonance::Config c;
+  c.step = 2;
+  c.probation = 96;
+  c.categories = 16;
+  res::Resonance r(c);
+  const auto wave = [](int i) { return 50 + 40 * std::sin(2 * M_PI * i / 64.0); };
+  int anomalies_learning = 0, anomalies_repeat = 0;
+  int i = 0;
+  for (; i < 2 * 96 * 4; ++i) anomalies_learning += r.update(wave(i)) > 0;
+  EXPECT_EQ(anomalies_learning, 0) << "no anomaly is reported during the probation";
+  EXPECT_TRUE(r.learned());
+  EXPECT_GT(r.vigilance_high(), 0.0);
+  EXPECT_LE(r.vigilance_low(), r.vigilance_high());
+  for (; i < 2 * 96 * 12; ++i) anomalies_repeat += r.update(wave(i)) > 0;
+  EXPECT_EQ(anomalies_repeat, 0) << "the learned wave still raised anomalies";
+  EXPECT_LE(r.categories(), 16);
+  EXPECT_EQ(r.update(std::nan("")), 0.0);
+  // The wave breaks into a fast square wave at its extremes: a shape never seen.
+  double first = 0;
+  int at = -1;
+  for (int k = 0; k < 2 * 8 * 6 && at < 0; ++k, ++i) {
+    const double a = r.update((k / 3) % 2 ? 90.0 : 10.0);
+    if (a > 0) first = a, at = k;
+  }
+  EXPECT_GE(at, 0) << "the new shape raised no anomaly within six windows";
+  EXPECT_GT(first, 0.0);
+  EXPECT_LE(first, 1.0);
+  EXPECT_LE(r.categories(), 16);
+}
+
+TEST(ResilienceResonance, ConfigIsCheckedAndTheProbationSetsTheStep) {
+  EXPECT_THROW(res::Resonance(res::Resonance::Config{.step = 0}), diaspora::Error);
+  EXPECT_THROW(res::Resonance(res::Resonance::Config{.probation = 15}), diaspora::Error);
+  EXPECT_THROW(res::Resonance(res::Resonance::Config{.categories = res::Resonance::kMaxCategories + 1}), diaspora::Error);
+  EXPECT_THROW(res::Resonance(res::Resonance::Config{.initial_vigilance = 1.0}), diaspora::Error);
+  EXPECT_THROW(res::Resonance(res::Resonance::Config{.lower = 2, .upper = 1}), diaspora::Error);
+  // NAB's probation of 750 observations: 13 windows of 8 points, 7 observations a point.
+  const auto c = res::Resonance::for_probation(750, {});
+  EXPECT_EQ(c.step, 7);
+  EXPECT_EQ(c.probation, 107);
+  EXPECT_EQ(res::Resonance::for_probation(150, {}).step, 1);
+  // The whole ensemble, resonance included, keeps within 4 KiB a series.
+  EXPECT_LE(sizeof(res::Ensemble), 4096u);
+}
+
+TEST(ResilienceResonance, TheEnsembleNamesItAndLeavesItOffByDefault) {
+  EXPECT_EQ(res::Ensemble::Config{}.resonance_weight, 0.0);
+  res::Ensemble::Config c;
+  c.resonance_weight = 2;  // an anomaly of confidence >= 0.25 alerts
+  c.resonance.step = 2;
+  c.resonance.probation = 96;
+  res::Ensemble e(c);
+  std::uint32_t fired = 0;
+  int i = 0;
+  for (; i < 2 * 96 * 12; ++i) e.update(kT0 + kStep * i, 50 + 40 * std::sin(2 * M_PI * i / 64.0));
+  double best = 0;
+  for (int k = 0; k < 200; ++k, ++i) {
+    const res::Score s = e.update(kT0 + kStep * i, (k / 3) % 2 ? 90.0 : 10.0);
+    fired |= s.fired;
+    best = std::max(best, s.resonance);
+  }
+  EXPECT_GT(best, 0.0);
+  EXPECT_TRUE(fired & res::kResonance) << "best confidence " << best;
+  res::Score named;
+  named.fired = res::kResonance;
+  EXPECT_NE(res::explain(named).find("resonance"), std::string::npos);
+}

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -256,11 +257,101 @@ class ContextNovelty {
   Config c_;
   bool enabled_ = false;
   std::array<std::uint16_t, 4 * kMaxBuckets> table_{};  ///< buckets x 4 fingerprints, 0 = empty
-  std::array<std::uint8_t, kMaxBuckets> next_{};        ///< per bucket: the slot replaced next
+  std::array<std::uint8_t, kMaxBuckets / 4> next_{};    ///< per bucket, 2 bits: the slot replaced next
   std::array<std::uint8_t, 8> history_{};               ///< the last bins, newest first
   int seen_ = 0;                                        ///< bins in history_ (up to 8)
   double min_ = 0, max_ = 0;
   std::uint64_t n_ = 0;
+};
+
+/// Adaptive resonance, in the manner of ARTime (Hampton's NAB detector, built on dual-vigilance
+/// fuzzy ART): the series is downsampled (`step` observations make one point: their mean,
+/// or the extreme farthest from the recent level when it is 10 % off the mean), normalised
+/// by the range seen so far, discretised into 80 levels and snapped to a running median when
+/// within 0.075 of it. Each point's features are its window of the last kWindow points and a
+/// Haar transform of that window (16 values in [0, 1], complement-coded, kept as bytes). A
+/// category is a hyperbox of such windows; a window resonates with a category when their
+/// match (fuzzy-ART overlap cubed, times the overlap of the current level squared) reaches the
+/// upper vigilance, and then teaches it (fast learning); a match between the lower and the
+/// upper vigilance opens a category of the same cluster; a match below the lower vigilance
+/// for every category opens a new cluster: an anomaly, unless the detector is masking (1.5
+/// windows after an anomaly or a new cluster, and after each vigilance change, until
+/// that many points pass without a new cluster; a far worse match still counts).
+///
+/// The vigilances adapt to the series: the first `probation` points learn at
+/// `initial_vigilance`, then both are set to the mean match of the second half of the
+/// probation; every probation/2 points (and 1.5 windows after an anomaly) the upper follows
+/// the mean match (at most 0.97), the lower rises towards the lowest recent match or falls by
+/// half the recent mean shortfall, never below the mean match of past anomalies.
+///
+/// Memory is bounded: at most `categories` (<= kMaxCategories) hyperboxes of 32 bytes, the
+/// least recently resonating replaced when a new one is needed; the whole object has a fixed
+/// size (about 1.3 KiB), no heap. update() is O(1): every `step`-th call matches the window
+/// against the categories (at most kMaxCategories x 32 byte operations).
+class Resonance {
+ public:
+  static constexpr int kWindow = 8;                ///< points per feature window
+  static constexpr int kFeatures = 2 * kWindow;    ///< Haar coefficients, then the window
+  static constexpr int kMaxCategories = 32;
+  struct Config {
+    int step = 6;                    ///< observations per downsampled point, 1..1024
+    int probation = 104;             ///< points learned before anomalies count, 2*kWindow..65536
+    int categories = kMaxCategories; ///< category cap, 4..kMaxCategories
+    double initial_vigilance = 0.8;  ///< vigilance during the probation, (0, 1)
+    /// The series' range when it is known beforehand (NAB hands every detector the min and
+    /// max of its series; a metric may have natural bounds): values are normalised by it,
+    /// widened by any value beyond it. NaN (the default): the range seen so far.
+    double lower = std::numeric_limits<double>::quiet_NaN();
+    double upper = std::numeric_limits<double>::quiet_NaN();
+  };
+  /// `base` with a probation that covers `observations` (about 13 windows of points: the
+  /// step is observations / 104 rounded down, at least 1). NAB's probationary period is 15 %
+  /// of a series, at most 750 observations.
+  static Config for_probation(std::uint64_t observations, Config base);
+  /// Disabled: update() returns 0.
+  Resonance() = default;
+  /// Enabled. Throws diaspora::Error if a field is out of range.
+  explicit Resonance(const Config& config);
+
+  /// Feeds one value (finite). Returns the confidence in (0, 1] of an anomaly completed by
+  /// this observation (a point whose window resonates with no category), else 0 (always 0
+  /// while disabled, during the probation and between points). O(1), no allocation.
+  double update(double x) noexcept;
+  bool enabled() const noexcept { return enabled_; }
+  int categories() const noexcept { return used_; }
+  double vigilance_low() const noexcept { return rho_lb_; }
+  double vigilance_high() const noexcept { return rho_ub_; }
+  /// The best match of the last point's window (0 before the first window).
+  double last_match() const noexcept { return last_match_; }
+  /// Whether the probation is over (anomalies are reported).
+  bool learned() const noexcept { return points_ >= static_cast<std::uint32_t>(c_.probation + kWindow - 1); }
+  const Config& config() const noexcept { return c_; }
+
+ private:
+  using Box = std::array<std::uint8_t, 2 * kFeatures>;  ///< [lower corner; 255 - upper corner]
+  int point() noexcept;                                ///< the downsampled point's level, 0..80
+  double learn(const Box& input) noexcept;             ///< returns the anomaly confidence
+  void adapt_vigilance() noexcept;
+  void touch(int k) noexcept;                          ///< k (listed) becomes the most recently used
+  Config c_;
+  std::array<Box, kMaxCategories> box_{};
+  std::array<std::uint8_t, kMaxCategories> recent_{};  ///< categories, most recently resonating first
+  std::array<std::uint8_t, kWindow> window_{};         ///< the last points' levels, oldest first
+  std::array<std::uint8_t, 81> levels_{};              ///< histogram of the levels (halved when full)
+  bool enabled_ = false, seen_ = false, mask_new_ = false;
+  std::uint8_t used_ = 0, block_pos_ = 0;
+  // Downsampling and normalisation (the step's sum and extremes, the recent level, the range).
+  double sum_ = 0, lo_ = 0, hi_ = 0, level_ = 0, min_ = 0, max_ = 0;
+  std::int32_t in_step_ = 0, median_ = 0;
+  std::uint32_t points_ = 0;
+  // Vigilance and masking.
+  double match_sum_ = 0;                        ///< every match (their mean sets rho_ub)
+  float rho_lb_ = 0, rho_ub_ = 0, probation_sum_ = 0, last_match_ = 0;
+  float short_num_ = 0, short_den_ = 0;         ///< recent shortfall below rho_ub (smoothed)
+  float anomaly_sum_ = 0, anomaly_last_ = 0;    ///< matches of past anomalies (the last apart)
+  std::uint32_t anomalies_ = 0, last_anomaly_ = 0, last_adapt_ = 0, quiet_ = 0, in_block_ = 0;
+  std::array<float, 4> block_min_{};            ///< minima of the last blocks of matches
+  float cur_min_ = 1;
 };
 
 // =========================================================================================
@@ -276,6 +367,7 @@ enum Detector : std::uint32_t {
   kRange = 1u << 4,       ///< the value left the range seen so far by a margin
   kSuppressed = 1u << 5,  ///< a detection is being held back (re-alert suppression)
   kContext = 1u << 6,     ///< the recent values formed contexts never seen before (ContextNovelty)
+  kResonance = 1u << 7,   ///< the recent window resonated with no learned category (Resonance)
 };
 
 /// One observation's result. Trivially copyable; explain() formats it.
@@ -288,6 +380,7 @@ struct Score {
   double likelihood_nats = 0;  ///< anomaly-likelihood surprise
   double cusum_nats = 0;       ///< change-point surprise (before any reset)
   double context_nats = 0;     ///< context-novelty surprise (0 while context_weight is 0)
+  double resonance = 0;        ///< adaptive-resonance anomaly confidence in [0, 1] (0: none)
   std::uint64_t index = 0;     ///< 0-based observation number in the series
 };
 
@@ -311,6 +404,8 @@ std::string explain(const Score& s);
 ///     - context: the ContextNovelty of the value (the share of its contexts of recent
 ///       binned values never seen before) judged by an AnomalyLikelihood of its own, times
 ///       context_weight;
+///     - resonance: a Resonance anomaly of confidence c scores resonance_weight * c *
+///       max_nats (off by default: the tuning protocol does not choose it);
 ///  3. the score is the largest surprise mapped to [0, 1] by nats / max_nats (clamped;
 ///     0.5 ~ p = 1e-5);
 ///  4. re-alert suppression: after an observation scores >= alert_level, the next
@@ -318,8 +413,8 @@ std::string explain(const Score& s);
 ///     one alert at its onset rather than a run of them; the alert itself scores
 ///     alert_score (1: an alert is the detector's decision, not a level to tune).
 /// The first `warmup` observations score 0 (the models learn). Defaults are the settings
-/// measured on NAB in docs/anomaly.md. sizeof(Ensemble) is about 2.7 KiB (the context
-/// table 1.1 KiB of it), no heap.
+/// measured on NAB in docs/anomaly.md. sizeof(Ensemble) is about 4 KiB (the context
+/// table 1.1 KiB and the resonance detector 1.3 KiB of it, the latter even while off), no heap.
 class Ensemble {
  public:
   struct Config {
@@ -348,6 +443,10 @@ class Ensemble {
     /// up to 4 values: chosen by bench/nab/loco.py (docs/anomaly.md, "Context novelty").
     double context_weight = 1.0;
     ContextNovelty::Config context{.levels = 8, .orders = 4, .buckets = 128};
+    /// Multiplier on the adaptive-resonance anomaly (0 disables): an anomaly of confidence c
+    /// (Resonance) is a surprise of resonance_weight * c * max_nats.
+    double resonance_weight = 0.0;
+    Resonance::Config resonance{};
   };
   Ensemble() : Ensemble(Config{}) {}
   /// Throws diaspora::Error if a field is out of range.
@@ -368,6 +467,7 @@ class Ensemble {
   TailCalibrator spike_tail_, cusum_tail_;
   ContextNovelty ctx_;  ///< enabled only when context_weight > 0
   AnomalyLikelihood ctx_lh_;
+  Resonance art_;  ///< enabled only when resonance_weight > 0
   double min_ = 0, max_ = 0;
   std::uint64_t n_ = 0;
   std::int64_t suppress_left_ = 0;
