@@ -90,9 +90,9 @@ double SeasonalForecaster::sigma() const noexcept {
 
 Forecast SeasonalForecaster::forecast(double t) const noexcept {
   if (n_ == 0) return {};
-  double m = level_;
+  double m = c_.plain_level ? plain_ : level_;
   if (best_ == Model::kSeasonal) {
-    m += seasonal(half_hour_of_day(t), day_of_week(t));
+    m = level_ + seasonal(half_hour_of_day(t), day_of_week(t));
   } else if (best_ == Model::kRandomWalk) {
     m = last_x_ + (seasonal_ready() ? seasonal(half_hour_of_day(t), day_of_week(t)) - last_season_ : 0.0);
   }
@@ -106,7 +106,7 @@ double SeasonalForecaster::update(double t, double x) noexcept {
   const int d = day_of_week(t);
   const auto b = static_cast<std::size_t>(bi);
   if (n_ == 0) {
-    level_ = last_x_ = x;
+    level_ = plain_ = last_x_ = x;
     first_t_ = last_t_ = t;
     n_ = 1;
     return 0;
@@ -114,7 +114,8 @@ double SeasonalForecaster::update(double t, double x) noexcept {
   const bool ready = seasonal_ready();
   const double season = seasonal(bi, d);
   const double used = ready ? season : 0.0;
-  const double f[3] = {level_ + used, level_, last_x_ + (ready ? season - last_season_ : 0.0)};
+  const double f[3] = {level_ + used, c_.plain_level ? plain_ : level_,
+                       last_x_ + (ready ? season - last_season_ : 0.0)};
   const double sig = sigma();
   const double r = x - f[static_cast<int>(best_)];
   // A residual of a million sigmas is as surprising as residuals get (and keeps the
@@ -141,6 +142,7 @@ double SeasonalForecaster::update(double t, double x) noexcept {
   // Holt-Winters (additive, no trend): the level follows the deseasonalized value, then
   // the calendar terms learn what the new level leaves.
   level_ += warm_alpha(c_.alpha, n_) * clip(x - level_ - season);
+  plain_ += warm_alpha(c_.alpha, n_) * clip(x - plain_);
   const double e = clip(x - level_ - season);
   if (d < 5 || visits_[b] == 0) {
     if (visits_[b] < 65535) ++visits_[b];

@@ -13,8 +13,12 @@ namespace diaspora::resilience {
 using detail::require;
 
 Ensemble::Ensemble(const Config& config)
-    : c_(config), fc_(config.forecaster), lh_(config.likelihood), cusum_(config.cusum),
-      spike_tail_(config.calibration), cusum_tail_(config.calibration), ctx_lh_(config.likelihood) {
+    : c_{config.z_cap, config.max_nats, config.spike_weight, config.cusum_weight, config.cusum.k,
+         config.range_margin, config.range_nats, config.range_min_z, config.alert_level, config.suppress_factor,
+         config.alert_score, config.context_weight, config.resonance_weight, config.range_warmup, config.warmup,
+         config.suppress, config.calibrate_likelihood},
+      fc_(config.forecaster), lh_(config.likelihood), cusum_(config.cusum), spike_tail_(config.calibration),
+      cusum_tail_(config.calibration), likelihood_tail_(config.calibration), ctx_lh_(config.likelihood) {
   require(c_.z_cap > 0, "Ensemble", "z_cap");
   require(c_.max_nats > 0, "Ensemble", "max_nats");
   require(c_.spike_weight >= 0, "Ensemble", "spike_weight");
@@ -27,9 +31,9 @@ Ensemble::Ensemble(const Config& config)
   require(c_.suppress_factor >= 0 && c_.suppress_factor <= 1, "Ensemble", "suppress_factor");
   require(c_.alert_score >= 0 && c_.alert_score <= 1, "Ensemble", "alert_score");
   require(c_.context_weight >= 0, "Ensemble", "context_weight");
-  if (c_.context_weight > 0) ctx_ = ContextNovelty(c_.context);
+  if (c_.context_weight > 0) ctx_ = ContextNovelty(config.context);
   require(c_.resonance_weight >= 0, "Ensemble", "resonance_weight");
-  if (c_.resonance_weight > 0) art_ = Resonance(c_.resonance);
+  if (c_.resonance_weight > 0) art_ = Resonance(config.resonance);
 }
 
 Score Ensemble::update(double t, double x) noexcept {
@@ -47,9 +51,13 @@ Score Ensemble::update(double t, double x) noexcept {
   const double spike =
       c_.spike_weight <= 0 ? 0.0 : c_.spike_weight * spike_tail_.update(az, gauss(az), [&](int k) { return gauss(spike_tail_.level(k)); });
   s.likelihood_nats = lh_.update(std::min(az / c_.z_cap, 1.0));
+  if (c_.calibrate_likelihood) {  // the likelihood's own model is the prior: its nats as they are
+    const double ln = s.likelihood_nats;
+    s.likelihood_nats = likelihood_tail_.update(ln, ln, [&](int k) { return likelihood_tail_.level(k); });
+  }
   const int change = cusum_.update(z);
   // CUSUM's exp(-2kS) tail, calibrated the same way (residuals are rarely independent).
-  const double two_k = 2.0 * c_.cusum.k;
+  const double two_k = 2.0 * c_.cusum_k;
   const double cs = cusum_.surprise() / two_k;
   s.cusum_nats = c_.cusum_weight <= 0 ? 0.0 : c_.cusum_weight *
                  cusum_tail_.update(cs, two_k * cs, [&](int k) { return two_k * cusum_tail_.level(k); });
@@ -169,8 +177,13 @@ bool set_config_field(Ensemble::Config& c, std::string_view name, double v) {
       {"calibration.base", &c.calibration.base, nullptr},
       {"calibration.history", &c.calibration.history, nullptr},
   };
-  if (name == "forecaster.random_walk") {
-    c.forecaster.random_walk = v != 0;
+  struct Flag { std::string_view name; bool* b; };
+  const Flag flags[] = {{"forecaster.random_walk", &c.forecaster.random_walk},
+                        {"forecaster.plain_level", &c.forecaster.plain_level},
+                        {"calibrate_likelihood", &c.calibrate_likelihood}};
+  for (const auto& f : flags) {
+    if (f.name != name) continue;
+    *f.b = v != 0;
     return true;
   }
   for (const auto& f : fields) {

@@ -28,7 +28,7 @@
 // policies + sites). Memory: per live task a map entry (its id, a PhiAccrual, a
 // CompletionForecaster, one small slot per policy) plus, per (task, policy) that has seen
 // an observation, one heap-allocated detector sized by the largest kind (an Ensemble,
-// 4,056 B with its context table and resonance categories, both unused here:
+// 3,944 B with its context table and resonance categories, both unused here:
 // PolicyOptions::ensemble.context_weight 0, resonance_weight 0); per spec site a fixed amount. Sizes were not measured beyond sizeof(Ensemble). Finished tasks are forgotten (task_finished()), and so are
 // tasks silent for PolicyOptions::task_ttl_s.
 //
@@ -107,6 +107,11 @@ struct PolicyOptions {
     c.suppress = 0;
     c.alert_score = 0;  // the policy's own threshold compares the ensemble's score as it is
     c.context_weight = 0;  // not yet measured against the workflow corpus (bench/run): off for policies
+    // Workflow signals (docs/anomaly.md, "Workflow traces"): a plain level for the
+    // level-only model (a stalled heartbeat no longer biases it) and the likelihood
+    // tail-calibrated (late heartbeats that recur stop alerting).
+    c.forecaster.plain_level = true;
+    c.calibrate_likelihood = true;
     return c;
   }();
   /// Phi-accrual for heartbeat policies: as PhiAccrual's, plus an acceptable pause of 1 s

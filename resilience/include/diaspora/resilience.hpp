@@ -101,6 +101,13 @@ class SeasonalForecaster {
     double min_days = 1.0;      ///< days of history before seasonal terms may be used
     bool random_walk = false;   ///< let the random-walk model compete (off: it explains
                                 ///< away pattern changes, which hurts detection)
+    /// The level-only model forecasts an exponentially weighted level of the values (true)
+    /// rather than the Holt-Winters level, which leaves out the calendar terms: while those
+    /// are still learning (the first min_days) or after an outage taught them a bias, the
+    /// Holt-Winters level stays off by that bias for the rest of a half-hour. Off for NAB
+    /// (the tuning protocol measured it lower there), on for the policy engine
+    /// (docs/anomaly.md, "Workflow traces").
+    bool plain_level = false;
   };
   /// The competing models (see model()).
   enum class Model : std::uint8_t { kSeasonal, kLevel, kRandomWalk };
@@ -125,7 +132,7 @@ class SeasonalForecaster {
   double seasonal(int bucket, int weekday) const noexcept;
   bool seasonal_ready() const noexcept;
   Config c_;
-  double level_ = 0, last_x_ = 0, last_season_ = 0, first_t_ = 0, last_t_ = 0, gap_ = 0;
+  double level_ = 0, plain_ = 0, last_x_ = 0, last_season_ = 0, first_t_ = 0, last_t_ = 0, gap_ = 0;
   double err_[3] = {0, 0, 0};
   double spread_ = 0;
   std::uint64_t n_ = 0;
@@ -447,6 +454,12 @@ class Ensemble {
     /// (Resonance) is a surprise of resonance_weight * c * max_nats.
     double resonance_weight = 0.0;
     Resonance::Config resonance{};
+    /// Tail-calibrate the likelihood surprise as the spike and CUSUM surprises are (a
+    /// TailCalibrator on its nats, `calibration` settings): a burst this series shows now
+    /// and then (late heartbeats) stops alerting, one beyond anything recent still alerts.
+    /// Off for NAB (the tuning protocol measured it lower there), on for the policy engine
+    /// (docs/anomaly.md, "Workflow traces").
+    bool calibrate_likelihood = false;
   };
   Ensemble() : Ensemble(Config{}) {}
   /// Throws diaspora::Error if a field is out of range.
@@ -457,14 +470,21 @@ class Ensemble {
   /// leaves the state unchanged.
   Score update(double t, double x) noexcept;
   std::uint64_t count() const noexcept { return n_; }
-  const Config& config() const noexcept { return c_; }
 
  private:
-  Config c_;
+  /// What update() reads of the Config (the detectors keep their own settings): a series
+  /// costs these bytes, not a whole Config.
+  struct Settings {
+    double z_cap, max_nats, spike_weight, cusum_weight, cusum_k, range_margin, range_nats, range_min_z;
+    double alert_level, suppress_factor, alert_score, context_weight, resonance_weight;
+    int range_warmup, warmup, suppress;
+    bool calibrate_likelihood;
+  };
+  Settings c_;
   SeasonalForecaster fc_;
   AnomalyLikelihood lh_;
   Cusum cusum_;
-  TailCalibrator spike_tail_, cusum_tail_;
+  TailCalibrator spike_tail_, cusum_tail_, likelihood_tail_;
   ContextNovelty ctx_;  ///< enabled only when context_weight > 0
   AnomalyLikelihood ctx_lh_;
   Resonance art_;  ///< enabled only when resonance_weight > 0
