@@ -17,6 +17,7 @@
 #include <tuple>
 
 #include "diaspora/data_item.hpp"
+#include "diaspora/event.hpp"
 #include "diaspora/thread_name.hpp"
 #include "diaspora/token.hpp"
 
@@ -117,6 +118,31 @@ std::optional<std::string> topic_of_stream_name(std::string_view stream, std::st
   return topic;
 }
 
+std::optional<MessageGet> parse_message_get(std::string_view answer, std::uint64_t seq) {
+  boost::system::error_code ec;
+  const boost::json::value v = boost::json::parse(answer, ec);
+  const auto* o = !ec ? v.if_object() : nullptr;
+  if (!o) return std::nullopt;
+  if (const auto* err = o->if_contains("error")) {
+    const auto* e = err->if_object();
+    const auto* code = e ? e->if_contains("code") : nullptr;
+    if (code && code->is_int64() && code->as_int64() == 404 && !o->contains("message")) return MessageGet{true, {}, 0};
+    return std::nullopt;
+  }
+  const auto* m = o->if_contains("message") ? o->at("message").if_object() : nullptr;
+  if (!m) return std::nullopt;
+  const auto* sq = m->if_contains("seq");
+  const auto* data = m->if_contains("data");
+  const auto* when = m->if_contains("time");
+  if (!sq || (!sq->is_uint64() && !(sq->is_int64() && sq->as_int64() >= 0))) return std::nullopt;
+  const std::uint64_t got = sq->is_uint64() ? sq->as_uint64() : static_cast<std::uint64_t>(sq->as_int64());
+  if (got != seq || !when || !when->is_string() || (data && !data->is_string())) return std::nullopt;
+  auto bytes = data ? base64_decode(std::string_view(data->as_string())) : std::optional<std::string>(std::string());
+  const auto time_us = parse_rfc3339_us(std::string_view(when->as_string()));
+  if (!bytes || !time_us) return std::nullopt;
+  return MessageGet{false, std::move(*bytes), *time_us};
+}
+
 std::optional<std::pair<std::string, std::string>> parse_group_key(std::string_view key) {
   const auto dot = key.find('.');
   if (dot == std::string_view::npos) return std::nullopt;
@@ -160,6 +186,42 @@ struct JetStreamStore::Impl {
   kvStore* groups = nullptr;
   natsSubscription* stored_sub = nullptr;
   CommitListener listener;
+
+  // Reads (visit): direct gets answered on one subscription for the store's life, routed to
+  // the visit that asked by the reply subject `<read_root><visit>.<seq>` (one subscription a
+  // visit raced libnats 3.4's reader thread when it was destroyed with replies in flight).
+  struct Mailbox {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::map<std::uint64_t, natsMsg*> replies;  // by sequence
+  };
+  natsSubscription* read_sub = nullptr;
+  std::string read_root;
+  std::mutex reads_mu;
+  std::map<std::uint64_t, std::shared_ptr<Mailbox>> reads;  // by visit
+  std::uint64_t next_visit = 1;
+  static void on_read_reply(natsConnection*, natsSubscription*, natsMsg* msg, void* closure) {
+    auto* self = static_cast<Impl*>(closure);
+    const std::string_view subj = natsMsg_GetSubject(msg);
+    std::uint64_t visit = 0, seq = 0;
+    const auto tail = subj.substr(std::min(subj.size(), self->read_root.size()));
+    const auto dot = tail.find('.');
+    std::shared_ptr<Mailbox> box;
+    if (dot != tail.npos && std::from_chars(tail.data(), tail.data() + dot, visit).ec == std::errc{} &&
+        std::from_chars(tail.data() + dot + 1, tail.data() + tail.size(), seq).ec == std::errc{}) {
+      std::lock_guard lk(self->reads_mu);
+      if (auto it = self->reads.find(visit); it != self->reads.end()) box = it->second;
+    }
+    if (!box) {  // a visit that has finished (or not a reply at all)
+      natsMsg_Destroy(msg);
+      return;
+    }
+    {
+      std::lock_guard lk(box->mu);
+      if (!box->replies.emplace(seq, msg).second) natsMsg_Destroy(msg);
+    }
+    box->cv.notify_one();
+  }
 
   // The batch being published (the writer's), which the ack handler fills.
   struct Acks {
@@ -928,6 +990,12 @@ JetStreamStore::JetStreamStore(JetStreamOptions options) : self_(std::make_uniqu
       s.source_api.push_back("$JS." + src.domain + ".API");
       s.seen.emplace_back().domain = src.domain;
     }
+    natsInbox* inbox = nullptr;
+    check(natsInbox_Create(&inbox), "an inbox for the answers of reads");
+    s.read_root = std::string(inbox) + ".";
+    natsInbox_Destroy(inbox);
+    check(natsConnection_Subscribe(&s.read_sub, s.nc, (s.read_root + ">").c_str(), &Impl::on_read_reply, &s),
+          "subscribing to the answers of reads");
   } catch (...) {
     for (jsCtx* ctx : s.source_js) jsCtx_Destroy(ctx);
     kvStore_Destroy(s.producers);
@@ -956,6 +1024,8 @@ JetStreamStore::~JetStreamStore() {
   for (jsCtx* ctx : s.source_js) jsCtx_Destroy(ctx);
   if (s.stored_sub) natsSubscription_Unsubscribe(s.stored_sub);
   natsSubscription_Destroy(s.stored_sub);
+  if (s.read_sub) natsSubscription_Unsubscribe(s.read_sub);
+  natsSubscription_Destroy(s.read_sub);
   kvStore_Destroy(s.producers);
   kvStore_Destroy(s.groups);
   jsCtx_Destroy(s.js);
@@ -973,29 +1043,115 @@ void JetStreamStore::append(std::string topic, std::string producer_id, std::uin
   self_->q_cv.notify_one();
 }
 
+namespace {
+
+// Message gets one visit keeps outstanding: one round trip a window of events instead of one
+// an event (JetStream 2.9 has no batched get).
+constexpr std::uint64_t kReadsInFlight = 64;
+// How long a visit waits for an answer before it asks again, one request of its own.
+constexpr std::chrono::milliseconds kDirectWait{1000};
+
+}  // namespace
+
 std::size_t JetStreamStore::visit(const std::string& topic, std::uint64_t from, std::size_t max_records,
                                   std::size_t max_bytes, const std::function<void(const RecordRef&)>& fn) const {
   if (max_records == 0) return 0;
   const auto ends = self_->ends_of(topic);
   if (!ends || from >= ends->next) return 0;
   const std::string stream = self_->stream_of(topic);
+  const auto fail = [&](std::uint64_t seq, const std::string& why) {
+    return Error("JetStream: reading topic '" + topic + "' at offset " + std::to_string(seq - 1) + ": " + why);
+  };
+  // The stream leader's message gets, pipelined: the requests carry this visit's reply
+  // subject, the answers come in any order, the records are handed on in offset order. (Not
+  // direct gets: any replica answers those, and a follower that was down may still hold a
+  // record its log has not yet given up, a copy of another offset's event.)
+  Impl& self = *self_;
+  auto box = std::make_shared<Impl::Mailbox>();
+  std::uint64_t visit_id = 0;
+  {
+    std::lock_guard lk(self.reads_mu);
+    visit_id = self.next_visit++;
+    self.reads.emplace(visit_id, box);
+  }
+  struct Leave {  // unregisters the visit and frees the answers it did not take
+    Impl& self;
+    std::uint64_t id;
+    std::shared_ptr<Impl::Mailbox> box;
+    ~Leave() {
+      {
+        std::lock_guard lk(self.reads_mu);
+        self.reads.erase(id);
+      }
+      std::lock_guard lk(box->mu);
+      for (auto& [seq, msg] : box->replies) natsMsg_Destroy(msg);
+      box->replies.clear();
+    }
+  } leave{self, visit_id, box};
+  const std::string reply_root = self.read_root + std::to_string(visit_id) + ".";
+  const std::string subject = "$JS.API.STREAM.MSG.GET." + stream;
+  const std::uint64_t last = ends->next;
+  std::uint64_t next_out = std::max(from, ends->first) + 1, next_req = next_out;
   std::size_t n = 0, bytes = 0;
-  for (std::uint64_t seq = std::max(from, ends->first) + 1; seq <= ends->next && n < max_records && (n == 0 || bytes < max_bytes);
-       ++seq) {
+  while (next_out <= last && n < max_records && (n == 0 || bytes < max_bytes)) {
+    const std::uint64_t window = std::min<std::uint64_t>(kReadsInFlight, max_records - n);
+    for (; next_req <= last && next_req - next_out < window; ++next_req) {
+      const std::string body = "{\"seq\":" + std::to_string(next_req) + "}", reply = reply_root + std::to_string(next_req);
+      if (const natsStatus st = natsConnection_PublishRequest(self.nc, subject.c_str(), reply.c_str(), body.data(),
+                                                              static_cast<int>(body.size()));
+          st != NATS_OK)
+        throw fail(next_req, nats_error(st));
+    }
     MsgGuard g;
-    jsErrCode jerr = static_cast<jsErrCode>(0);
-    jsOptions o = self_->request_options();
-    const natsStatus s = js_GetMsg(&g.m, self_->js, stream.c_str(), seq, &o, &jerr);
-    if (s == NATS_NOT_FOUND) continue;  // removed by retention meanwhile
-    if (s != NATS_OK) throw Error("JetStream: reading topic '" + topic + "' at offset " + std::to_string(seq - 1) + ": " +
-                                  nats_error(s, jerr));
-    const auto len = static_cast<std::size_t>(natsMsg_GetDataLength(g.m));
-    const std::string_view payload(natsMsg_GetData(g.m), len);
+    bool answered = false;
+    {
+      std::unique_lock lk(box->mu);
+      answered = box->cv.wait_for(lk, std::min<std::chrono::milliseconds>(self.opt.timeout, kDirectWait),
+                                  [&] { return box->replies.contains(next_out); });
+      if (answered) {
+        g.m = box->replies.at(next_out);
+        box->replies.erase(next_out);
+      }
+    }
+    const std::uint64_t seq = next_out++;
+    if (!answered) {  // a request sent as the stream's leader changed is lost: ask again
+      for (std::uint64_t q = next_out; q < next_req; ++q) {
+        const std::string body = "{\"seq\":" + std::to_string(q) + "}", reply = reply_root + std::to_string(q);
+        natsConnection_PublishRequest(self.nc, subject.c_str(), reply.c_str(), body.data(), static_cast<int>(body.size()));
+      }
+    }
+    std::string decoded;
+    std::optional<std::int64_t> time_us;
+    bool removed = false;
+    if (answered) {
+      auto got = parse_message_get(std::string_view(natsMsg_GetData(g.m) ? natsMsg_GetData(g.m) : "",
+                                                    static_cast<std::size_t>(natsMsg_GetDataLength(g.m))),
+                                   seq);
+      if (!got) throw fail(seq, "the cluster's answer is not the stored message");
+      removed = got->removed;
+      decoded = std::move(got->data);
+      time_us = got->time_us;
+    } else {  // no answer in time: one request of its own, as the stream's leader answers it
+      natsMsg_Destroy(g.m);
+      g.m = nullptr;
+      jsErrCode jerr = static_cast<jsErrCode>(0);
+      jsOptions o = self.request_options();
+      const natsStatus st = js_GetMsg(&g.m, self.js, stream.c_str(), seq, &o, &jerr);
+      if (st == NATS_NOT_FOUND) removed = true;
+      else if (st != NATS_OK) throw fail(seq, nats_error(st, jerr));
+      else {
+        decoded.assign(natsMsg_GetData(g.m) ? natsMsg_GetData(g.m) : "", static_cast<std::size_t>(natsMsg_GetDataLength(g.m)));
+        time_us = natsMsg_GetTime(g.m) / 1000;
+      }
+    }
+    if (removed) continue;  // removed by retention meanwhile
+    const std::string_view payload = decoded;
+    const std::size_t len = payload.size();
     if (!stored_event_text(payload)) {  // another writer's: a gap in the offsets, as retention leaves
       self_->foreign_record(topic, seq - 1);
       continue;
     }
-    fn(RecordRef{seq - 1, natsMsg_GetTime(g.m) / 1000, payload});
+    fn(RecordRef{seq - 1, *time_us, payload});
     ++n;
     bytes += len;
   }

@@ -98,6 +98,16 @@ std::optional<std::string> topic_of_stream_name(std::string_view stream, std::st
 /// (group, topic) of a key of the groups bucket ("<encoded group>.<encoded topic>", both
 /// valid names); nullopt for any other key.
 std::optional<std::pair<std::string, std::string>> parse_group_key(std::string_view key);
+/// The stream leader's answer to a message get ($JS.API.STREAM.MSG.GET, `{"seq": N}`):
+/// the message's bytes and its store time when it is the message at `seq`; `removed` when the
+/// answer is JetStream's 404 (retention removed it); nullopt for anything else (another
+/// error, another sequence, bad base64 or time, not JSON).
+struct MessageGet {
+  bool removed = false;
+  std::string data;          ///< the stored bytes (empty when removed)
+  std::int64_t time_us = 0;  ///< the store time, µs since the epoch
+};
+std::optional<MessageGet> parse_message_get(std::string_view answer, std::uint64_t seq);
 
 /// The topics of a JetStream cluster.
 class JetStreamStore final : public Store {

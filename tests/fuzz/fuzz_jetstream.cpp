@@ -2,13 +2,15 @@
 // write to it can put anything: stream names (topic_of_stream_name), keys of the groups
 // bucket (parse_group_key), the numbers kept in the buckets and in the streams'
 // republished `Nats-Sequence` headers (parse_stored_number), and the names themselves
-// (jetstream_unname), and the records themselves (stored_event_text). The first byte steers: even, the rest is read as the cluster would
+// (jetstream_unname), the records themselves (stored_event_text) and the leader's answers to
+// message gets (parse_message_get). The first byte steers: even, the rest is read as the cluster would
 // give it; odd, it is split into two parts ("\n--\n") that are encoded as the relay encodes
 // them, and must read back as they were. Invariants: what is read back is what the relay
 // would have written for it (a name encodes back to itself; a topic or group read back is a
 // valid name; a number prints back to its text), and what the relay writes reads back.
 #include <charconv>
 
+#include "diaspora/event.hpp"
 #include "jetstream_store.hpp"
 #include "fuzz_support.hpp"
 
@@ -29,6 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       FUZZ_CHECK(jetstream_name(gt->first) + "." + jetstream_name(gt->second) == text);
     }
     if (stored_event_text(text)) FUZZ_CHECK(text.find('{') != std::string_view::npos);  // one JSON object
+    if (auto got = parse_message_get(text, 7)) FUZZ_CHECK(!got->removed || got->data.empty());
     if (auto n = parse_stored_number(text)) {
       char buf[24];
       auto [end, ec] = std::to_chars(buf, buf + sizeof buf, *n);
@@ -41,6 +44,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   const std::string a(in.part()), b(in.part());
+  {  // a leader's answer carrying `a` at sequence 9 reads back as `a`, and at no other
+    const std::string answer = R"({"type":"io.nats.jetstream.api.v1.stream_msg_get_response","message":{"subject":"s","seq":9,"data":")" +
+                               diaspora::base64_encode(a) + R"(","time":"2026-12-07T08:00:00.123456789Z"}})";
+    const auto got = parse_message_get(answer, 9);
+    FUZZ_CHECK(got && !got->removed && got->data == a);
+    FUZZ_CHECK(!parse_message_get(answer, 10));
+  }
   const std::string na = jetstream_name(a), nb = jetstream_name(b);
   const auto back = jetstream_unname(na);
   FUZZ_CHECK(back && *back == a);

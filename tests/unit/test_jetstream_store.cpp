@@ -1,6 +1,7 @@
 // The JetStream store's names and what it reads back from the cluster
 // (relay/src/jetstream_store.hpp); the store itself runs against real nats-server processes
 // in tests/python/test_relay_jetstream.py and test_relay_federation.py.
+#include "diaspora/event.hpp"
 #include "jetstream_store.hpp"
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 using diaspora::relay::jetstream_name;
 using diaspora::relay::jetstream_unname;
 using diaspora::relay::parse_group_key;
+using diaspora::relay::parse_message_get;
 using diaspora::relay::parse_stored_number;
 using diaspora::relay::topic_of_stream_name;
 using diaspora::relay::invalid_source;
@@ -72,4 +74,27 @@ TEST(JetStreamSources, ASourceIsRefusedWithTheReasonWhenItCannotBeUsed) {
     ASSERT_TRUE(why) << said;
     EXPECT_NE(why->find(said), std::string::npos) << *why;
   }
+}
+
+// The stream leader's answer to a message get, read strictly: the message at the asked
+// sequence with its bytes and store time; JetStream's 404 as removed; anything else refused.
+TEST(JetStreamNames, ALeadersMessageGetAnswerIsReadOnlyForTheAskedSequence) {
+  const std::string ok = R"({"type":"io.nats.jetstream.api.v1.stream_msg_get_response","message":{"subject":"d.t.x","seq":42,)"
+                         R"("hdrs":"TkFUUy8xLjANCg0K","data":"eyJhIjoxfQ==","time":"2026-12-07T08:00:00.123456789Z"}})";
+  const auto got = parse_message_get(ok, 42);
+  ASSERT_TRUE(got);
+  EXPECT_FALSE(got->removed);
+  EXPECT_EQ(got->data, R"({"a":1})");
+  EXPECT_EQ(got->time_us, *diaspora::parse_rfc3339_us("2026-12-07T08:00:00.123456Z"));
+  EXPECT_FALSE(parse_message_get(ok, 43)) << "another sequence's message";
+  const auto gone = parse_message_get(R"({"type":"x","error":{"code":404,"err_code":10037,"description":"no message found"}})", 42);
+  ASSERT_TRUE(gone);
+  EXPECT_TRUE(gone->removed);
+  EXPECT_FALSE(parse_message_get(R"({"error":{"code":503,"description":"leader gone"}})", 42));
+  EXPECT_FALSE(parse_message_get(R"({"message":{"seq":42,"data":"!!","time":"2026-12-07T08:00:00Z"}})", 42)) << "bad base64";
+  EXPECT_FALSE(parse_message_get(R"({"message":{"seq":42,"data":"eyJhIjoxfQ==","time":"yesterday"}})", 42)) << "bad time";
+  EXPECT_FALSE(parse_message_get("not json", 42));
+  const auto empty = parse_message_get(R"({"message":{"seq":1,"time":"2026-12-07T08:00:00Z"}})", 1);
+  ASSERT_TRUE(empty);
+  EXPECT_TRUE(empty->data.empty());
 }
