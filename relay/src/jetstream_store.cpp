@@ -1049,7 +1049,7 @@ namespace {
 // an event (JetStream 2.9 has no batched get).
 constexpr std::uint64_t kReadsInFlight = 64;
 // How long a visit waits for an answer before it asks again, one request of its own.
-constexpr std::chrono::milliseconds kDirectWait{1000};
+constexpr std::chrono::milliseconds kAnswerWait{1000};
 
 }  // namespace
 
@@ -1092,21 +1092,20 @@ std::size_t JetStreamStore::visit(const std::string& topic, std::uint64_t from, 
   const std::string subject = "$JS.API.STREAM.MSG.GET." + stream;
   const std::uint64_t last = ends->next;
   std::uint64_t next_out = std::max(from, ends->first) + 1, next_req = next_out;
+  const auto ask = [&](std::uint64_t seq) {
+    const std::string body = "{\"seq\":" + std::to_string(seq) + "}", reply = reply_root + std::to_string(seq);
+    return natsConnection_PublishRequest(self.nc, subject.c_str(), reply.c_str(), body.data(), static_cast<int>(body.size()));
+  };
   std::size_t n = 0, bytes = 0;
   while (next_out <= last && n < max_records && (n == 0 || bytes < max_bytes)) {
     const std::uint64_t window = std::min<std::uint64_t>(kReadsInFlight, max_records - n);
-    for (; next_req <= last && next_req - next_out < window; ++next_req) {
-      const std::string body = "{\"seq\":" + std::to_string(next_req) + "}", reply = reply_root + std::to_string(next_req);
-      if (const natsStatus st = natsConnection_PublishRequest(self.nc, subject.c_str(), reply.c_str(), body.data(),
-                                                              static_cast<int>(body.size()));
-          st != NATS_OK)
-        throw fail(next_req, nats_error(st));
-    }
+    for (; next_req <= last && next_req - next_out < window; ++next_req)
+      if (const natsStatus st = ask(next_req); st != NATS_OK) throw fail(next_req, nats_error(st));
     MsgGuard g;
     bool answered = false;
     {
       std::unique_lock lk(box->mu);
-      answered = box->cv.wait_for(lk, std::min<std::chrono::milliseconds>(self.opt.timeout, kDirectWait),
+      answered = box->cv.wait_for(lk, std::min<std::chrono::milliseconds>(self.opt.timeout, kAnswerWait),
                                   [&] { return box->replies.contains(next_out); });
       if (answered) {
         g.m = box->replies.at(next_out);
@@ -1114,12 +1113,8 @@ std::size_t JetStreamStore::visit(const std::string& topic, std::uint64_t from, 
       }
     }
     const std::uint64_t seq = next_out++;
-    if (!answered) {  // a request sent as the stream's leader changed is lost: ask again
-      for (std::uint64_t q = next_out; q < next_req; ++q) {
-        const std::string body = "{\"seq\":" + std::to_string(q) + "}", reply = reply_root + std::to_string(q);
-        natsConnection_PublishRequest(self.nc, subject.c_str(), reply.c_str(), body.data(), static_cast<int>(body.size()));
-      }
-    }
+    if (!answered)  // a request sent as the stream's leader changed is lost: ask again
+      for (std::uint64_t q = next_out; q < next_req; ++q) ask(q);
     std::string decoded;
     std::optional<std::int64_t> time_us;
     bool removed = false;
@@ -1132,8 +1127,6 @@ std::size_t JetStreamStore::visit(const std::string& topic, std::uint64_t from, 
       decoded = std::move(got->data);
       time_us = got->time_us;
     } else {  // no answer in time: one request of its own, as the stream's leader answers it
-      natsMsg_Destroy(g.m);
-      g.m = nullptr;
       jsErrCode jerr = static_cast<jsErrCode>(0);
       jsOptions o = self.request_options();
       const natsStatus st = js_GetMsg(&g.m, self.js, stream.c_str(), seq, &o, &jerr);

@@ -13,10 +13,23 @@ namespace diaspora::resilience {
 using detail::require;
 
 Ensemble::Ensemble(const Config& config)
-    : c_{config.z_cap, config.max_nats, config.spike_weight, config.cusum_weight, config.cusum.k,
-         config.range_margin, config.range_nats, config.range_min_z, config.alert_level, config.suppress_factor,
-         config.alert_score, config.context_weight, config.resonance_weight, config.range_warmup, config.warmup,
-         config.suppress, config.calibrate_likelihood},
+    : c_{.z_cap = config.z_cap,
+         .max_nats = config.max_nats,
+         .spike_weight = config.spike_weight,
+         .cusum_weight = config.cusum_weight,
+         .cusum_k = config.cusum.k,
+         .range_margin = config.range_margin,
+         .range_nats = config.range_nats,
+         .range_min_z = config.range_min_z,
+         .alert_level = config.alert_level,
+         .suppress_factor = config.suppress_factor,
+         .alert_score = config.alert_score,
+         .context_weight = config.context_weight,
+         .resonance_weight = config.resonance_weight,
+         .range_warmup = config.range_warmup,
+         .warmup = config.warmup,
+         .suppress = config.suppress,
+         .calibrate_likelihood = config.calibrate_likelihood},
       fc_(config.forecaster), lh_(config.likelihood), cusum_(config.cusum), spike_tail_(config.calibration),
       cusum_tail_(config.calibration), likelihood_tail_(config.calibration), ctx_lh_(config.likelihood) {
   require(c_.z_cap > 0, "Ensemble", "z_cap");

@@ -120,9 +120,9 @@ int Resonance::point() noexcept {
   ++levels_[static_cast<std::size_t>(level)];
   std::uint32_t total = 0, below = 0;
   for (auto h : levels_) total += h;
-  median_ = 0;
-  while ((below += levels_[static_cast<std::size_t>(median_)]) * 2 < total) ++median_;
-  return std::abs(level - median_) < kChomp * kLevels ? median_ : level;
+  int median = 0;
+  while ((below += levels_[static_cast<std::size_t>(median)]) * 2 < total) ++median;
+  return std::abs(level - median) < kChomp * kLevels ? median : level;
 }
 
 void Resonance::touch(int k) noexcept {

@@ -28,7 +28,7 @@
 // policies + sites). Memory: per live task a map entry (its id, a PhiAccrual, a
 // CompletionForecaster, one small slot per policy) plus, per (task, policy) that has seen
 // an observation, one heap-allocated detector sized by the largest kind (an Ensemble,
-// 3,944 B with its context table and resonance categories, both unused here:
+// 3,936 B with its context table and resonance categories, both unused here:
 // PolicyOptions::ensemble.context_weight 0, resonance_weight 0); per spec site a fixed amount. Sizes were not measured beyond sizeof(Ensemble). Finished tasks are forgotten (task_finished()), and so are
 // tasks silent for PolicyOptions::task_ttl_s.
 //

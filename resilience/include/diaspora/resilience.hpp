@@ -349,7 +349,7 @@ class Resonance {
   std::uint8_t used_ = 0, block_pos_ = 0;
   // Downsampling and normalisation (the step's sum and extremes, the recent level, the range).
   double sum_ = 0, lo_ = 0, hi_ = 0, level_ = 0, min_ = 0, max_ = 0;
-  std::int32_t in_step_ = 0, median_ = 0;
+  std::int32_t in_step_ = 0;
   std::uint32_t points_ = 0;
   // Vigilance and masking.
   double match_sum_ = 0;                        ///< every match (their mean sets rho_ub)
