@@ -10,9 +10,12 @@ seed is in bench/nab/workflow_configs.json; configurations marked `heldout` are 
 used to choose a setting or a threshold.
 
 Each series is written in NAB's layout with NAB-style windows (centred on each fault's
-onset, 10 % of the series in all), scored with NAB's scorer (standard profile; the
-threshold swept over the tuning configurations only, and applied as is to the held-out
-ones), and each fault gets a lead time: its harm time (when the task or site has lost
+onset, 10 % of the series in all) and scored as the policy engine uses the ensemble: a
+score counts only on the side the signal goes bad (`diaspora-nab --bad-side`), and each
+signal has its own threshold, as each policy has (swept over that signal's tuning
+configurations only with NAB's scorer, standard profile, and applied as is to the
+held-out ones; `--both-sides` and `--one-threshold` give the protocol used before
+2026-12-07). Each fault gets a lead time: its harm time (when the task or site has lost
 `slack` seconds of work against its schedule, or, for a stall, when Parsl's 120 s
 heartbeat threshold would notice) minus the first detection at or after the fault's
 window opened. Positive: the detector fired before the harm.
@@ -20,7 +23,7 @@ window opened. Positive: the detector fired before the harm.
 Usage (from the repository root, after `make build`):
     .venv/bin/python bench/nab/workflow_traces.py [--build build] [--scorer ../shared/tools/nab]
         [--configs bench/nab/workflow_configs.json] [--work /tmp/diaspora-traces]
-        [--nab-config FILE] [--json OUT.json]
+        [--nab-config FILE] [--json OUT.json] [--both-sides] [--one-threshold]
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ SLACK_TASK_S = 60.0     # a task that lost a minute against its schedule
 SLACK_SITE_S = 300.0    # a site that lost five minutes of its capacity
 STALL_HARM_S = 120.0    # Parsl's heartbeat threshold
 QUEUE_HARM_S = 300.0    # a queue holding five minutes of work
+# The side each signal goes bad on: the policy engine's ensemble detector counts a score
+# only there (resilience/src/policy.cpp, bad_side_score), and so does this benchmark.
+BAD_SIDE = {"step_time": "up", "heartbeat_gap": "up", "queue_length": "up", "throughput": "down"}
 
 
 def poisson(rng: random.Random, lam: float) -> int:
@@ -196,6 +202,10 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default="/tmp/diaspora-traces")
     ap.add_argument("--nab-config", help="diaspora-nab --config file (default: the shipped defaults)")
     ap.add_argument("--json", help="write every figure here")
+    ap.add_argument("--one-threshold", action="store_true",
+                    help="one threshold for every signal (before 2026-12-07 the default; now one per signal)")
+    ap.add_argument("--both-sides", action="store_true",
+                    help="count scores on both sides of the forecast (NAB's way; before 2026-12-07 the default)")
     a = ap.parse_args(argv)
     sys.path.insert(0, a.scorer)
     try:
@@ -206,13 +216,17 @@ def main(argv=None) -> int:
     work = Path(a.work)
     data, out = work / "data", work / "scores"
     truth = generate(configs, data)
-    # --online: the policy engine sees a live signal, with no range or length beforehand.
-    cmd = [str(Path(a.build) / "bin" / "diaspora-nab"), "--online", "--data", str(data), "--out", str(out)]
-    if a.nab_config:
-        cmd += ["--config", a.nab_config]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"diaspora-nab failed: {p.stderr.strip()}")
+    # --online: the policy engine sees a live signal, with no range or length beforehand;
+    # --bad-side: it counts a score only on the side the signal goes bad.
+    for c in configs:
+        side = "both" if a.both_sides else BAD_SIDE[c["signal"]]
+        cmd = [str(Path(a.build) / "bin" / "diaspora-nab"), "--online", "--bad-side", side,
+               "--data", str(data / c["name"]), "--out", str(out / c["name"])]
+        if a.nab_config:
+            cmd += ["--config", a.nab_config]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            sys.exit(f"diaspora-nab failed: {p.stderr.strip()}")
     windows = ns.load_labels([str(data / "labels" / "combined_windows.json")])
     rels = sorted(truth)
     series = {s.rel: s for s in ns.load_detector(str(out), "x", rels, windows, str(data))}
@@ -220,11 +234,20 @@ def main(argv=None) -> int:
     held = {c["name"] for c in configs if c.get("heldout")}
     tuning = [series[r] for r in rels if truth[r]["config"] not in held]
     thr, _, _ = ns.Corpus(tuning).sweep(cm)
+    signal_of = {c["name"]: c["signal"] for c in configs}
+    thr_of = {sig: thr for sig in BAD_SIDE}
+    if not a.one_threshold:
+        for sig in BAD_SIDE:
+            ts = [s for s, r in zip(tuning, [r for r in rels if truth[r]["config"] not in held])
+                  if signal_of[truth[r]["config"]] == sig]
+            if ts:
+                thr_of[sig] = ns.Corpus(ts).sweep(cm)[0]
 
     rows, all_leads = [], {"tuning": [], "held-out": []}
     for c in configs:
         mine = [r for r in rels if truth[r]["config"] == c["name"]]
         ss = [series[r] for r in mine]
+        thr = thr_of[c["signal"]]
         raw = sum(ns.score_at(s, thr, cm)["raw"] for s in ss)
         n_win = sum(s.n_windows for s in ss)
         score = ns.normalise(raw, ns.null_baseline(ss, cm), cm["tpWeight"] * n_win)
@@ -253,7 +276,8 @@ def main(argv=None) -> int:
                      "false_alarms_per_clean_hour": fps / hours if hours else None})
 
     print(f"{sum(len(truth[r]['faults']) for r in rels)} faults in {len(rels)} series, {len(configs)} configurations "
-          f"({len(held)} held out); threshold {thr:.4f} (swept on the tuning configurations only)\n")
+          f"({len(held)} held out); threshold " + (", ".join(f"{k} {v:.4f}" for k, v in thr_of.items()) if not a.one_threshold else f"{thr:.4f}")
+          + " (swept on the tuning configurations only)\n")
     print("| configuration | set | signal | NAB score | faults | missed | median lead before harm | detected after harm "
           "| false alarms / clean hour |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
@@ -264,15 +288,16 @@ def main(argv=None) -> int:
         print(f"| {x['config']} | {x['set']} | {x['signal']} | {sc} | {x['faults']} | {x['missed']} | {lead} | "
               f"{x['after_harm']} | {fpr} |")
     for kind in ("tuning", "held-out"):
-        ss = [series[r] for r in rels if (truth[r]["config"] in held) == (kind == "held-out")]
-        raw = sum(ns.score_at(s, thr, cm)["raw"] for s in ss)
+        rs = [r for r in rels if (truth[r]["config"] in held) == (kind == "held-out")]
+        ss = [series[r] for r in rs]
+        raw = sum(ns.score_at(series[r], thr_of[signal_of[truth[r]["config"]]], cm)["raw"] for r in rs)
         score = ns.normalise(raw, ns.null_baseline(ss, cm), cm["tpWeight"] * sum(s.n_windows for s in ss))
         lead = statistics.median(all_leads[kind]) if all_leads[kind] else float("nan")
         print(f"\n{kind}: NAB score {score:.1f}, median lead {lead:.0f} s over {len(all_leads[kind])} detected faults",
               end="")
     print()
     if a.json:
-        Path(a.json).write_text(json.dumps({"threshold": thr, "rows": rows}, indent=2))
+        Path(a.json).write_text(json.dumps({"thresholds": thr_of, "rows": rows}, indent=2))
     return 0
 
 

@@ -231,12 +231,18 @@ int main(int argc, char** argv) {
   app.add_flag("--online", online,
                "Give the detectors nothing NAB's detector API hands over beforehand (each series' min, max and "
                "probationary period): the range is the range seen so far, the probation the default");
+  std::string bad_side = "both";
+  app.add_option("--bad-side", bad_side,
+                 "Count only scores whose residual is on this side, as the policy engine's ensemble detector does "
+                 "(up: above the forecast, e.g. a step time; down: below, e.g. a throughput; both: NAB's way)")
+      ->check(CLI::IsMember({"up", "down", "both"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
 
+  const int bad_dir = bad_side == "up" ? 1 : bad_side == "down" ? -1 : 0;
   res::Ensemble::Config config;
   try {
     if (!config_file.empty()) config = load_config(config_file);
@@ -296,10 +302,11 @@ int main(int argc, char** argv) {
     char buf[32];
     for (const auto& r : rows) {
       const res::Score s = ensemble.update(r.t, r.x);
+      const double score = res::bad_side_score(s, bad_dir);
       out_text.append(r.timestamp).append(",").append(r.value).append(",");
-      const int n = std::snprintf(buf, sizeof buf, "%.6f\n", s.score);
+      const int n = std::snprintf(buf, sizeof buf, "%.6f\n", score);
       out_text.append(buf, static_cast<std::size_t>(n));
-      if (explain_out.is_open() && s.score >= config.alert_level)
+      if (explain_out.is_open() && score >= config.alert_level)
         explain_out << rel.generic_string() << ":" << s.index + 2 << ": " << r.timestamp << " " << res::explain(s) << "\n";
     }
     const fs::path dest = fs::path(out_dir) / rel;

@@ -680,8 +680,7 @@ struct PolicyEngine::Impl {
         auto& en = std::get<Ensemble>(s.det->v);
         e.ens = en.update(t, x);
         e.ready = en.count() > static_cast<std::uint64_t>(std::max(0, opt_.ensemble.warmup));
-        const bool bad_side = p.dir * e.ens.z > 0;
-        e.value = bad_side ? e.ens.score : 0;
+        e.value = bad_side_score(e.ens, p.dir);
         e.shown_threshold = p.threshold;
         e.over = e.value >= p.threshold;
         e.score = e.ens.score;

@@ -6,7 +6,9 @@
 #  3. a malformed CSV -> exit 2 and a FILE:LINE: message naming the problem;
 #  4. an unknown --config key -> exit 2 and FILE:LINE; a bad setting of a detector that
 #     is off -> FILE:LINE too;
-#  5. NAB's hints reach the resonance detector (--online runs score differently).
+#  5. NAB's hints reach the resonance detector (--online runs score differently);
+#  6. --bad-side counts a score only on the side a signal goes bad: the upward spike is
+#     kept with up and dropped with down; a side that is none of up/down/both -> exit 2.
 set -u
 nab=$1
 work=$(mktemp -d)
@@ -63,4 +65,10 @@ printf 'resonance_weight: 1.575\nresonance.probation: 16\n' > "$work/cfg.yaml"
 "$nab" --data "$work/data" --out "$work/hints" --config "$work/cfg.yaml" 2> "$work/err" || fail "hints: $(cat "$work/err")"
 "$nab" --online --data "$work/data" --out "$work/online" --config "$work/cfg.yaml" 2> "$work/err" || fail "online: $(cat "$work/err")"
 ! diff -r "$work/hints" "$work/online" > /dev/null || fail "--online made no difference to the resonance detector"
+"$nab" --bad-side up --data "$work/data" --out "$work/up" 2> /dev/null || fail "--bad-side up failed"
+"$nab" --bad-side down --data "$work/data" --out "$work/down" 2> /dev/null || fail "--bad-side down failed"
+awk -F, 'NR == 452 && $3 < 0.5 { exit 1 }' "$work/up/catA/series_one.csv" || fail "--bad-side up dropped the upward spike"
+awk -F, 'NR == 452 && $3 > 0 { exit 1 }' "$work/down/catA/series_one.csv" || fail "--bad-side down kept the upward spike"
+"$nab" --bad-side sideways --data "$work/data" --out "$work/side" 2> "$work/err"
+[[ $? == 2 ]] && grep -q "bad-side" "$work/err" || fail "bad --bad-side: $(cat "$work/err")"
 echo "ok"

@@ -483,6 +483,23 @@ TEST(ResilienceWorkflow, ASecondStallIsCaughtWithThePolicySettings) {
   EXPECT_TRUE(res::PolicyOptions{}.ensemble.calibrate_likelihood);
 }
 
+// The policy engine counts an ensemble score only on the side its signal goes bad
+// (diaspora-nab --bad-side does the same for the workflow traces).
+TEST(ResilienceEnsemble, BadSideScoreCountsOnlyTheBadSide) {
+  res::Score s;
+  s.score = 0.9;
+  s.z = 2.5;
+  EXPECT_EQ(res::bad_side_score(s, +1), 0.9);
+  EXPECT_EQ(res::bad_side_score(s, -1), 0.0);
+  EXPECT_EQ(res::bad_side_score(s, 0), 0.9);
+  s.z = -2.5;
+  EXPECT_EQ(res::bad_side_score(s, +1), 0.0);
+  EXPECT_EQ(res::bad_side_score(s, -1), 0.9);
+  s.z = 0;  // on its forecast: on neither side
+  EXPECT_EQ(res::bad_side_score(s, +1), 0.0);
+  EXPECT_EQ(res::bad_side_score(s, -1), 0.0);
+}
+
 // The plain level: after an excursion the level-only model's forecast is back on the
 // values, where the Holt-Winters level keeps the bias its calendar terms learned.
 TEST(ResilienceSeasonal, ThePlainLevelHoldsNoBiasAfterAnExcursion) {

@@ -391,6 +391,14 @@ struct Score {
   std::uint64_t index = 0;     ///< 0-based observation number in the series
 };
 
+/// The score counted on the side a signal goes bad, as the policy engine's `ensemble`
+/// detector counts it: `s.score` when the residual is on that side (`bad_dir` > 0: above
+/// its forecast, z > 0; < 0: below, z < 0), else 0; `bad_dir` == 0 counts both sides.
+/// Pure; any thread; no errors.
+inline double bad_side_score(const Score& s, int bad_dir) {
+  return bad_dir == 0 || bad_dir * s.z > 0 ? s.score : 0.0;
+}
+
 /// Formats a Score as one line, e.g.
 /// `score 0.91 [spike,change-up] value 92 expected 61.2 [55.0, 67.4] z +5.2; likelihood 14.1 nats; cusum 12.3 nats`.
 /// Allocates; not meant for the per-observation path.
