@@ -237,10 +237,6 @@ struct RefChecker {
             sr && sr->is_object() && sr->get_object().contains("qos"))
           report(Path{std::string("sites"), i, std::string("relay"), std::string("qos")},
                  "qos is for the embedded relay: a site's relay takes its classes from its relay.yaml (docs/relay.md)");
-        const json::string* engine = str_field((*site_list)[i], "engine");
-        if (engine && *engine == "slurm" && (*site_list)[i].get_object().contains("relay"))
-          report(Path{std::string("sites"), i, std::string("relay")},
-                 "a slurm site has no relay of its own yet: its SPANK plugin publishes to the run's relay (remove it)");
       }
     }
 

@@ -9,7 +9,10 @@
 #include <cstddef>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <string>
+
+#include <boost/json/object.hpp>
 
 #include "clock.hpp"
 #include "diaspora/runner.hpp"
@@ -35,6 +38,9 @@ struct Context {
   std::string relay_url;                                ///< set when the relay is up
   std::filesystem::path ca_file, token_file;            ///< its credentials (empty: none)
   std::string host;                                     ///< this host's name
+  /// Each site with a relay of its own (sites[].relay): that relay as the plugin reads it
+  /// (its files found from the spec's folder, the run's topic prefix). Set with the plugins.
+  std::map<std::string, boost::json::object> site_relays;
 
   ItemOutbox* items = nullptr;  ///< puts the outputs of tasks with output: item (set once the plugin is open)
 
@@ -49,6 +55,9 @@ struct Context {
   bool is_job(std::size_t t) const { return t >= first_job; }
   const RehearsalJobSpec& job_of(std::size_t t) const { return spec.rehearsal[t - first_job]; }
   std::filesystem::path job_dir(std::size_t t) const { return opt.out_dir / "rehearsal" / job_of(t).name; }
+  /// The plugin spool of a site with a relay of its own: OUT/spool/site-<name> (the run's
+  /// own plugin and the Slurm SPANK plugin of that site keep their engines' spools there).
+  std::filesystem::path site_spool_dir(const std::string& site) const { return opt.out_dir / "spool" / ("site-" + site); }
   /// The workflow's topic prefix (relay.topic_prefix, else its name).
   std::string prefix() const { return spec.relay.topic_prefix.value_or(spec.name); }
   /// The topic the plugin publishes the workflow's events on.

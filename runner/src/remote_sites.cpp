@@ -12,19 +12,28 @@ namespace diaspora::runner {
 namespace fs = std::filesystem;
 namespace json = boost::json;
 
-// The spec the Slurm SPANK plugin opens (`sbatch --diaspora=`): this run's, with the relay
-// named explicitly (slurmstepd sees neither the embedded relay nor the runner's environment).
-fs::path RemoteSites::write_spank_spec(const json::value& document) {
+// The spec the Slurm SPANK plugin of `site` opens (`sbatch --diaspora=`): this run's, with
+// the relay named explicitly (slurmstepd sees neither the embedded relay nor the runner's
+// environment): the site's own relay when it has one (sites federated: its jobs' events go
+// where its attempts' go, with the site's spool), else the run's.
+fs::path RemoteSites::write_spank_spec(const json::value& document, const std::string& site) {
   json::value doc = document;
   json::object& root = doc.get_object();
-  json::object& relay = root["relay"].is_object() ? root["relay"].get_object() : (root["relay"] = json::object{}).get_object();
-  relay["url"] = ctx_.relay_url;
-  if (!ctx_.ca_file.empty()) relay["ca_file"] = fs::absolute(ctx_.ca_file).string();
-  if (!ctx_.token_file.empty()) relay["token_file"] = fs::absolute(ctx_.token_file).string();
-  relay.erase("data_dir");
   json::object& plugin = root["plugin"].is_object() ? root["plugin"].get_object() : (root["plugin"] = json::object{}).get_object();
-  plugin["spool_dir"] = (ctx_.opt.out_dir / "spool").string();
-  const fs::path file = fs::absolute(ctx_.opt.out_dir / "engines" / "slurm-spec.yaml");
+  fs::path file = ctx_.opt.out_dir / "engines" / "slurm-spec.yaml";
+  if (auto own = ctx_.site_relays.find(site); own != ctx_.site_relays.end()) {
+    root["relay"] = own->second;
+    plugin["spool_dir"] = ctx_.site_spool_dir(site).string();
+    file = ctx_.opt.out_dir / "engines" / ("slurm-spec-" + site + ".yaml");
+  } else {
+    json::object& relay = root["relay"].is_object() ? root["relay"].get_object() : (root["relay"] = json::object{}).get_object();
+    relay["url"] = ctx_.relay_url;
+    if (!ctx_.ca_file.empty()) relay["ca_file"] = fs::absolute(ctx_.ca_file).string();
+    if (!ctx_.token_file.empty()) relay["token_file"] = fs::absolute(ctx_.token_file).string();
+    relay.erase("data_dir");
+    plugin["spool_dir"] = (ctx_.opt.out_dir / "spool").string();
+  }
+  file = fs::absolute(file);
   fs::create_directories(file.parent_path());
   write_file_atomic(file, json::serialize(doc) + "\n", 0600, Durability::file);
   return file;
@@ -46,7 +55,7 @@ void RemoteSites::start(const json::value& document) {
     lc.out_dir = ctx_.opt.out_dir;
     auto spank = s.spec->attributes.find("spank");
     if (s.spec->engine == Engine::slurm && !(spank != s.spec->attributes.end() && spank->second.is_bool() && !spank->second.get_bool()))
-      lc.spank_spec = write_spank_spec(document);
+      lc.spank_spec = write_spank_spec(document, s.name());
     ctx_.say("site " + s.name() + ": starting its " + std::string(to_string(s.spec->engine)) + " launcher");
     s.launcher = make_launcher(*s.spec, lc);
     for (auto& slot : s.slots) slot.ready = true;  // a launch per attempt: a slot is free until used

@@ -59,7 +59,7 @@ class RemoteSites {
   std::function<void(Site&, Slot&)> on_connect;
 
  private:
-  std::filesystem::path write_spank_spec(const boost::json::value& document);
+  std::filesystem::path write_spank_spec(const boost::json::value& document, const std::string& site);
   void on_hello(Hello h);
   static void signal(const Slot& slot, int sig);
 

@@ -183,12 +183,13 @@ void Runner::start_relay_and_plugin() {
     json::object relay = (*site_list)[i].get_object().at("relay").get_object();
     for (const char* f : {"ca_file", "token_file"})
       if (const json::value* v = relay.if_contains(f); v && v->is_string())
-        relay[f] = (in_.base_dir / std::string(v->get_string())).string();
+        relay[f] = fs::absolute(in_.base_dir / std::string(v->get_string())).string();  // the SPANK plugin's too
     if (root.contains("relay") && root["relay"].is_object())
       if (const json::value* tp = root["relay"].get_object().if_contains("topic_prefix")) relay["topic_prefix"] = *tp;
+    ctx_.site_relays[ss.name] = relay;
     sr["relay"] = std::move(relay);
     json::object& sp = sr["plugin"].get_object();
-    sp["spool_dir"] = (opt_.out_dir / "spool" / ("site-" + ss.name)).string();
+    sp["spool_dir"] = ctx_.site_spool_dir(ss.name).string();
     sp["normals"] = (opt_.out_dir / ("normals-" + ss.name + ".json")).string();
     site_docs.emplace_back(ss.name, std::move(sd));
     ctx_.say("site " + ss.name + ": its events go to its own relay, " + ss.relay->url);

@@ -6,6 +6,7 @@ site's attempts through it."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -67,6 +68,16 @@ def wait_event(slurm, relay, creds, type_: str, task: str, timeout: float, each=
         return wait_until(look, timeout, f"{type_} of {task}", interval=0.5)
     except AssertionError as e:
         raise AssertionError(f"{e}\n{slurm.logs()}") from None
+
+
+def run_on(slurm, spec: Path, out: Path):
+    """`diaspora run SPEC --out OUT` on this Slurm; asserts it ends well, without sanitizer
+    reports; returns the process and its report."""
+    p = subprocess.run([str(rn.DIASPORA), "run", str(spec), "--out", str(out)], env=slurm.env, capture_output=True,
+                       text=True, timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr + slurm.logs()
+    rn.assert_no_sanitizer_report(out, p.stderr)
+    return p, rn.report(out)
 
 
 def test_srun_reports_started_and_ended_with_job_and_step_ids(env):
@@ -175,11 +186,7 @@ faults:
   - {at: 8s, kind: kill-worker, site: hpc}
 """)
     out = tmp_path / "out"
-    p = subprocess.run([str(rn.DIASPORA), "run", str(spec), "--out", str(out)], env=slurm.env, capture_output=True,
-                       text=True, timeout=240)
-    assert p.returncode == 0, p.stdout + p.stderr + slurm.logs()
-    rn.assert_no_sanitizer_report(out, p.stderr)
-    rep = rn.report(out)
+    p, rep = run_on(slurm, spec, out)
     insts = {i["id"]: i for i in rep["instances"]}
     assert all(i["state"] == "completed" for i in insts.values()), insts
     (fault,) = rep["faults"]
@@ -203,3 +210,47 @@ faults:
     assert sum(1 for e in spank if e["type"] == "org.diaspora.task.completed") == attempts - 1, ends
     runner = [e["data"] for e in events if e["type"] == "org.diaspora.task.started" and e["data"]["task_id"].startswith("nap")]
     assert len(runner) == attempts and all(d["worker"].startswith("hpc/worker-") for d in runner), runner
+
+
+def test_a_slurm_site_with_its_own_relay(env, tmp_path):
+    """A Slurm site with a relay of its own (sites[].relay, sites federated): `diaspora run`
+    hands its jobs' SPANK plugin that relay and the site's spool, so the jobs' events go
+    where the site's attempts go, and none to the run's relay."""
+    slurm, relay, creds, _, tmp = env
+    spec = rn.write_spec(tmp_path, f"""version: 1
+name: slurm-fed
+sites:
+  - name: hpc
+    engine: slurm
+    endpoint: debug
+    workers: 2
+    relay: {{url: "wss://127.0.0.1:{relay.port}", ca_file: "{creds.ca}", token_file: "{tmp / 'token'}"}}
+  - {{name: loc, engine: local, workers: 1}}
+tasks:
+  - name: nap
+    kind: sleep
+    args: {{seconds: 2, step: 0.25}}
+    count: 2
+    allowed_sites: [hpc]
+""")
+    out = tmp_path / "out"
+    _, rep = run_on(slurm, spec, out)
+    assert all(i["state"] == "completed" for i in rep["instances"]), rep["instances"]
+    attempts = sum(len(i["attempts"]) for i in rep["instances"])
+    # The SPANK plugin's spec names the site's relay and spool, not the run's.
+    spank_spec = json.loads((out / "engines" / "slurm-spec-hpc.yaml").read_text())
+    assert spank_spec["relay"]["url"] == f"wss://127.0.0.1:{relay.port}", spank_spec["relay"]
+    assert spank_spec["plugin"]["spool_dir"] == str(out / "spool" / "site-hpc"), spank_spec["plugin"]
+    # At the site's relay: each job's start and end from slurmstepd, beside the runner's
+    # own events of the attempts it ran there.
+    site = relay_events(relay, creds.token("subscribe:*"), attempts, topic="slurm-fed.events",
+                        counted=lambda e: e["type"] == "org.diaspora.task.completed"
+                        and e["data"]["task_id"].startswith("slurm-"))
+    jobs = [e["data"] for e in site if e["data"].get("task_id", "").startswith("slurm-")]
+    assert sum(1 for e in site if e["type"] == "org.diaspora.task.completed"
+               and e["data"]["task_id"].startswith("slurm-")) == attempts, jobs
+    ran = [e["data"] for e in site if e["type"] == "org.diaspora.task.started" and e["data"]["task_id"].startswith("nap")]
+    assert len(ran) == attempts and all(d["worker"].startswith("hpc/worker-") for d in ran), ran
+    # At the run's relay: none of the jobs' events.
+    run_events = rn.stored_events(out, "slurm-fed.events", None)
+    assert not [e for e in run_events if e["data"].get("task_id", "").startswith("slurm-")], run_events
