@@ -6,6 +6,13 @@
 //
 //   bench_jetstream --url nats://127.0.0.1:4222 --producers 4 --subscribers 1
 //                   --events 400000 --size 256 --window 8000 [--rate 20000] [--replicas 3] [--json]
+//                   [--msg-id] [--republish]
+//
+// --msg-id and --republish add what the relay on JetStream asks of the cluster for each
+// event (relay/src/jetstream_store.cpp), to measure what each costs JetStream itself: a
+// Nats-Msg-Id header on every message (dedupe by (source, id)), and the stream
+// republishing each stored message's headers to a second subject that one more
+// connection subscribes to (how every relay hears what any relay stored).
 #include <nats/nats.h>
 
 #include <boost/json.hpp>
@@ -35,6 +42,7 @@ struct Args {
   double rate = 0;
   int replicas = 1;  // copies of the stream (a cluster's servers)
   bool json_out = false;
+  bool msg_id = false, republish = false;
 };
 
 
@@ -98,9 +106,11 @@ int main(int argc, char** argv) {
     else if (k == "--rate") a.rate = std::stod(val());
     else if (k == "--replicas") a.replicas = std::stoi(val());
     else if (k == "--json") a.json_out = true;
+    else if (k == "--msg-id") a.msg_id = true;
+    else if (k == "--republish") a.republish = true;
     else {
       std::fprintf(stderr, "usage: bench_jetstream [--url U] [--producers N] [--subscribers M] [--events E] [--size B] "
-                           "[--window W] [--rate R] [--replicas N] [--json]\n");
+                           "[--window W] [--rate R] [--replicas N] [--json] [--msg-id] [--republish]\n");
       return 2;
     }
   }
@@ -120,6 +130,9 @@ int main(int argc, char** argv) {
   cfg.SubjectsLen = 1;
   cfg.Storage = js_FileStorage;
   cfg.Replicas = a.replicas;
+  const std::string stored = subject + ".stored";
+  jsRePublish rp{subject.c_str(), stored.c_str(), true};
+  if (a.republish) cfg.RePublish = &rp;
   jsStreamInfo* si = nullptr;
   jsErrCode jerr = static_cast<jsErrCode>(0);
   check(js_AddStream(&si, ajs, &cfg, nullptr, &jerr), "add stream");
@@ -149,6 +162,23 @@ int main(int argc, char** argv) {
     sub_handles.push_back(sh);
   }
 
+  // --republish: a connection hearing every stored message's headers, as each relay does.
+  std::atomic<long long> heard{0};
+  natsConnection* stored_conn = nullptr;
+  natsSubscription* stored_sub = nullptr;
+  if (a.republish) {
+    check(natsConnection_ConnectTo(&stored_conn, a.url.c_str()), "republish listener connect");
+    check(natsConnection_Subscribe(
+              &stored_sub, stored_conn, stored.c_str(),
+              [](natsConnection*, natsSubscription*, natsMsg* m, void* c) {
+                ++*static_cast<std::atomic<long long>*>(c);
+                natsMsg_Destroy(m);
+              },
+              &heard),
+          "republish listener");
+    natsSubscription_SetPendingLimits(stored_sub, -1, -1);
+  }
+
   std::vector<std::thread> prods;
   std::atomic<int> ready{0};
   std::atomic<bool> go{false};
@@ -172,7 +202,16 @@ int main(int argc, char** argv) {
           std::this_thread::sleep_until(due);
         }
         std::string e = diaspora::bench::make_event(p, static_cast<std::uint64_t>(i), a.size, diaspora::bench::now_ns());
-        check(js_PublishAsync(js, subject.c_str(), e.data(), static_cast<int>(e.size()), nullptr), "publish");
+        if (!a.msg_id) {
+          check(js_PublishAsync(js, subject.c_str(), e.data(), static_cast<int>(e.size()), nullptr), "publish");
+          continue;
+        }
+        natsMsg* m = nullptr;
+        check(natsMsg_Create(&m, subject.c_str(), nullptr, e.data(), static_cast<int>(e.size())), "message");
+        const std::string id = "p" + std::to_string(p) + "-" + std::to_string(i);
+        check(natsMsgHeader_Set(m, "Nats-Msg-Id", id.c_str()), "message id");
+        check(js_PublishMsgAsync(js, &m, nullptr), "publish");
+        natsMsg_Destroy(m);
       }
       jsPubOptions po;
       jsPubOptions_Init(&po);
@@ -195,6 +234,9 @@ int main(int argc, char** argv) {
 
   std::vector<double> lat;
   for (auto& s : subs) lat.insert(lat.end(), s->latencies_us.begin(), s->latencies_us.end());
+  natsSubscription_Destroy(stored_sub);
+  natsConnection_Destroy(stored_conn);
+  if (a.republish && heard < g_acked) std::fprintf(stderr, "bench_jetstream: heard %lld of %lld republished\n", heard.load(), g_acked.load());
   for (auto* sh : sub_handles) natsSubscription_Destroy(sh);
   for (auto* nc : sub_conns) natsConnection_Destroy(nc);
   js_DeleteStream(ajs, stream.c_str(), nullptr, nullptr);
