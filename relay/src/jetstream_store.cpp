@@ -223,21 +223,18 @@ struct JetStreamStore::Impl {
     box->cv.notify_one();
   }
 
-  // What JetStream answered for the records of one batch in flight (the ack handler fills
-  // it, under ack_mu).
+  // The batch being published (the writer's), which the ack handler fills.
   struct Acks {
-    std::vector<std::uint64_t> seq;  // 0: none yet
+    std::map<std::string, std::size_t> index;  // Nats-Msg-Id -> record
+    std::vector<std::uint64_t> seq;            // 0: none yet
     std::vector<char> dup;
     std::vector<int> code, status;  // a refused record's JetStream error code and client status
     std::size_t answered = 0;
     std::string error;
-    bool mark_answered = false;  // the producer's mark (record index seq.size())
-    std::string mark_error;      // empty: stored
   };
   std::mutex ack_mu;
   std::condition_variable ack_cv;
-  // Nats-Msg-Id -> (batch, record), for every batch in flight.
-  std::map<std::string, std::pair<Acks*, std::size_t>> ack_index;
+  Acks acks;
 
   struct Pending {
     std::string topic, producer_id;
@@ -245,21 +242,6 @@ struct JetStreamStore::Impl {
     std::vector<AppendRecord> records;
     Completion done;
   };
-  // A batch the writer has taken: its records' message ids, what JetStream answered, the
-  // round in flight (records [from, sent)), and its result once decided.
-  struct Flight {
-    Pending p;
-    std::vector<std::string> ids;
-    std::string mark_id;  // the producer's mark's message id, once written
-    std::unique_ptr<Acks> acks;  // the ack handler holds its address
-    std::size_t from = 0, sent = 0;
-    std::string expect_first;  // the previous batch's last id, when the round's first record expects it
-    std::chrono::steady_clock::time_point deadline;
-    std::optional<AppendResult> decided;  // before sending (a duplicate batch, an error)
-  };
-  // Batches of a topic sent while the ones before them are still unanswered (each batch's
-  // first record expecting the previous batch's last, so a failure still leaves a prefix).
-  static constexpr std::size_t kInFlight = 4;
   std::mutex q_mu;
   std::condition_variable q_cv;
   std::deque<Pending> queue;
@@ -721,13 +703,10 @@ struct JetStreamStore::Impl {
     const char* id = nullptr;
     natsMsgHeader_Get(msg, "Nats-Msg-Id", &id);
     std::lock_guard lk(self->ack_mu);
-    if (auto it = id ? self->ack_index.find(id) : self->ack_index.end(); it != self->ack_index.end()) {
-      Acks& a = *it->second.first;
-      const std::size_t i = it->second.second;
-      if (i == a.seq.size()) {  // the producer's mark
-        a.mark_answered = true;
-        if (!pa) a.mark_error = pae ? nats_error(pae->Err, pae->ErrCode) : std::string("no acknowledgement");
-      } else if (pa) {
+    Acks& a = self->acks;
+    if (auto it = id ? a.index.find(id) : a.index.end(); it != a.index.end()) {
+      const std::size_t i = it->second;
+      if (pa) {
         a.seq[i] = pa->Sequence;
         a.dup[i] = pa->Duplicate;
       } else {
@@ -752,55 +731,30 @@ struct JetStreamStore::Impl {
   // order, on a new session) or the cluster records it as stored (through another relay).
   std::map<std::string, std::uint64_t> blocked;
 
-  // Per (producer, topic): the high-water mark as this relay last read or wrote it, and when
-  // (the writer's alone). Trusted for half of JetStream's duplicate window: a batch another
-  // relay stored since then (the producer failed over and came back) was stored inside the
-  // window, so JetStream still drops each of its records by (source, id); past that, the
-  // mark is read from the cluster again.
-  struct KnownMark {
-    std::optional<std::uint64_t> seq;
-    std::chrono::steady_clock::time_point at;
-  };
-  std::map<std::string, KnownMark> marks;
-  std::optional<std::uint64_t> mark_of(const std::string& producer, const std::string& topic) {
-    const auto now = std::chrono::steady_clock::now();
-    const std::string key = producer_key(producer, topic);
-    if (auto it = marks.find(key); it != marks.end() && now - it->second.at < opt.duplicate_window / 2) return it->second.seq;
-    auto hw = high_water(producer, topic);  // throws: nothing kept
-    marks[key] = KnownMark{hw, now};
-    return hw;
-  }
-  std::string marks_subject;  // "$KV.<prefix>_PRODUCERS.": where a mark is written
-
-  // The producer's refusal while an earlier batch of its on the topic is not stored (see
-  // `blocked`); nullopt when the batch may go. Throws Error when the cluster cannot be asked.
-  std::optional<std::string> blocked_by_earlier(const Pending& p, const std::optional<std::uint64_t>& hw) {
-    auto b = blocked.find(producer_key(p.producer_id, p.topic));
-    if (b == blocked.end()) return std::nullopt;
-    if (p.seq > b->second && !(hw && *hw >= b->second))
-      return "JetStream: batch " + std::to_string(b->second) + " of producer " + p.producer_id + " on " + p.topic +
-             " was not stored: send it again before batch " + std::to_string(p.seq);
-    blocked.erase(b);
-    return std::nullopt;
-  }
-
-  // Before a batch is sent: its stream, and whether the producer's batch was written before
-  // (a duplicate batch) or must wait for an earlier one. Sets f.decided when it is not to be
-  // sent; else the records' message ids.
-  void prepare(Flight& f) {
-    Pending& p = f.p;
-    AppendResult r;
-    if (!ensure_stream(p.topic, r.error, r.code)) {
-      f.decided = std::move(r);
-      return;
+  AppendResult publish(Pending& p) {
+    AppendResult r = publish_in_order(p);
+    if (!r.ok && !p.producer_id.empty()) {
+      const std::string key = producer_key(p.producer_id, p.topic);
+      auto [it, fresh] = blocked.try_emplace(key, p.seq);
+      if (!fresh) it->second = std::min(it->second, p.seq);
     }
+    return r;
+  }
+
+  AppendResult publish_in_order(Pending& p) {
+    AppendResult r;
+    if (!ensure_stream(p.topic, r.error, r.code)) return r;
+    std::optional<std::uint64_t> hw;
     if (!p.producer_id.empty()) {
       try {
-        const std::optional<std::uint64_t> hw = mark_of(p.producer_id, p.topic);
-        if (auto why = blocked_by_earlier(p, hw)) {
-          r.error = std::move(*why);
-          f.decided = std::move(r);
-          return;
+        hw = high_water(p.producer_id, p.topic);
+        if (auto b = blocked.find(producer_key(p.producer_id, p.topic)); b != blocked.end()) {
+          if (p.seq > b->second && !(hw && *hw >= b->second)) {
+            r.error = "JetStream: batch " + std::to_string(b->second) + " of producer " + p.producer_id + " on " +
+                      p.topic + " was not stored: send it again before batch " + std::to_string(p.seq);
+            return r;
+          }
+          blocked.erase(b);
         }
         // Written before, through this relay or another: acknowledged at the topic's end. (A
         // batch a crash cut short has no mark yet: its resend is written again, and what
@@ -810,134 +764,96 @@ struct JetStreamStore::Impl {
           r.ok = true;
           r.duplicate_batch = true;
           r.first_offset = st ? st->LastSeq : 0;
-          f.decided = std::move(r);
-          return;
+          return r;
         }
       } catch (const Error& e) {
         r.error = e.what();
-        f.decided = std::move(r);
-        return;
+        return r;
       }
     }
-    f.ids.resize(p.records.size());
+    const std::string subject = subject_of(p.topic);
+    {
+      std::lock_guard lk(ack_mu);
+      acks = Acks{};
+      acks.seq.assign(p.records.size(), 0);
+      acks.dup.assign(p.records.size(), 0);
+      acks.code.assign(p.records.size(), 0);
+      acks.status.assign(p.records.size(), 0);
+    }
+    std::vector<std::string> ids(p.records.size());
     for (std::size_t i = 0; i < p.records.size(); ++i) {
       // (source, id) as the message id, so JetStream drops a resend in its window; a record
       // without one gets an id of its own (no dedupe, as in the embedded log).
       const std::string& k = p.records[i].dedupe_key;
-      f.ids[i] = k.empty() ? "r-" + instance + "-" + std::to_string(msg_counter.fetch_add(1))
-                           : "e-" + std::to_string(k.find('\x1f')) + "-" + jetstream_name(k);
+      ids[i] = k.empty() ? "r-" + instance + "-" + std::to_string(msg_counter.fetch_add(1))
+                         : "e-" + std::to_string(k.find('\x1f')) + "-" + jetstream_name(k);
+      std::lock_guard lk(ack_mu);
+      acks.index.emplace(ids[i], i);
     }
-    f.acks = std::make_unique<Acks>();
-    f.acks->seq.assign(p.records.size(), 0);
-    f.acks->dup.assign(p.records.size(), 0);
-    f.acks->code.assign(p.records.size(), 0);
-    f.acks->status.assign(p.records.size(), 0);
-  }
-
-  // Enters the batch's message ids for the ack handler; false (nothing entered) when one
-  // is already a batch in flight's (the same event twice: it waits until those are answered).
-  bool enter_ids(Flight& f) {
-    std::lock_guard lk(ack_mu);
-    for (const auto& id : f.ids)
-      if (ack_index.contains(id)) return false;
-    for (std::size_t i = 0; i < f.ids.size(); ++i) ack_index.emplace(f.ids[i], std::pair{f.acks.get(), i});
-    return true;
-  }
-  void leave_ids(const Flight& f) {
-    std::lock_guard lk(ack_mu);  // late answers find nothing
-    for (std::size_t i = 0; i <= f.ids.size(); ++i) {
-      const std::string& id = i < f.ids.size() ? f.ids[i] : f.mark_id;
-      if (auto it = ack_index.find(id); it != ack_index.end() && it->second.first == f.acks.get()) ack_index.erase(it);
-    }
-  }
-
-  // Sends the batch's records from f.from on, together (one round trip for the lot), each
-  // after the first expecting the one before it to be the stream's last message
-  // (Nats-Expected-Last-Msg-Id), and the first the previous batch's last when
-  // f.expect_first: so what is stored of a batch is always a prefix of it, in order, even
-  // when a record is lost with a node or a connection and a later one is not.
-  void send_round(Flight& f) {
-    const std::string subject = subject_of(f.p.topic);
-    f.sent = f.from;
-    for (std::size_t i = f.from; i < f.p.records.size(); ++i) {
-      const AppendRecord& rec = f.p.records[i];
-      natsMsg* m = nullptr;
-      natsStatus s = natsMsg_Create(&m, subject.c_str(), nullptr, rec.payload.data(), static_cast<int>(rec.payload.size()));
-      if (s == NATS_OK) s = natsMsgHeader_Set(m, "Nats-Msg-Id", f.ids[i].c_str());
-      jsPubOptions po;
-      jsPubOptions_Init(&po);
-      po.MaxWait = opt.timeout.count();
-      // The order chain, except in a federation: JetStream 2.9 checks the header again on
-      // each copy it sources, where other streams' records come between (the copies were
-      // refused and the source stalled).
-      if (opt.sources.empty())
-        po.ExpectLastMsgId = i > f.from ? f.ids[i - 1].c_str() : f.expect_first.empty() ? nullptr : f.expect_first.c_str();
-      if (s == NATS_OK) s = js_PublishMsgAsync(js, &m, &po);
-      natsMsg_Destroy(m);  // a no-op once the library owns it
-      if (s != NATS_OK) {
-        std::lock_guard lk(ack_mu);
-        if (f.acks->error.empty()) f.acks->error = "publishing to JetStream: " + nats_error(s);
-        break;
+    // The records go out together (one round trip for the batch), each after the first of a
+    // round expecting the one before it to be the stream's last message
+    // (Nats-Expected-Last-Msg-Id): so what is stored of a batch is always a prefix of it, in
+    // order, even when a record is lost with a node or a connection and a later one is not.
+    // A record refused only because another writer's message came between it and the one
+    // before it (another relay on the same topic) starts the next round.
+    const auto deadline = std::chrono::steady_clock::now() + opt.timeout;
+    for (std::size_t from = 0; from < p.records.size();) {
+      std::size_t sent = from;
+      for (std::size_t i = from; i < p.records.size(); ++i) {
+        natsMsg* m = nullptr;
+        natsStatus s = natsMsg_Create(&m, subject.c_str(), nullptr, p.records[i].payload.data(),
+                                      static_cast<int>(p.records[i].payload.size()));
+        if (s == NATS_OK) s = natsMsgHeader_Set(m, "Nats-Msg-Id", ids[i].c_str());
+        jsPubOptions po;
+        jsPubOptions_Init(&po);
+        po.MaxWait = opt.timeout.count();
+        // The order chain (each record expects the one before it), except in a federation:
+        // JetStream 2.9 checks the header again on each copy it sources, where other
+        // streams' records come between (the copies were refused and the source stalled).
+        if (i > from && opt.sources.empty()) po.ExpectLastMsgId = ids[i - 1].c_str();
+        if (s == NATS_OK) s = js_PublishMsgAsync(js, &m, &po);
+        natsMsg_Destroy(m);  // a no-op once the library owns it
+        if (s != NATS_OK) {
+          std::lock_guard lk(ack_mu);
+          if (acks.error.empty()) acks.error = "publishing to JetStream: " + nats_error(s);
+          break;
+        }
+        ++sent;
       }
-      ++f.sent;
-    }
-  }
-
-  // Waits for the answers of a batch sent, sends again what may be (another writer's
-  // message came between two records: another relay on the same topic; no leader yet: the
-  // stream of a topic another relay has just made, a node lost), and records the batch as
-  // the producer's.
-  AppendResult finish(Flight& f) {
-    AppendResult r;
-    Acks& acks = *f.acks;
-    for (;;) {
       std::unique_lock lk(ack_mu);
-      ack_cv.wait_for(lk, opt.timeout + std::chrono::seconds(1), [&] { return acks.answered >= f.sent - f.from; });
-      std::size_t first_unstored = f.from;
-      while (first_unstored < f.sent && acks.seq[first_unstored] != 0) ++first_unstored;
-      if (first_unstored == f.p.records.size()) break;  // all stored
-      const bool answered = acks.answered >= f.sent - f.from && first_unstored < f.sent;
-      // Refused because the message before it is not the stream's last: another writer's
-      // came between (or, for the first record, the previous batch was not all stored).
-      const bool chained = first_unstored > f.from || (!f.expect_first.empty() && opt.sources.empty());
-      const bool interleaved = answered && chained && acks.code[first_unstored] == JSStreamWrongLastMsgIDErr;
+      ack_cv.wait_for(lk, opt.timeout + std::chrono::seconds(1), [&] { return acks.answered >= sent - from; });
+      std::size_t first_unstored = from;
+      while (first_unstored < sent && acks.seq[first_unstored] != 0) ++first_unstored;
+      if (first_unstored == p.records.size()) break;  // all stored
+      const bool answered = acks.answered >= sent - from && first_unstored < sent;
+      const bool interleaved = answered && first_unstored > from && acks.code[first_unstored] == JSStreamWrongLastMsgIDErr;
+      // No leader to answer yet (the stream of a topic another relay has just made, a node
+      // lost): the same records again shortly, within the timeout.
       const bool no_leader = answered && acks.status[first_unstored] == NATS_NO_RESPONDERS &&
-                             std::chrono::steady_clock::now() < f.deadline;
+                             std::chrono::steady_clock::now() < deadline;
       if (!interleaved && !no_leader) {
-        if (acks.answered < f.sent - f.from && acks.error.empty()) acks.error = "JetStream did not acknowledge every record in time";
+        if (acks.answered < sent - from && acks.error.empty()) acks.error = "JetStream did not acknowledge every record in time";
         r.error = "JetStream: " + (acks.error.empty() ? std::string("a record was not stored") : acks.error);
+        acks.index.clear();  // late answers find nothing
         return r;
       }
-      for (std::size_t i = first_unstored; i < f.p.records.size(); ++i) {
+      for (std::size_t i = first_unstored; i < p.records.size(); ++i) {
         acks.seq[i] = 0;
         acks.dup[i] = 0;
         acks.code[i] = acks.status[i] = 0;
       }
       acks.answered = 0;
       acks.error.clear();
-      lk.unlock();
-      // The previous batch's last record not stored: were it this producer's, this batch
-      // waits until that one is sent again.
-      if (first_unstored == f.from && !f.expect_first.empty() && !f.p.producer_id.empty()) {
-        try {
-          if (auto why = blocked_by_earlier(f.p, high_water(f.p.producer_id, f.p.topic))) {
-            r.error = std::move(*why);
-            return r;
-          }
-        } catch (const Error& e) {
-          r.error = e.what();
-          return r;
-        }
+      from = first_unstored;
+      if (!interleaved) {
+        lk.unlock();
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
-      f.from = first_unstored;
-      f.expect_first.clear();
-      if (!interleaved) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      send_round(f);
     }
     {
       std::lock_guard lk(ack_mu);
       std::uint64_t first = 0;
-      for (std::size_t i = 0; i < f.p.records.size(); ++i) {
+      for (std::size_t i = 0; i < p.records.size(); ++i) {
         if (acks.dup[i]) {
           ++r.duplicates;
         } else {
@@ -946,99 +862,36 @@ struct JetStreamStore::Impl {
         }
       }
       r.first_offset = first > 0 ? first - 1 : (acks.seq.empty() ? 0 : acks.seq.back());
-      if (!acks.seq.empty()) note_stored(f.p.topic, *std::max_element(acks.seq.begin(), acks.seq.end()));
+      acks.index.clear();
+      if (!acks.seq.empty()) note_stored(p.topic, *std::max_element(acks.seq.begin(), acks.seq.end()));
     }
-    if (!f.p.producer_id.empty()) {
-      // The producer's mark (a write to its key in the bucket, as kvStore_Put makes it,
-      // asynchronous like the records: the next batches are on their way meanwhile); the
-      // batch is answered once the cluster has it.
-      const std::string v = std::to_string(f.p.seq);
-      const std::string key = producer_key(f.p.producer_id, f.p.topic);
-      f.mark_id = "m-" + instance + "-" + std::to_string(msg_counter.fetch_add(1));
-      {
-        std::lock_guard lk(ack_mu);
-        ack_index.emplace(f.mark_id, std::pair{f.acks.get(), f.p.records.size()});
-      }
-      natsMsg* m = nullptr;
-      natsStatus s = natsMsg_Create(&m, (marks_subject + key).c_str(), nullptr, v.data(), static_cast<int>(v.size()));
-      if (s == NATS_OK) s = natsMsgHeader_Set(m, "Nats-Msg-Id", f.mark_id.c_str());
-      jsPubOptions po;
-      jsPubOptions_Init(&po);
-      po.MaxWait = opt.timeout.count();
-      if (s == NATS_OK) s = js_PublishMsgAsync(js, &m, &po);
-      natsMsg_Destroy(m);
-      std::unique_lock lk(ack_mu);
-      if (s == NATS_OK)
-        ack_cv.wait_for(lk, opt.timeout + std::chrono::seconds(1), [&] { return acks.mark_answered; });
-      const bool written = s == NATS_OK && acks.mark_answered && acks.mark_error.empty();
-      lk.unlock();
-      // Not taken (the bucket's leader lost, say): written again, patiently, as any write.
+    if (!p.producer_id.empty()) {
+      const std::string v = std::to_string(p.seq);
       uint64_t rev = 0;
-      if (!written) s = patiently([&] { return kvStore_PutString(&rev, producers, key.c_str(), v.c_str()); });
-      if (s != NATS_OK) {
-        marks.erase(key);
-        r.error = "JetStream: recording producer " + f.p.producer_id + "'s batch: " + nats_error(s);
+      const std::string key = producer_key(p.producer_id, p.topic);
+      if (const natsStatus s = patiently([&] { return kvStore_PutString(&rev, producers, key.c_str(), v.c_str()); });
+          s != NATS_OK) {
+        r.error = "JetStream: recording producer " + p.producer_id + "'s batch: " + nats_error(s);
         return r;  // stored; the resend it causes is dropped by (source, id)
       }
-      marks[key] = KnownMark{f.p.seq, std::chrono::steady_clock::now()};
     }
     r.ok = true;
     return r;
   }
 
-  // The batch's result, handed on; a failed batch blocks the producer's later ones.
-  void complete(Flight& f) {
-    AppendResult r = f.decided ? std::move(*f.decided) : finish(f);
-    if (f.acks) leave_ids(f);
-    if (!r.ok && !f.p.producer_id.empty()) {
-      const std::string key = producer_key(f.p.producer_id, f.p.topic);
-      auto [it, fresh] = blocked.try_emplace(key, f.p.seq);
-      if (!fresh) it->second = std::min(it->second, f.p.seq);
-    }
-    if (f.p.done) f.p.done(r);
-  }
-
-  // Takes the batches in order and keeps up to kInFlight of them sent and unanswered
-  // (one at a time in a federation, whose records carry no order chain); each batch's
-  // result is handed on in the order the batches came.
   void writer_main() {
     name_this_thread("js-writer");
-    std::deque<std::unique_ptr<Flight>> window;
-    std::map<std::string, const Flight*> last_of_topic;  // the newest batch of each topic in the window
-    const std::size_t depth = opt.sources.empty() ? kInFlight : 1;
-    auto complete_oldest = [&] {
-      Flight& f = *window.front();
-      complete(f);
-      if (auto it = last_of_topic.find(f.p.topic); it != last_of_topic.end() && it->second == &f) last_of_topic.erase(it);
-      window.pop_front();
-    };
     for (;;) {
-      auto f = std::make_unique<Flight>();
+      Pending p;
       {
         std::unique_lock lk(q_mu);
-        if (window.empty()) q_cv.wait(lk, [&] { return stopping || !queue.empty(); });
-        if (queue.empty() || window.size() >= depth) {
-          lk.unlock();
-          if (window.empty()) return;  // stopping, nothing left
-          complete_oldest();
-          continue;
-        }
-        f->p = std::move(queue.front());
+        q_cv.wait(lk, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;
+        p = std::move(queue.front());
         queue.pop_front();
       }
-      f->deadline = std::chrono::steady_clock::now() + opt.timeout;
-      prepare(*f);
-      if (!f->decided) {
-        while (!enter_ids(*f)) complete_oldest();  // the same event in a batch in flight: that one first
-        // Chained to the topic's batch before it when that one is still unanswered (a
-        // batch completed before has all its records stored or failed on its own).
-        if (auto it = last_of_topic.find(f->p.topic); it != last_of_topic.end() && !it->second->ids.empty())
-          f->expect_first = it->second->ids.back();
-        send_round(*f);
-        last_of_topic[f->p.topic] = f.get();
-      }
-      window.push_back(std::move(f));
-      if (window.size() >= depth) complete_oldest();
+      AppendResult r = publish(p);
+      if (p.done) p.done(r);
     }
   }
 
@@ -1124,7 +977,6 @@ JetStreamStore::JetStreamStore(JetStreamOptions options) : self_(std::make_uniqu
                   nats_error(st, jerr));
     jsAccountInfo_Destroy(ai);
     s.producers = s.bucket(s.opt.prefix + "_PRODUCERS");
-    s.marks_subject = "$KV." + s.opt.prefix + "_PRODUCERS.";
     s.groups = s.bucket(s.opt.prefix + "_GROUPS");
     for (const auto& src : s.opt.sources) {
       if (auto why = invalid_source(src, s.opt)) throw Error(*why);

@@ -17,8 +17,7 @@
 //     this relay's stream of the topic (filtered on that relay's subject); a federation
 //     thread lists the sources' topics and follows how far each sourced stream has come.
 //
-// Thread model: as Store's. One writer thread publishes the batches in order, up to four
-// of them unanswered at once (one in a federation) and answers them in order; reads are
+// Thread model: as Store's. One writer thread publishes the batches in order; reads are
 // JetStream requests made on the caller's thread; with sources, one federation thread.
 #pragma once
 
