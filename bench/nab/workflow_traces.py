@@ -232,22 +232,23 @@ def main(argv=None) -> int:
     series = {s.rel: s for s in ns.load_detector(str(out), "x", rels, windows, str(data))}
     cm = ns.PROFILES["standard"]
     held = {c["name"] for c in configs if c.get("heldout")}
-    tuning = [series[r] for r in rels if truth[r]["config"] not in held]
-    thr, _, _ = ns.Corpus(tuning).sweep(cm)
     signal_of = {c["name"]: c["signal"] for c in configs}
-    thr_of = {sig: thr for sig in BAD_SIDE}
-    if not a.one_threshold:
-        for sig in BAD_SIDE:
-            ts = [s for s, r in zip(tuning, [r for r in rels if truth[r]["config"] not in held])
-                  if signal_of[truth[r]["config"]] == sig]
-            if ts:
-                thr_of[sig] = ns.Corpus(ts).sweep(cm)[0]
+    tuning = [r for r in rels if truth[r]["config"] not in held]
+
+    def swept(rs: list[str]) -> float:  # the NAB-best threshold over these series
+        return ns.Corpus([series[r] for r in rs]).sweep(cm)[0]
+
+    one = swept(tuning)  # every signal's, with --one-threshold or no tuning configuration of its own
+    thr_of = {sig: one for sig in BAD_SIDE}
+    for sig in ([] if a.one_threshold else BAD_SIDE):
+        if mine := [r for r in tuning if signal_of[truth[r]["config"]] == sig]:
+            thr_of[sig] = swept(mine)
 
     rows, all_leads = [], {"tuning": [], "held-out": []}
     for c in configs:
         mine = [r for r in rels if truth[r]["config"] == c["name"]]
         ss = [series[r] for r in mine]
-        thr = thr_of[c["signal"]]
+        thr = thr_of[c["signal"]]  # this configuration's signal's
         raw = sum(ns.score_at(s, thr, cm)["raw"] for s in ss)
         n_win = sum(s.n_windows for s in ss)
         score = ns.normalise(raw, ns.null_baseline(ss, cm), cm["tpWeight"] * n_win)
@@ -275,9 +276,9 @@ def main(argv=None) -> int:
                      "median_lead_s": statistics.median(leads) if leads else None, "after_harm": late,
                      "false_alarms_per_clean_hour": fps / hours if hours else None})
 
+    thresholds = f"{one:.4f}" if a.one_threshold else ", ".join(f"{k} {v:.4f}" for k, v in thr_of.items())
     print(f"{sum(len(truth[r]['faults']) for r in rels)} faults in {len(rels)} series, {len(configs)} configurations "
-          f"({len(held)} held out); threshold " + (", ".join(f"{k} {v:.4f}" for k, v in thr_of.items()) if not a.one_threshold else f"{thr:.4f}")
-          + " (swept on the tuning configurations only)\n")
+          f"({len(held)} held out); threshold {thresholds} (swept on the tuning configurations only)\n")
     print("| configuration | set | signal | NAB score | faults | missed | median lead before harm | detected after harm "
           "| false alarms / clean hour |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")

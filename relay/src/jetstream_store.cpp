@@ -187,9 +187,10 @@ struct JetStreamStore::Impl {
   natsSubscription* stored_sub = nullptr;
   CommitListener listener;
 
-  // Reads (visit): direct gets answered on one subscription for the store's life, routed to
-  // the visit that asked by the reply subject `<read_root><visit>.<seq>` (one subscription a
-  // visit raced libnats 3.4's reader thread when it was destroyed with replies in flight).
+  // Reads (visit): the stream leaders' answers to message gets, on one subscription for the
+  // store's life, routed to the visit that asked by the reply subject
+  // `<read_root><visit>.<seq>` (one subscription a visit raced libnats 3.4's reader thread
+  // when it was destroyed with replies in flight).
   struct Mailbox {
     std::mutex mu;
     std::condition_variable cv;

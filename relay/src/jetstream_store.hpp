@@ -126,8 +126,9 @@ class JetStreamStore final : public Store {
   /// within the timeout, e.g. without a quorum.
   void append(std::string topic, std::string producer_id, std::uint64_t seq, std::vector<AppendRecord> records,
               Completion done) override;
-  /// One request per event (JetStream's get by sequence). Throws Error when the cluster
-  /// cannot be asked.
+  /// Message gets by sequence to each stream's leader, up to 64 in flight, the records handed
+  /// on in offset order (an unanswered get is asked again on its own). Throws Error when the
+  /// cluster cannot be asked or answers with something that is not the stored message.
   std::size_t visit(const std::string& topic, std::uint64_t from, std::size_t max_records, std::size_t max_bytes,
                     const std::function<void(const RecordRef&)>& fn) const override;
   /// From what this relay knows (the stream's state asked at most once a second, raised by
