@@ -17,7 +17,7 @@ ended). HTEX cannot cancel a task: a cancelled launch is forgotten here (no "end
 it starts later its one-shot worker finds its key unknown to the runner and exits. The
 runner closing the socket ends the bridge: the block is scaled in and the executor shut
 down. A killed HTEX worker (the runner's kill-worker fault: DIASPORA_ENGINE_WORKER_PID) is
-replaced by its manager; its task ends with Parsl's WorkerLost.
+replaced by its manager within HEARTBEAT_PERIOD_S; its task ends with Parsl's WorkerLost.
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ sys.path.insert(0, HERE)
 from dask_bridge import Bridge, run_worker, send_error, send_missing, start  # noqa: E402  (the protocol; run_worker is pickled by reference)
 
 MANAGER_TIMEOUT_S = 80.0  # for the block's manager to join (the runner waits 90 s for "ready")
+# How often the manager's watchdog looks at its workers (and the manager and interchange
+# exchange heartbeats). Parsl's default is 30 s: a killed worker process would leave the
+# site one worker short, and its task unanswered (WorkerLost), for up to 30 s.
+HEARTBEAT_PERIOD_S = 2
 
 
 class ParslBridge(Bridge):
@@ -69,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             htex = HighThroughputExecutor(label=a.site, address="127.0.0.1", max_workers_per_node=a.workers,
-                                          cores_per_worker=1.0 / max(1, a.workers),
+                                          cores_per_worker=1.0 / max(1, a.workers), heartbeat_period=HEARTBEAT_PERIOD_S,
                                           provider=LocalProvider(init_blocks=1, min_blocks=1, max_blocks=1))
             htex.run_dir = os.path.abspath(a.run_dir)
             htex.provider.script_dir = os.path.join(htex.run_dir, "submit_scripts")

@@ -22,10 +22,32 @@ def write_spec(tmp: Path, text: str, name: str = "wf.yaml") -> Path:
 def run(spec: Path, out: Path, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     """Runs `diaspora run SPEC --out OUT ARGS...` to the end (a watchdog kills it); `env`:
     more environment for it."""
-    p = subprocess.run([str(DIASPORA), "run", str(spec), "--out", str(out), *args], capture_output=True,
-                       text=True, timeout=timeout, env={**os.environ, **env} if env else None)
+    try:
+        p = subprocess.run([str(DIASPORA), "run", str(spec), "--out", str(out), *args], capture_output=True,
+                           text=True, timeout=timeout, env={**os.environ, **env} if env else None)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"diaspora run {spec.name} did not end within {timeout:.0f} s (killed)\n"
+                             + run_tails(out, e.stdout, e.stderr)) from None
     assert_no_sanitizer_report(out, p.stderr)
     return p
+
+
+def _text(b) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+
+def run_tails(out: Path, stdout, stderr, lines: int = 60) -> str:
+    """What a run that did not end left to read: the last `lines` lines of its stdout and
+    stderr and of each engine's and worker's log under OUT (the Parsl bridge's HTEX logs
+    among them), so a run stuck in CI says where it stood."""
+    def tail(text: str) -> str:
+        return "\n".join(text.splitlines()[-lines:])
+    parts = [("stdout", _text(stdout)), ("stderr", _text(stderr))]
+    if out.is_dir():
+        for f in sorted([*out.glob("workers.log"), *(out / "engines").rglob("*.log")]):
+            if f.is_file():
+                parts.append((str(f.relative_to(out)), f.read_text(errors="replace")))
+    return "\n".join(f"--- {name} (last {lines} lines) ---\n{tail(text)}" for name, text in parts)
 
 
 def assert_no_sanitizer_report(out: Path, stderr: str = "") -> None:

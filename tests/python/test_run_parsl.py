@@ -67,5 +67,9 @@ faults:
     started = [e["data"] for e in events if e["type"] == "org.diaspora.task.started" and e["data"]["task_id"].startswith("burn")]
     assert all(d["worker"].startswith(site + "/worker-") for d in started)
     assert "HTEX with 2 workers" in (out / "engines" / f"{site}.log").read_text()
+    # The manager's watchdog (the bridge's heartbeat period, 2 s, not Parsl's 30) saw its
+    # worker die and started another while the run went on.
+    manager = "".join(f.read_text() for f in (out / "engines" / f"{site}.parsl").rglob("manager.log"))
+    assert "has died" in manager and "has been restarted" in manager, manager[-3000:]
     wait_until(lambda: not leftovers(p.stdout, site), 30, "the bridge, HTEX and workers to exit")
 
