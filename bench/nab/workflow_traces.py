@@ -23,7 +23,10 @@ window opened. Positive: the detector fired before the harm.
 Usage (from the repository root, after `make build`):
     .venv/bin/python bench/nab/workflow_traces.py [--build build] [--scorer ../shared/tools/nab]
         [--configs bench/nab/workflow_configs.json] [--work /tmp/diaspora-traces]
-        [--nab-config FILE] [--json OUT.json] [--both-sides] [--one-threshold]
+        [--nab-config FILE] [--json OUT.json] [--both-sides] [--one-threshold] [--fresh [FILE]]
+
+`--fresh` adds a second held-out set (bench/nab/workflow_fresh.json), sealed on 2026-12-07
+because the first had been looked at too often: scored once per candidate, never tuned on.
 """
 
 from __future__ import annotations
@@ -202,6 +205,9 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default="/tmp/diaspora-traces")
     ap.add_argument("--nab-config", help="diaspora-nab --config file (default: the shipped defaults)")
     ap.add_argument("--json", help="write every figure here")
+    ap.add_argument("--fresh", nargs="?", const=str(REPO / "bench" / "nab" / "workflow_fresh.json"),
+                    help="also score a second held-out set (default bench/nab/workflow_fresh.json): "
+                         "its own rule, in the file, is to be scored once per candidate")
     ap.add_argument("--one-threshold", action="store_true",
                     help="one threshold for every signal (before 2026-12-07 the default; now one per signal)")
     ap.add_argument("--both-sides", action="store_true",
@@ -213,6 +219,9 @@ def main(argv=None) -> int:
     except ImportError:
         sys.exit(f"no nab_score.py in {a.scorer} (--scorer)")
     configs = json.loads(Path(a.configs).read_text())["configs"]
+    fresh = {c["name"] for c in json.loads(Path(a.fresh).read_text())["configs"]} if a.fresh else set()
+    if a.fresh:
+        configs += json.loads(Path(a.fresh).read_text())["configs"]
     work = Path(a.work)
     data, out = work / "data", work / "scores"
     truth = generate(configs, data)
@@ -234,6 +243,7 @@ def main(argv=None) -> int:
     held = {c["name"] for c in configs if c.get("heldout")}
     signal_of = {c["name"]: c["signal"] for c in configs}
     tuning = [r for r in rels if truth[r]["config"] not in held]
+    set_of = {c["name"]: "fresh" if c["name"] in fresh else "held-out" if c["name"] in held else "tuning" for c in configs}
 
     def swept(rs: list[str]) -> float:  # the NAB-best threshold over these series
         return ns.Corpus([series[r] for r in rs]).sweep(cm)[0]
@@ -244,7 +254,7 @@ def main(argv=None) -> int:
         if mine := [r for r in tuning if signal_of[truth[r]["config"]] == sig]:
             thr_of[sig] = swept(mine)
 
-    rows, all_leads = [], {"tuning": [], "held-out": []}
+    rows, all_leads = [], {"tuning": [], "held-out": [], "fresh": []}
     for c in configs:
         mine = [r for r in rels if truth[r]["config"] == c["name"]]
         ss = [series[r] for r in mine]
@@ -269,7 +279,7 @@ def main(argv=None) -> int:
                     lead = f["harm_t"] - hit * step
                     leads.append(lead)
                     late += lead < 0
-        kind = "held-out" if c["name"] in held else "tuning"
+        kind = set_of[c["name"]]
         all_leads[kind] += leads
         rows.append({"config": c["name"], "set": kind, "signal": c["signal"], "series": len(mine), "windows": n_win,
                      "score": score, "faults": sum(len(truth[r]["faults"]) for r in mine), "missed": missed,
@@ -288,8 +298,8 @@ def main(argv=None) -> int:
         fpr = "—" if x["false_alarms_per_clean_hour"] is None else f"{x['false_alarms_per_clean_hour']:.2f}"
         print(f"| {x['config']} | {x['set']} | {x['signal']} | {sc} | {x['faults']} | {x['missed']} | {lead} | "
               f"{x['after_harm']} | {fpr} |")
-    for kind in ("tuning", "held-out"):
-        rs = [r for r in rels if (truth[r]["config"] in held) == (kind == "held-out")]
+    for kind in ("tuning", "held-out", "fresh") if fresh else ("tuning", "held-out"):
+        rs = [r for r in rels if set_of[truth[r]["config"]] == kind]
         ss = [series[r] for r in rs]
         raw = sum(ns.score_at(series[r], thr_of[signal_of[truth[r]["config"]]], cm)["raw"] for r in rs)
         score = ns.normalise(raw, ns.null_baseline(ss, cm), cm["tpWeight"] * sum(s.n_windows for s in ss))
