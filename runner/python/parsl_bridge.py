@@ -26,6 +26,7 @@ import argparse
 import os
 import socket
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -37,6 +38,13 @@ MANAGER_TIMEOUT_S = 80.0  # for the block's manager to join (the runner waits 90
 # exchange heartbeats). Parsl's default is 30 s: a killed worker process would leave the
 # site one worker short, and its task unanswered (WorkerLost), for up to 30 s.
 HEARTBEAT_PERIOD_S = 2
+# When the interchange gives a silent manager up (Parsl's default 120 s) and fails the
+# tasks it held (ManagerLost). A manager's running attempts do not wait for it: their
+# workers run on and report to the runner themselves.
+HEARTBEAT_THRESHOLD_S = 30
+# How often the JobStatusPoller looks at the block and, when it has failed (its manager, the
+# node, was lost), starts another (strategy "simple" keeps min_blocks = 1 while tasks wait).
+STRATEGY_PERIOD_S = 2.0
 
 
 class ParslBridge(Bridge):
@@ -52,6 +60,20 @@ class ParslBridge(Bridge):
     def cancel(self, key: str) -> None:
         with self.lock:
             self.futures.pop(key, None)  # HTEX has no cancel: forgotten, its end is not reported
+
+    def watch_blocks(self, site: str, stop: threading.Event) -> None:
+        """Writes each change of the site's blocks' states to the site's log (stderr): a block
+        that failed (its node lost) and the one the poller started instead."""
+        seen: dict[str, str] = {}
+        while not stop.wait(STRATEGY_PERIOD_S):
+            try:
+                now = {bid: js.state.name for bid, js in dict(self.htex.status_facade).items()}
+            except Exception:  # noqa: BLE001 -- the poller replaces the dict meanwhile: next round
+                continue
+            for bid, state in sorted(now.items()):
+                if seen.get(bid) != state:
+                    print(f"parsl_bridge: site {site}: block {bid} {state}", file=sys.stderr, flush=True)
+            seen = now
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,12 +96,17 @@ def main(argv: list[str] | None = None) -> int:
         try:
             htex = HighThroughputExecutor(label=a.site, address="127.0.0.1", max_workers_per_node=a.workers,
                                           cores_per_worker=1.0 / max(1, a.workers), heartbeat_period=HEARTBEAT_PERIOD_S,
+                                          heartbeat_threshold=HEARTBEAT_THRESHOLD_S,
+                                          # a lost block is replaced, not the executor failed
+                                          # for good (Parsl's default error handler would
+                                          # refuse every later task once its one block failed)
+                                          block_error_handler=False,
                                           provider=LocalProvider(init_blocks=1, min_blocks=1, max_blocks=1))
             htex.run_dir = os.path.abspath(a.run_dir)
             htex.provider.script_dir = os.path.join(htex.run_dir, "submit_scripts")
             os.makedirs(htex.provider.script_dir, exist_ok=True)
             htex.start()
-            poller = JobStatusPoller(strategy="none", max_idletime=120.0, strategy_period=5.0)
+            poller = JobStatusPoller(strategy="simple", max_idletime=120.0, strategy_period=STRATEGY_PERIOD_S)
             poller.add_executors([htex])
             # Ready once the block's manager has joined (its workers run), as a local site's
             # workers run when it is ready: the run's clock (and its faults' `at`) starts then.
@@ -95,7 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         bridge.send({"op": "ready", "scheduler": f"HTEX interchange (run dir {htex.run_dir})", "workers": a.workers})
         print(f"parsl_bridge: site {a.site}, HTEX with {a.workers} workers, run dir {htex.run_dir}",
               file=sys.stderr, flush=True)
-        bridge.serve()
+        stop = threading.Event()
+        threading.Thread(target=bridge.watch_blocks, args=(a.site, stop), daemon=True).start()
+        try:
+            bridge.serve()
+        finally:
+            stop.set()
         return 0
     finally:
         if poller is not None:

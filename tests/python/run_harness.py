@@ -126,20 +126,33 @@ def process_cmdlines():
             continue
 
 
+def parent_pid(pid: int) -> int | None:
+    """The parent of process `pid` (None when it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
 def worker_processes(parent: int | None = None) -> set[int]:
     """Pids of the `diaspora-run __worker` processes on this host (children of `parent` when given)."""
-    out = set()
-    for pid, cmd in process_cmdlines():
-        if len(cmd) > 1 and cmd[0].endswith(b"diaspora-run") and cmd[1] == b"__worker":
-            if parent is not None:
-                try:
-                    stat = Path(f"/proc/{pid}/stat").read_text()
-                except OSError:
-                    continue
-                if int(stat[stat.rindex(")") + 2:].split()[1]) != parent:
-                    continue
-            out.add(pid)
-    return out
+    return {pid for pid, cmd in process_cmdlines()
+            if len(cmd) > 1 and cmd[0].endswith(b"diaspora-run") and cmd[1] == b"__worker"
+            and (parent is None or parent_pid(pid) == parent)}
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and every process below it (children, theirs, ...), root first."""
+    children: dict[int, list[int]] = {}
+    for pid, _ in process_cmdlines():
+        children.setdefault(parent_pid(pid), []).append(pid)
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
 
 
 def stored_events(out: Path, topic: str, count: int | None) -> list[dict]:

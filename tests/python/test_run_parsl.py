@@ -3,13 +3,18 @@
 interchange and a LocalProvider block on 127.0.0.1); each attempt is an HTEX task running a
 one-shot worker that connects back to the runner. Real faults with no policy in the spec (the
 default protection acts): an HTEX worker process SIGKILLed mid-task (its manager starts
-another; the attempt is restarted) and a hung attempt. (A Parsl site with another endpoint
+another; the attempt is restarted) and a hung attempt; the site's whole block (its manager,
+its workers and their attempts: a node lost) SIGKILLed. (A Parsl site with another endpoint
 is refused in test_run_engines.py, with the other sites `diaspora run` cannot drive.)"""
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
+import signal
+import subprocess
+import time
 
 import run_harness as rn
 from relay_harness import wait_until
@@ -73,3 +78,57 @@ faults:
     assert "has died" in manager and "has been restarted" in manager, manager[-3000:]
     wait_until(lambda: not leftovers(p.stdout, site), 30, "the bridge, HTEX and workers to exit")
 
+
+
+def test_parsl_site_replaces_a_lost_block_and_its_attempts_complete(tmp_path):
+    """A node lost: the HTEX manager of the site's one block and every process below it
+    SIGKILLed while two attempts run. The bridge's JobStatusPoller starts another block (no
+    error handler puts the executor in a bad state, as Parsl's default would after its one
+    block failed: every later task was refused), the default protection restarts the two
+    lost attempts there, and every task completes."""
+    site = "prs-" + secrets.token_hex(3)
+    spec = rn.write_spec(tmp_path, f"""version: 1
+name: parsl-node
+sites:
+  - {{name: {site}, engine: parsl, workers: 2}}
+tasks:
+  - name: burn
+    kind: cpu-burn
+    args: {{seconds: 3, step: 0.25}}
+    count: 4
+""")
+    out = tmp_path / "out"
+    log = tmp_path / "stdout.txt"
+    with open(log, "w") as f:
+        p = subprocess.Popen([str(rn.DIASPORA), "run", str(spec), "--out", str(out)], stdout=f,
+                             stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: log.read_text().count("] start burn") >= 2, 120, "two attempts to start on the site")
+        managers = [pid for pid, cmd in rn.process_cmdlines()
+                    if any(c.endswith(b"process_worker_pool.py") for c in cmd) and any(str(out).encode() in c for c in cmd)]
+        assert len(managers) == 1, managers
+        for pid in rn.process_tree(managers[0]):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.wait(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    stdout = log.read_text()
+    assert p.returncode == 0, rn.run_tails(out, stdout, "")
+    rn.assert_no_sanitizer_report(out, stdout)
+    rep = rn.report(out)
+    insts = {i["id"]: i for i in rep["instances"]}
+    assert all(i["state"] == "completed" for i in insts.values()), insts
+    lost = [i for i in insts.values() if len(i["attempts"]) >= 2]
+    assert len(lost) == 2, insts  # the two that ran on the lost block, restarted
+    assert all("died" in i["attempts"][0]["reason"] for i in lost), lost
+    assert all(a["site"] == site for i in insts.values() for a in i["attempts"])
+    blocks = sorted(d.name for d in (out / "engines" / f"{site}.parsl" / site).iterdir() if d.name.startswith("block-"))
+    assert blocks == ["block-0", "block-1"], blocks
+    site_log = (out / "engines" / f"{site}.log").read_text()
+    assert "block 0 FAILED" in site_log and "block 1 RUNNING" in site_log, site_log
+    wait_until(lambda: not leftovers(stdout, site), 30, "the bridge, HTEX and workers to exit")
