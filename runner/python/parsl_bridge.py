@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import sys
 import threading
@@ -53,6 +54,31 @@ class ParslBridge(Bridge):
     def __init__(self, sock: socket.socket, htex):
         super().__init__(sock, None, None)
         self.htex = htex
+        self.groups: set[int] = set()  # the process groups of the blocks started (watch_blocks)
+
+    def note_groups(self) -> None:
+        """Remembers the process group of each block LocalProvider started while its script
+        runs: a block whose manager alone died leaves workers (waiting forever on the dead
+        manager's queues) in that group, which kill_groups() ends."""
+        for job in list(self.htex.provider.resources.values()):
+            try:
+                self.groups.add(os.getpgid(job["remote_pid"]))
+            except (OSError, KeyError, TypeError):
+                pass
+
+    def kill_groups(self) -> None:
+        """SIGKILLs what is left in the blocks' process groups: only processes that carry this
+        executor's block name (JOBNAME=parsl.LABEL.block-N, which LocalProvider exports), so
+        a group id taken again by some other process is never hit."""
+        mark = f"JOBNAME=parsl.{self.htex.label}.block-".encode()
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                if os.getpgid(int(d)) in self.groups and mark in open(f"/proc/{d}/environ", "rb").read():
+                    os.kill(int(d), signal.SIGKILL)
+            except OSError:
+                pass
 
     def submit(self, msg: dict):
         return self.htex.submit(run_worker, {}, list(msg["argv"]), list(msg.get("env", [])))
@@ -66,6 +92,7 @@ class ParslBridge(Bridge):
         that failed (its node lost) and the one the poller started instead."""
         seen: dict[str, str] = {}
         while not stop.wait(STRATEGY_PERIOD_S):
+            self.note_groups()
             try:
                 now = {bid: js.state.name for bid, js in dict(self.htex.status_facade).items()}
             except Exception:  # noqa: BLE001 -- the poller replaces the dict meanwhile: next round
@@ -119,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # noqa: BLE001 -- any failure to start HTEX is the site's error
             return send_error(sock, f"{type(e).__name__}: {e}")
         bridge = ParslBridge(sock, htex)
+        bridge.note_groups()
         bridge.send({"op": "ready", "scheduler": f"HTEX interchange (run dir {htex.run_dir})", "workers": a.workers})
         print(f"parsl_bridge: site {a.site}, HTEX with {a.workers} workers, run dir {htex.run_dir}",
               file=sys.stderr, flush=True)
@@ -134,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             poller.close()  # scales the block in (its manager and workers end)
         if htex is not None:
             htex.shutdown()
+        if bridge is not None:
+            bridge.kill_groups()  # what a failed block left (scale-in ended the others)
 
 
 if __name__ == "__main__":
