@@ -96,16 +96,9 @@ def block_processes(site: str) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("lost", ["node", "manager"])
-def test_parsl_site_replaces_a_lost_block_and_its_attempts_complete(tmp_path, lost):
-    """A block lost while two attempts run on it. `node`: its HTEX manager and every process
-    below it SIGKILLed (the attempts die with their workers and are restarted by the default
-    protection); `manager`: the manager alone (its workers run their attempts to the end,
-    then wait forever on the dead manager's queues: the bridge kills them when it ends).
-    Either way the bridge's JobStatusPoller starts another block (no error handler puts the
-    executor in a bad state, as Parsl's default would after its one block failed: every
-    later task was refused), every task completes there, and nothing is left behind."""
-    site = "prs-" + secrets.token_hex(3)
+def run_and_kill(tmp_path: Path, site: str, victims) -> tuple[subprocess.Popen, str, Path]:
+    """Runs four 3-s attempts on a 2-worker Parsl site and, once two have started, SIGKILLs
+    the pids victims(out) returns; returns the ended run, its stdout and OUT."""
     spec = rn.write_spec(tmp_path, f"""version: 1
 name: parsl-node
 sites:
@@ -123,10 +116,7 @@ tasks:
                              stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: log.read_text().count("] start burn") >= 2, 120, "two attempts to start on the site")
-        managers = [pid for pid, cmd in rn.process_cmdlines()
-                    if any(c.endswith(b"process_worker_pool.py") for c in cmd) and any(str(out).encode() in c for c in cmd)]
-        assert len(managers) == 1, managers
-        for pid in rn.process_tree(managers[0]) if lost == "node" else managers:
+        for pid in victims(out):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -139,18 +129,77 @@ tasks:
     stdout = log.read_text()
     assert p.returncode == 0, rn.run_tails(out, stdout, "")
     rn.assert_no_sanitizer_report(out, stdout)
-    rep = rn.report(out)
-    insts = {i["id"]: i for i in rep["instances"]}
+    return p, stdout, out
+
+
+def completed_on(out: Path, site: str) -> dict:
+    """The report's instances by id, after checking that all completed, every attempt on `site`."""
+    insts = {i["id"]: i for i in rn.report(out)["instances"]}
     assert all(i["state"] == "completed" for i in insts.values()), insts
+    assert all(a["site"] == site for i in insts.values() for a in i["attempts"])
+    return insts
+
+
+def htex_processes(out: Path, script: bytes) -> list[int]:
+    """Pids of the run's HTEX processes whose argv ends a word with `script` and names OUT."""
+    return [pid for pid, cmd in rn.process_cmdlines()
+            if any(c.endswith(script) for c in cmd) and any(str(out).encode() in c for c in cmd)]
+
+
+@pytest.mark.parametrize("lost", ["node", "manager"])
+def test_parsl_site_replaces_a_lost_block_and_its_attempts_complete(tmp_path, lost):
+    """A block lost while two attempts run on it. `node`: its HTEX manager and every process
+    below it SIGKILLed (the attempts die with their workers and are restarted by the default
+    protection); `manager`: the manager alone (its workers run their attempts to the end,
+    then wait forever on the dead manager's queues: the bridge kills them when it ends).
+    Either way the bridge's JobStatusPoller starts another block (no error handler puts the
+    executor in a bad state, as Parsl's default would after its one block failed: every
+    later task was refused), every task completes there, and nothing is left behind."""
+    site = "prs-" + secrets.token_hex(3)
+
+    def victims(out: Path) -> list[int]:
+        managers = htex_processes(out, b"process_worker_pool.py")
+        assert len(managers) == 1, managers
+        return rn.process_tree(managers[0]) if lost == "node" else managers
+
+    p, stdout, out = run_and_kill(tmp_path, site, victims)
+    insts = completed_on(out, site)
     restarted = [i for i in insts.values() if len(i["attempts"]) >= 2]
     if lost == "node":  # the two that ran on the lost block, restarted
         assert len(restarted) == 2 and all("died" in i["attempts"][0]["reason"] for i in restarted), insts
     else:  # their work kept
         assert restarted == [], insts
-    assert all(a["site"] == site for i in insts.values() for a in i["attempts"])
     blocks = sorted(d.name for d in (out / "engines" / f"{site}.parsl" / site).iterdir() if d.name.startswith("block-"))
     assert blocks == ["block-0", "block-1"], blocks
     site_log = (out / "engines" / f"{site}.log").read_text()
     assert "block 0 FAILED" in site_log and "block 1 " in site_log, site_log  # the next one started
+    wait_until(lambda: not leftovers(stdout, site) and not block_processes(site), 30,
+               "the bridge, HTEX and the blocks' processes to exit")
+
+
+def test_parsl_site_replaces_its_htex_when_the_interchange_dies(tmp_path):
+    """The HTEX interchange SIGKILLed while two attempts run: nothing sent to that HTEX would
+    ever run (the run waited forever). The bridge sees the interchange exit, kills its
+    blocks (the two attempts' workers: restarted by the default protection), reports what
+    it held as ended and starts another HTEX in RUN_DIR/restart-1, where every task
+    completes; nothing is left behind."""
+    site = "prs-" + secrets.token_hex(3)
+
+    def victims(out: Path) -> list[int]:
+        bridges = [pid for pid, cmd in rn.process_cmdlines()
+                   if any(c.endswith(b"parsl_bridge.py") for c in cmd) and site.encode() in cmd]
+        assert len(bridges) == 1, bridges
+        found = [pid for pid, cmd in rn.process_cmdlines()
+                 if rn.parent_pid(pid) == bridges[0] and b"interchange" in b" ".join(cmd)]
+        assert len(found) == 1, found
+        return found
+
+    p, stdout, out = run_and_kill(tmp_path, site, victims)
+    insts = completed_on(out, site)
+    restarted = [i for i in insts.values() if len(i["attempts"]) >= 2]
+    assert len(restarted) == 2 and all("died" in i["attempts"][0]["reason"] for i in restarted), insts
+    site_log = (out / "engines" / f"{site}.log").read_text()
+    assert "the HTEX interchange exited (status -9)" in site_log and "the new HTEX is ready" in site_log, site_log
+    assert (out / "engines" / f"{site}.parsl" / "restart-1" / site / "block-0").is_dir()
     wait_until(lambda: not leftovers(stdout, site) and not block_processes(site), 30,
                "the bridge, HTEX and the blocks' processes to exit")
