@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -62,9 +63,16 @@ def start_htex(site: str, workers: int, run_dir: str):
     JobStatusPoller; returns (htex, poller) once the block's manager has joined (its workers
     run). Raises RuntimeError (what to read) when none joins within MANAGER_TIMEOUT_S."""
     from parsl.executors import HighThroughputExecutor
+    from parsl.executors.high_throughput.executor import DEFAULT_INTERCHANGE_LAUNCH_CMD
     from parsl.jobs.job_status_poller import JobStatusPoller
     from parsl.providers import LocalProvider
+    # The interchange dies with the thread that started it (setpriv --pdeathsig: util-linux):
+    # a bridge that is killed leaves no interchange for its block's manager to stay with.
+    launch = list(DEFAULT_INTERCHANGE_LAUNCH_CMD)
+    if shutil.which("setpriv"):
+        launch = ["setpriv", "--pdeathsig", "KILL", *launch]
     htex = HighThroughputExecutor(label=site, address="127.0.0.1", max_workers_per_node=workers,
+                                  interchange_launch_cmd=launch,
                                   cores_per_worker=1.0 / max(1, workers), heartbeat_period=HEARTBEAT_PERIOD_S,
                                   heartbeat_threshold=HEARTBEAT_THRESHOLD_S,
                                   # a lost block is replaced, not the executor failed for good

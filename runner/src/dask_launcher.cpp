@@ -15,6 +15,7 @@
 
 #include <boost/json/serialize.hpp>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -79,28 +80,19 @@ class BridgeLauncher final : public Launcher {
     const std::string python = site_python(site_);
     fs::create_directories(ctx.out_dir / "engines");
     log_ = ctx.out_dir / "engines" / (site_ + ".log");
-    int sv[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) throw Error("socketpair failed");
-    SpawnSpec sp;
+    run_dir_ = ctx.out_dir / "engines" / (site_ + ".parsl");
     if (parsl_) {
-      sp.argv = {python, bridge_script("parsl_bridge.py"), "--site", site_, "--workers", std::to_string(site.workers),
-                 "--fd", "3", "--run-dir", (ctx.out_dir / "engines" / (site_ + ".parsl")).string()};
+      argv_ = {python, bridge_script("parsl_bridge.py"), "--site", site_, "--workers", std::to_string(site.workers),
+               "--fd", "3"};
     } else {
-      sp.argv = {python, bridge_script("dask_bridge.py"), "--site", site_, "--endpoint", endpoint_,
-                 "--workers", std::to_string(site.workers), "--fd", "3"};
+      argv_ = {python, bridge_script("dask_bridge.py"), "--site", site_, "--endpoint", endpoint_,
+               "--workers", std::to_string(site.workers), "--fd", "3"};
       if (auto it = site.attributes.find("dask_workers"); it != site.attributes.end() && it->second.is_string())
-        sp.argv.insert(sp.argv.end(), {"--restrict", std::string(it->second.get_string())});
+        argv_.insert(argv_.end(), {"--restrict", std::string(it->second.get_string())});
       if (auto it = site.attributes.find("connect_timeout"); it != site.attributes.end() && it->second.is_number())
-        sp.argv.insert(sp.argv.end(), {"--connect-timeout", std::to_string(it->second.to_number<double>())});
+        argv_.insert(argv_.end(), {"--connect-timeout", std::to_string(it->second.to_number<double>())});
     }
-    sp.env_extra = {"PYTHONUNBUFFERED=1"};
-    sp.fds = {{sv[1], 3}};
-    sp.stdout_file = log_;
-    sp.stderr_file = log_;
-    sp.parent_death_signal = SIGTERM;
-    pid_ = spawn(sp);
-    ::close(sv[1]);
-    ch_ = LineChannel(sv[0]);
+    spawn_bridge();
     // Wait for the bridge's "ready" (a LocalCluster or an HTEX takes a few seconds to start).
     for (const double until = monotonic_s() + 90;;) {
       pollfd p{ch_.fd(), POLLIN, 0};
@@ -150,9 +142,21 @@ class BridgeLauncher final : public Launcher {
         ended.push_back({std::string(k->get_string()), r && r->is_string() ? std::string(r->get_string()) : "ended"});
       }
     }
-    if (!open) {
+    if (!open) {  // the bridge died (killed, out of memory) or gave its engine up
       ch_.close();
-      for (const auto& key : out_) ended.push_back({key, "the " + engine_ + " bridge exited (" + last_line(log_) + ")"});
+      reap();
+      std::string why = "the " + engine_ + " bridge exited (" + last_line(log_) + ")";
+      if (restarts_ < kMaxBridgeRestarts) {
+        // A new bridge at once: launches sent while it starts wait in its socket.
+        ++restarts_;
+        try {
+          spawn_bridge();
+          why += "; a new bridge started (" + std::to_string(restarts_) + " of " + std::to_string(kMaxBridgeRestarts) + ")";
+        } catch (const std::exception& e) {
+          why += "; no new bridge: " + std::string(e.what());
+        }
+      }
+      for (const auto& key : out_) ended.push_back({key, why});
       out_.clear();
     }
     return ended;
@@ -160,19 +164,52 @@ class BridgeLauncher final : public Launcher {
   std::string describe() const override { return parsl_ ? scheduler_ : "Dask scheduler " + scheduler_; }
   void shutdown(double timeout_s) noexcept override {
     ch_.close();  // the bridge cancels what is out, closes its client (and cluster) and exits
+    for (const double until = monotonic_s() + timeout_s; pid_ > 0 && monotonic_s() < until; ::usleep(20000)) reap();
     if (pid_ <= 0) return;
-    int st = 0;
-    for (const double until = monotonic_s() + timeout_s; monotonic_s() < until; ::usleep(20000))
-      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
-        pid_ = -1;
-        return;
-      }
     signal_group(pid_, SIGKILL);
+    int st = 0;
     ::waitpid(pid_, &st, 0);
     pid_ = -1;
   }
 
  private:
+  static constexpr int kMaxBridgeRestarts = 3;
+
+  // Starts the bridge process on a new socket. A Parsl bridge after the first gets a run
+  // directory of its own (SITE.parsl/bridge-N), where its HTEX's block names start again.
+  void spawn_bridge() {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) throw Error("socketpair failed");
+    SpawnSpec sp;
+    sp.argv = argv_;
+    if (parsl_)
+      sp.argv.insert(sp.argv.end(),
+                     {"--run-dir", (restarts_ ? run_dir_ / ("bridge-" + std::to_string(restarts_)) : run_dir_).string()});
+    sp.env_extra = {"PYTHONUNBUFFERED=1"};
+    sp.fds = {{sv[1], 3}};
+    sp.stdout_file = log_;
+    sp.stderr_file = log_;
+    sp.parent_death_signal = SIGTERM;
+    try {
+      pid_ = spawn(sp);
+    } catch (...) {
+      ::close(sv[0]);
+      ::close(sv[1]);
+      throw;
+    }
+    ::close(sv[1]);
+    ch_ = LineChannel(sv[0]);
+  }
+
+  // Collects the bridge process when it has exited. ECHILD: already collected (the local
+  // pools collect every child that exits), so its pid is no longer ours to signal.
+  void reap() noexcept {
+    if (pid_ <= 0) return;
+    int st = 0;
+    const pid_t r = ::waitpid(pid_, &st, WNOHANG);
+    if (r == pid_ || (r < 0 && errno == ECHILD)) pid_ = -1;
+  }
+
   [[noreturn]] void fail(const std::string& why) {
     shutdown(2);
     throw Error("site '" + site_ + "' (engine: " + (parsl_ ? "parsl" : "dask, endpoint " + endpoint_) + "): " + why +
@@ -181,7 +218,9 @@ class BridgeLauncher final : public Launcher {
 
   std::string site_, engine_, endpoint_, scheduler_;
   bool parsl_;
-  fs::path log_;
+  fs::path log_, run_dir_;
+  std::vector<std::string> argv_;  ///< the bridge's command (a Parsl bridge's --run-dir added per start)
+  int restarts_ = 0;
   pid_t pid_ = -1;
   LineChannel ch_;
   std::set<std::string> out_;  ///< launches the bridge holds

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -30,6 +31,44 @@ def run(spec: Path, out: Path, *args: str, timeout: float = 120, env: dict | Non
                              + run_tails(out, e.stdout, e.stderr)) from None
     assert_no_sanitizer_report(out, p.stderr)
     return p
+
+
+def burns_spec(tmp: Path, name: str, site: str, count: int = 4) -> Path:
+    """A spec of one site (`site`: its YAML flow mapping) running `count` 3-s cpu-burn tasks."""
+    return write_spec(tmp, f"""version: 1
+name: {name}
+sites:
+  - {site}
+tasks:
+  - name: burn
+    kind: cpu-burn
+    args: {{seconds: 3, step: 0.25}}
+    count: {count}
+""")
+
+
+def run_killing(spec: Path, out: Path, victims, starts: int = 2, timeout: float = 240) -> tuple[int, str]:
+    """Runs `diaspora run SPEC --out OUT` and, once `starts` attempts have started, SIGKILLs
+    the pids victims(OUT) returns; waits for the run to end (a watchdog kills it). Returns
+    its exit status and its stdout (stderr merged)."""
+    log = out.parent / (out.name + ".stdout.txt")
+    with open(log, "w") as f:
+        p = subprocess.Popen([str(DIASPORA), "run", str(spec), "--out", str(out)], stdout=f, stderr=subprocess.STDOUT)
+    try:
+        rh.wait_until(lambda: log.read_text().count("] start ") >= starts, 120, f"{starts} attempts to start")
+        for pid in victims(out):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.wait(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    stdout = log.read_text()
+    assert_no_sanitizer_report(out, stdout)
+    return p.returncode, stdout
 
 
 def _text(b) -> str:

@@ -80,6 +80,30 @@ faults:
     wait_until(lambda: not remote_leftovers(p.stdout, site), 20, "the bridge, cluster and workers to exit")
 
 
+def test_a_killed_dask_bridge_is_started_again(tmp_path):
+    """The runner's bridge to a LocalCluster site SIGKILLed while two attempts run: its
+    cluster's workers die with it (the attempts are lost and restarted), the runner starts
+    another bridge at once (a new LocalCluster) and every task completes on the site; the
+    site's log shows both bridges, and nothing is left behind."""
+    site = "dsk-" + secrets.token_hex(3)
+    spec = rn.burns_spec(tmp_path, "dask-bridge", f"{{name: {site}, engine: dask, endpoint: local, workers: 2}}")
+    out = tmp_path / "out"
+
+    def bridge(out) -> list[int]:
+        found = [pid for pid, cmd in rn.process_cmdlines()
+                 if any(c.endswith(b"dask_bridge.py") for c in cmd) and site.encode() in cmd]
+        assert len(found) == 1, found
+        return found
+
+    rc, stdout = rn.run_killing(spec, out, bridge)
+    assert rc == 0, rn.run_tails(out, stdout, "")
+    insts = rn.report(out)["instances"]
+    assert all(i["state"] == "completed" for i in insts), insts
+    assert all(a["site"] == site for i in insts for a in i["attempts"])
+    assert (out / "engines" / f"{site}.log").read_text().count(f"dask_bridge: site {site} on tcp://") == 2
+    wait_until(lambda: not remote_leftovers(stdout, site), 20, "the bridges, clusters and workers to exit")
+
+
 def test_dask_scheduler_endpoint_slowed_site_is_migrated_to_a_local_one(tmp_path):
     from distributed import Client, LocalCluster
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,

@@ -9,12 +9,8 @@ is refused in test_run_engines.py, with the other sites `diaspora run` cannot dr
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -96,40 +92,14 @@ def block_processes(site: str) -> list[int]:
     return out
 
 
-def run_and_kill(tmp_path: Path, site: str, victims) -> tuple[subprocess.Popen, str, Path]:
+def run_and_kill(tmp_path: Path, site: str, victims) -> tuple[str, Path]:
     """Runs four 3-s attempts on a 2-worker Parsl site and, once two have started, SIGKILLs
-    the pids victims(out) returns; returns the ended run, its stdout and OUT."""
-    spec = rn.write_spec(tmp_path, f"""version: 1
-name: parsl-node
-sites:
-  - {{name: {site}, engine: parsl, workers: 2}}
-tasks:
-  - name: burn
-    kind: cpu-burn
-    args: {{seconds: 3, step: 0.25}}
-    count: 4
-""")
+    the pids victims(out) returns; returns the run's stdout and OUT (the run succeeded)."""
+    spec = rn.burns_spec(tmp_path, "parsl-node", f"{{name: {site}, engine: parsl, workers: 2}}")
     out = tmp_path / "out"
-    log = tmp_path / "stdout.txt"
-    with open(log, "w") as f:
-        p = subprocess.Popen([str(rn.DIASPORA), "run", str(spec), "--out", str(out)], stdout=f,
-                             stderr=subprocess.STDOUT)
-    try:
-        wait_until(lambda: log.read_text().count("] start burn") >= 2, 120, "two attempts to start on the site")
-        for pid in victims(out):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        p.wait(timeout=240)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    stdout = log.read_text()
-    assert p.returncode == 0, rn.run_tails(out, stdout, "")
-    rn.assert_no_sanitizer_report(out, stdout)
-    return p, stdout, out
+    rc, stdout = rn.run_killing(spec, out, victims)
+    assert rc == 0, rn.run_tails(out, stdout, "")
+    return stdout, out
 
 
 def completed_on(out: Path, site: str) -> dict:
@@ -162,7 +132,7 @@ def test_parsl_site_replaces_a_lost_block_and_its_attempts_complete(tmp_path, lo
         assert len(managers) == 1, managers
         return rn.process_tree(managers[0]) if lost == "node" else managers
 
-    p, stdout, out = run_and_kill(tmp_path, site, victims)
+    stdout, out = run_and_kill(tmp_path, site, victims)
     insts = completed_on(out, site)
     restarted = [i for i in insts.values() if len(i["attempts"]) >= 2]
     if lost == "node":  # the two that ran on the lost block, restarted
@@ -186,15 +156,13 @@ def test_parsl_site_replaces_its_htex_when_the_interchange_dies(tmp_path):
     site = "prs-" + secrets.token_hex(3)
 
     def victims(out: Path) -> list[int]:
-        bridges = [pid for pid, cmd in rn.process_cmdlines()
-                   if any(c.endswith(b"parsl_bridge.py") for c in cmd) and site.encode() in cmd]
-        assert len(bridges) == 1, bridges
+        bridge = bridge_of(site)[0]
         found = [pid for pid, cmd in rn.process_cmdlines()
-                 if rn.parent_pid(pid) == bridges[0] and b"interchange" in b" ".join(cmd)]
+                 if rn.parent_pid(pid) == bridge and b"interchange" in b" ".join(cmd)]
         assert len(found) == 1, found
         return found
 
-    p, stdout, out = run_and_kill(tmp_path, site, victims)
+    stdout, out = run_and_kill(tmp_path, site, victims)
     insts = completed_on(out, site)
     restarted = [i for i in insts.values() if len(i["attempts"]) >= 2]
     assert len(restarted) == 2 and all("died" in i["attempts"][0]["reason"] for i in restarted), insts
@@ -203,3 +171,26 @@ def test_parsl_site_replaces_its_htex_when_the_interchange_dies(tmp_path):
     assert (out / "engines" / f"{site}.parsl" / "restart-1" / site / "block-0").is_dir()
     wait_until(lambda: not leftovers(stdout, site) and not block_processes(site), 30,
                "the bridge, HTEX and the blocks' processes to exit")
+
+
+def bridge_of(site: str) -> list[int]:
+    """The runner's Parsl bridge process of `site` (one expected)."""
+    found = [pid for pid, cmd in rn.process_cmdlines()
+             if any(c.endswith(b"parsl_bridge.py") for c in cmd) and site.encode() in cmd]
+    assert len(found) == 1, found
+    return found
+
+
+def test_a_killed_parsl_bridge_is_started_again(tmp_path):
+    """The runner's bridge to the site SIGKILLed while two attempts run: its interchange dies
+    with it (started under setpriv --pdeathsig), the runner starts another bridge at once
+    (a new HTEX in SITE.parsl/bridge-1) and sends it the launches that follow; every task
+    completes, on the site."""
+    site = "prs-" + secrets.token_hex(3)
+    stdout, out = run_and_kill(tmp_path, site, lambda out: bridge_of(site))
+    completed_on(out, site)
+    site_log = (out / "engines" / f"{site}.log").read_text()
+    assert site_log.count(f"parsl_bridge: site {site}, HTEX with 2 workers") == 2, site_log
+    assert (out / "engines" / f"{site}.parsl" / "bridge-1" / site / "block-0").is_dir()
+    wait_until(lambda: not leftovers(stdout, site) and not block_processes(site), 60,
+               "the bridges, HTEXes and the blocks' processes to exit (the old manager: 30 s without its interchange)")
