@@ -218,10 +218,9 @@ def main(argv=None) -> int:
         import nab_score as ns
     except ImportError:
         sys.exit(f"no nab_score.py in {a.scorer} (--scorer)")
-    configs = json.loads(Path(a.configs).read_text())["configs"]
-    fresh = {c["name"] for c in json.loads(Path(a.fresh).read_text())["configs"]} if a.fresh else set()
-    if a.fresh:
-        configs += json.loads(Path(a.fresh).read_text())["configs"]
+    extra = json.loads(Path(a.fresh).read_text())["configs"] if a.fresh else []
+    configs = json.loads(Path(a.configs).read_text())["configs"] + extra
+    fresh = {c["name"] for c in extra}
     work = Path(a.work)
     data, out = work / "data", work / "scores"
     truth = generate(configs, data)

@@ -53,8 +53,6 @@ HEARTBEAT_THRESHOLD_S = 30
 # How often the JobStatusPoller looks at the block and, when it has failed (its manager, the
 # node, was lost), starts another (strategy "simple" keeps min_blocks = 1 while tasks wait).
 STRATEGY_PERIOD_S = 2.0
-
-
 MAX_RESTARTS = 3  # new HTEXes after an interchange died, before the site is given up
 
 
