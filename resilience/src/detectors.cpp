@@ -188,6 +188,12 @@ AnomalyLikelihood::AnomalyLikelihood(const Config& config) : c_(config) {
 }
 
 double AnomalyLikelihood::update(double raw) noexcept {
+  const double nats = observe(raw);
+  learn();
+  return nats;
+}
+
+double AnomalyLikelihood::observe(double raw) noexcept {
   if (!std::isfinite(raw)) return 0;
   raw = std::clamp(raw, 0.0, 1.0);
   if (filled_ == c_.window) sum_ -= ring_[static_cast<std::size_t>(pos_)];
@@ -205,11 +211,17 @@ double AnomalyLikelihood::update(double raw) noexcept {
     if (zz > 0) nats = detail::neg_log_upper_tail(zz) - std::log(2.0);  // 0 at the mean
     nats = std::max(nats, 0.0);
   }
+  pending_ = true;
+  return nats;
+}
+
+void AnomalyLikelihood::learn() noexcept {
+  if (!pending_) return;
+  pending_ = false;
   const double a = warm_alpha(1.0 / c_.history, n_);
-  const double dev = avg - mean_;
+  const double dev = sum_ / filled_ - mean_;
   mean_ += a * dev;
   var_ = (1 - a) * (var_ + a * dev * dev);
-  return nats;
 }
 
 // ---- TailCalibrator -------------------------------------------------------------------------

@@ -26,10 +26,12 @@ Ensemble::Ensemble(const Config& config)
          .alert_score = config.alert_score,
          .context_weight = config.context_weight,
          .resonance_weight = config.resonance_weight,
+         .sustain_s = config.sustain_s,
          .range_warmup = config.range_warmup,
          .warmup = config.warmup,
          .suppress = config.suppress,
-         .calibrate_likelihood = config.calibrate_likelihood},
+         .calibrate_likelihood = config.calibrate_likelihood,
+         .learn_sustained = config.learn_sustained},
       fc_(config.forecaster), lh_(config.likelihood), cusum_(config.cusum), spike_tail_(config.calibration),
       cusum_tail_(config.calibration), likelihood_tail_(config.calibration), ctx_lh_(config.likelihood) {
   require(c_.z_cap > 0, "Ensemble", "z_cap");
@@ -43,6 +45,7 @@ Ensemble::Ensemble(const Config& config)
   require(c_.suppress >= 0, "Ensemble", "suppress");
   require(c_.suppress_factor >= 0 && c_.suppress_factor <= 1, "Ensemble", "suppress_factor");
   require(c_.alert_score >= 0 && c_.alert_score <= 1, "Ensemble", "alert_score");
+  require(c_.sustain_s >= 0 && std::isfinite(c_.sustain_s), "Ensemble", "sustain_s");
   require(c_.context_weight >= 0, "Ensemble", "context_weight");
   if (c_.context_weight > 0) ctx_ = ContextNovelty(config.context);
   require(c_.resonance_weight >= 0, "Ensemble", "resonance_weight");
@@ -63,17 +66,18 @@ Score Ensemble::update(double t, double x) noexcept {
   const auto gauss = [](double v) { return detail::neg_log_upper_tail(v) - std::log(2.0); };
   const double spike =
       c_.spike_weight <= 0 ? 0.0 : c_.spike_weight * spike_tail_.update(az, gauss(az), [&](int k) { return gauss(spike_tail_.level(k)); });
-  s.likelihood_nats = lh_.update(std::min(az / c_.z_cap, 1.0));
-  if (c_.calibrate_likelihood) {  // the likelihood's own model is the prior: its nats as they are
-    const double ln = s.likelihood_nats;
-    s.likelihood_nats = likelihood_tail_.update(ln, ln, [&](int k) { return likelihood_tail_.level(k); });
-  }
+  // The likelihood and the calibrations learn this observation at the end (learn()), once its
+  // score says whether it is part of a sustained anomaly (learn_sustained).
+  const double ln = lh_.observe(std::min(az / c_.z_cap, 1.0));
+  s.likelihood_nats = ln;
+  if (c_.calibrate_likelihood)  // the likelihood's own model is the prior: its nats as they are
+    s.likelihood_nats = likelihood_tail_.surprise(ln, ln, [&](int k) { return likelihood_tail_.level(k); });
   const int change = cusum_.update(z);
   // CUSUM's exp(-2kS) tail, calibrated the same way (residuals are rarely independent).
   const double two_k = 2.0 * c_.cusum_k;
   const double cs = cusum_.surprise() / two_k;
   s.cusum_nats = c_.cusum_weight <= 0 ? 0.0 : c_.cusum_weight *
-                 cusum_tail_.update(cs, two_k * cs, [&](int k) { return two_k * cusum_tail_.level(k); });
+                 cusum_tail_.surprise(cs, two_k * cs, [&](int k) { return two_k * cusum_tail_.level(k); });
 
   // The novelty's long-run history includes the contexts' learning (the first observations
   // are all new): judged against it the detector is conservative for a while (scoring only
@@ -106,10 +110,13 @@ Score Ensemble::update(double t, double x) noexcept {
   if (art_nats >= lim) s.fired |= kResonance;
 
   if (s.index < static_cast<std::uint64_t>(c_.warmup)) {
+    learn(ln, cs);
     s.fired = 0;
     return s;
   }
   double score = std::clamp(nats / c_.max_nats, 0.0, 1.0);
+  if (c_.sustain_s > 0) score = sustained(t, score);
+  if (c_.learn_sustained || score < c_.alert_level) learn(ln, cs);
   if (suppress_left_ > 0) {
     --suppress_left_;
     if (score > 0) s.fired |= kSuppressed;
@@ -120,6 +127,28 @@ Score Ensemble::update(double t, double x) noexcept {
   }
   s.score = score;
   return s;
+}
+
+// What this observation teaches the likelihood and the tail calibrations (learn_sustained).
+void Ensemble::learn(double likelihood_nats, double cusum_stat) noexcept {
+  lh_.learn();
+  if (c_.calibrate_likelihood) likelihood_tail_.learn(likelihood_nats);
+  if (c_.cusum_weight > 0) cusum_tail_.learn(cusum_stat);
+}
+
+double Ensemble::sustained(double t, double score) noexcept {
+  const std::size_t slot = static_cast<std::size_t>(s_index_ % kSustain);
+  double low = score;
+  const std::uint64_t kept = std::min<std::uint64_t>(s_index_, kSustain - 1);
+  for (std::uint64_t back = 1; back <= kept; ++back) {
+    const std::size_t i = static_cast<std::size_t>((s_index_ - back) % kSustain);
+    if (!(recent_t_[i] > t - c_.sustain_s)) break;
+    low = std::min(low, static_cast<double>(recent_score_[i]));
+  }
+  recent_t_[slot] = t;
+  recent_score_[slot] = static_cast<float>(score);
+  ++s_index_;
+  return low;
 }
 
 std::string explain(const Score& s) {
@@ -163,6 +192,7 @@ bool set_config_field(Ensemble::Config& c, std::string_view name, double v) {
       {"suppress", nullptr, &c.suppress},
       {"suppress_factor", &c.suppress_factor, nullptr},
       {"alert_score", &c.alert_score, nullptr},
+      {"sustain_s", &c.sustain_s, nullptr},
       {"context_weight", &c.context_weight, nullptr},
       {"context.levels", nullptr, &c.context.levels},
       {"context.orders", nullptr, &c.context.orders},
@@ -193,7 +223,8 @@ bool set_config_field(Ensemble::Config& c, std::string_view name, double v) {
   struct Flag { std::string_view name; bool* b; };
   const Flag flags[] = {{"forecaster.random_walk", &c.forecaster.random_walk},
                         {"forecaster.plain_level", &c.forecaster.plain_level},
-                        {"calibrate_likelihood", &c.calibrate_likelihood}};
+                        {"calibrate_likelihood", &c.calibrate_likelihood},
+                        {"learn_sustained", &c.learn_sustained}};
   for (const auto& f : flags) {
     if (f.name != name) continue;
     *f.b = v != 0;

@@ -112,6 +112,13 @@ struct PolicyOptions {
     // tail-calibrated (late heartbeats that recur stop alerting).
     c.forecaster.plain_level = true;
     c.calibrate_likelihood = true;
+    // An anomaly must last 3 s (the last three values of a 1 Hz signal): a heartbeat gap
+    // that a late beat lifts for a moment no longer alerts; a signal sampled every 3 s or
+    // less often is judged on each value as before. And what alerts that long is not learned
+    // as normal, so a first stall does not hide the second (docs/anomaly.md, "An anomaly
+    // must last").
+    c.sustain_s = 3;
+    c.learn_sustained = false;
     return c;
   }();
   /// Phi-accrual for heartbeat policies: as PhiAccrual's, plus an acceptable pause of 1 s

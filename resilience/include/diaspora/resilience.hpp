@@ -183,8 +183,15 @@ class AnomalyLikelihood {
   };
   AnomalyLikelihood() : AnomalyLikelihood(Config{}) {}
   explicit AnomalyLikelihood(const Config& config);
-  /// Feeds one raw score (clamped to [0, 1]); returns surprise in nats (>= 0).
+  /// Feeds one raw score (clamped to [0, 1]); returns surprise in nats (>= 0). The same as
+  /// observe(raw) then learn().
   double update(double raw) noexcept;
+  /// Feeds one raw score and returns its surprise without adding the short-term mean to the
+  /// long-run distribution; learn() adds it (a caller that does not call it before the next
+  /// observe() leaves that mean out: a sustained anomaly kept out of what is normal).
+  double observe(double raw) noexcept;
+  /// Adds the short-term mean of the last observe() to the long-run mean and variance.
+  void learn() noexcept;
   double short_mean() const noexcept { return sum_ / static_cast<double>(filled_ ? filled_ : 1); }
 
  private:
@@ -193,6 +200,7 @@ class AnomalyLikelihood {
   int pos_ = 0, filled_ = 0;
   double sum_ = 0, mean_ = 0, var_ = 0;
   std::uint64_t n_ = 0;
+  bool pending_ = false;  ///< observe() has a mean that learn() has not added
 };
 
 /// Empirical tail calibration of a non-negative statistic (|z|, a CUSUM sum, ...): keeps
@@ -211,10 +219,10 @@ class TailCalibrator {
   };
   TailCalibrator() : TailCalibrator(Config{}) {}
   explicit TailCalibrator(const Config& config);
-  /// Surprise (nats) of x given prior_nats(x) = -ln prior(x), then learns x.
+  /// Surprise (nats) of x given prior_nats(x) = -ln prior(x), without learning x.
   /// prior_at_level(k) must give -ln prior(L_k); it is called at most once.
   template <class PriorAtLevel>
-  double update(double x, double prior_nats_x, PriorAtLevel&& prior_at_level) noexcept {
+  double surprise(double x, double prior_nats_x, PriorAtLevel&& prior_at_level) const noexcept {
     int k = level_index(x);
     double nats = prior_nats_x;
     if (k >= 0) {
@@ -222,14 +230,21 @@ class TailCalibrator {
                          (prior_nats_x - prior_at_level(k));
       nats = std::min(nats, emp);
     }
-    learn(x);
     return nats < 0 ? 0 : nats;
   }
+  /// surprise(), then learn(x).
+  template <class PriorAtLevel>
+  double update(double x, double prior_nats_x, PriorAtLevel&& prior_at_level) noexcept {
+    const double nats = surprise(x, prior_nats_x, prior_at_level);
+    learn(x);
+    return nats;
+  }
+  /// Counts x in the exceedance rates.
+  void learn(double x) noexcept;
   double level(int k) const noexcept;
 
  private:
   int level_index(double x) const noexcept;
-  void learn(double x) noexcept;
   Config c_;
   std::array<float, 12> rate_{};
   std::uint64_t n_ = 0;
@@ -468,7 +483,21 @@ class Ensemble {
     /// Off for NAB (the tuning protocol measured it lower there), on for the policy engine
     /// (docs/anomaly.md, "Workflow traces").
     bool calibrate_likelihood = false;
+    /// An anomaly must be sustained: the score is the lowest of the observations of the last
+    /// `sustain_s` seconds (the present one among them, at most the last kSustain), so a blip
+    /// that one observation of a fast signal shows (a heartbeat late by a few seconds on a
+    /// 1 Hz gap) does not alert, while a slower signal (one value a minute) is judged on each
+    /// value as before. 0 (the default): each observation on its own.
+    double sustain_s = 0.0;
+    /// false: an observation whose score (after sustain_s) reaches alert_level is kept out
+    /// of what the likelihood and the likelihood's and CUSUM's tail calibrations learn as
+    /// normal, so a fault that lasts (a heartbeat stalled for minutes) does not teach them
+    /// that such surprises are common and hide the next one; blips that do not last are
+    /// still learned, and the forecaster learns every value (a new level becomes normal).
+    /// true (the default): every observation is learned.
+    bool learn_sustained = true;
   };
+  static constexpr int kSustain = 4;  ///< observations sustain_s may span
   Ensemble() : Ensemble(Config{}) {}
   /// Throws diaspora::Error if a field is out of range.
   explicit Ensemble(const Config& config);
@@ -484,9 +513,9 @@ class Ensemble {
   /// costs these bytes, not a whole Config.
   struct Settings {
     double z_cap, max_nats, spike_weight, cusum_weight, cusum_k, range_margin, range_nats, range_min_z;
-    double alert_level, suppress_factor, alert_score, context_weight, resonance_weight;
+    double alert_level, suppress_factor, alert_score, context_weight, resonance_weight, sustain_s;
     int range_warmup, warmup, suppress;
-    bool calibrate_likelihood;
+    bool calibrate_likelihood, learn_sustained;
   };
   Settings c_;
   SeasonalForecaster fc_;
@@ -499,6 +528,11 @@ class Ensemble {
   double min_ = 0, max_ = 0;
   std::uint64_t n_ = 0;
   std::int64_t suppress_left_ = 0;
+  std::array<double, kSustain> recent_t_{};  ///< the last scores and their times (sustain_s)
+  std::array<float, kSustain> recent_score_{};
+  std::uint64_t s_index_ = 0;  ///< scores kept in recent_*
+  double sustained(double t, double score) noexcept;
+  void learn(double likelihood_nats, double cusum_stat) noexcept;
 };
 
 /// Sets one Ensemble::Config field by its dotted name (as in `diaspora-nab --config`):

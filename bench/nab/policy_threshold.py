@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""The ensemble judged as a policy with the default threshold runs it (docs/anomaly.md,
+"An anomaly must last").
+
+bench/nab/workflow_traces.py sweeps a threshold per signal with NAB's scorer; a policy's
+author does not: `detector: ensemble` compares the score with 0.5 unless told otherwise,
+re-alert suppression is off and a cooldown keeps a policy from deciding again at once.
+This scores the workflow traces that way: the policy engine's ensemble settings
+(--nab-config, default bench/nab/policy.cfg) with `suppress: 0` and `alert_score: 0`, as
+PolicyOptions::ensemble has them; a decision when the score on the signal's bad side
+reaches --threshold (0.5), then none for --cooldown observations (50). Per configuration:
+decisions per clean hour (series without faults, after their first 15 %), faults caught
+before their harm (a stall: 120 s), and the median and largest delay from the onset of the
+first fault of a series and of a later one (a second stall after a first: the weak spot
+the tail calibration had).
+
+Usage (from the repository root, after `make build`):
+    .venv/bin/python bench/nab/policy_threshold.py [--configs bench/nab/workflow_dev.json ...]
+        [--nab-config bench/nab/policy.cfg] [--set KEY=VALUE ...] [--threshold 0.5] [--cooldown 50]
+
+Held-out configurations (`heldout: true`) are skipped: this is a tool for choosing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import workflow_traces as wt  # noqa: E402  (the generator and its constants)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default=str(wt.REPO / "build"))
+    ap.add_argument("--configs", nargs="+", default=[str(wt.REPO / "bench" / "nab" / "workflow_dev.json")])
+    ap.add_argument("--nab-config", default=str(wt.REPO / "bench" / "nab" / "policy.cfg"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a setting over --nab-config")
+    ap.add_argument("--threshold", type=float, default=0.5)
+    ap.add_argument("--cooldown", type=int, default=50, help="observations without a decision after one")
+    ap.add_argument("--work", default="/tmp/diaspora-policy-threshold")
+    a = ap.parse_args(argv)
+    configs = [c for f in a.configs for c in json.loads(Path(f).read_text())["configs"] if not c.get("heldout")]
+    if not configs:
+        sys.exit("no configuration that is not held out")
+    work = Path(a.work)
+    truth = wt.generate(configs, work / "data")
+    cfg = work / "policy.cfg"
+    extra = ["suppress: 0", "alert_score: 0"] + [s.replace("=", ": ", 1) for s in a.set]
+    cfg.write_text(Path(a.nab_config).read_text() + "\n" + "\n".join(extra) + "\n")
+
+    print(f"threshold {a.threshold}, cooldown {a.cooldown} observations, {a.nab_config} + {', '.join(extra)}\n")
+    print("| configuration | signal | decisions / clean hour | caught before harm | first fault: median / max delay "
+          "| later fault: median / max delay |")
+    print("|---|---|---:|---:|---:|---:|")
+    for c in configs:
+        out = work / "scores" / c["name"]
+        p = subprocess.run([str(Path(a.build) / "bin" / "diaspora-nab"), "--online", "--bad-side", wt.BAD_SIDE[c["signal"]],
+                            "--data", str(work / "data" / c["name"]), "--out", str(out), "--config", str(cfg)],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            sys.exit(f"diaspora-nab failed: {p.stderr.strip()}")
+        decisions, hours, caught, faults, delays = 0, 0.0, 0, 0, ([], [])
+        for rel, tr in truth.items():
+            if tr["config"] != c["name"]:
+                continue
+            sc, step = wt.scores_of(out / Path(rel).name), tr["dt_s"]
+            if not tr["faults"]:
+                start, quiet_until = int(0.15 * len(sc)), -1
+                for k in range(start, len(sc)):
+                    if sc[k] >= a.threshold and k > quiet_until:
+                        decisions, quiet_until = decisions + 1, k + a.cooldown
+                hours += (len(sc) - start) * step / 3600
+            for j, f in enumerate(tr["faults"]):
+                faults += 1
+                end = f["harm_t"] if f["harm_t"] is not None else f["t"] + f["duration_s"]
+                lo, hi = int(f["t"] / step), min(len(sc), int(end / step) + 1)
+                hit = next((k for k in range(lo, hi) if sc[k] >= a.threshold), None)
+                if hit is not None:
+                    caught += 1
+                    delays[j > 0].append(hit * step - f["t"])
+
+        def spread(v: list[float]) -> str:
+            return f"{statistics.median(v):.0f} / {max(v):.0f} s" if v else "—"
+
+        rate = f"{decisions / hours:.2f}" if hours else "—"
+        print(f"| {c['name']} | {c['signal']} | {rate} | {caught} of {faults} | {spread(delays[0])} | {spread(delays[1])} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
