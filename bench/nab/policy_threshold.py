@@ -17,8 +17,10 @@ the tail calibration had).
 Usage (from the repository root, after `make build`):
     .venv/bin/python bench/nab/policy_threshold.py [--configs bench/nab/workflow_dev.json ...]
         [--nab-config bench/nab/policy.cfg] [--set KEY=VALUE ...] [--threshold 0.5] [--cooldown 50]
+        [--heldout]
 
-Held-out configurations (`heldout: true`) are skipped: this is a tool for choosing.
+Held-out configurations (`heldout: true`) are skipped unless --heldout is given: this is a
+tool for choosing, and a held-out set is scored once per candidate, with its rule.
 """
 
 from __future__ import annotations
@@ -43,10 +45,11 @@ def main(argv=None) -> int:
     ap.add_argument("--threshold", type=float, default=0.5)
     ap.add_argument("--cooldown", type=int, default=50, help="observations without a decision after one")
     ap.add_argument("--work", default="/tmp/diaspora-policy-threshold")
+    ap.add_argument("--heldout", action="store_true", help="score the held-out configurations too (once per candidate)")
     a = ap.parse_args(argv)
-    configs = [c for f in a.configs for c in json.loads(Path(f).read_text())["configs"] if not c.get("heldout")]
+    configs = [c for f in a.configs for c in json.loads(Path(f).read_text())["configs"] if a.heldout or not c.get("heldout")]
     if not configs:
-        sys.exit("no configuration that is not held out")
+        sys.exit("no configuration to score (held-out ones need --heldout)")
     work = Path(a.work)
     truth = wt.generate(configs, work / "data")
     cfg = work / "policy.cfg"

@@ -27,6 +27,9 @@ Usage (from the repository root, after `make build`):
 
 `--fresh` adds a second held-out set (bench/nab/workflow_fresh.json), sealed on 2026-12-07
 because the first had been looked at too often: scored once per candidate, never tuned on.
+`--fresh bench/nab/workflow_third.json` scores the third, sealed before the settings that
+make an anomaly last were chosen (docs/anomaly.md, "An anomaly must last"), the same way.
+bench/nab/policy_threshold.py scores the same traces at a policy's default threshold.
 """
 
 from __future__ import annotations
