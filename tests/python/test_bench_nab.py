@@ -1,0 +1,66 @@
+"""Tests of bench/nab/policy_threshold.py (the workflow traces judged as a policy with the
+default threshold runs the ensemble: docs/anomaly.md, "An anomaly must last") with the real
+diaspora-nab, on a small heartbeat configuration written here: the policy engine's settings
+catch every stall before its harm with no decision on the clean series, where the settings
+before them (each value judged alone, everything learned as normal) miss a second stall
+and decide on late beats; the tool's refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("DIASPORA_BIN_DIR", REPO / "build" / "bin"))
+TOOL = REPO / "bench" / "nab" / "policy_threshold.py"
+
+# Four 4000-second heartbeat series (late beats of 2-4 s one beat in 125), two with two stalls.
+HEARTBEAT = {"name": "t-heartbeat", "signal": "heartbeat_gap", "seed": 1234, "traces": 4, "clean_traces": 2,
+             "points": 4000, "dt_s": 1, "noise": 0.2, "pause_prob": 0.008, "faults_per_trace": 2, "kinds": ["stall"]}
+
+
+def run_tool(tmp_path: Path, configs: list[dict], *args: str) -> subprocess.CompletedProcess:
+    cfg = tmp_path / "configs.json"
+    cfg.write_text(json.dumps({"configs": configs}))
+    return subprocess.run([sys.executable, str(TOOL), "--build", str(BIN.parent), "--configs", str(cfg),
+                           "--work", str(tmp_path / "work"), *args], capture_output=True, text=True, timeout=120)
+
+
+def row(out: str, name: str) -> dict:
+    """The table row of one configuration, its numbers parsed."""
+    line = next(ln for ln in out.splitlines() if ln.startswith(f"| {name} |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    caught, faults = map(int, re.fullmatch(r"(\d+) of (\d+)", cells[3]).groups())
+    return {"decisions_per_hour": float(cells[2]), "caught": caught, "faults": faults}
+
+
+def test_the_policy_settings_catch_every_stall_and_leave_late_beats_alone(tmp_path):
+    now = run_tool(tmp_path, [HEARTBEAT])
+    assert now.returncode == 0, now.stderr
+    assert "threshold 0.5, cooldown 50 observations" in now.stdout
+    shipped = row(now.stdout, "t-heartbeat")
+    assert shipped == {"decisions_per_hour": 0.0, "caught": 4, "faults": 4}, now.stdout
+
+    before = run_tool(tmp_path, [HEARTBEAT], "--set", "sustain_s=0", "--set", "learn_sustained=1")
+    assert before.returncode == 0, before.stderr
+    old = row(before.stdout, "t-heartbeat")
+    assert old["caught"] < 4, before.stdout  # a second stall hidden by the first
+    assert old["decisions_per_hour"] > 1.0, before.stdout  # late beats taken for stalls
+
+
+def test_held_out_configurations_need_asking_and_bad_settings_are_refused(tmp_path):
+    held = dict(HEARTBEAT, name="t-held", heldout=True)
+    p = run_tool(tmp_path, [held])
+    assert p.returncode != 0
+    assert "held-out ones need --heldout" in p.stderr
+    p = run_tool(tmp_path, [held], "--heldout")
+    assert p.returncode == 0, p.stderr
+    assert row(p.stdout, "t-held")["faults"] == 4
+
+    p = run_tool(tmp_path, [HEARTBEAT], "--set", "no_such_setting=1")
+    assert p.returncode != 0
+    assert "diaspora-nab failed" in p.stderr and "unknown key 'no_such_setting'" in p.stderr
