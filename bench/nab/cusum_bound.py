@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Whether a lost node under a cycle is hidden from the detectors or from the threshold
+(docs/anomaly.md, "Choosing an ensemble threshold"): over every throughput configuration of
+the given files that is not held out, a downward CUSUM (k = 0.5, input clipped at 4) of the
+residuals of the ensemble's level model (an exponentially weighted level, alpha 0.05, the
+residual scaled by 1.25 x the recent mean absolute error), after the 150-observation
+warm-up. Printed: the heights the CUSUM passes once in 1,000 and once in 10,000 normal
+values (clean series, and faulty ones before their fault), and how many faults reach each
+before their harm (a quarter of a site's capacity lost for 20 minutes). The ensemble turns
+the CUSUM's height S into 2kS = S nats; its alert level is 11.5 nats (a score of 0.5).
+
+Usage: .venv/bin/python bench/nab/cusum_bound.py [--configs bench/nab/workflow_configs.json bench/nab/workflow_dev.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import workflow_traces as wt  # noqa: E402  (the generator)
+
+WARMUP = 150
+
+
+def cusum_down(values: list[float]) -> list[float]:
+    """The downward CUSUM after each value (0 during the warm-up)."""
+    level, dev, s, out = values[0], 0.0, 0.0, []
+    for t, x in enumerate(values):
+        z = (x - level) / (1.25 * dev) if t > 1 and dev > 0 else 0.0
+        s = max(0.0, s - max(-4.0, min(4.0, z)) - 0.5)
+        out.append(s if t >= WARMUP else 0.0)
+        e = x - level
+        dev += max(0.02, 1.0 / (t + 1)) * (abs(e) - dev)
+        level += 0.05 * e
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--configs", nargs="+",
+                    default=[str(HERE / "workflow_configs.json"), str(HERE / "workflow_dev.json")])
+    a = ap.parse_args(argv)
+    configs = [c for f in a.configs for c in json.loads(Path(f).read_text())["configs"]
+               if c["signal"] == "throughput" and not c.get("heldout")]
+    if not configs:
+        sys.exit("no throughput configuration that is not held out")
+    normal, reached = [], []
+    for c in configs:
+        for i in range(c["traces"]):
+            values, faults = wt.trace(c, i, clean=i >= c["traces"] - c["clean_traces"])
+            s = cusum_down(values)
+            start = int(0.15 * len(values))
+            if not faults:
+                normal += s[start:]
+                continue
+            f = faults[0]
+            if f["harm_t"] is None:
+                continue
+            onset, harm = f["row"], int(f["harm_t"] / c["dt_s"])
+            normal += s[start:onset]
+            reached.append(max(s[onset:harm + 1]))
+    normal.sort(reverse=True)
+    print(f"{len(configs)} throughput configurations, {len(reached)} faults with a harm, {len(normal)} normal values")
+    for rate in (1e-3, 1e-4):
+        height = normal[int(rate * len(normal))]
+        print(f"passed once in {1 / rate:,.0f} normal values: {height:.1f} nats; "
+              f"faults reaching it before their harm: {sum(x >= height for x in reached)} of {len(reached)}")
+    print(f"faults reaching the alert level (11.5 nats) before their harm: {sum(x >= 11.5 for x in reached)} of {len(reached)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
