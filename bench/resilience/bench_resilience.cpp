@@ -102,8 +102,8 @@ void BM_EnsembleResonanceManySeries(benchmark::State& state) {
 BENCHMARK(BM_EnsembleResonanceManySeries)->Arg(1000);
 
 // The policy engine's ensemble (PolicyOptions::ensemble: a plain level, the likelihood
-// calibrated, an anomaly must last 2 s) on a signal sampled every second, so the 2 s spans
-// two values.
+// calibrated, an anomaly must last 3 s, sustained anomalies not learned) on a signal sampled
+// every second, so the 3 s span three values.
 void BM_EnsemblePolicyManySeries(benchmark::State& state) { many_series(state, res::PolicyOptions{}.ensemble, 300); }
 BENCHMARK(BM_EnsemblePolicyManySeries)->Arg(1000);
 

@@ -489,7 +489,8 @@ class Ensemble {
     /// `sustain_s` seconds (the present one among them, at most the last kSustain), so a blip
     /// that one observation of a fast signal shows (a heartbeat late by a few seconds on a
     /// 1 Hz gap) does not alert, while a slower signal (one value a minute) is judged on each
-    /// value as before. 0 (the default): each observation on its own.
+    /// value as before. Score::fired still names what fired on this value. 0 (the default):
+    /// each observation on its own.
     double sustain_s = 0.0;
     /// false: an observation whose score (after sustain_s) reaches alert_level is kept out
     /// of what the likelihood and the likelihood's and CUSUM's tail calibrations learn as
