@@ -116,11 +116,11 @@ Score Ensemble::update(double t, double x) noexcept {
     s.fired = 0;
     return s;
   }
-  if (c_.reference_interval_s > 0 && fc_.typical_gap() > 0) {  // one false-alarm rate per unit of time
+  if (c_.reference_interval_s > 0 && fc_.typical_gap() > 0) {  // CUSUM: one false-alarm rate per unit of time
     const double alert_nats = c_.alert_level * c_.max_nats;
     const double sooner =
         std::clamp(std::log(fc_.typical_gap() / c_.reference_interval_s), -std::log(kRateSpan), std::log(kRateSpan));
-    nats *= alert_nats / std::max(alert_nats - sooner, 0.5 * alert_nats);
+    nats = std::max(nats, s.cusum_nats * alert_nats / std::max(alert_nats - sooner, 0.5 * alert_nats));
   }
   double score = std::clamp(nats / c_.max_nats, 0.0, 1.0);
   if (c_.sustain_s > 0) score = sustained(t, score);

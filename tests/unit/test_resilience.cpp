@@ -630,12 +630,12 @@ std::vector<double> throughput(unsigned seed, int death, int n, int workers = 12
 
 }  // namespace
 
-// reference_interval_s 1 (an option the policies do not use: docs/anomaly.md, "One alert
-// level for every sampling rate"): a threshold means one false-alarm rate per unit of time.
-// A node lost from a site sampled once a minute is caught within 20 minutes (before it
-// costs the site 5 minutes of its capacity) more often than when each value is judged as a
-// 1 Hz one would be (4 of 8 against 0 when written), and a clean site still gives few
-// decisions (0.04 a clean hour; target 1). Eight series of 23 hours each way.
+// reference_interval_s 1 (docs/anomaly.md, "One alert level for every sampling rate"): the
+// CUSUM's surprise is judged as one false-alarm rate per unit of time. A node lost from a
+// site sampled once a minute is caught within 20 minutes (before it costs the site 5
+// minutes of its capacity) more often than when each value is judged as a 1 Hz one would be
+// (4 of 8 against 0 when written), and a clean site still gives few decisions (0.03 a clean
+// hour; target 1). Eight series of 23 hours each way.
 TEST(ResilienceWorkflow, OneAlertLevelForEverySamplingRate) {
   int caught[2] = {0, 0}, alarms[2] = {0, 0};
   for (int rate = 0; rate < 2; ++rate) {

@@ -499,14 +499,15 @@ class Ensemble {
     /// still learned, and the forecaster learns every value (a new level becomes normal).
     /// true (the default): every observation is learned.
     bool learn_sustained = true;
-    /// > 0: the alert level means one false-alarm rate per unit of time whatever the sampling
-    /// interval: with values dt apart (typically), surprises are scaled so that the alert
-    /// level is reached ln(dt / reference_interval_s) nats sooner (a value a minute against a
-    /// reference of 1 s: at p = 6e-4 a value instead of 1e-5, both about once a day); dt is
-    /// counted between reference_interval_s / kRateSpan and kRateSpan x reference_interval_s
-    /// (slower signals were not measured). 0 (the default, and the policy engine's: it raised
-    /// step-time false alarms on a held-out set, docs/anomaly.md "One alert level for every
-    /// sampling rate"): each observation alone.
+    /// > 0: the change detector's (CUSUM's) surprise is judged as one false-alarm rate per
+    /// unit of time whatever the sampling interval: with values dt apart (typically), it
+    /// reaches the alert level ln(dt / reference_interval_s) nats sooner (a value a minute
+    /// against a reference of 1 s: at p = 6e-4 a value instead of 1e-5, both about once a
+    /// day); dt is counted between reference_interval_s / kRateSpan and kRateSpan x
+    /// reference_interval_s (slower signals were not measured). A CUSUM adds evidence over
+    /// values, so a signal sampled once a minute builds it 60 times slower than a 1 Hz one.
+    /// 0 (the default): each observation alone (docs/anomaly.md, "One alert level for every
+    /// sampling rate"; until commit c198736 the whole score was scaled this way).
     double reference_interval_s = 0.0;
   };
   static constexpr double kRateSpan = 60;  ///< see reference_interval_s
