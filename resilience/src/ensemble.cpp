@@ -27,7 +27,6 @@ Ensemble::Ensemble(const Config& config)
          .context_weight = config.context_weight,
          .resonance_weight = config.resonance_weight,
          .sustain_s = config.sustain_s,
-         .reference_interval_s = config.reference_interval_s,
          .range_warmup = config.range_warmup,
          .warmup = config.warmup,
          .suppress = config.suppress,
@@ -47,7 +46,6 @@ Ensemble::Ensemble(const Config& config)
   require(c_.suppress_factor >= 0 && c_.suppress_factor <= 1, "Ensemble", "suppress_factor");
   require(c_.alert_score >= 0 && c_.alert_score <= 1, "Ensemble", "alert_score");
   require(c_.sustain_s >= 0 && std::isfinite(c_.sustain_s), "Ensemble", "sustain_s");
-  require(c_.reference_interval_s >= 0 && std::isfinite(c_.reference_interval_s), "Ensemble", "reference_interval_s");
   require(c_.context_weight >= 0, "Ensemble", "context_weight");
   if (c_.context_weight > 0) ctx_ = ContextNovelty(config.context);
   require(c_.resonance_weight >= 0, "Ensemble", "resonance_weight");
@@ -115,12 +113,6 @@ Score Ensemble::update(double t, double x) noexcept {
     learn(ln, cs);
     s.fired = 0;
     return s;
-  }
-  if (c_.reference_interval_s > 0 && fc_.typical_gap() > 0) {  // CUSUM: one false-alarm rate per unit of time
-    const double alert_nats = c_.alert_level * c_.max_nats;
-    const double sooner =
-        std::clamp(std::log(fc_.typical_gap() / c_.reference_interval_s), -std::log(kRateSpan), std::log(kRateSpan));
-    nats = std::max(nats, s.cusum_nats * alert_nats / std::max(alert_nats - sooner, 0.5 * alert_nats));
   }
   double score = std::clamp(nats / c_.max_nats, 0.0, 1.0);
   if (c_.sustain_s > 0) score = sustained(t, score);
@@ -201,7 +193,6 @@ bool set_config_field(Ensemble::Config& c, std::string_view name, double v) {
       {"suppress_factor", &c.suppress_factor, nullptr},
       {"alert_score", &c.alert_score, nullptr},
       {"sustain_s", &c.sustain_s, nullptr},
-      {"reference_interval_s", &c.reference_interval_s, nullptr},
       {"context_weight", &c.context_weight, nullptr},
       {"context.levels", nullptr, &c.context.levels},
       {"context.orders", nullptr, &c.context.orders},

@@ -127,8 +127,6 @@ class SeasonalForecaster {
   double sigma() const noexcept;
   Model model() const noexcept { return best_; }
   std::uint64_t count() const noexcept { return n_; }
-  /// The typical time between observations (exponentially weighted, seconds; 0 before two).
-  double typical_gap() const noexcept { return gap_; }
 
  private:
   double seasonal(int bucket, int weekday) const noexcept;
@@ -499,18 +497,7 @@ class Ensemble {
     /// still learned, and the forecaster learns every value (a new level becomes normal).
     /// true (the default): every observation is learned.
     bool learn_sustained = true;
-    /// > 0: the change detector's (CUSUM's) surprise is judged as one false-alarm rate per
-    /// unit of time whatever the sampling interval: with values dt apart (typically), it
-    /// reaches the alert level ln(dt / reference_interval_s) nats sooner (a value a minute
-    /// against a reference of 1 s: at p = 6e-4 a value instead of 1e-5, both about once a
-    /// day); dt is counted between reference_interval_s / kRateSpan and kRateSpan x
-    /// reference_interval_s (slower signals were not measured). A CUSUM adds evidence over
-    /// values, so a signal sampled once a minute builds it 60 times slower than a 1 Hz one.
-    /// 0 (the default): each observation alone (docs/anomaly.md, "One alert level for every
-    /// sampling rate"; until commit c198736 the whole score was scaled this way).
-    double reference_interval_s = 0.0;
   };
-  static constexpr double kRateSpan = 60;  ///< see reference_interval_s
   static constexpr int kSustain = 4;  ///< observations sustain_s may span
   Ensemble() : Ensemble(Config{}) {}
   /// Throws diaspora::Error if a field is out of range.
@@ -527,7 +514,7 @@ class Ensemble {
   /// costs these bytes, not a whole Config.
   struct Settings {
     double z_cap, max_nats, spike_weight, cusum_weight, cusum_k, range_margin, range_nats, range_min_z;
-    double alert_level, suppress_factor, alert_score, context_weight, resonance_weight, sustain_s, reference_interval_s;
+    double alert_level, suppress_factor, alert_score, context_weight, resonance_weight, sustain_s;
     int range_warmup, warmup, suppress;
     bool calibrate_likelihood, learn_sustained;
   };
