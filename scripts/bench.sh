@@ -43,6 +43,16 @@ echo
 echo "== resilience engine: observations/s and memory per series (bench/resilience)"
 "$BUILD_DIR/bin/bench_resilience" --benchmark_min_time=0.5
 echo
+echo "== anomaly detection on workflow signals at a policy's default threshold (bench/nab/policy_threshold.py; tuning and development traces)"
+"$PY" bench/nab/policy_threshold.py --build "$BUILD_DIR" --configs bench/nab/workflow_configs.json bench/nab/workflow_dev.json
+echo
+if [ -f ../shared/tools/nab/nab_score.py ]; then
+  echo "== the workflow traces scored with NAB's scorer as the policies use the ensemble (bench/nab/workflow_traces.py; tuning and first held-out set)"
+  "$PY" bench/nab/workflow_traces.py --build "$BUILD_DIR" --nab-config bench/nab/policy.cfg
+else
+  echo "== the workflow traces with NAB's scorer: skipped (no ../shared/tools/nab/nab_score.py)"
+fi
+echo
 echo "== diaspora run: policies vs the retry-after=120s baseline, and throughput vs Dask (bench/run)"
 "$PY" bench/run/run_bench.py --build "$BUILD_DIR"
 echo
