@@ -2,9 +2,9 @@
 """Whether a lost node under a cycle is hidden from the detectors or from the threshold
 (docs/anomaly.md, "Choosing an ensemble threshold"): over every throughput configuration of
 the given files that is not held out, a downward CUSUM (k = 0.5, input clipped at 4) of the
-residuals of the ensemble's level model (an exponentially weighted level, alpha 0.05, the
-residual scaled by 1.25 x the recent mean absolute error), after the 150-observation
-warm-up. Printed: the heights the CUSUM passes once in 1,000 and once in 10,000 normal
+residuals of the ensemble's level model (seasonal_bound.py's: an exponentially weighted
+level, alpha 0.05, the residual scaled by 1.25 x the recent mean absolute error), after the
+150-observation warm-up. Printed: the heights the CUSUM passes once in 1,000 and once in 10,000 normal
 values (clean series, and faulty ones before their fault), and how many faults reach each
 before their harm (a quarter of a site's capacity lost for 20 minutes). The ensemble turns
 the CUSUM's height S into 2kS = S nats; its alert level is 11.5 nats (a score of 0.5).
@@ -22,20 +22,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import workflow_traces as wt  # noqa: E402  (the generator)
+from seasonal_bound import residuals_holt  # noqa: E402  (the level model's residuals)
 
 WARMUP = 150
 
 
 def cusum_down(values: list[float]) -> list[float]:
-    """The downward CUSUM after each value (0 during the warm-up)."""
-    level, dev, s, out = values[0], 0.0, 0.0, []
-    for t, x in enumerate(values):
-        z = (x - level) / (1.25 * dev) if t > 1 and dev > 0 else 0.0
+    """The downward CUSUM after each value of the level model's residuals (0 during the warm-up)."""
+    s, out = 0.0, []
+    for t, z in enumerate(residuals_holt(values, 0.05, 0.0)):
         s = max(0.0, s - max(-4.0, min(4.0, z)) - 0.5)
         out.append(s if t >= WARMUP else 0.0)
-        e = x - level
-        dev += max(0.02, 1.0 / (t + 1)) * (abs(e) - dev)
-        level += 0.05 * e
     return out
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -62,11 +61,7 @@ def main(argv=None) -> int:
     print("|---|---|---:|---:|---:|---:|")
     for c in configs:
         out = work / "scores" / c["name"]
-        p = subprocess.run([str(Path(a.build) / "bin" / "diaspora-nab"), "--online", "--bad-side", wt.BAD_SIDE[c["signal"]],
-                            "--data", str(work / "data" / c["name"]), "--out", str(out), "--config", str(cfg)],
-                           capture_output=True, text=True)
-        if p.returncode != 0:
-            sys.exit(f"diaspora-nab failed: {p.stderr.strip()}")
+        wt.run_nab(a.build, work / "data" / c["name"], out, wt.BAD_SIDE[c["signal"]], str(cfg))
         decisions, hours, caught, faults, delays = 0, 0.0, 0, 0, ([], [])
         for rel, tr in truth.items():
             if tr["config"] != c["name"]:

@@ -194,6 +194,18 @@ def generate(configs: list[dict], root: Path) -> dict:
     return truth
 
 
+def run_nab(build: str, data: Path, out: Path, side: str, nab_config: str | None) -> None:
+    """diaspora-nab over one configuration's series as the policy engine sees them: --online
+    (a live signal, no range or length beforehand), a score counted only on `side`."""
+    cmd = [str(Path(build) / "bin" / "diaspora-nab"), "--online", "--bad-side", side,
+           "--data", str(data), "--out", str(out)]
+    if nab_config:
+        cmd += ["--config", nab_config]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"diaspora-nab failed: {p.stderr.strip()}")
+
+
 def scores_of(path: Path) -> list[float]:
     with open(path) as f:
         next(f)
@@ -227,17 +239,9 @@ def main(argv=None) -> int:
     work = Path(a.work)
     data, out = work / "data", work / "scores"
     truth = generate(configs, data)
-    # --online: the policy engine sees a live signal, with no range or length beforehand;
-    # --bad-side: it counts a score only on the side the signal goes bad.
     for c in configs:
-        side = "both" if a.both_sides else BAD_SIDE[c["signal"]]
-        cmd = [str(Path(a.build) / "bin" / "diaspora-nab"), "--online", "--bad-side", side,
-               "--data", str(data / c["name"]), "--out", str(out / c["name"])]
-        if a.nab_config:
-            cmd += ["--config", a.nab_config]
-        p = subprocess.run(cmd, capture_output=True, text=True)
-        if p.returncode != 0:
-            sys.exit(f"diaspora-nab failed: {p.stderr.strip()}")
+        run_nab(a.build, data / c["name"], out / c["name"], "both" if a.both_sides else BAD_SIDE[c["signal"]],
+                a.nab_config)
     windows = ns.load_labels([str(data / "labels" / "combined_windows.json")])
     rels = sorted(truth)
     series = {s.rel: s for s in ns.load_detector(str(out), "x", rels, windows, str(data))}
