@@ -2,7 +2,6 @@
 // likelihood. Each update is O(1) and allocation-free.
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "diaspora/resilience.hpp"
 #include "math.hpp"
@@ -84,21 +83,9 @@ bool SeasonalForecaster::seasonal_ready() const noexcept {
   return n_ > 1 && (last_t_ - first_t_) >= c_.min_days * kDay;
 }
 
-double SeasonalForecaster::sub_season(double t, std::size_t j) const noexcept {
-  const double back = t - kSubPeriods[j] * 1800.0;
-  if (!c_.sub_daily || n_ == 0 || back < first_t_) return std::numeric_limits<double>::quiet_NaN();
-  const int b = half_hour_of_day(back);
-  if (visits_[static_cast<std::size_t>(b)] == 0) return std::numeric_limits<double>::quiet_NaN();
-  return seasonal(b, day_of_week(back));
-}
-
-double SeasonalForecaster::best_error() const noexcept {
-  return best_ == Model::kSubDaily ? static_cast<double>(sub_err_[sub_]) : err_[static_cast<int>(best_)];
-}
-
 double SeasonalForecaster::sigma() const noexcept {
   const double floor = 1e-3 * spread_ + 1e-300;
-  return std::max(1.25 * best_error(), floor);
+  return std::max(1.25 * err_[static_cast<int>(best_)], floor);
 }
 
 Forecast SeasonalForecaster::forecast(double t) const noexcept {
@@ -108,15 +95,12 @@ Forecast SeasonalForecaster::forecast(double t) const noexcept {
     m = level_ + seasonal(half_hour_of_day(t), day_of_week(t));
   } else if (best_ == Model::kRandomWalk) {
     m = last_x_ + (seasonal_ready() ? seasonal(half_hour_of_day(t), day_of_week(t)) - last_season_ : 0.0);
-  } else if (best_ == Model::kSubDaily) {
-    const double s = sub_season(t, sub_);
-    if (std::isfinite(s)) m = level_ + s;  // else (a gap in the profile) the level's forecast
   }
   const double w = c_.interval_z * sigma();
   return {m, m - w, m + w};
 }
 
-double SeasonalForecaster::update(double t, double x, bool learn) noexcept {
+double SeasonalForecaster::update(double t, double x) noexcept {
   if (!std::isfinite(x) || !std::isfinite(t)) return 0;
   const int bi = half_hour_of_day(t);
   const int d = day_of_week(t);
@@ -132,13 +116,8 @@ double SeasonalForecaster::update(double t, double x, bool learn) noexcept {
   const double used = ready ? season : 0.0;
   const double f[3] = {level_ + used, c_.plain_level ? plain_ : level_,
                        last_x_ + (ready ? season - last_season_ : 0.0)};
-  double fs[kSubPeriods.size()];  // the sub-daily candidates (NaN: not known for t)
-  for (std::size_t j = 0; j < kSubPeriods.size(); ++j) fs[j] = level_ + sub_season(t, j);
-  const double f_best = best_ != Model::kSubDaily ? f[static_cast<int>(best_)]
-                        : std::isfinite(fs[sub_])  ? fs[sub_]
-                                                   : f[static_cast<int>(Model::kLevel)];
   const double sig = sigma();
-  const double r = x - f_best;
+  const double r = x - f[static_cast<int>(best_)];
   // A residual of a million sigmas is as surprising as residuals get (and keeps the
   // tails finite when a constant series first moves).
   const double z = n_ >= 2 ? std::clamp(r / sig, -1e6, 1e6) : 0.0;
@@ -155,28 +134,11 @@ double SeasonalForecaster::update(double t, double x, bool learn) noexcept {
     const double e = std::fabs(x - f[m]);
     err_[m] += ea * ((n_ > 3 ? std::min(e, lim_m) : e) - err_[m]);
   }
-  for (std::size_t j = 0; j < kSubPeriods.size(); ++j) {
-    if (!std::isfinite(fs[j])) continue;
-    const double e = std::fabs(x - fs[j]);
-    if (sub_err_[j] < 0) sub_err_[j] = static_cast<float>(err_[1]);  // starts as the level's
-    else sub_err_[j] += static_cast<float>(ea * (std::min(e, c_.clip * std::max(1.25 * sub_err_[j], 1e-3 * spread_)) - sub_err_[j]));
-  }
   spread_ += ea * (std::fabs(x - level_) - spread_);
   best_ = Model::kLevel;
   if (c_.random_walk && err_[2] < err_[1]) best_ = Model::kRandomWalk;
   if (ready && err_[0] < 0.95 * err_[static_cast<int>(best_)]) best_ = Model::kSeasonal;
-  for (std::size_t j = 0; j < kSubPeriods.size(); ++j) {
-    if (std::isfinite(fs[j]) && sub_err_[j] >= 0 && sub_err_[j] < 0.95 * best_error()) {
-      best_ = Model::kSubDaily;
-      sub_ = static_cast<std::uint8_t>(j);
-    }
-  }
 
-  last_x_ = x;
-  if (!learn) {
-    last_season_ = season;
-    return z;
-  }
   // Holt-Winters (additive, no trend): the level follows the deseasonalized value, then
   // the calendar terms learn what the new level leaves.
   level_ += warm_alpha(c_.alpha, n_) * clip(x - level_ - season);
@@ -190,6 +152,7 @@ double SeasonalForecaster::update(double t, double x, bool learn) noexcept {
   }
   const double gw = std::min(1.0, c_.gamma_week * gap_ / kDay);
   week_[static_cast<std::size_t>(d)] = static_cast<float>(week_[static_cast<std::size_t>(d)] + gw * e);
+  last_x_ = x;
   last_season_ = seasonal(bi, d);
   return z;
 }

@@ -27,7 +27,6 @@ Ensemble::Ensemble(const Config& config)
          .context_weight = config.context_weight,
          .resonance_weight = config.resonance_weight,
          .sustain_s = config.sustain_s,
-         .hold_level = config.hold_level,
          .range_warmup = config.range_warmup,
          .warmup = config.warmup,
          .suppress = config.suppress,
@@ -47,7 +46,6 @@ Ensemble::Ensemble(const Config& config)
   require(c_.suppress_factor >= 0 && c_.suppress_factor <= 1, "Ensemble", "suppress_factor");
   require(c_.alert_score >= 0 && c_.alert_score <= 1, "Ensemble", "alert_score");
   require(c_.sustain_s >= 0 && std::isfinite(c_.sustain_s), "Ensemble", "sustain_s");
-  require(c_.hold_level >= 0 && c_.hold_level <= 1, "Ensemble", "hold_level");
   require(c_.context_weight >= 0, "Ensemble", "context_weight");
   if (c_.context_weight > 0) ctx_ = ContextNovelty(config.context);
   require(c_.resonance_weight >= 0, "Ensemble", "resonance_weight");
@@ -60,7 +58,7 @@ Score Ensemble::update(double t, double x) noexcept {
   s.index = n_;
   s.value = x;
   s.expected = fc_.forecast(t);
-  const double z = fc_.update(t, x, !hold_);
+  const double z = fc_.update(t, x);
   s.z = z;
 
   const double az = std::fabs(z);
@@ -111,8 +109,6 @@ Score Ensemble::update(double t, double x) noexcept {
   if (s.context_nats >= lim) s.fired |= kContext;
   if (art_nats >= lim) s.fired |= kResonance;
 
-  hold_ = c_.hold_level > 0 && change == 0 && s.index >= static_cast<std::uint64_t>(c_.warmup) &&
-          s.cusum_nats >= c_.hold_level * c_.max_nats;
   if (s.index < static_cast<std::uint64_t>(c_.warmup)) {
     learn(ln, cs);
     s.fired = 0;
@@ -197,7 +193,6 @@ bool set_config_field(Ensemble::Config& c, std::string_view name, double v) {
       {"suppress_factor", &c.suppress_factor, nullptr},
       {"alert_score", &c.alert_score, nullptr},
       {"sustain_s", &c.sustain_s, nullptr},
-      {"hold_level", &c.hold_level, nullptr},
       {"context_weight", &c.context_weight, nullptr},
       {"context.levels", nullptr, &c.context.levels},
       {"context.orders", nullptr, &c.context.orders},
@@ -228,7 +223,6 @@ bool set_config_field(Ensemble::Config& c, std::string_view name, double v) {
   struct Flag { std::string_view name; bool* b; };
   const Flag flags[] = {{"forecaster.random_walk", &c.forecaster.random_walk},
                         {"forecaster.plain_level", &c.forecaster.plain_level},
-                        {"forecaster.sub_daily", &c.forecaster.sub_daily},
                         {"calibrate_likelihood", &c.calibrate_likelihood},
                         {"learn_sustained", &c.learn_sustained}};
   for (const auto& f : flags) {

@@ -84,9 +84,7 @@ struct Forecast {
 ///    irregular sampling work and memory is fixed;
 ///  - the level alone (no seasonality);
 ///  - the last value plus the seasonal change since it (a random walk, for series that
-///    wander);
-///  - with Config::sub_daily (an experiment, off), the level plus the half-hour profile
-///    12, 8 or 6 hours back: a cycle shorter than a day, before a day of data has passed.
+///    wander).
 /// Each profile term starts as the mean of its first visits, then is smoothed with
 /// gamma_day per visit; the weekend correction and weekday offsets start at 0.
 /// Seasonal terms are only used after `min_days` days of data.
@@ -110,15 +108,9 @@ class SeasonalForecaster {
     /// (the tuning protocol measured it lower there), on for the policy engine
     /// (docs/anomaly.md, "Workflow traces").
     bool plain_level = false;
-    /// Let the profile 12, 8 or 6 hours back compete as a forecast (Model::kSubDaily), each
-    /// once a period of data has passed (docs/anomaly.md, "What a lost node leaves for any
-    /// detector": never chosen at one value a minute).
-    bool sub_daily = false;
   };
   /// The competing models (see model()).
-  enum class Model : std::uint8_t { kSeasonal, kLevel, kRandomWalk, kSubDaily };
-  /// Periods of Model::kSubDaily's candidates, in half-hour profile terms (12, 8, 6 h).
-  static constexpr std::array<int, 3> kSubPeriods{24, 16, 12};
+  enum class Model : std::uint8_t { kSeasonal, kLevel, kRandomWalk };
 
   SeasonalForecaster() : SeasonalForecaster(Config{}) {}
   /// Throws diaspora::Error if a field is out of range.
@@ -129,9 +121,7 @@ class SeasonalForecaster {
   Forecast forecast(double t) const noexcept;
   /// Feeds (t, x); returns the standardized one-step residual (x - forecast) / sigma of
   /// the model that was best before the update (0 for the first two values).
-  /// With learn false the value is forecast and scored, its error counted, but the level
-  /// and the calendar terms do not learn it (Ensemble::Config::hold_level).
-  double update(double t, double x, bool learn = true) noexcept;
+  double update(double t, double x) noexcept;
   /// Residual sigma of the current best model (1.25 x its mean absolute error), with a
   /// floor of 1e-3 of the series' typical spread.
   double sigma() const noexcept;
@@ -141,9 +131,6 @@ class SeasonalForecaster {
  private:
   double seasonal(int bucket, int weekday) const noexcept;
   bool seasonal_ready() const noexcept;
-  /// The seasonal term a period of candidate j before t; NaN while that term is unknown.
-  double sub_season(double t, std::size_t j) const noexcept;
-  double best_error() const noexcept;
   Config c_;
   double level_ = 0, plain_ = 0, last_x_ = 0, last_season_ = 0, first_t_ = 0, last_t_ = 0, gap_ = 0;
   double err_[3] = {0, 0, 0};
@@ -154,8 +141,6 @@ class SeasonalForecaster {
   std::array<float, 48> weekend_{};
   std::array<float, 7> week_{};
   std::array<std::uint16_t, 48> visits_{};
-  std::array<float, 3> sub_err_{-1.0F, -1.0F, -1.0F};  ///< < 0: not yet compared
-  std::uint8_t sub_ = 0;  ///< the best kSubPeriods candidate
 };
 
 /// Two-sided CUSUM change-point detector on standardized residuals (z, clipped at
@@ -512,10 +497,6 @@ class Ensemble {
     /// still learned, and the forecaster learns every value (a new level becomes normal).
     /// true (the default): every observation is learned.
     bool learn_sustained = true;
-    /// While CUSUM's calibrated surprise is at least hold_level * max_nats (and it has not
-    /// alarmed), the forecaster does not learn the values: a shift CUSUM is adding up is
-    /// not absorbed by the level it is measured against. 0 (the default): always learns.
-    double hold_level = 0.0;
   };
   static constexpr int kSustain = 4;  ///< observations sustain_s may span
   Ensemble() : Ensemble(Config{}) {}
@@ -533,7 +514,7 @@ class Ensemble {
   /// costs these bytes, not a whole Config.
   struct Settings {
     double z_cap, max_nats, spike_weight, cusum_weight, cusum_k, range_margin, range_nats, range_min_z;
-    double alert_level, suppress_factor, alert_score, context_weight, resonance_weight, sustain_s, hold_level;
+    double alert_level, suppress_factor, alert_score, context_weight, resonance_weight, sustain_s;
     int range_warmup, warmup, suppress;
     bool calibrate_likelihood, learn_sustained;
   };
@@ -551,7 +532,6 @@ class Ensemble {
   std::array<double, kSustain> recent_t_{};  ///< the last scores and their times (sustain_s)
   std::array<float, kSustain> recent_score_{};
   std::uint64_t s_index_ = 0;  ///< scores kept in recent_*
-  bool hold_ = false;  ///< the forecaster does not learn the next value (hold_level)
   double sustained(double t, double score) noexcept;
   void learn(double likelihood_nats, double cusum_stat) noexcept;
 };
