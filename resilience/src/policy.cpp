@@ -115,6 +115,7 @@ struct Policy {
   std::vector<int> site_targets;          // site indices
   std::vector<int> to_sites;              // empty: every other site
   int task_slot = -1, site_slot = -1;
+  bool quiet = false;                     // ensemble with no threshold written: the quiet-series rule
   bool builtin = false;                   // one of the default set (defaults: on / observe)
   std::vector<std::string> exclude_tasks; // builtin: targets a spec policy on its signal took over
   std::vector<int> exclude_sites;
@@ -137,8 +138,16 @@ struct CusumState {
   Cusum cusum;
 };
 
+/// An ensemble series' history at the quiet threshold (PolicyOptions::quiet_threshold).
+struct QuietGate {
+  double first_t = std::numeric_limits<double>::quiet_NaN();  // its first value
+  std::uint32_t runs = 0;  // runs of scores at or over the quiet threshold
+  bool over = false;       // the last score was at or over it
+};
+
 struct DetState {
   std::variant<std::monostate, Ensemble, RobustLevel, SeasonalForecaster, CusumState, ThresholdForecaster> v;
+  QuietGate quiet;  // ensemble policies with no threshold written
 };
 
 /// Per (policy, task) or (policy, site): hysteresis, cooldown, budget and the detector.
@@ -252,6 +261,10 @@ struct PolicyEngine::Impl {
     detail::require(opt_.failure_half_life_s > 0, "PolicyOptions", "failure_half_life_s");
     detail::require(opt_.min_target_health >= 0 && opt_.min_target_health <= 1, "PolicyOptions", "min_target_health");
     detail::require(opt_.task_ttl_s > 0, "PolicyOptions", "task_ttl_s");
+    detail::require(opt_.quiet_threshold >= 0 && opt_.quiet_threshold <= 1, "PolicyOptions", "quiet_threshold");
+    detail::require(opt_.quiet_rate_per_hour >= 0 && std::isfinite(opt_.quiet_rate_per_hour), "PolicyOptions",
+                    "quiet_rate_per_hour");
+    detail::require(opt_.quiet_min_hours >= 0 && std::isfinite(opt_.quiet_min_hours), "PolicyOptions", "quiet_min_hours");
 
     for (std::size_t i = 0; i < spec_.sites.size(); ++i) {
       site_index_.emplace(spec_.sites[i].name, static_cast<int>(i));
@@ -371,7 +384,10 @@ struct PolicyEngine::Impl {
                           ps.signal);
     const bool slack = p.signal == kDeadlineSlack;
     switch (p.det) {
-      case Det::ensemble: p.threshold = ps.threshold.value_or(0.5); break;
+      case Det::ensemble:
+        p.threshold = ps.threshold.value_or(0.5);
+        p.quiet = !ps.threshold;
+        break;
       case Det::ewma:
       case Det::holt_winters: p.threshold = ps.threshold.value_or(4.0); break;
       case Det::cusum: p.threshold = ps.threshold.value_or(12.0); break;
@@ -640,6 +656,21 @@ struct PolicyEngine::Impl {
     return (x - rl.level()) / sd;
   }
 
+  /// The threshold an ensemble policy with none written compares this score with (`normal`,
+  /// or the quiet threshold on a quiet series: PolicyOptions::quiet_threshold); then counts
+  /// the score in the series' history at the quiet threshold.
+  double quiet_threshold(QuietGate& g, double t, double score, double normal) const {
+    const double low = opt_.quiet_threshold;
+    if (!(low > 0 && low < normal)) return normal;
+    if (std::isnan(g.first_t)) g.first_t = t;
+    const double hours = (t - g.first_t) / 3600.0;
+    const bool quiet = hours >= opt_.quiet_min_hours && g.runs <= opt_.quiet_rate_per_hour * hours;
+    const bool over = score >= low;
+    if (over && !g.over) ++g.runs;
+    g.over = over;
+    return quiet ? low : normal;
+  }
+
   /// The relative form of an evaluation: how many times worse than normal, as a score that
   /// is 0.5 at the sensitivity's ratio and 1 at its square (2x: 0.5, 4x: 1 by default).
   double rel_score(double ratio) const { return ratio > 1 ? std::clamp(0.5 * std::log(ratio) / std::log(rel_ratio_), 0.0, 1.0) : 0.0; }
@@ -681,10 +712,10 @@ struct PolicyEngine::Impl {
         e.ens = en.update(t, x);
         e.ready = en.count() > static_cast<std::uint64_t>(std::max(0, opt_.ensemble.warmup));
         e.value = bad_side_score(e.ens, p.dir);
-        e.shown_threshold = p.threshold;
-        e.over = e.value >= p.threshold;
+        e.shown_threshold = p.quiet ? quiet_threshold(s.det->quiet, t, e.value, p.threshold) : p.threshold;
+        e.over = e.value >= e.shown_threshold;
         e.score = e.ens.score;
-        e.score_threshold = p.threshold;
+        e.score_threshold = e.shown_threshold;
         e.badness = e.value;
         // Before it has warmed up, and whenever it says less, the task's normal speaks: a
         // baseline from the first step.
@@ -693,6 +724,7 @@ struct PolicyEngine::Impl {
           e.relative = true;
           e.rel = *rel;
           e.value = rel_score(rel->ratio);
+          e.shown_threshold = e.score_threshold = p.threshold;  // the quiet threshold is the ensemble's
           e.over = e.value >= p.threshold;
           e.score = e.value;
           e.badness = e.value;
@@ -831,6 +863,7 @@ struct PolicyEngine::Impl {
     switch (p.det) {
       case Det::ensemble:
         if (e.relative) return fmt("score %.2f >= %g (%.1fx the task's normal)", e.value, p.threshold, e.rel.ratio);
+        if (e.value < p.threshold) return fmt("score %.2f >= %g (a quiet series)", e.value, e.shown_threshold);
         return fmt("score %.2f >= %g", e.value, p.threshold);
       case Det::relative: return fmt("%.2fx >= %gx the task's normal", e.value, p.threshold);
       case Det::ewma:

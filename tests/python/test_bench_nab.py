@@ -3,7 +3,8 @@ default threshold runs the ensemble: docs/anomaly.md, "An anomaly must last") wi
 diaspora-nab, on a small heartbeat configuration written here: the policy engine's settings
 catch every stall before its harm with no decision on the clean series, where the settings
 before them (each value judged alone, everything learned as normal) miss a second stall
-and decide on late beats; the tool's refusals."""
+and decide on late beats; the quiet rule as the policy engine applies it (PolicyOptions::
+quiet_*); the tool's refusals."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def row(out: str, name: str) -> dict:
 def test_the_policy_settings_catch_every_stall_and_leave_late_beats_alone(tmp_path):
     now = run_tool(tmp_path, [HEARTBEAT])
     assert now.returncode == 0, now.stderr
-    assert "threshold 0.5, cooldown 50 observations" in now.stdout
+    assert "threshold 0.5 (0.3 on a quiet series: at most 0.1 runs an hour over it, 2.0 h or older), cooldown 50 " \
+        "observations" in now.stdout
     shipped = row(now.stdout, "t-heartbeat")
     assert shipped == {"decisions_per_hour": 0.0, "caught": 4, "faults": 4}, now.stdout
 
@@ -64,3 +66,31 @@ def test_held_out_configurations_need_asking_and_bad_settings_are_refused(tmp_pa
     p = run_tool(tmp_path, [HEARTBEAT], "--set", "no_such_setting=1")
     assert p.returncode != 0
     assert "diaspora-nab failed" in p.stderr and "unknown key 'no_such_setting'" in p.stderr
+
+
+def test_the_quiet_rule_lowers_the_threshold_only_on_a_series_with_a_quiet_record():
+    sys.path.insert(0, str(TOOL.parent))
+    import policy_threshold as pt  # noqa: PLC0415  (the tool's own rule, as it scores)
+
+    # One value a minute for 3 hours, no score over 0.3: 0.5 for the first 2 hours, then 0.3.
+    quiet = pt.thresholds([0.0] * 180, 60, 0.5, 0.3, 0.1, 2.0)
+    assert quiet[:120] == [0.5] * 120 and quiet[120:] == [0.3] * 60
+    # The same with a run over 0.3 every 20 minutes (3 an hour, the allowance 0.1): 0.5 throughout.
+    noisy = [0.4 if k % 20 == 0 else 0.0 for k in range(180)]
+    assert set(pt.thresholds(noisy, 60, 0.5, 0.3, 0.1, 2.0)) == {0.5}
+    # One run early (the allowance 0.1 an hour has covered it by 10 hours), a run lasting many
+    # values counts once; the rule off (quiet 0) keeps 0.5.
+    once = [0.4] * 30 + [0.0] * 600
+    th = pt.thresholds(once, 60, 0.5, 0.3, 0.1, 2.0)
+    assert th[599] == 0.5 and th[600] == 0.3
+    assert set(pt.thresholds(once, 60, 0.5, 0.0, 0.1, 2.0)) == {0.5}
+
+
+def test_a_written_threshold_or_the_rule_off_judges_every_value_alike(tmp_path):
+    off = run_tool(tmp_path, [HEARTBEAT], "--quiet-threshold", "0")
+    assert off.returncode == 0, off.stderr
+    assert "threshold 0.5, cooldown 50 observations" in off.stdout
+    written = run_tool(tmp_path, [HEARTBEAT], "--threshold", "0.5")
+    assert written.returncode == 0, written.stderr
+    assert "threshold 0.5, cooldown 50 observations" in written.stdout
+    assert row(off.stdout, "t-heartbeat") == row(written.stdout, "t-heartbeat")

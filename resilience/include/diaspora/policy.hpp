@@ -129,6 +129,18 @@ struct PolicyOptions {
     c.acceptable_pause = 1.0;
     return c;
   }();
+  /// An `ensemble` policy with no `threshold:` written compares the score with 0.5, or with
+  /// quiet_threshold on a **quiet series**: one at least quiet_min_hours old whose score has
+  /// reached quiet_threshold at most quiet_rate_per_hour times an hour on average since its
+  /// first value (each run of values at or over it counts once, whether it decided or not).
+  /// A per-value threshold made for a 1 Hz signal is 60 times stricter an hour on a signal
+  /// sampled once a minute (a site's throughput), and there it misses most lost nodes; a
+  /// series that has proved quiet at the lower level may use it, so the lower level can
+  /// never cost more than quiet_rate_per_hour alerts an hour over the series' life
+  /// (docs/anomaly.md, "A quiet series may alert lower"). quiet_threshold 0, or >= 0.5: off.
+  double quiet_threshold = 0.3;
+  double quiet_rate_per_hour = 0.1;
+  double quiet_min_hours = 2.0;
   int min_heartbeats = 3;           ///< heartbeats before phi is evaluated
   int min_observations = 10;        ///< ewma / holt-winters / cusum / forecast warm-up
   double forecast_horizon_s = 300;  ///< `forecast` fires when the crossing is this close
