@@ -191,10 +191,14 @@ struct JetStreamStore::Impl {
   // store's life, routed to the visit that asked by the reply subject
   // `<read_root><visit>.<seq>` (one subscription a visit raced libnats 3.4's reader thread
   // when it was destroyed with replies in flight).
+  // An answer can reach a visit's mailbox as the visit ends (the reader thread found the
+  // mailbox just before the visit left the table): the visit closes the mailbox as it frees
+  // the answers it did not take, and an answer that comes later is freed at once.
   struct Mailbox {
     std::mutex mu;
     std::condition_variable cv;
     std::map<std::uint64_t, natsMsg*> replies;  // by sequence
+    bool closed = false;                        // the visit has ended: answers are freed
   };
   natsSubscription* read_sub = nullptr;
   std::string read_root;
@@ -219,7 +223,7 @@ struct JetStreamStore::Impl {
     }
     {
       std::lock_guard lk(box->mu);
-      if (!box->replies.emplace(seq, msg).second) natsMsg_Destroy(msg);
+      if (box->closed || !box->replies.emplace(seq, msg).second) natsMsg_Destroy(msg);
     }
     box->cv.notify_one();
   }
@@ -1085,6 +1089,7 @@ std::size_t JetStreamStore::visit(const std::string& topic, std::uint64_t from, 
         self.reads.erase(id);
       }
       std::lock_guard lk(box->mu);
+      box->closed = true;
       for (auto& [seq, msg] : box->replies) natsMsg_Destroy(msg);
       box->replies.clear();
     }
