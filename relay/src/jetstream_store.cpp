@@ -191,15 +191,7 @@ struct JetStreamStore::Impl {
   // store's life, routed to the visit that asked by the reply subject
   // `<read_root><visit>.<seq>` (one subscription a visit raced libnats 3.4's reader thread
   // when it was destroyed with replies in flight).
-  // An answer can reach a visit's mailbox as the visit ends (the reader thread found the
-  // mailbox just before the visit left the table): the visit closes the mailbox as it frees
-  // the answers it did not take, and an answer that comes later is freed at once.
-  struct Mailbox {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::map<std::uint64_t, natsMsg*> replies;  // by sequence
-    bool closed = false;                        // the visit has ended: answers are freed
-  };
+  using Mailbox = ReadMailbox<natsMsg>;
   natsSubscription* read_sub = nullptr;
   std::string read_root;
   std::mutex reads_mu;
@@ -221,11 +213,7 @@ struct JetStreamStore::Impl {
       natsMsg_Destroy(msg);
       return;
     }
-    {
-      std::lock_guard lk(box->mu);
-      if (box->closed || !box->replies.emplace(seq, msg).second) natsMsg_Destroy(msg);
-    }
-    box->cv.notify_one();
+    box->file(seq, msg);
   }
 
   // The batch being published (the writer's), which the ack handler fills.
@@ -1072,14 +1060,14 @@ std::size_t JetStreamStore::visit(const std::string& topic, std::uint64_t from, 
   // direct gets: any replica answers those, and a follower that was down may still hold a
   // record its log has not yet given up, a copy of another offset's event.)
   Impl& self = *self_;
-  auto box = std::make_shared<Impl::Mailbox>();
+  auto box = std::make_shared<Impl::Mailbox>(&natsMsg_Destroy);
   std::uint64_t visit_id = 0;
   {
     std::lock_guard lk(self.reads_mu);
     visit_id = self.next_visit++;
     self.reads.emplace(visit_id, box);
   }
-  struct Leave {  // unregisters the visit and frees the answers it did not take
+  struct Leave {  // unregisters the visit and closes its mailbox (freeing the answers it did not take)
     Impl& self;
     std::uint64_t id;
     std::shared_ptr<Impl::Mailbox> box;
@@ -1088,10 +1076,7 @@ std::size_t JetStreamStore::visit(const std::string& topic, std::uint64_t from, 
         std::lock_guard lk(self.reads_mu);
         self.reads.erase(id);
       }
-      std::lock_guard lk(box->mu);
-      box->closed = true;
-      for (auto& [seq, msg] : box->replies) natsMsg_Destroy(msg);
-      box->replies.clear();
+      box->close();
     }
   } leave{self, visit_id, box};
   const std::string reply_root = self.read_root + std::to_string(visit_id) + ".";
@@ -1108,16 +1093,8 @@ std::size_t JetStreamStore::visit(const std::string& topic, std::uint64_t from, 
     for (; next_req <= last && next_req - next_out < window; ++next_req)
       if (const natsStatus st = ask(next_req); st != NATS_OK) throw fail(next_req, nats_error(st));
     MsgGuard g;
-    bool answered = false;
-    {
-      std::unique_lock lk(box->mu);
-      answered = box->cv.wait_for(lk, std::min<std::chrono::milliseconds>(self.opt.timeout, kAnswerWait),
-                                  [&] { return box->replies.contains(next_out); });
-      if (answered) {
-        g.m = box->replies.at(next_out);
-        box->replies.erase(next_out);
-      }
-    }
+    g.m = box->take(next_out, std::min<std::chrono::milliseconds>(self.opt.timeout, kAnswerWait));
+    const bool answered = g.m != nullptr;
     const std::uint64_t seq = next_out++;
     if (!answered)  // a request sent as the stream's leader changed is lost: ask again
       for (std::uint64_t q = next_out; q < next_req; ++q) ask(q);

@@ -22,8 +22,11 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -108,6 +111,69 @@ struct MessageGet {
   std::int64_t time_us = 0;  ///< the store time, µs since the epoch
 };
 std::optional<MessageGet> parse_message_get(std::string_view answer, std::uint64_t seq);
+
+/// The answers to one read's message gets (JetStreamStore::visit), which the connection's
+/// reader thread files by sequence while the read takes them in offset order. `Msg` is
+/// libnats's natsMsg in the store (a type of the test's in its unit test); the mailbox owns
+/// every answer filed until it is taken, and frees it with `free` otherwise.
+///
+/// The reader thread may find the mailbox just before the read ends and file an answer
+/// after it: the read closes the mailbox, which frees the answers not taken then and each
+/// answer filed later at once, so nothing is left behind either way.
+template <class Msg>
+class ReadMailbox {
+ public:
+  using Free = void (*)(Msg*);
+  explicit ReadMailbox(Free free) : free_(free) {}
+  ReadMailbox(const ReadMailbox&) = delete;
+  ReadMailbox& operator=(const ReadMailbox&) = delete;
+  ~ReadMailbox() { close(); }
+
+  /// Files the answer for `seq` and wakes the read; frees it and returns false when the
+  /// mailbox is closed or already holds an answer for `seq`. Any thread (the reader's).
+  bool file(std::uint64_t seq, Msg* msg) {
+    bool kept = false;
+    {
+      std::lock_guard lk(mu_);
+      kept = !closed_ && answers_.emplace(seq, msg).second;
+    }
+    if (!kept) {
+      free_(msg);
+      return false;
+    }
+    cv_.notify_one();
+    return true;
+  }
+
+  /// The answer for `seq`, waiting up to `wait` for it; the caller owns it (and frees it).
+  /// nullptr when none came in time or the mailbox is closed. The read's thread.
+  Msg* take(std::uint64_t seq, std::chrono::milliseconds wait) {
+    std::unique_lock lk(mu_);
+    if (!cv_.wait_for(lk, wait, [&] { return closed_ || answers_.contains(seq); }) || closed_) return nullptr;
+    auto node = answers_.extract(seq);
+    return node.mapped();
+  }
+
+  /// Frees the answers not taken; from now on each answer filed is freed as it comes.
+  /// Idempotent. Any thread (the read's, as it ends).
+  void close() {
+    std::map<std::uint64_t, Msg*> left;
+    {
+      std::lock_guard lk(mu_);
+      closed_ = true;
+      left.swap(answers_);
+    }
+    for (auto& [seq, msg] : left) free_(msg);
+    cv_.notify_all();
+  }
+
+ private:
+  Free free_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::uint64_t, Msg*> answers_;  // by sequence
+  bool closed_ = false;
+};
 
 /// The topics of a JetStream cluster.
 class JetStreamStore final : public Store {

@@ -6,6 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
 using diaspora::relay::jetstream_name;
 using diaspora::relay::jetstream_unname;
 using diaspora::relay::parse_group_key;
@@ -16,6 +21,7 @@ using diaspora::relay::invalid_source;
 using diaspora::relay::JetStreamOptions;
 using diaspora::relay::JetStreamSource;
 using diaspora::relay::stored_event_text;
+using diaspora::relay::ReadMailbox;
 
 TEST(JetStreamNames, EveryTopicCharacterOutsideTheSafeOnesIsEscapedAndComesBack) {
   EXPECT_EQ(jetstream_name("beam.events"), "beam_2Eevents");
@@ -97,4 +103,86 @@ TEST(JetStreamNames, ALeadersMessageGetAnswerIsReadOnlyForTheAskedSequence) {
   const auto empty = parse_message_get(R"({"message":{"seq":1,"time":"2026-12-07T08:00:00Z"}})", 1);
   ASSERT_TRUE(empty);
   EXPECT_TRUE(empty->data.empty());
+}
+
+namespace {
+
+// An answer of the test's: counts the answers alive, so that one the mailbox loses shows.
+struct Answer {
+  static inline std::atomic<int> alive{0};
+  std::uint64_t seq;
+  explicit Answer(std::uint64_t s) : seq(s) { ++alive; }
+  ~Answer() { --alive; }
+};
+void free_answer(Answer* a) { delete a; }
+
+}  // namespace
+
+TEST(JetStreamReads, AMailboxHandsOnEachAnswerOnceAndFreesWhatItWasNotAskedFor) {
+  Answer::alive = 0;
+  {
+    ReadMailbox<Answer> box(&free_answer);
+    EXPECT_TRUE(box.file(2, new Answer(2)));
+    EXPECT_TRUE(box.file(1, new Answer(1)));
+    EXPECT_FALSE(box.file(2, new Answer(2))) << "a second answer for one sequence is freed";
+    EXPECT_TRUE(box.file(3, new Answer(3)));
+    EXPECT_EQ(Answer::alive, 3);
+    for (std::uint64_t seq : {1, 2}) {  // in offset order, whatever order they came in
+      Answer* a = box.take(seq, std::chrono::milliseconds(0));
+      ASSERT_NE(a, nullptr) << seq;
+      EXPECT_EQ(a->seq, seq);
+      delete a;
+    }
+    EXPECT_EQ(box.take(2, std::chrono::milliseconds(0)), nullptr) << "taken once";
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(box.take(4, std::chrono::milliseconds(50)), nullptr);
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(50)) << "it waited";
+    std::thread late([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      box.file(4, new Answer(4));
+    });
+    Answer* a = box.take(4, std::chrono::seconds(10));  // woken by the answer, not the time
+    late.join();
+    ASSERT_NE(a, nullptr);
+    EXPECT_EQ(a->seq, 4u);
+    delete a;
+    EXPECT_EQ(Answer::alive, 1);  // 3, not asked for
+  }
+  EXPECT_EQ(Answer::alive, 0) << "the answer not taken is freed with the mailbox";
+}
+
+// The leak CI's LeakSanitizer found: the reader thread found a read's mailbox just before the
+// read ended, and filed its answer after the read had freed the answers it did not take.
+TEST(JetStreamReads, AnAnswerFiledAfterTheReadEndedIsFreedNotLost) {
+  Answer::alive = 0;
+  auto box = std::make_shared<ReadMailbox<Answer>>(&free_answer);
+  EXPECT_TRUE(box->file(7, new Answer(7)));
+  auto found_by_the_reader = box;  // the reader holds it, about to file
+  box->close();                    // the read ends: the answer it did not take is freed
+  EXPECT_EQ(Answer::alive, 0);
+  EXPECT_FALSE(found_by_the_reader->file(8, new Answer(8)));
+  EXPECT_EQ(Answer::alive, 0) << "filed after the end, freed at once";
+  EXPECT_EQ(box->take(8, std::chrono::milliseconds(0)), nullptr);
+  box->close();  // again: nothing to do
+  box.reset();
+  found_by_the_reader.reset();
+  EXPECT_EQ(Answer::alive, 0);
+
+  // The same with the two threads racing: whatever the order, every answer is taken or freed.
+  for (int round = 0; round < 200; ++round) {
+    auto m = std::make_shared<ReadMailbox<Answer>>(&free_answer);
+    std::atomic<int> taken{0};
+    std::thread reader([m] {
+      for (std::uint64_t seq = 1; seq <= 20; ++seq) m->file(seq, new Answer(seq));
+    });
+    for (std::uint64_t seq = 1; seq <= static_cast<std::uint64_t>(round % 20); ++seq)
+      if (Answer* a = m->take(seq, std::chrono::milliseconds(0))) {
+        ++taken;
+        delete a;
+      }
+    m->close();
+    reader.join();
+    m.reset();
+    ASSERT_EQ(Answer::alive, 0) << "round " << round << ", " << taken << " taken";
+  }
 }
