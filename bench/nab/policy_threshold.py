@@ -21,7 +21,13 @@ the tail calibration had).
 Usage (from the repository root, after `make build`):
     .venv/bin/python bench/nab/policy_threshold.py [--configs bench/nab/workflow_dev.json ...]
         [--nab-config bench/nab/policy.cfg] [--set KEY=VALUE ...] [--threshold T] [--cooldown 50]
-        [--quiet-threshold 0.3] [--quiet-rate 0.1] [--quiet-hours 2] [--heldout]
+        [--quiet-threshold 0.3] [--quiet-rate 0.1] [--quiet-hours 2] [--peer-share] [--heldout]
+
+`--peer-share` scores each site throughput configuration twice more: the site's share of two
+sites' total (a peer site under the same cycle with its own noise and no fault:
+workflow_traces.peer_share), and caught by either policy (the raw one or the share's; their
+decisions a clean hour added). A common cycle cancels in the share; a measurement for
+docs/anomaly.md, "A site's share", no policy of the engine's.
 
 Held-out configurations (`heldout: true`) are skipped unless --heldout is given: this is a
 tool for choosing, and a held-out set is scored once per candidate, with its rule.
@@ -33,6 +39,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -54,6 +61,50 @@ def thresholds(scores: list[float], step: float, normal: float, low: float, rate
     return out
 
 
+@dataclass
+class Judged:
+    """One configuration's series judged at a policy's threshold."""
+    decisions: int  # on its clean series, after their first 15 %
+    hours: float    # of those
+    caught: set     # (series, fault) caught before their harm
+    faults: int
+    delays: tuple = ((), ())  # onset to decision of caught faults: first of a series, later
+
+    def row(self, c: dict, name: str) -> str:
+        def spread(v) -> str:
+            return f"{statistics.median(v):.0f} / {max(v):.0f} s" if v else "—"
+
+        rate = f"{self.decisions / self.hours:.2f}" if self.hours else "—"
+        return (f"| {name} | {c['signal']} | {rate} | {len(self.caught)} of {self.faults} | {spread(self.delays[0])} "
+                f"| {spread(self.delays[1])} |")
+
+
+def judge(truth: dict, c: dict, scores: Path, normal: float, low: float, a) -> Judged:
+    """Configuration c's series (scores under `scores`) judged as a policy with `normal`
+    (and `low` on a quiet series) and a.cooldown judges them."""
+    decisions, hours, caught, faults, delays = 0, 0.0, set(), 0, ([], [])
+    for rel, tr in truth.items():
+        if tr["config"] != c["name"]:
+            continue
+        sc, step = wt.scores_of(scores / Path(rel).name), tr["dt_s"]
+        th = thresholds(sc, step, normal, low, a.quiet_rate, a.quiet_hours)
+        if not tr["faults"]:
+            start, quiet_until = int(0.15 * len(sc)), -1
+            for k in range(start, len(sc)):
+                if sc[k] >= th[k] and k > quiet_until:
+                    decisions, quiet_until = decisions + 1, k + a.cooldown
+            hours += (len(sc) - start) * step / 3600
+        for j, f in enumerate(tr["faults"]):
+            faults += 1
+            end = f["harm_t"] if f["harm_t"] is not None else f["t"] + f["duration_s"]
+            lo, hi = int(f["t"] / step), min(len(sc), int(end / step) + 1)
+            hit = next((k for k in range(lo, hi) if sc[k] >= th[k]), None)
+            if hit is not None:
+                caught.add((rel, j))
+                delays[j > 0].append(hit * step - f["t"])
+    return Judged(decisions, hours, caught, faults, delays)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=str(wt.REPO / "build"))
@@ -67,6 +118,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quiet-hours", type=float, default=2.0, help="PolicyOptions::quiet_min_hours")
     ap.add_argument("--cooldown", type=int, default=50, help="observations without a decision after one")
     ap.add_argument("--work", default="/tmp/diaspora-policy-threshold")
+    ap.add_argument("--peer-share", action="store_true", help="a site's throughput also as its share of two sites' "
+                    "total (a peer under the same cycle, no fault), and caught by either policy")
     ap.add_argument("--heldout", action="store_true", help="score the held-out configurations too (once per candidate)")
     a = ap.parse_args(argv)
     configs = [c for f in a.configs for c in json.loads(Path(f).read_text())["configs"] if a.heldout or not c.get("heldout")]
@@ -74,6 +127,7 @@ def main(argv=None) -> int:
         sys.exit("no configuration to score (held-out ones need --heldout)")
     work = Path(a.work)
     truth = wt.generate(configs, work / "data")
+    share_truth = wt.generate(configs, work / "share-data", share=True) if a.peer_share else None
     cfg = work / "policy.cfg"
     extra = ["suppress: 0", "alert_score: 0"] + [s.replace("=", ": ", 1) for s in a.set]
     cfg.write_text(Path(a.nab_config).read_text() + "\n" + "\n".join(extra) + "\n")
@@ -89,32 +143,15 @@ def main(argv=None) -> int:
     for c in configs:
         out = work / "scores" / c["name"]
         wt.run_nab(a.build, work / "data" / c["name"], out, wt.BAD_SIDE[c["signal"]], str(cfg))
-        decisions, hours, caught, faults, delays = 0, 0.0, 0, 0, ([], [])
-        for rel, tr in truth.items():
-            if tr["config"] != c["name"]:
-                continue
-            sc, step = wt.scores_of(out / Path(rel).name), tr["dt_s"]
-            th = thresholds(sc, step, normal, low, a.quiet_rate, a.quiet_hours)
-            if not tr["faults"]:
-                start, quiet_until = int(0.15 * len(sc)), -1
-                for k in range(start, len(sc)):
-                    if sc[k] >= th[k] and k > quiet_until:
-                        decisions, quiet_until = decisions + 1, k + a.cooldown
-                hours += (len(sc) - start) * step / 3600
-            for j, f in enumerate(tr["faults"]):
-                faults += 1
-                end = f["harm_t"] if f["harm_t"] is not None else f["t"] + f["duration_s"]
-                lo, hi = int(f["t"] / step), min(len(sc), int(end / step) + 1)
-                hit = next((k for k in range(lo, hi) if sc[k] >= th[k]), None)
-                if hit is not None:
-                    caught += 1
-                    delays[j > 0].append(hit * step - f["t"])
-
-        def spread(v: list[float]) -> str:
-            return f"{statistics.median(v):.0f} / {max(v):.0f} s" if v else "—"
-
-        rate = f"{decisions / hours:.2f}" if hours else "—"
-        print(f"| {c['name']} | {c['signal']} | {rate} | {caught} of {faults} | {spread(delays[0])} | {spread(delays[1])} |")
+        raw = judge(truth, c, out, normal, low, a)
+        print(raw.row(c, c["name"]))
+        if share_truth is not None and c["signal"] == "throughput":
+            out = work / "share-scores" / c["name"]
+            wt.run_nab(a.build, work / "share-data" / c["name"], out, "down", str(cfg))
+            share = judge(share_truth, c, out, normal, low, a)
+            print(share.row(c, c["name"] + " (its share)"))
+            either = Judged(raw.decisions + share.decisions, raw.hours, raw.caught | share.caught, raw.faults)
+            print(either.row(c, c["name"] + " (either)"))
     return 0
 
 

@@ -163,18 +163,34 @@ def trace(c: dict, i: int, clean: bool) -> tuple[list[float], list[dict]]:
     return values, faults
 
 
+def peer_share(c: dict, i: int, values: list[float]) -> list[float]:
+    """A site's throughput `values` (series i of configuration c) as its share of two sites'
+    total: the peer is a site of the same configuration (the same cycle, in phase: the
+    workflow's load), its own noise (seed + 7919) and no fault. Where neither site finished
+    anything in a step, the share before it."""
+    peer, _ = trace(dict(c, seed=c["seed"] + 7919), i, clean=True)
+    out, last = [], 0.5
+    for a, b in zip(values, peer):
+        last = a / (a + b) if a + b > 0 else last
+        out.append(last)
+    return out
+
+
 def stamp(t: float) -> str:
     return (START + dt.timedelta(seconds=t)).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def generate(configs: list[dict], root: Path) -> dict:
+def generate(configs: list[dict], root: Path, share: bool = False) -> dict:
     """Writes root/<config>/<config>-<i>.csv and root/labels/combined_windows.json; returns
-    the truth: per series, its faults with onset, harm and window."""
+    the truth: per series, its faults with onset, harm and window. `share`: a site's
+    throughput is written as its share of two sites' total (peer_share), the truth as is."""
     windows, truth = {}, {}
     for c in configs:
         (root / c["name"]).mkdir(parents=True, exist_ok=True)
         for i in range(c["traces"]):
             values, faults = trace(c, i, clean=i >= c["traces"] - c["clean_traces"])
+            if share and c["signal"] == "throughput":
+                values = peer_share(c, i, values)
             rel = f"{c['name']}/{c['name']}-{i}.csv"
             n, step = len(values), c["dt_s"]
             with open(root / rel, "w") as out:
