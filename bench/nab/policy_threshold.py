@@ -127,7 +127,8 @@ def main(argv=None) -> int:
         sys.exit("no configuration to score (held-out ones need --heldout)")
     work = Path(a.work)
     truth = wt.generate(configs, work / "data")
-    share_truth = wt.generate(configs, work / "share-data", share=True) if a.peer_share else None
+    share_truth = (wt.generate([c for c in configs if c["signal"] == "throughput"], work / "share-data", share=True)
+                   if a.peer_share else None)
     cfg = work / "policy.cfg"
     extra = ["suppress: 0", "alert_score: 0"] + [s.replace("=", ": ", 1) for s in a.set]
     cfg.write_text(Path(a.nab_config).read_text() + "\n" + "\n".join(extra) + "\n")
