@@ -312,3 +312,46 @@ def test_operator_actions_it_cannot_carry_out_are_refused_and_restarts_stop_at_m
             with pytest.raises(RuntimeError, match="2 attempts"):
                 fut.result(timeout=30)
             attempts_all_done(ex)
+
+
+def test_an_exit_watch_hears_a_process_that_is_not_its_child_exit_and_forgets_it():
+    """ExitWatch (process_control's early ear): a grandchild SIGKILLed is heard once, on the
+    watch's thread, and forgotten; a watch twice is one watch; a pid that does not exist is
+    refused; an on_exit that raises does not stop the watch; after close() nothing is
+    watched and watch() refuses."""
+    from diaspora.exits import ExitWatch
+    import subprocess
+
+    if not ExitWatch.supported():
+        pytest.fail("no pidfds on this host (Linux 5.3+ and Python 3.9+ give them): process_control "
+                    "falls back to its 0.25 s look, which this test cannot check")
+    heard: list[tuple[int, str]] = []
+
+    def on_exit(pid: int) -> None:
+        heard.append((pid, threading.current_thread().name))
+        if len(heard) == 1:
+            raise RuntimeError("an on_exit that fails")
+
+    # Two grandchildren (the shell's children): not this process's children, as HTEX's
+    # workers are not the submitting process's.
+    sh = subprocess.Popen(["bash", "-c", "sleep 60 & echo $!; sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(sh.stdout.readline()), int(sh.stdout.readline())]
+        w = ExitWatch(on_exit, name="exit-test")
+        assert w.watch(pids[0]) and w.watch(pids[0]) and w.watch(pids[1])
+        assert w.watched() == set(pids)
+        dead = subprocess.run(["bash", "-c", "sleep 0.1 & echo $!; wait"], capture_output=True, text=True)
+        assert not w.watch(int(dead.stdout)), "a process that exited (and was reaped) cannot be watched"
+        assert not w.watch(0) and not w.watch(-1)
+        os.kill(pids[0], signal.SIGKILL)
+        wait_until(lambda: len(heard) == 1, 10, "the first exit heard")
+        os.kill(pids[1], signal.SIGKILL)
+        wait_until(lambda: len(heard) == 2, 10, "the second exit heard (after an on_exit that raised)")
+        assert heard == [(pids[0], "exit-test"), (pids[1], "exit-test")]
+        assert w.watched() == set()
+        w.close()
+        assert not w.watch(sh.pid) and w.watched() == set()
+        w.close()  # twice is harmless
+    finally:
+        sh.kill()
+        sh.wait()

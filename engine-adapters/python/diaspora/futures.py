@@ -29,7 +29,8 @@ too: nobody waits on anybody, submit() hands the first attempt to its site befor
 returns, and an engine's completion is handled on the engine's own thread. The outer
 Futures are set after the state is let go, so their callbacks may submit again. An
 internal thread hands the plugin's actions in and, every 0.1 s, fails the attempts whose
-grace ran out and looks at the worker processes (process_control).
+grace ran out and looks at the worker processes (process_control; at once when one exits:
+diaspora.exits.ExitWatch).
 
 Sites: an executor with submit(fn, *args, **kwargs) -> Future is called with a wrapper
 diaspora.task.Runner (one per function: engines that cache a callable's serialisation
@@ -56,6 +57,7 @@ from typing import Callable, Iterable, Mapping
 
 from .channel import Listener, Sender, host_name
 from .errors import DiasporaError
+from .exits import ExitWatch
 from .plugin import Action, Plugin
 from .task import AttemptStopped, Runner
 
@@ -193,10 +195,10 @@ class ResilientExecutor(cf.Executor):
         `spec` here; an adapter that opened `plugin` itself for the executor says True).
     process_control: the workers run on this host and the engine replaces a worker process
         that dies (Parsl's HighThroughputExecutor): a stopped attempt's worker is killed
-        (SIGKILL) so a hung attempt gives its slot back; every 0.25 s the worker process and
-        its parent (the engine's manager) of each running attempt are looked at, and an
-        attempt whose worker or manager died, or whose manager is stopped (SIGSTOP), is
-        reported lost at once; its site is out of use while none of its managers runs (a
+        (SIGKILL) so a hung attempt gives its slot back; every 0.25 s, and at once when one
+        of them exits (a pidfd: ExitWatch), the worker process and its parent (the engine's
+        manager) of each running attempt are looked at, and an attempt whose worker or
+        manager died, or whose manager is stopped (SIGSTOP), is reported lost at once; its site is out of use while none of its managers runs (a
         site with managers() -> ids is asked every second, and is back in use when a new
         manager joins it).
     """
@@ -232,6 +234,8 @@ class ResilientExecutor(cf.Executor):
         self._dead_lines: dict[str, set[int]] = {}  # site → ancestors' pids of its managers that died
         self._pid_owner: dict[int, tuple[str, int]] = {}  # worker pid → the attempt it runs
         self._next_watch = 0.0
+        # a watched worker or manager that exits is looked at now, not at the next 0.25 s
+        self._exits = ExitWatch(lambda pid: self._q.put(("exited", pid))) if process_control else None
         self._down: dict[str, str] = {}  # site → why it is out of use
         self._awaiting: dict[str, frozenset | None] = {}  # site whose managers exited → the ones it had
         self._next_probe = 0.0
@@ -308,6 +312,8 @@ class ResilientExecutor(cf.Executor):
             done.wait(30)
         self._q.put(("exit",))
         self._thread.join(timeout=30)
+        if self._exits is not None:
+            self._exits.close()
         self._listener.close()
         self._plugin.on_action(None)
         if self._own_plugin:
@@ -413,6 +419,10 @@ class ResilientExecutor(cf.Executor):
         if self._process_control and time.monotonic() >= self._next_watch:
             self._next_watch = time.monotonic() + 0.25
             self._watch_processes()
+
+    def _on_exited(self, pid: int) -> None:
+        """A watched worker or manager exited (ExitWatch): the tick after it looks at once."""
+        self._next_watch = 0.0
 
     def _on_sync(self, done: threading.Event) -> None:
         done.set()
@@ -635,9 +645,11 @@ class ResilientExecutor(cf.Executor):
         att.pid = int(pid)
         att.ppid = int(m["pp"]) if isinstance(m.get("pp"), int) and m["pp"] > 1 else 0
         self._pid_owner[att.pid] = (att.hook_id, att.number)
+        self._exits.watch(att.pid)
         if att.ppid and att.ppid != os.getpid() and att.ppid not in self._managers:
             self._managers[att.ppid] = att.site
             self._manager_line[att.ppid] = _ancestors(att.ppid)
+            self._exits.watch(att.ppid)
 
     def _release(self, att: _Attempt) -> bool:
         """Forgets that att's worker process runs att; False when it was not known to."""

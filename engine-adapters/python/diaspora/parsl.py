@@ -31,8 +31,8 @@ What the executor does (docs/adapters.md, "Parsl"):
   first result wins, the loser's worker is killed and HTEX starts a fresh one), cancel, and
   checkpoint (diaspora.task.checkpoint_requested());
 - sees a lost worker or manager at once (process_control in diaspora.futures): a killed
-  worker, a killed or stopped (SIGSTOP) manager fails its attempts as "lost" within about
-  0.25 s, where HTEX says WorkerLost after its watchdog and ManagerLost only after
+  worker or manager fails its attempts as "lost" as it exits (a pidfd), a stopped (SIGSTOP)
+  manager within about 0.25 s, where HTEX says WorkerLost after its watchdog and ManagerLost only after
   `heartbeat_threshold` (120 s); a restarted hung attempt's worker is killed, so no slot is
   lost;
 - who retries: Diaspora restarts lost attempts (its default protection, docs/anomaly.md);
