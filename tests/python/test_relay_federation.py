@@ -10,6 +10,7 @@ each site's order."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import subprocess
 import sys
@@ -213,7 +214,17 @@ def test_diaspora_run_with_a_relay_per_site_keeps_both_sites_running_and_acting_
         def site_a_acted():
             evs = events_of(fed.site["siteA"], fed.token, "fedrun.events")
             return any(e["type"] == "org.diaspora.action.requested" for e in evs)
-        wait_until(site_a_acted, PARTITION_S, "site A's policy acting while cut off")
+        try:
+            wait_until(site_a_acted, PARTITION_S, "site A's policy acting while cut off")
+        except AssertionError:
+            # Why, in the message itself (a CI log keeps its head and tail): what the run said
+            # of the fault and of actions, and what site A's relay holds.
+            said = [ln.strip() for ln in list(lines) if any(w in ln for w in ("fault", "action", "lost", "plugin"))]
+            held = collections.Counter(".".join(e["type"].split(".")[-2:])
+                                       for e in events_of(fed.site["siteA"], fed.token, "fedrun.events"))
+            raise AssertionError(f"site A's relay holds no action.requested {time.monotonic() - t_cut:.1f} s into the "
+                                 f"cut; the run said: {said[:8]}; its last line: {lines[-1].strip() if lines else None}; "
+                                 f"site A's relay holds: {held}") from None
         counts_during = {s: len(events_of(fed.site[s], fed.token, "fedrun.events")) for s in SITES}
         # Site A's console answers from its own relay during the cut: its tasks, and the
         # action its policy took.
