@@ -16,8 +16,8 @@ DEB_PACKAGES=(
   # core: Boost.JSON / Asio / Beast, OpenSSL 3, YAML, logging, CLI
   libboost1.81-all-dev libboost-json1.81-dev libssl-dev openssl
   libyaml-cpp-dev libspdlog-dev libcli11-dev
-  # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev
+  # tests and benchmarks; gdb prints the threads of a relay a test cannot stop
+  libgtest-dev libgmock-dev libbenchmark-dev gdb
   # Python: the interpreter and venv; the packages come from PyPI (requirements.lock, below)
   python3 python3-venv
   # the Slurm SPANK adapter and its tests: a one-node Slurm the test starts itself

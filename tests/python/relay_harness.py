@@ -295,10 +295,20 @@ class RelayProcess:
             self.killed = True
 
     def stop(self) -> int:
+        """SIGTERM, and its exit status. A relay that has not exited within TIMEOUT seconds
+        is killed (no stray relay left behind) and AssertionError says where its threads
+        were: their stacks (gdb, when installed) or their states, and its log's tail."""
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=TIMEOUT)
+        try:
+            return self.proc.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            where = thread_stacks(self.proc.pid)
+            self.kill()
+            text = self.log.read_text(errors="replace") if self.log.exists() else ""
+            raise AssertionError(f"the relay did not stop within {TIMEOUT:.0f} s of SIGTERM; its threads:\n{where}\n"
+                                 f"its log's tail:\n{text[-3000:]}") from None
 
     def reload(self) -> None:
         """SIGHUP: the relay loads its certificate and key again."""
@@ -317,6 +327,30 @@ class RelayProcess:
     @property
     def url(self) -> str:
         return f"wss://{self.host}:{self.port}"
+
+
+def thread_stacks(pid: int) -> str:
+    """Where the threads of process `pid` are: every thread's stack by gdb when it is
+    installed, else each thread's name, state and kernel wait channel from /proc."""
+    if shutil.which("gdb"):
+        try:
+            r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 30"],
+                               capture_output=True, text=True, timeout=60)
+            stacks = "\n".join(ln for ln in r.stdout.splitlines() if ln.startswith(("Thread ", "#")))
+            if stacks:
+                return stacks[-12000:]
+        except (OSError, subprocess.TimeoutExpired):
+            pass  # (no ptrace here, say): the states below
+    out = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*"), key=lambda t: int(t.name)):
+        def field(name: str) -> str:
+            try:
+                return (task / name).read_text(errors="replace").strip()
+            except OSError:
+                return "?"
+        state = field("stat").rsplit(")", 1)[-1].split()[:1]
+        out.append(f"{task.name} {field('comm')} {state[0] if state else '?'} {field('wchan')}")
+    return "\n".join(out)
 
 
 def stop_all(relays: list[RelayProcess], nodes: list[NatsServer]) -> None:
