@@ -329,6 +329,10 @@ class RelayProcess:
         return f"wss://{self.host}:{self.port}"
 
 
+_WAIT_FRAMES = ("futex", "pthread_cond", "lll_", "start_thread", "clone3", "posix_thread", "thread_function",
+                "conditionally_enabled", "posix_event", "pthread_clockjoin", "__GI___poll", "epoll_wait")
+
+
 def thread_stacks(pid: int) -> str:
     """Where the threads of process `pid` are: every thread's stack by gdb when it is
     installed, else each thread's name, state and kernel wait channel from /proc."""
@@ -336,9 +340,18 @@ def thread_stacks(pid: int) -> str:
         try:
             r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 30"],
                                capture_output=True, text=True, timeout=60)
-            stacks = "\n".join(ln for ln in r.stdout.splitlines() if ln.startswith(("Thread ", "#")))
-            if stacks:
-                return stacks[-12000:]
+            # Each thread's own frames, the waits' libc and scheduler frames left out, at most
+            # 8 a thread: every thread fits (the one a join waits for is rarely the last).
+            out, kept = [], 0
+            for ln in r.stdout.splitlines():
+                if ln.startswith("Thread "):
+                    out.append(ln[:120])
+                    kept = 0
+                elif ln.startswith("#") and kept < 8 and not any(w in ln for w in _WAIT_FRAMES):
+                    out.append("  " + ln[:220])
+                    kept += 1
+            if out:
+                return "\n".join(out)
         except (OSError, subprocess.TimeoutExpired):
             pass  # (no ptrace here, say): the states below
     out = []

@@ -179,8 +179,8 @@ def test_a_stopped_manager_loses_its_attempts_at_once_and_its_queue_and_site_unt
     others = [step_app(60, 0.05, k, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
               for k in (6, 7)]
     first_marker(marks, task_of(ex, others[0]))
-    manager = ex.resilient._tasks[tid].attempts[0].ppid
-    assert manager and manager != os.getpid()
+    manager = wait_until(lambda: ex.resilient._tasks[tid].attempts[0].ppid, 10, "the attempt's manager to be known")
+    assert manager != os.getpid()
     t0 = time.monotonic()
     os.kill(manager, signal.SIGSTOP)
     try:
@@ -211,9 +211,10 @@ def test_a_killed_manager_takes_its_site_out_of_use_until_parsl_starts_a_new_blo
         fut = step_app(60, 0.05, 3, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
         tid = task_of(ex, fut)
         first_marker(marks, tid)
-        manager = ex.resilient._tasks[tid].attempts[0].ppid
+        # its "started" report (it names the manager) may be handled after the first step's marker
+        manager = wait_until(lambda: ex.resilient._tasks[tid].attempts[0].ppid, 10, "the attempt's manager to be known")
         before = ex.resilient._sites["a"].managers()
-        assert manager and len(before) == 1
+        assert len(before) == 1
         block = os.getpgid(manager)  # the block's process group (LocalProvider's setpgrp)
         os.kill(manager, signal.SIGKILL)
         wait_until(lambda: at.reached(marks, f"{tid}.2"), 30, "the restarted attempt to run")
@@ -351,7 +352,7 @@ def test_a_slowed_site_is_migrated_off_to_the_other_executor(relay, token, tmp_p
         fut = step_app(80, 0.05, 3, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
         tid = task_of(ex, fut)
         m = first_marker(marks, tid, step=10)
-        manager = ex.resilient._tasks[tid].attempts[0].ppid
+        manager = wait_until(lambda: ex.resilient._tasks[tid].attempts[0].ppid, 10, "the attempt's manager to be known")
         duty = at.DutyCycle(children(manager))  # every worker of site a: the site is slow
         duty.start()
         try:
