@@ -92,6 +92,12 @@ def first_marker(marks: Path, tid: str, attempt: int = 1, step: int = 0) -> dict
     return wait_until(lambda: at.reached(marks, f"{tid}.{attempt}", step), 60, f"attempt {attempt} of {tid} to run")
 
 
+def manager_of(ex: DiasporaExecutor, tid: str) -> int:
+    """The pid of the manager of tid's first attempt, once known (its "started" report, which
+    names it, is a datagram handled on another thread: maybe after the first step's marker)."""
+    return wait_until(lambda: ex.resilient._tasks[tid].attempts[0].ppid, 10, "the attempt's manager to be known")
+
+
 def wait_gone(pid: int, what: str) -> None:
     """Waits (10 s) until process `pid` has exited (gone, or a zombie)."""
     from diaspora.futures import _GONE, _proc_state
@@ -179,7 +185,7 @@ def test_a_stopped_manager_loses_its_attempts_at_once_and_its_queue_and_site_unt
     others = [step_app(60, 0.05, k, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
               for k in (6, 7)]
     first_marker(marks, task_of(ex, others[0]))
-    manager = wait_until(lambda: ex.resilient._tasks[tid].attempts[0].ppid, 10, "the attempt's manager to be known")
+    manager = manager_of(ex, tid)
     assert manager != os.getpid()
     t0 = time.monotonic()
     os.kill(manager, signal.SIGSTOP)
@@ -211,8 +217,7 @@ def test_a_killed_manager_takes_its_site_out_of_use_until_parsl_starts_a_new_blo
         fut = step_app(60, 0.05, 3, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
         tid = task_of(ex, fut)
         first_marker(marks, tid)
-        # its "started" report (it names the manager) may be handled after the first step's marker
-        manager = wait_until(lambda: ex.resilient._tasks[tid].attempts[0].ppid, 10, "the attempt's manager to be known")
+        manager = manager_of(ex, tid)
         before = ex.resilient._sites["a"].managers()
         assert len(before) == 1
         block = os.getpgid(manager)  # the block's process group (LocalProvider's setpgrp)
@@ -228,9 +233,10 @@ def test_a_killed_manager_takes_its_site_out_of_use_until_parsl_starts_a_new_blo
         assert all(state == "stopped" for _, state in tried[1:-1]), tried
         if len(tried) > 2:  # each move after the restart was the default protection's
             assert ex.plugin.wait_acked(30)
+            def is_move(e: dict) -> bool:
+                return e["type"] == "org.diaspora.action.requested" and e["data"].get("task_id") == tid
             moves = [e["data"].get("policy") for e in relay_events(relay, token[0], len(tried) - 1, topic="parsl.events",
-                     counted=lambda e: e["type"] == "org.diaspora.action.requested" and e["data"].get("task_id") == tid)
-                     if e["type"] == "org.diaspora.action.requested" and e["data"].get("task_id") == tid]
+                                                                   counted=is_move) if is_move(e)]
             assert moves[:1] == ["default-retry"] and all(str(p).startswith("default-") for p in moves[1:]), (tried, moves)
         # Parsl's JobStatusPoller (min_blocks 1) starts a new block; its manager joins: a is back.
         wait_until(lambda: "a" not in ex.resilient._down, 60, "site a to be usable again")
@@ -352,7 +358,7 @@ def test_a_slowed_site_is_migrated_off_to_the_other_executor(relay, token, tmp_p
         fut = step_app(80, 0.05, 3, str(marks), parsl_resource_specification={"diaspora": {"site": "a"}})
         tid = task_of(ex, fut)
         m = first_marker(marks, tid, step=10)
-        manager = wait_until(lambda: ex.resilient._tasks[tid].attempts[0].ppid, 10, "the attempt's manager to be known")
+        manager = manager_of(ex, tid)
         duty = at.DutyCycle(children(manager))  # every worker of site a: the site is slow
         duty.start()
         try:

@@ -198,9 +198,9 @@ class ResilientExecutor(cf.Executor):
         (SIGKILL) so a hung attempt gives its slot back; every 0.25 s, and at once when one
         of them exits (a pidfd: ExitWatch), the worker process and its parent (the engine's
         manager) of each running attempt are looked at, and an attempt whose worker or
-        manager died, or whose manager is stopped (SIGSTOP), is reported lost at once; its site is out of use while none of its managers runs (a
-        site with managers() -> ids is asked every second, and is back in use when a new
-        manager joins it).
+        manager died, or whose manager is stopped (SIGSTOP), is reported lost at once; its
+        site is out of use while none of its managers runs (a site with managers() -> ids is
+        asked every second, and is back in use when a new manager joins it).
     """
 
     KEEP_FINISHED = 10_000  # finished tasks remembered (their attempts, for actions and operators)
